@@ -1,0 +1,1 @@
+"""The ``gpufrac`` command (Typer + Rich)."""

@@ -1,0 +1,3 @@
+from gpufrac.cli.app import main
+
+main()

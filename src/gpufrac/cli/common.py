@@ -1,0 +1,81 @@
+"""What every command shares: options, output, and turning errors into exit codes.
+
+Exit codes: 0 success, 1 a check failed or the devices refused, 2 bad input or no driver.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from gpufrac.config import data_dir, simulate_spec
+from gpufrac.devices import NvmlDevices, open_devices
+from gpufrac.devices.errors import DeviceError, DriverUnavailable
+from gpufrac.errors import InputError
+
+console = Console()
+err_console = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+SimulateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--simulate",
+        help="Use simulated GPUs: MODEL[:COUNT][:mig],... e.g. h200:1:mig,h200:1 "
+        "(default: $GPUFRAC_SIMULATE, else the real driver).",
+        show_default=False,
+    ),
+]
+DataDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="Where gpufrac keeps state (default: $GPUFRAC_DATA_DIR or ~/.local/share/gpufrac).",
+        show_default=False,
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")]
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+
+
+def fail(message: str, code: int, hint: str | None = None) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    if hint:
+        err_console.print(f"[yellow]hint:[/] {hint}", highlight=False)
+    return typer.Exit(code)
+
+
+@contextmanager
+def handled_errors() -> Iterator[None]:
+    """Turn gpufrac's errors into a message on stderr and the documented exit code."""
+    try:
+        yield
+    except InputError as e:
+        raise fail(str(e), 2) from None
+    except DriverUnavailable as e:
+        raise fail(e.message, 2, e.hint) from None
+    except DeviceError as e:
+        raise fail(e.message, 1, e.hint) from None
+
+
+@contextmanager
+def devices(simulate: str | None, data: Path | None) -> Iterator[NvmlDevices]:
+    """The device adapter the options ask for; closed afterwards."""
+    spec = simulate_spec(simulate)
+    dev = open_devices(spec, data_dir(data))
+    try:
+        if dev.simulated:
+            err_console.print(f"[dim]simulated GPUs: {spec}[/]", highlight=False)
+        yield dev
+    finally:
+        dev.close()

@@ -1,0 +1,24 @@
+"""The device layer: GPUs read and changed through one NVML adapter, real or simulated beneath it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpufrac.devices.errors import DeviceError, DriverUnavailable
+from gpufrac.devices.fakenvml import FakeNvml
+from gpufrac.devices.nvml import NvmlDevices, open_real_nvml
+from gpufrac.devices.simfleet import SimulatedFleet
+
+__all__ = ["DeviceError", "DriverUnavailable", "NvmlDevices", "open_devices", "open_simulated"]
+
+
+def open_simulated(spec: str, data_dir: Path) -> NvmlDevices:
+    """The adapter over a simulated fleet (``h200:1:mig,h200:1``), its state kept in ``data_dir``."""
+    return NvmlDevices(FakeNvml(SimulatedFleet.open(spec, data_dir)), simulated=True)
+
+
+def open_devices(simulate: str | None, data_dir: Path) -> NvmlDevices:
+    """Simulated GPUs when ``simulate`` names a fleet, else the machine's driver."""
+    if simulate:
+        return open_simulated(simulate, data_dir)
+    return open_real_nvml()

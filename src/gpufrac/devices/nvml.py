@@ -1,0 +1,478 @@
+"""The one adapter between gpufrac and NVML.
+
+``NvmlDevices`` talks to a library with pynvml's surface: the real ``pynvml`` (imported here and nowhere
+else) or ``FakeNvml`` over simulated GPUs. The code path is the same for both; every NVML error becomes a
+``DeviceError`` subclass, "not supported" readings become ``None``, and a missing driver becomes one
+clear error with a hint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from gpufrac.devices.errors import (
+    DeviceError,
+    DeviceNotFound,
+    DriverUnavailable,
+    GpuLost,
+    InsufficientResources,
+    InUse,
+    InvalidArgument,
+    NotSupported,
+)
+from gpufrac.model.catalog import (
+    GpuModel,
+    MigProfile,
+    compare_profile_tables,
+    model_for_product_name,
+)
+from gpufrac.model.gpu import (
+    MIG_DISABLED,
+    MIG_ENABLED,
+    MIG_UNSUPPORTED,
+    GpuState,
+    MigInstanceState,
+    ProcessState,
+)
+
+T = TypeVar("T")
+_MIB = 1024 * 1024
+_NOT_AVAILABLE = 0xFFFFFFFF
+NO_DRIVER_HINT = (
+    "no NVIDIA driver here: pass --simulate h200:1:mig,h200:1 (or set GPUFRAC_SIMULATE) "
+    "to use simulated GPUs"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MigModeChange:
+    """What a MIG mode change did: ``activated`` False means it is pending (``reason`` says why)."""
+
+    current: str
+    pending: str
+    activated: bool
+    reason: str | None
+
+
+def open_real_nvml() -> NvmlDevices:
+    """The adapter over the machine's own driver, or ``DriverUnavailable`` with a hint."""
+    try:
+        import pynvml
+    except ImportError as e:  # pragma: no cover - a declared dependency
+        raise DriverUnavailable("nvidia-ml-py is not installed", hint=NO_DRIVER_HINT) from e
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise DriverUnavailable(
+            f"cannot talk to an NVIDIA driver ({e})", hint=NO_DRIVER_HINT
+        ) from e
+    except OSError as e:  # pragma: no cover - broken installs
+        raise DriverUnavailable(f"cannot load NVML ({e})", hint=NO_DRIVER_HINT) from e
+    return NvmlDevices(pynvml, simulated=False, initialized=True)
+
+
+class NvmlDevices:
+    """GPUs, their MIG instances and processes, read and changed through one NVML-shaped library."""
+
+    def __init__(self, lib: Any, *, simulated: bool, initialized: bool = False) -> None:
+        self.lib = lib
+        self.simulated = simulated
+        if not initialized:
+            self.call(lib.nvmlInit)
+        self._models: dict[str, GpuModel] = {}
+
+    def close(self) -> None:
+        self.quiet(self.lib.nvmlShutdown)
+
+    def __enter__(self) -> NvmlDevices:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- error handling -------------------------------------------------------------------------
+
+    def call(self, fn: Callable[..., T], *args: Any, what: str = "") -> T:
+        try:
+            return fn(*args)
+        except self.lib.NVMLError as e:
+            raise self.translate(e, what or fn.__name__) from None
+
+    def quiet(self, fn: Callable[..., Any], *args: Any) -> None:
+        with contextlib.suppress(self.lib.NVMLError):
+            fn(*args)
+
+    def optional(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """A reading the driver may not support: ``None`` for not supported / not found."""
+        try:
+            return fn(*args)
+        except self.lib.NVMLError as e:
+            if e.value in (self.lib.NVML_ERROR_NOT_SUPPORTED, self.lib.NVML_ERROR_NOT_FOUND):
+                return None
+            raise self.translate(e, fn.__name__) from None
+
+    def translate(self, e: Any, what: str) -> DeviceError:
+        lib, code = self.lib, int(e.value)
+        text = f"{what}: {e}"
+        if code in (
+            lib.NVML_ERROR_UNINITIALIZED,
+            lib.NVML_ERROR_DRIVER_NOT_LOADED,
+            lib.NVML_ERROR_LIBRARY_NOT_FOUND,
+        ):
+            return DriverUnavailable(text, code=code, hint=NO_DRIVER_HINT)
+        kinds: dict[int, type[DeviceError]] = {
+            lib.NVML_ERROR_NOT_SUPPORTED: NotSupported,
+            lib.NVML_ERROR_INSUFFICIENT_RESOURCES: InsufficientResources,
+            lib.NVML_ERROR_IN_USE: InUse,
+            lib.NVML_ERROR_GPU_IS_LOST: GpuLost,
+            lib.NVML_ERROR_NOT_FOUND: DeviceNotFound,
+            lib.NVML_ERROR_INVALID_ARGUMENT: InvalidArgument,
+        }
+        if code == lib.NVML_ERROR_NO_PERMISSION:
+            return DeviceError(text, code=code, hint="this change needs root")
+        return kinds.get(code, DeviceError)(text, code=code)
+
+    # -- handles --------------------------------------------------------------------------------
+
+    def handle(self, uuid: str) -> Any:
+        try:
+            return self.lib.nvmlDeviceGetHandleByUUID(uuid)
+        except self.lib.NVMLError as e:
+            if e.value == self.lib.NVML_ERROR_NOT_FOUND:
+                raise DeviceNotFound(
+                    f"no GPU with UUID {uuid}", code=e.value, hint="gpufrac gpus lists them"
+                ) from None
+            raise self.translate(e, "nvmlDeviceGetHandleByUUID") from None
+
+    def count(self) -> int:
+        return int(self.call(self.lib.nvmlDeviceGetCount))
+
+    def driver_version(self) -> str:
+        return str(self.call(self.lib.nvmlSystemGetDriverVersion))
+
+    # -- the profile table ----------------------------------------------------------------------
+
+    def model(self, uuid: str) -> GpuModel:
+        """The GPU's MIG geometry as its driver reports it (the driver's table wins over the catalog)."""
+        if uuid not in self._models:
+            self._models[uuid] = self._read_model(self.handle(uuid))
+        return self._models[uuid]
+
+    def _read_model(self, handle: Any) -> GpuModel:
+        lib = self.lib
+        name = text(self.call(lib.nvmlDeviceGetName, handle))
+        known = model_for_product_name(name)
+        memory = self.call(lib.nvmlDeviceGetMemoryInfo, handle)
+        profiles: list[MigProfile] = []
+        if self.optional(lib.nvmlDeviceGetMigMode, handle) is not None:
+            for enum in range(int(lib.NVML_GPU_INSTANCE_PROFILE_COUNT)):
+                prof = self._read_profile(handle, enum)
+                if prof is not None and all(p.profile_id != prof.profile_id for p in profiles):
+                    profiles.append(prof)
+        profiles.sort(key=lambda p: (p.compute_slices, p.memory_slots, p.media_extensions))
+        return GpuModel(
+            key=known.key if known else name,
+            match_names=(name,),
+            memory_total_mib=int(memory.total) // _MIB,
+            sm_count=max((p.sm_count or 0 for p in profiles), default=0)
+            or (known.sm_count if known else 0),
+            memory_slots=max(
+                (s + p.memory_slots for p in profiles for s in p.placement_starts), default=0
+            ),
+            compute_slices=max((p.compute_slices for p in profiles), default=0),
+            profiles=tuple(profiles),
+            pci_device_ids=(self._pci_device_id(handle),),
+            source="read from the driver" + (" (simulated)" if self.simulated else ""),
+            verified=True,
+            from_driver=True,
+        )
+
+    def _read_profile(self, handle: Any, enum: int) -> MigProfile | None:
+        lib = self.lib
+        try:
+            info = lib.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
+        except lib.NVMLError as e:
+            if e.value in (lib.NVML_ERROR_NOT_SUPPORTED, lib.NVML_ERROR_INVALID_ARGUMENT):
+                return None
+            raise self.translate(e, "nvmlDeviceGetGpuInstanceProfileInfo") from None
+        placements = self.placements(handle, int(info.id))
+        name = text(info.name).removeprefix("MIG ").strip().lower()
+        return MigProfile(
+            name=name,
+            profile_id=int(info.id),
+            compute_slices=int(info.sliceCount),
+            memory_slots=placements[0][1] if placements else 0,
+            max_instances=int(info.instanceCount),
+            placement_starts=tuple(s for s, _ in placements),
+            memory_mib=int(info.memorySizeMB) or None,
+            sm_count=int(info.multiprocessorCount) or None,
+            media_extensions="+me" in name,
+        )
+
+    def placements(self, handle: Any, profile_id: int) -> list[tuple[int, int]]:
+        """(start, size) pairs the driver allows for a profile, whether MIG is on or not."""
+        lib = self.lib
+        arr = (lib.c_nvmlGpuInstancePlacement_t * 8)()
+        count = ctypes.c_uint(8)
+        self.call(
+            lib.nvmlDeviceGetGpuInstancePossiblePlacements,
+            handle,
+            profile_id,
+            arr,
+            ctypes.byref(count),
+        )
+        return [(int(arr[i].start), int(arr[i].size)) for i in range(count.value)]
+
+    def catalog_differences(self, uuid: str) -> list[str]:
+        """Where the driver's profile table differs from gpufrac's catalog (empty: they agree)."""
+        driver = self.model(uuid)
+        known = model_for_product_name(driver.match_names[0])
+        if known is None:
+            return []
+        return compare_profile_tables(known, driver)
+
+    # -- reading GPUs ---------------------------------------------------------------------------
+
+    def gpus(self) -> list[GpuState]:
+        out = []
+        for index in range(self.count()):
+            try:
+                handle = self.lib.nvmlDeviceGetHandleByIndex(index)
+                out.append(self._read_gpu(handle, index))
+            except self.lib.NVMLError as e:
+                if e.value != self.lib.NVML_ERROR_GPU_IS_LOST:
+                    raise self.translate(e, f"GPU {index}") from None
+                out.append(_lost_gpu(index, self.simulated))
+            except GpuLost:
+                out.append(_lost_gpu(index, self.simulated))
+        return out
+
+    def gpu(self, uuid: str) -> GpuState:
+        handle = self.handle(uuid)
+        return self._read_gpu(handle, int(self.call(self.lib.nvmlDeviceGetIndex, handle)))
+
+    def _read_gpu(self, handle: Any, index: int) -> GpuState:
+        lib = self.lib
+        uuid = text(self.call(lib.nvmlDeviceGetUUID, handle))
+        name = text(self.call(lib.nvmlDeviceGetName, handle))
+        memory = self.call(lib.nvmlDeviceGetMemoryInfo, handle)
+        util = self.optional(lib.nvmlDeviceGetUtilizationRates, handle)
+        mode = self.optional(lib.nvmlDeviceGetMigMode, handle)
+        current = MIG_UNSUPPORTED if mode is None else _mode(mode[0])
+        pending = MIG_UNSUPPORTED if mode is None else _mode(mode[1])
+        instances: tuple[MigInstanceState, ...] = ()
+        processes = {p.pid: p for p in self._processes(handle, None)}
+        if current == MIG_ENABLED:
+            instances, mig_procs = self._read_instances(handle, uuid)
+            for p in mig_procs:
+                processes[p.pid] = p
+        known = model_for_product_name(name)
+        warnings = tuple(self.catalog_differences(uuid)) if known is not None else ()
+        return GpuState(
+            uuid=uuid,
+            index=index,
+            name=name,
+            model=known.key if known else None,
+            pci_device_id=self._pci_device_id(handle),
+            memory_total_mib=int(memory.total) // _MIB,
+            memory_used_mib=int(memory.used) // _MIB,
+            utilization_gpu=None if util is None else int(util.gpu),
+            mig_current=current,
+            mig_pending=pending,
+            instances=instances,
+            processes=tuple(sorted(processes.values(), key=lambda p: p.pid)),
+            simulated=self.simulated,
+            warnings=warnings,
+        )
+
+    def _pci_device_id(self, handle: Any) -> str:
+        info = self.optional(self.lib.nvmlDeviceGetPciInfo, handle)
+        return "unknown" if info is None else f"0x{int(info.pciDeviceId):08X}"
+
+    def _processes(self, handle: Any, gi_id: int | None) -> list[ProcessState]:
+        raw = self.optional(self.lib.nvmlDeviceGetComputeRunningProcesses, handle) or []
+        out = []
+        for p in raw:
+            used = getattr(p, "usedGpuMemory", None)
+            pgi = getattr(p, "gpuInstanceId", None)
+            if pgi is None or int(pgi) >= _NOT_AVAILABLE:
+                pgi = gi_id
+            out.append(
+                ProcessState(
+                    pid=int(p.pid),
+                    used_memory_mib=None if used is None else int(used) // _MIB,
+                    gi_id=None if pgi is None else int(pgi),
+                )
+            )
+        return out
+
+    def _read_instances(
+        self, handle: Any, uuid: str
+    ) -> tuple[tuple[MigInstanceState, ...], list[ProcessState]]:
+        lib = self.lib
+        model = self.model(uuid)
+        # MIG devices (one per compute instance): their UUIDs and processes, by GPU instance id
+        uuids: dict[int, str] = {}
+        procs: dict[int, list[ProcessState]] = {}
+        for i in range(int(self.call(lib.nvmlDeviceGetMaxMigDeviceCount, handle))):
+            mig = self.optional(lib.nvmlDeviceGetMigDeviceHandleByIndex, handle, i)
+            if mig is None:
+                continue
+            gi_id = int(self.call(lib.nvmlDeviceGetGpuInstanceId, mig))
+            uuids.setdefault(gi_id, text(self.call(lib.nvmlDeviceGetUUID, mig)))
+            procs.setdefault(gi_id, []).extend(self._processes(mig, gi_id))
+        instances = []
+        for prof in model.profiles:
+            for gi in self._gpu_instances(handle, prof.profile_id):
+                info = self.call(lib.nvmlGpuInstanceGetInfo, gi)
+                gi_id = int(info.id)
+                instances.append(
+                    MigInstanceState(
+                        profile=prof.name,
+                        start=int(info.placement.start),
+                        gi_id=gi_id,
+                        uuid=uuids.get(gi_id),
+                        busy=bool(procs.get(gi_id)),
+                        memory_mib=prof.memory_mib,
+                        ci_ids=tuple(sorted(self._compute_instance_ids(gi, prof))),
+                    )
+                )
+        all_procs = [p for ps in procs.values() for p in ps]
+        return tuple(sorted(instances, key=lambda x: (x.start, x.gi_id))), all_procs
+
+    def _gpu_instances(self, handle: Any, profile_id: int) -> list[Any]:
+        lib = self.lib
+        arr = (lib.c_nvmlGpuInstance_t * 8)()
+        count = ctypes.c_uint(8)
+        self.call(lib.nvmlDeviceGetGpuInstances, handle, profile_id, arr, ctypes.byref(count))
+        return [arr[i] for i in range(count.value)]
+
+    def _ci_profile_id(self, gi: Any, compute_slices: int) -> int | None:
+        enum = getattr(self.lib, f"NVML_COMPUTE_INSTANCE_PROFILE_{compute_slices}_SLICE", None)
+        if enum is None:
+            return None
+        info = self.optional(self.lib.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, enum, 0)
+        return None if info is None else int(info.id)
+
+    def _compute_instance_ids(self, gi: Any, prof: MigProfile) -> list[int]:
+        lib = self.lib
+        ids: list[int] = []
+        for slices in range(1, prof.compute_slices + 1):
+            ci_profile = self._ci_profile_id(gi, slices)
+            if ci_profile is None:
+                continue
+            arr = (lib.c_nvmlComputeInstance_t * 8)()
+            count = ctypes.c_uint(8)
+            self.call(
+                lib.nvmlGpuInstanceGetComputeInstances, gi, ci_profile, arr, ctypes.byref(count)
+            )
+            for i in range(count.value):
+                ids.append(int(self.call(lib.nvmlComputeInstanceGetInfo, arr[i]).id))
+        return ids
+
+    # -- changing MIG ---------------------------------------------------------------------------
+
+    def set_mig_mode(self, uuid: str, enabled: bool) -> MigModeChange:
+        lib = self.lib
+        handle = self.handle(uuid)
+        mode = lib.NVML_DEVICE_MIG_ENABLE if enabled else lib.NVML_DEVICE_MIG_DISABLE
+        status = int(self.call(lib.nvmlDeviceSetMigMode, handle, mode))
+        current, pending = self.call(lib.nvmlDeviceGetMigMode, handle)
+        reason = None
+        if status != lib.NVML_SUCCESS:
+            reason = str(lib.NVMLError(status))
+            if status == lib.NVML_ERROR_IN_USE:
+                reason = (
+                    "the GPU is in use (processes or MIG instances hold it); the change is pending"
+                )
+        self._models.pop(uuid, None)
+        return MigModeChange(_mode(current), _mode(pending), status == lib.NVML_SUCCESS, reason)
+
+    def create_instance(self, uuid: str, profile: str, start: int) -> MigInstanceState:
+        """Create a GPU instance at an explicit placement, with one compute instance filling it.
+
+        All or nothing: if the compute instance cannot be created, the GPU instance is destroyed again.
+        """
+        lib = self.lib
+        handle = self.handle(uuid)
+        prof = self.model(uuid).profile(profile)
+        placement = lib.c_nvmlGpuInstancePlacement_t(start, prof.memory_slots)
+        gi = self.call(
+            lib.nvmlDeviceCreateGpuInstanceWithPlacement,
+            handle,
+            prof.profile_id,
+            ctypes.byref(placement),
+            what=f"create {prof.name}@{start} on {uuid}",
+        )
+        try:
+            ci_profile = self._ci_profile_id(gi, prof.compute_slices)
+            if ci_profile is None:
+                raise NotSupported(f"no compute-instance profile fills {prof.name}")
+            self.call(lib.nvmlGpuInstanceCreateComputeInstance, gi, ci_profile)
+        except BaseException:
+            self.quiet(lib.nvmlGpuInstanceDestroy, gi)
+            raise
+        gi_id = int(self.call(lib.nvmlGpuInstanceGetInfo, gi).id)
+        for inst in self.gpu(uuid).instances:
+            if inst.gi_id == gi_id:
+                return inst
+        raise DeviceNotFound(f"GPU instance {gi_id} vanished after creation on {uuid}")
+
+    def destroy_instance(self, uuid: str, gi_id: int) -> None:
+        """Destroy a GPU instance: its compute instances first, then itself."""
+        lib = self.lib
+        handle = self.handle(uuid)
+        gi = self.call(
+            lib.nvmlDeviceGetGpuInstanceById, handle, gi_id, what=f"GPU instance {gi_id}"
+        )
+        prof = self.model(uuid).profile_by_id(
+            int(self.call(lib.nvmlGpuInstanceGetInfo, gi).profileId)
+        )
+        if prof is not None:
+            for slices in range(1, prof.compute_slices + 1):
+                ci_profile = self._ci_profile_id(gi, slices)
+                if ci_profile is None:
+                    continue
+                arr = (lib.c_nvmlComputeInstance_t * 8)()
+                count = ctypes.c_uint(8)
+                self.call(
+                    lib.nvmlGpuInstanceGetComputeInstances, gi, ci_profile, arr, ctypes.byref(count)
+                )
+                for i in range(count.value):
+                    self.call(
+                        lib.nvmlComputeInstanceDestroy,
+                        arr[i],
+                        what=f"destroy compute instance of GPU instance {gi_id} on {uuid}",
+                    )
+        self.call(lib.nvmlGpuInstanceDestroy, gi, what=f"destroy GPU instance {gi_id} on {uuid}")
+
+
+def _lost_gpu(index: int, simulated: bool) -> GpuState:
+    return GpuState(
+        uuid="unknown",
+        index=index,
+        name="unknown (GPU is lost)",
+        model=None,
+        pci_device_id="unknown",
+        memory_total_mib=0,
+        memory_used_mib=0,
+        utilization_gpu=None,
+        mig_current=MIG_UNSUPPORTED,
+        mig_pending=MIG_UNSUPPORTED,
+        simulated=simulated,
+        health="lost",
+    )
+
+
+def _mode(value: Any) -> str:
+    return MIG_ENABLED if int(value) == 1 else MIG_DISABLED
+
+
+def text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace").rstrip("\x00")
+    return str(value)

@@ -1,0 +1,238 @@
+"""Simulated GPUs: the fleet spec, its state on disk, and the controls a test or the SDK uses to act on it.
+
+The state lives in one JSON file in the data directory, so separate commands see the same GPUs. Every
+change takes an exclusive lock, re-reads the file and replaces it atomically; readers re-read only when the
+file changed. The NVML-shaped view of this state is ``fakenvml.FakeNvml``; nothing above the device
+adapter sees this module except to choose it and, in tests and the demo, to inject faults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+import uuid as uuidlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpufrac.errors import InputError
+from gpufrac.model.catalog import GpuModel, lookup_model
+
+_NAMESPACE = uuidlib.UUID("6f1c2b7e-3a55-4c1e-9d7a-7c0f1a2b9e40")
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedGpuSpec:
+    model: GpuModel
+    mig: bool
+
+
+def parse_simulate_spec(text: str, *, field: str = "--simulate") -> tuple[SimulatedGpuSpec, ...]:
+    """Parse ``h200:1:mig,h200:1`` (``MODEL[:COUNT][:mig]``, comma separated)."""
+    gpus: list[SimulatedGpuSpec] = []
+    if not text.strip():
+        raise InputError("no GPUs given", field=field, fix="write MODEL[:COUNT][:mig], e.g. h200:2")
+    for part in (p.strip() for p in text.split(",")):
+        bits = [b.strip() for b in part.split(":")]
+        if not part or not bits[0]:
+            raise InputError(f"empty entry in {text!r}", field=field, fix="MODEL[:COUNT][:mig]")
+        try:
+            model = lookup_model(bits[0])
+        except InputError as e:
+            raise e.at(field) from None
+        count, mig = 1, False
+        for extra in bits[1:]:
+            if extra.lower() == "mig":
+                mig = True
+            elif extra.isdigit() and int(extra) >= 1:
+                count = int(extra)
+            else:
+                raise InputError(
+                    f"{extra!r} in {part!r} is neither a count nor 'mig'",
+                    field=field,
+                    fix="write MODEL[:COUNT][:mig], e.g. h200:2:mig",
+                )
+        unknown = [p.name for p in model.profiles if p.memory_mib is None or p.sm_count is None]
+        if unknown:
+            raise InputError(
+                f"{model.key} cannot be simulated: its catalog entry is unverified and the memory or "
+                f"SM count of {', '.join(unknown)} is unknown",
+                field=field,
+                fix="simulate a GPU whose geometry was read from a driver or documented (h200, h100, a100-40gb, a30, ...)",
+            )
+        gpus.extend(SimulatedGpuSpec(model, mig) for _ in range(count))
+    if len(gpus) > 4096:
+        raise InputError("more than 4096 simulated GPUs", field=field, fix="simulate fewer GPUs")
+    return tuple(gpus)
+
+
+def normalized_spec(specs: tuple[SimulatedGpuSpec, ...]) -> str:
+    return ",".join(f"{s.model.key}:1{':mig' if s.mig else ''}" for s in specs)
+
+
+def simulated_gpu_uuid(model_key: str, index: int) -> str:
+    return "GPU-" + str(uuidlib.uuid5(_NAMESPACE, f"{model_key}/{index}"))
+
+
+def initial_state(specs: tuple[SimulatedGpuSpec, ...]) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "spec": normalized_spec(specs),
+        "created": 0,  # counts MIG devices ever created, so re-created instances get new UUIDs
+        "event_seq": 0,
+        "gpus": [
+            {
+                "model": s.model.key,
+                "uuid": simulated_gpu_uuid(s.model.key, i),
+                "mig_current": int(s.mig),
+                "mig_pending": int(s.mig),
+                "lost": False,
+                "utilization": 0,
+                "gpu_instances": [],
+                "processes": [],
+                "events": [],
+                "ecc": {"volatile": 0, "aggregate": 0},
+            }
+            for i, s in enumerate(specs)
+        ],
+    }
+
+
+class SimulatedFleet:
+    """The on-disk state of one simulated fleet, with locked read-modify-write."""
+
+    def __init__(self, path: Path, specs: tuple[SimulatedGpuSpec, ...]) -> None:
+        self.path = path
+        self.specs = specs
+        self._cache: dict[str, Any] | None = None
+        self._stamp: tuple[int, int] | None = None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self.mutate():
+            pass  # creates the file on first use
+
+    @classmethod
+    def open(cls, spec_text: str, data_dir: Path) -> SimulatedFleet:
+        specs = parse_simulate_spec(spec_text)
+        digest = hashlib.sha1(normalized_spec(specs).encode()).hexdigest()[:12]
+        return cls(data_dir / "simulated" / f"fleet-{digest}.json", specs)
+
+    # -- reading and writing -------------------------------------------------------------------
+
+    def read(self) -> dict[str, Any]:
+        """The current state (do not mutate it; use ``mutate``)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._cache = initial_state(self.specs)
+            return self._cache
+        stamp = (st.st_mtime_ns, st.st_size)
+        if self._cache is None or stamp != self._stamp:
+            with open(self.path, encoding="utf-8") as f:
+                self._cache = json.load(f)
+            self._stamp = stamp
+        return self._cache
+
+    @contextlib.contextmanager
+    def mutate(self) -> Iterator[dict[str, Any]]:
+        """Lock, re-read, yield the state for changes, and write it back atomically."""
+        lock_path = self.path.with_suffix(".lock")
+        with open(lock_path, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if self.path.exists():
+                    with open(self.path, encoding="utf-8") as f:
+                        state = json.load(f)
+                else:
+                    state = initial_state(self.specs)
+                yield state
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".fleet-", suffix=".tmp")
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(state, f)
+                os.replace(tmp, self.path)
+                self._cache = None
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    # -- controls for tests, the demo and the SDK channel ---------------------------------------
+
+    def _gpu(self, state: dict[str, Any], gpu_uuid: str) -> dict[str, Any]:
+        for g in state["gpus"]:
+            if g["uuid"] == gpu_uuid:
+                return g  # type: ignore[no-any-return]
+        raise InputError(f"no simulated GPU {gpu_uuid}", field="gpu", fix="see gpufrac gpus")
+
+    def attach_process(
+        self,
+        gpu_uuid: str,
+        pid: int,
+        used_memory_mib: int,
+        *,
+        gi_id: int | None = None,
+        mps: bool = False,
+        sm_util: int = 0,
+    ) -> None:
+        """Record that ``pid`` holds memory on a GPU (or on its GPU instance ``gi_id``)."""
+        with self.mutate() as state:
+            gpu = self._gpu(state, gpu_uuid)
+            if gi_id is not None and not any(gi["id"] == gi_id for gi in gpu["gpu_instances"]):
+                raise InputError(f"GPU {gpu_uuid} has no GPU instance {gi_id}", field="gi_id")
+            gpu["processes"] = [p for p in gpu["processes"] if p["pid"] != pid]
+            ci_id = 0 if gi_id is not None else None
+            gpu["processes"].append(
+                {
+                    "pid": pid,
+                    "used_mib": used_memory_mib,
+                    "gi_id": gi_id,
+                    "ci_id": ci_id,
+                    "mps": mps,
+                    "sm_util": sm_util,
+                }
+            )
+
+    def detach_process(self, pid: int) -> None:
+        with self.mutate() as state:
+            for gpu in state["gpus"]:
+                gpu["processes"] = [p for p in gpu["processes"] if p["pid"] != pid]
+
+    def inject_xid(self, gpu_uuid: str, xid: int) -> None:
+        """Raise an Xid critical-error event on a GPU, as the driver would."""
+        with self.mutate() as state:
+            state["event_seq"] += 1
+            self._gpu(state, gpu_uuid)["events"].append(
+                {"seq": state["event_seq"], "type": "xid", "data": xid}
+            )
+
+    def add_ecc_errors(self, gpu_uuid: str, count: int, *, double_bit: bool = True) -> None:
+        with self.mutate() as state:
+            gpu = self._gpu(state, gpu_uuid)
+            gpu["ecc"]["volatile"] += count
+            gpu["ecc"]["aggregate"] += count
+            if double_bit:
+                state["event_seq"] += 1
+                gpu["events"].append({"seq": state["event_seq"], "type": "ecc_dbe", "data": count})
+
+    def set_lost(self, gpu_uuid: str, lost: bool = True) -> None:
+        """Make a GPU fall off the bus (every driver call on it fails with GPU_IS_LOST)."""
+        with self.mutate() as state:
+            self._gpu(state, gpu_uuid)["lost"] = lost
+
+    def set_utilization(self, gpu_uuid: str, percent: int) -> None:
+        with self.mutate() as state:
+            self._gpu(state, gpu_uuid)["utilization"] = max(0, min(100, percent))
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,102 @@
+"""Snapshots of GPUs as the device layer reads them: frozen values, with the JSON shape later work reads.
+
+``gpufrac gpus --json`` prints ``{"gpus": [GpuState.to_json(), ...]}``; see docs/json.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufrac.model.mig import MigPlacement
+
+MIG_ENABLED = "enabled"
+MIG_DISABLED = "disabled"
+MIG_UNSUPPORTED = "unsupported"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessState:
+    """A process holding memory on a GPU (or on one MIG instance of it)."""
+
+    pid: int
+    used_memory_mib: int | None  # None where the driver does not say
+    gi_id: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "used_memory_mib": self.used_memory_mib, "gi_id": self.gi_id}
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstanceState:
+    """A GPU instance (with its compute instance) that exists on a GPU."""
+
+    profile: str
+    start: int
+    gi_id: int
+    uuid: str | None  # the MIG device UUID, once a compute instance exists
+    busy: bool
+    memory_mib: int | None = None
+    ci_ids: tuple[int, ...] = ()
+
+    @property
+    def placement(self) -> MigPlacement:
+        return MigPlacement(self.start, self.profile)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "start": self.start,
+            "gi_id": self.gi_id,
+            "ci_ids": list(self.ci_ids),
+            "uuid": self.uuid,
+            "busy": self.busy,
+            "memory_mib": self.memory_mib,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """One GPU as read from the driver (or the simulated driver)."""
+
+    uuid: str
+    index: int
+    name: str  # the product name, exactly as the driver says it
+    model: str | None  # catalog key, None for a GPU gpufrac has no MIG geometry for
+    pci_device_id: str
+    memory_total_mib: int
+    memory_used_mib: int
+    utilization_gpu: int | None
+    mig_current: str
+    mig_pending: str
+    instances: tuple[MigInstanceState, ...] = ()
+    processes: tuple[ProcessState, ...] = ()
+    simulated: bool = False
+    health: str = "ok"  # ok | lost
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def mig_enabled(self) -> bool:
+        return self.mig_current == MIG_ENABLED
+
+    @property
+    def layout(self) -> tuple[MigPlacement, ...]:
+        return tuple(sorted(i.placement for i in self.instances))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "index": self.index,
+            "model": self.model,
+            "name": self.name,
+            "pci_device_id": self.pci_device_id,
+            "memory_total_mib": self.memory_total_mib,
+            "memory_used_mib": self.memory_used_mib,
+            "utilization_gpu": self.utilization_gpu,
+            "mig_mode": {"current": self.mig_current, "pending": self.mig_pending},
+            "instances": [i.to_json() for i in self.instances],
+            "processes": [p.to_json() for p in self.processes],
+            "simulated": self.simulated,
+            "health": self.health,
+            "warnings": list(self.warnings),
+        }

@@ -1,0 +1,190 @@
+"""The NVML adapter, run against the fake NVML library beneath it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpufrac.devices import NvmlDevices, open_simulated
+from gpufrac.devices.errors import (
+    DeviceNotFound,
+    GpuLost,
+    InsufficientResources,
+    InUse,
+    InvalidArgument,
+    NotSupported,
+)
+from gpufrac.devices.health import DeviceHealth
+from gpufrac.devices.simfleet import SimulatedFleet, parse_simulate_spec
+from gpufrac.errors import InputError
+from gpufrac.model.catalog import catalog
+
+
+def test_reads_the_demo_fleet(sim: NvmlDevices) -> None:
+    gpus = sim.gpus()
+    assert [(g.index, g.model, g.mig_current, g.simulated) for g in gpus] == [
+        (0, "H200-141GB", "enabled", True),
+        (1, "H200-141GB", "disabled", True),
+    ]
+    assert all(g.uuid.startswith("GPU-") for g in gpus)
+    assert gpus[0].pci_device_id == "0x233510DE"
+    assert gpus[0].memory_total_mib == 143771
+    assert gpus[0].utilization_gpu is None  # not reported on a MIG-enabled GPU, never zero
+    assert gpus[1].utilization_gpu == 0
+
+
+def test_uuids_are_stable_and_state_is_shared_between_commands(data_dir: Path) -> None:
+    first = open_simulated("h200:1:mig,h200:1", data_dir)
+    uuid = first.gpus()[0].uuid
+    first.create_instance(uuid, "3g.71gb", 4)
+    first.close()
+    second = open_simulated("h200:1:mig,h200:1", data_dir)  # a separate command
+    assert second.gpus()[0].uuid == uuid
+    assert [str(p) for p in second.gpus()[0].layout] == ["3g.71gb@4"]
+    other_dir = open_simulated("h200:1:mig,h200:1", data_dir / "elsewhere")
+    assert other_dir.gpus()[0].uuid == uuid  # stable UUIDs, not tied to one state file
+    assert other_dir.gpus()[0].instances == ()
+
+
+@pytest.mark.parametrize(
+    "key", [k for k, m in catalog().items() if all(p.memory_mib for p in m.profiles)]
+)
+def test_driver_table_of_a_simulated_gpu_matches_the_catalog(key: str, data_dir: Path) -> None:
+    dev = open_simulated(f"{key}:1", data_dir)
+    uuid = dev.gpus()[0].uuid
+    assert dev.catalog_differences(uuid) == []
+    assert dev.model(uuid).profiles == catalog()[key].profiles
+
+
+def test_create_and_destroy_instances(sim: NvmlDevices) -> None:
+    uuid = sim.gpus()[0].uuid
+    a = sim.create_instance(uuid, "3g.71gb", 0)
+    b = sim.create_instance(uuid, "2g.35gb", 4)
+    c = sim.create_instance(uuid, "1g.18gb", 6)
+    assert [str(p) for p in sim.gpu(uuid).layout] == ["3g.71gb@0", "2g.35gb@4", "1g.18gb@6"]
+    assert len({a.uuid, b.uuid, c.uuid}) == 3 and all(
+        i.uuid and i.uuid.startswith("MIG-") for i in (a, b, c)
+    )
+    assert a.ci_ids == (0,) and a.memory_mib == 71424
+    sim.destroy_instance(uuid, b.gi_id)
+    assert [str(p) for p in sim.gpu(uuid).layout] == ["3g.71gb@0", "1g.18gb@6"]
+    again = sim.create_instance(uuid, "2g.35gb", 4)
+    assert again.uuid != b.uuid  # a re-created instance is a new MIG device
+
+
+def test_every_error_kind_is_translated(sim: NvmlDevices, fleet: SimulatedFleet) -> None:
+    mig, plain = (g.uuid for g in sim.gpus())
+    with pytest.raises(NotSupported):
+        sim.create_instance(plain, "1g.18gb", 0)  # MIG off
+    sim.create_instance(mig, "4g.71gb", 0)
+    with pytest.raises(InsufficientResources):
+        sim.create_instance(mig, "3g.71gb", 0)  # overlap
+    with pytest.raises(InvalidArgument):
+        sim.create_instance(mig, "3g.71gb", 2)  # a start the profile does not allow
+    with pytest.raises(InputError, match="does not exist on H200-141GB"):
+        sim.create_instance(mig, "1g.10gb", 4)
+    gi = sim.gpu(mig).instances[0].gi_id
+    fleet.attach_process(mig, os.getpid(), 1000, gi_id=gi)
+    with pytest.raises(InUse):
+        sim.destroy_instance(mig, gi)
+    assert sim.gpu(mig).instances[0].busy
+    with pytest.raises(DeviceNotFound):
+        sim.destroy_instance(mig, 42)
+    with pytest.raises(DeviceNotFound):
+        sim.gpu("GPU-00000000-0000-0000-0000-000000000000")
+    fleet.set_lost(plain)
+    with pytest.raises(GpuLost):
+        sim.gpu(plain)
+    assert [g.health for g in sim.gpus()] == ["ok", "lost"]
+
+
+def test_a_failed_compute_instance_leaves_no_gpu_instance(
+    sim: NvmlDevices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uuid = sim.gpus()[0].uuid
+    lib = sim.lib
+
+    def refuse(gi: object, profile: int) -> object:
+        raise lib.NVMLError(lib.NVML_ERROR_INSUFFICIENT_RESOURCES)
+
+    monkeypatch.setattr(lib, "nvmlGpuInstanceCreateComputeInstance", refuse)
+    with pytest.raises(InsufficientResources):
+        sim.create_instance(uuid, "3g.71gb", 0)
+    monkeypatch.undo()
+    assert sim.gpu(uuid).instances == ()
+
+
+def test_mig_mode_change_pending_while_in_use(sim: NvmlDevices, fleet: SimulatedFleet) -> None:
+    plain = sim.gpus()[1].uuid
+    fleet.attach_process(plain, os.getpid(), 100)
+    change = sim.set_mig_mode(plain, True)
+    assert not change.activated and change.pending == "enabled" and change.current == "disabled"
+    assert change.reason and "in use" in change.reason
+    fleet.detach_process(os.getpid())
+    change = sim.set_mig_mode(plain, True)
+    assert change.activated and change.current == "enabled"
+    assert sim.gpu(plain).mig_enabled
+
+
+def test_a_real_child_process_is_seen_with_its_memory(
+    sim: NvmlDevices, fleet: SimulatedFleet
+) -> None:
+    plain = sim.gpus()[1].uuid
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        fleet.attach_process(plain, child.pid, 2048, sm_util=30)
+        procs = sim.gpu(plain).processes
+        assert [(p.pid, p.used_memory_mib) for p in procs] == [(child.pid, 2048)]
+        assert sim.gpu(plain).memory_used_mib == 2048
+        assert DeviceHealth(sim).process_utilization(plain) == {child.pid: 30}
+        assert (
+            DeviceHealth(sim).process_utilization(sim.gpus()[0].uuid) is None
+        )  # MIG: not reported
+    finally:
+        child.kill()
+        child.wait()
+    assert sim.gpu(plain).processes == ()
+
+
+def test_events_through_the_adapter(sim: NvmlDevices, fleet: SimulatedFleet) -> None:
+    plain = sim.gpus()[1].uuid
+    health = DeviceHealth(sim)
+    assert health.wait_event(10) is None
+    fleet.inject_xid(plain, 48)
+    event = health.wait_event(500)
+    assert event is not None and (event.gpu_uuid, event.kind, event.data) == (plain, "xid", 48)
+    fleet.add_ecc_errors(plain, 1)
+    event = health.wait_event(500)
+    assert event is not None and event.kind == "ecc_double_bit"
+    assert health.ecc_uncorrected(plain) == 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("", "no GPUs"),
+        ("h200:0", "neither a count"),
+        ("h200:two", "neither a count"),
+        ("a100", "ambiguous"),
+        ("b200", "cannot be simulated"),
+        ("h200,,a30", "empty entry"),
+    ],
+)
+def test_bad_simulate_specs(spec: str, fragment: str) -> None:
+    with pytest.raises(InputError, match=fragment) as exc:
+        parse_simulate_spec(spec)
+    assert exc.value.field == "--simulate"
+
+
+def test_simulate_spec_forms() -> None:
+    specs = parse_simulate_spec("h200:2:mig,a30,h100:mig")
+    assert [(s.model.key, s.mig) for s in specs] == [
+        ("H200-141GB", True),
+        ("H200-141GB", True),
+        ("A30-24GB", False),
+        ("H100-80GB", True),
+    ]

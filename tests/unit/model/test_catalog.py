@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpufrac.errors import InputError
+from gpufrac.model.catalog import ALIASES, catalog, lookup_model, model_for_product_name
+
+REFERENCE = Path(__file__).parents[3] / "src" / "gpufrac" / "model" / "data" / "mig-geometry.json"
+RAW = json.loads(REFERENCE.read_text())["gpus"]
+
+
+@pytest.mark.parametrize("key", sorted(RAW))
+def test_every_reference_gpu_is_in_the_catalog_with_its_values(key: str) -> None:
+    model = catalog()[key]
+    raw = RAW[key]
+    assert model.memory_total_mib == raw["memory_total_mib"]
+    assert model.memory_slots == raw["memory_slots"]
+    assert model.compute_slices == raw["compute_slices"]
+    assert [p.name for p in model.profiles] == [p["name"] for p in raw["profiles"]]
+    for prof, rp in zip(model.profiles, raw["profiles"], strict=True):
+        assert prof.profile_id == rp["profile_id"]
+        assert prof.placement_starts == tuple(rp["placement_starts"])
+        assert prof.memory_mib == rp["memory_mib"]  # None stays None: never invented
+        assert prof.sm_count == rp["sm_count"]
+
+
+@pytest.mark.parametrize("key", sorted(RAW))
+def test_profiles_fit_their_gpu(key: str) -> None:
+    model = catalog()[key]
+    for prof in model.profiles:
+        assert 1 <= prof.compute_slices <= model.compute_slices
+        for start in prof.placement_starts:
+            assert start >= 0 and start + prof.memory_slots <= model.memory_slots
+        assert prof.max_instances >= 1
+        assert prof.media_extensions == prof.name.endswith("+me")
+
+
+def test_only_the_h200_entry_is_a_driver_reading_and_b200_is_unverified() -> None:
+    assert [k for k, m in catalog().items() if m.from_driver] == ["H200-141GB"]
+    b200 = catalog()["B200-180GB"]
+    assert not b200.verified
+    assert all(p.memory_mib is None and p.sm_count is None for p in b200.profiles)
+    assert catalog()["H100-80GB"].verified
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("h200", "H200-141GB"),
+        ("H200", "H200-141GB"),
+        ("h100", "H100-80GB"),
+        ("h100-nvl", "H100-NVL-94GB"),
+        ("h100-96gb", "H100-96GB"),
+        ("gh200", "H100-96GB"),
+        ("a100-80gb", "A100-80GB"),
+        ("A100-40GB", "A100-40GB"),
+        ("a30", "A30-24GB"),
+        ("b200", "B200-180GB"),
+        ("h200-141gb", "H200-141GB"),
+    ],
+)
+def test_aliases_and_keys_case_insensitive(name: str, key: str) -> None:
+    assert lookup_model(name).key == key
+
+
+def test_every_alias_points_at_a_catalog_key() -> None:
+    assert set(ALIASES.values()) <= set(catalog())
+
+
+@pytest.mark.parametrize("name", ["a100", "A100", "h1"])
+def test_ambiguous_name_lists_choices(name: str) -> None:
+    with pytest.raises(InputError) as exc:
+        lookup_model(name)
+    assert "ambiguous" in str(exc.value)
+    assert "A100-80GB" in str(exc.value) or "H100-80GB" in str(exc.value)
+
+
+def test_unknown_name_lists_choices() -> None:
+    with pytest.raises(InputError, match=r"unknown GPU model 'v100'.*h200"):
+        lookup_model("v100")
+
+
+@pytest.mark.parametrize(
+    ("product", "key"),
+    [
+        ("NVIDIA H200", "H200-141GB"),
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
+        ("NVIDIA GH200 480GB", "H100-96GB"),
+        ("NVIDIA H100 NVL", "H100-NVL-94GB"),
+    ],
+)
+def test_real_gpus_match_by_exact_product_name(product: str, key: str) -> None:
+    model = model_for_product_name(product)
+    assert model is not None and model.key == key
+
+
+@pytest.mark.parametrize("product", ["NVIDIA H200 NVL", "nvidia h200", "NVIDIA H100", "Tesla V100"])
+def test_no_prefix_or_fuzzy_product_matching(product: str) -> None:
+    assert model_for_product_name(product) is None
+
+
+def test_profile_meaning_depends_on_the_model() -> None:
+    assert lookup_model("a100-80gb").profile("1g.10gb").memory_slots == 1
+    assert lookup_model("a100-40gb").profile("1g.10gb").memory_slots == 2
+    with pytest.raises(InputError, match="does not exist on H200-141GB"):
+        lookup_model("h200").profile("1g.10gb")
