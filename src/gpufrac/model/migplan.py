@@ -1,0 +1,152 @@
+"""A MIG plan: the target layout per GPU, the ordered actions that reach it, and what could not be placed.
+
+The JSON shape reuses ``gpufrac gpus --json``: ``gpus`` is a list with ``uuid``, ``index``, ``model`` and
+``instances`` (``{"profile", "start"}`` each), plus ``unplaced``, ``actions`` and ``summary``.
+See docs/json.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufrac.errors import InputError
+from gpufrac.model.mig import MigPlacement, layout_from_json
+
+ACTION_KINDS = ("enable_mig", "destroy_ci", "destroy_gi", "create_gi", "create_ci")
+
+
+@dataclass(frozen=True, slots=True)
+class MigAction:
+    """One step. GPU and instance identity: ``gpu_uuid`` plus (``profile``, ``start``)."""
+
+    kind: str  # one of ACTION_KINDS
+    gpu_uuid: str
+    gpu_index: int
+    profile: str | None = None
+    start: int | None = None
+    profile_id: int | None = None
+    gi_id: int | None = None  # for destroy actions: the instance as read when planning
+    ci_id: int | None = None
+
+    def nvidia_smi(self) -> str:
+        """The equivalent nvidia-smi command."""
+        i = self.gpu_index
+        if self.kind == "enable_mig":
+            return f"nvidia-smi -i {i} -mig 1"
+        if self.kind == "destroy_ci":
+            return f"nvidia-smi mig -i {i} -gi {self.gi_id} -ci {self.ci_id} -dci"
+        if self.kind == "destroy_gi":
+            return f"nvidia-smi mig -i {i} -gi {self.gi_id} -dgi"
+        if self.kind == "create_gi":
+            return f"nvidia-smi mig -i {i} -cgi {self.profile_id}:{self.start}"
+        return f"nvidia-smi mig -i {i} -gi <id of {self.profile}@{self.start}> -cci  # default compute instance"
+
+    def describe(self) -> str:
+        where = f"GPU {self.gpu_index}"
+        if self.kind == "enable_mig":
+            return f"{where}: enable MIG mode"
+        what = f"{self.profile}@{self.start}"
+        return {
+            "destroy_ci": f"{where}: destroy compute instance {self.ci_id} of {what} (GI {self.gi_id})",
+            "destroy_gi": f"{where}: destroy GPU instance {what} (GI {self.gi_id})",
+            "create_gi": f"{where}: create GPU instance {what}",
+            "create_ci": f"{where}: create compute instance in {what}",
+        }[self.kind]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "gpu_uuid": self.gpu_uuid,
+            "gpu_index": self.gpu_index,
+            "profile": self.profile,
+            "start": self.start,
+            "profile_id": self.profile_id,
+            "gi_id": self.gi_id,
+            "ci_id": self.ci_id,
+            "nvidia_smi": self.nvidia_smi(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedGpu:
+    uuid: str
+    index: int
+    model: str
+    instances: tuple[MigPlacement, ...]
+    mig_enabled: bool = True
+    kept: tuple[MigPlacement, ...] = ()
+    created: tuple[MigPlacement, ...] = ()
+    destroyed: tuple[MigPlacement, ...] = ()
+    busy_kept: tuple[MigPlacement, ...] = ()  # busy instances kept though not asked for
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "index": self.index,
+            "model": self.model,
+            "mig_enabled": self.mig_enabled,
+            "instances": [p.to_json() for p in self.instances],
+            "kept": [str(p) for p in self.kept],
+            "created": [str(p) for p in self.created],
+            "destroyed": [str(p) for p in self.destroyed],
+            "busy_kept": [str(p) for p in self.busy_kept],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaced:
+    label: str
+    count: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"demand": self.label, "count": self.count, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class MigPlan:
+    gpus: tuple[PlannedGpu, ...]
+    actions: tuple[MigAction, ...]
+    unplaced: tuple[Unplaced, ...] = ()
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": [g.to_json() for g in self.gpus],
+            "unplaced": [u.to_json() for u in self.unplaced],
+            "actions": [a.to_json() for a in self.actions],
+            "summary": self.summary,
+        }
+
+
+def targets_from_json(
+    raw: Any, *, field: str = "plan"
+) -> list[tuple[str, int, bool, tuple[MigPlacement, ...]]]:
+    """(uuid, index, mig_enabled, target layout) per GPU from a plan file (or ``gpufrac gpus --json``)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("gpus"), list):
+        raise InputError(
+            "must be an object with a 'gpus' list",
+            field=field,
+            fix="pass the output of gpufrac mig plan --json",
+        )
+    out = []
+    for i, g in enumerate(raw["gpus"]):
+        where = f"{field}.gpus[{i}]"
+        if not isinstance(g, dict) or not isinstance(g.get("uuid"), str):
+            raise InputError("needs a 'uuid' string", field=where)
+        index = g.get("index", i)
+        if not isinstance(index, int):
+            raise InputError("'index' must be a number", field=f"{where}.index")
+        enabled = g.get("mig_enabled", True)
+        if "mig_mode" in g and isinstance(g["mig_mode"], dict):
+            enabled = g["mig_mode"].get("current") == "enabled"
+        out.append(
+            (
+                g["uuid"],
+                index,
+                bool(enabled),
+                layout_from_json(g.get("instances", []), field=f"{where}.instances"),
+            )
+        )
+    return out
