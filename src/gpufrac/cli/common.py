@@ -21,7 +21,7 @@ from gpufrac.devices.errors import DeviceError, DriverUnavailable
 from gpufrac.errors import InputError
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 SimulateOpt = Annotated[

@@ -101,3 +101,24 @@ def _model(name: str) -> GpuModel:
         return lookup_model(name)
     except InputError as e:
         raise e.at("--gpu") from None
+
+
+def _register() -> None:
+    from gpufrac.cli.mig_apply import (
+        apply_command,
+        assert_command,
+        disable_command,
+        enable_command,
+        export_command,
+    )
+    from gpufrac.cli.mig_plan import plan_command
+
+    mig_app.command("plan")(plan_command)
+    mig_app.command("apply")(apply_command)
+    mig_app.command("assert")(assert_command)
+    mig_app.command("export")(export_command)
+    mig_app.command("enable")(enable_command)
+    mig_app.command("disable")(disable_command)
+
+
+_register()

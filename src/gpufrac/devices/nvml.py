@@ -392,31 +392,89 @@ class NvmlDevices:
         self._models.pop(uuid, None)
         return MigModeChange(_mode(current), _mode(pending), status == lib.NVML_SUCCESS, reason)
 
+    def create_gpu_instance(self, uuid: str, profile: str, start: int) -> int:
+        """Create a GPU instance at an explicit placement; returns its GPU instance id."""
+        lib = self.lib
+        prof = self.model(uuid).profile(profile)
+        placement = lib.c_nvmlGpuInstancePlacement_t(start, prof.memory_slots)
+        gi = self.call(
+            lib.nvmlDeviceCreateGpuInstanceWithPlacement,
+            self.handle(uuid),
+            prof.profile_id,
+            ctypes.byref(placement),
+            what=f"create {prof.name}@{start} on {uuid}",
+        )
+        return int(self.call(lib.nvmlGpuInstanceGetInfo, gi).id)
+
+    def create_compute_instance(self, uuid: str, gi_id: int) -> None:
+        """Create the compute instance that fills GPU instance ``gi_id``."""
+        lib = self.lib
+        gi = self.call(
+            lib.nvmlDeviceGetGpuInstanceById, self.handle(uuid), gi_id, what=f"GPU instance {gi_id}"
+        )
+        prof = self._gi_profile(uuid, gi)
+        ci_profile = self._ci_profile_id(gi, prof.compute_slices)
+        if ci_profile is None:
+            raise NotSupported(f"no compute-instance profile fills {prof.name}")
+        self.call(
+            lib.nvmlGpuInstanceCreateComputeInstance,
+            gi,
+            ci_profile,
+            what=f"create compute instance in GPU instance {gi_id} on {uuid}",
+        )
+
+    def destroy_compute_instances(self, uuid: str, gi_id: int) -> None:
+        """Destroy every compute instance of GPU instance ``gi_id``."""
+        lib = self.lib
+        gi = self.call(
+            lib.nvmlDeviceGetGpuInstanceById, self.handle(uuid), gi_id, what=f"GPU instance {gi_id}"
+        )
+        prof = self._gi_profile(uuid, gi)
+        for slices in range(1, prof.compute_slices + 1):
+            ci_profile = self._ci_profile_id(gi, slices)
+            if ci_profile is None:
+                continue
+            arr = (lib.c_nvmlComputeInstance_t * 8)()
+            count = ctypes.c_uint(8)
+            self.call(
+                lib.nvmlGpuInstanceGetComputeInstances, gi, ci_profile, arr, ctypes.byref(count)
+            )
+            for i in range(count.value):
+                self.call(
+                    lib.nvmlComputeInstanceDestroy,
+                    arr[i],
+                    what=f"destroy compute instance of GPU instance {gi_id} on {uuid}",
+                )
+
+    def destroy_gpu_instance(self, uuid: str, gi_id: int) -> None:
+        """Destroy GPU instance ``gi_id`` (its compute instances must be gone: IN_USE otherwise)."""
+        lib = self.lib
+        gi = self.call(
+            lib.nvmlDeviceGetGpuInstanceById, self.handle(uuid), gi_id, what=f"GPU instance {gi_id}"
+        )
+        self.call(lib.nvmlGpuInstanceDestroy, gi, what=f"destroy GPU instance {gi_id} on {uuid}")
+
+    def _gi_profile(self, uuid: str, gi: Any) -> MigProfile:
+        profile_id = int(self.call(self.lib.nvmlGpuInstanceGetInfo, gi).profileId)
+        prof = self.model(uuid).profile_by_id(profile_id)
+        if prof is None:
+            raise DeviceNotFound(
+                f"GPU instance profile id {profile_id} is not in the driver's table for {uuid}"
+            )
+        return prof
+
     def create_instance(self, uuid: str, profile: str, start: int) -> MigInstanceState:
         """Create a GPU instance at an explicit placement, with one compute instance filling it.
 
         All or nothing: if the compute instance cannot be created, the GPU instance is destroyed again.
         """
-        lib = self.lib
-        handle = self.handle(uuid)
-        prof = self.model(uuid).profile(profile)
-        placement = lib.c_nvmlGpuInstancePlacement_t(start, prof.memory_slots)
-        gi = self.call(
-            lib.nvmlDeviceCreateGpuInstanceWithPlacement,
-            handle,
-            prof.profile_id,
-            ctypes.byref(placement),
-            what=f"create {prof.name}@{start} on {uuid}",
-        )
+        gi_id = self.create_gpu_instance(uuid, profile, start)
         try:
-            ci_profile = self._ci_profile_id(gi, prof.compute_slices)
-            if ci_profile is None:
-                raise NotSupported(f"no compute-instance profile fills {prof.name}")
-            self.call(lib.nvmlGpuInstanceCreateComputeInstance, gi, ci_profile)
+            self.create_compute_instance(uuid, gi_id)
         except BaseException:
-            self.quiet(lib.nvmlGpuInstanceDestroy, gi)
+            with contextlib.suppress(DeviceError):
+                self.destroy_gpu_instance(uuid, gi_id)
             raise
-        gi_id = int(self.call(lib.nvmlGpuInstanceGetInfo, gi).id)
         for inst in self.gpu(uuid).instances:
             if inst.gi_id == gi_id:
                 return inst
@@ -424,31 +482,8 @@ class NvmlDevices:
 
     def destroy_instance(self, uuid: str, gi_id: int) -> None:
         """Destroy a GPU instance: its compute instances first, then itself."""
-        lib = self.lib
-        handle = self.handle(uuid)
-        gi = self.call(
-            lib.nvmlDeviceGetGpuInstanceById, handle, gi_id, what=f"GPU instance {gi_id}"
-        )
-        prof = self.model(uuid).profile_by_id(
-            int(self.call(lib.nvmlGpuInstanceGetInfo, gi).profileId)
-        )
-        if prof is not None:
-            for slices in range(1, prof.compute_slices + 1):
-                ci_profile = self._ci_profile_id(gi, slices)
-                if ci_profile is None:
-                    continue
-                arr = (lib.c_nvmlComputeInstance_t * 8)()
-                count = ctypes.c_uint(8)
-                self.call(
-                    lib.nvmlGpuInstanceGetComputeInstances, gi, ci_profile, arr, ctypes.byref(count)
-                )
-                for i in range(count.value):
-                    self.call(
-                        lib.nvmlComputeInstanceDestroy,
-                        arr[i],
-                        what=f"destroy compute instance of GPU instance {gi_id} on {uuid}",
-                    )
-        self.call(lib.nvmlGpuInstanceDestroy, gi, what=f"destroy GPU instance {gi_id} on {uuid}")
+        self.destroy_compute_instances(uuid, gi_id)
+        self.destroy_gpu_instance(uuid, gi_id)
 
 
 def _lost_gpu(index: int, simulated: bool) -> GpuState:

@@ -13,7 +13,7 @@ from typing import Any
 from gpufrac.errors import InputError
 from gpufrac.model.mig import MigPlacement, layout_from_json
 
-ACTION_KINDS = ("enable_mig", "destroy_ci", "destroy_gi", "create_gi", "create_ci")
+ACTION_KINDS = ("enable_mig", "destroy_ci", "destroy_gi", "create_gi", "create_ci", "disable_mig")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,18 +34,22 @@ class MigAction:
         i = self.gpu_index
         if self.kind == "enable_mig":
             return f"nvidia-smi -i {i} -mig 1"
+        if self.kind == "disable_mig":
+            return f"nvidia-smi -i {i} -mig 0"
         if self.kind == "destroy_ci":
             return f"nvidia-smi mig -i {i} -gi {self.gi_id} -ci {self.ci_id} -dci"
         if self.kind == "destroy_gi":
             return f"nvidia-smi mig -i {i} -gi {self.gi_id} -dgi"
         if self.kind == "create_gi":
-            return f"nvidia-smi mig -i {i} -cgi {self.profile_id}:{self.start}"
-        return f"nvidia-smi mig -i {i} -gi <id of {self.profile}@{self.start}> -cci  # default compute instance"
+            return f"nvidia-smi mig -i {i} -cgi {self.profile_id}:{self.start} -C"
+        if self.gi_id is None:
+            return "# made by -C above"
+        return f"nvidia-smi mig -i {i} -gi {self.gi_id} -cci  # the compute instance filling it"
 
     def describe(self) -> str:
         where = f"GPU {self.gpu_index}"
-        if self.kind == "enable_mig":
-            return f"{where}: enable MIG mode"
+        if self.kind in ("enable_mig", "disable_mig"):
+            return f"{where}: {self.kind.split('_')[0]} MIG mode"
         what = f"{self.profile}@{self.start}"
         return {
             "destroy_ci": f"{where}: destroy compute instance {self.ci_id} of {what} (GI {self.gi_id})",

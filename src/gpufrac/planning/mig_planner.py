@@ -407,7 +407,8 @@ def _repack(work: list[_Gpu], need: _Demand) -> None:
     for w in sorted((w for w in work if w.usable and w.kept), key=lambda w: w.gpu.index):
         if not need.total():
             return
-        fixed = tuple(sorted(w.pinned))
+        busy = {i.placement for i in w.gpu.instances if i.busy}
+        fixed = tuple(sorted({*w.pinned, *(p for p in w.kept if p in busy)}))
         have = w.geo.counts_of([*w.pinned, *w.kept, *w.added])
         best: tuple[tuple[Any, ...], Layout] | None = None
         for lay in _extensions(w.geo, fixed):

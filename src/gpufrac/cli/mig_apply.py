@@ -1,0 +1,293 @@
+"""``gpufrac mig apply|assert|export|enable|disable``: change MIG on the GPUs, or check it."""
+
+from __future__ import annotations
+
+import json as jsonlib
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from gpufrac.cli.common import (
+    DataDirOpt,
+    JsonOpt,
+    SimulateOpt,
+    console,
+    devices,
+    err_console,
+    fail,
+    handled_errors,
+    print_json,
+)
+from gpufrac.cli.mig_plan import DrainOpt, ModeOpt
+from gpufrac.devices.nvml import NvmlDevices
+from gpufrac.errors import InputError
+from gpufrac.model.gpu import GpuState
+from gpufrac.model.mig import format_layout
+from gpufrac.model.migplan import MigAction, targets_from_json
+from gpufrac.planning.migparted import (
+    MigPartedConfig,
+    assert_config,
+    dump_migparted,
+    export_config,
+    parse_migparted,
+    resolve_config,
+)
+from gpufrac.runtime.mig_apply import ApplyRefused, GpuTarget, apply_targets, diff_actions
+
+PlanFileOpt = Annotated[
+    Path | None, typer.Option("--plan", help="A plan from `gpufrac mig plan -o FILE` (or --json).")
+]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config-file", "-f", help="A mig-parted config file.")
+]
+ConfigNameOpt = Annotated[
+    str | None, typer.Option("--selected-config", "-c", help="Which config of the file.")
+]
+
+
+def _read(path: Path, field: str) -> str:
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}", field=field) from None
+
+
+def _targets(
+    dev: NvmlDevices, plan: Path | None, config: Path | None, name: str | None
+) -> list[GpuTarget]:
+    if (plan is None) == (config is None):
+        raise InputError("give exactly one of --plan FILE or -f CONFIG -c NAME", field="--plan")
+    if plan is not None:
+        try:
+            raw = jsonlib.loads(_read(plan, "--plan"))
+        except ValueError as e:
+            raise InputError(f"{plan} is not JSON: {e}", field="--plan") from None
+        return [
+            GpuTarget(u, enabled, layout)
+            for u, _, enabled, layout in targets_from_json(raw, field="--plan")
+        ]
+    assert config is not None
+    if not name:
+        raise InputError("which config?", field="--selected-config", fix="pass -c NAME")
+    parsed = parse_migparted(_read(config, "--config-file"), source=str(config))
+    gpus = dev.gpus()
+    models = {g.uuid: dev.model(g.uuid) for g in gpus if g.health == "ok"}
+    return [
+        GpuTarget(t.uuid, t.mig_enabled, t.layout)
+        for t in resolve_config(parsed, name, gpus, models)
+    ]
+
+
+def apply_command(
+    plan: PlanFileOpt = None,
+    config_file: ConfigOpt = None,
+    selected_config: ConfigNameOpt = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the actions (and the nvidia-smi commands) without changing anything.",
+        ),
+    ] = False,
+    drain: DrainOpt = False,
+    allow_mode_change: ModeOpt = False,
+    simulate: SimulateOpt = None,
+    data_dir: DataDirOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Bring the GPUs to a plan or a mig-parted config: checked first, then changed; safe to re-run."""
+    with handled_errors(), devices(simulate, data_dir) as dev:
+        targets = _targets(dev, plan, config_file, selected_config)
+        field = "--plan" if plan is not None else "--config-file"
+        try:
+            actions = diff_actions(
+                dev, targets, drain=drain, allow_mode_change=allow_mode_change, field=field
+            )
+            if dry_run:
+                _report(actions, json, dry=True)
+                return
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                console=err_console,
+                transient=True,
+                disable=json,
+            ) as bar:
+                task = bar.add_task("applying MIG changes", total=len(actions))
+                done = apply_targets(
+                    dev,
+                    targets,
+                    drain=drain,
+                    allow_mode_change=allow_mode_change,
+                    on_action=lambda a: bar.update(task, advance=1, description=a.describe()),
+                    field=field,
+                )
+        except ApplyRefused as e:
+            raise fail(str(e), 1) from None
+        _report(done, json, dry=False)
+
+
+def _report(actions: list[MigAction], json: bool, *, dry: bool) -> None:
+    if json:
+        print_json(
+            {
+                "dry_run": dry,
+                "changed": bool(actions) and not dry,
+                "actions": [a.to_json() for a in actions],
+            }
+        )
+        return
+    if not actions:
+        console.print("nothing to do: the GPUs already match")
+        return
+    for a in actions:
+        console.print(f"{'would ' if dry else ''}{a.describe()}", highlight=False)
+        if dry:
+            console.print(f"    [dim]{a.nvidia_smi()}[/]", highlight=False)
+    console.print(f"{len(actions)} action(s) {'planned (dry run)' if dry else 'done'}")
+
+
+def assert_command(
+    plan: PlanFileOpt = None,
+    config_file: ConfigOpt = None,
+    selected_config: ConfigNameOpt = None,
+    simulate: SimulateOpt = None,
+    data_dir: DataDirOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Check that the GPUs match a plan or a mig-parted config. Exit 0 match, 1 mismatch, 2 bad input."""
+    with handled_errors(), devices(simulate, data_dir) as dev:
+        if config_file is not None and plan is None:
+            if not selected_config:
+                raise InputError("which config?", field="--selected-config", fix="pass -c NAME")
+            parsed = parse_migparted(_read(config_file, "--config-file"), source=str(config_file))
+            gpus = dev.gpus()
+            models = {g.uuid: dev.model(g.uuid) for g in gpus if g.health == "ok"}
+            mismatches = assert_config(parsed, selected_config, gpus, models)
+        else:
+            targets = _targets(dev, plan, config_file, selected_config)
+            mismatches = _plan_mismatches(dev, targets)
+    if json:
+        print_json({"match": not mismatches, "mismatches": mismatches})
+    elif mismatches:
+        for m in mismatches:
+            console.print(f"[red]mismatch[/] {m}", highlight=False)
+    else:
+        console.print("[green]the GPUs match[/]")
+    raise typer.Exit(1 if mismatches else 0)
+
+
+def _plan_mismatches(dev: NvmlDevices, targets: list[GpuTarget]) -> list[str]:
+    out = []
+    for t in targets:
+        g = dev.gpu(t.uuid)
+        if g.mig_enabled != t.mig_enabled:
+            out.append(
+                f"GPU {g.index}: MIG mode {g.mig_current}, plan wants {'enabled' if t.mig_enabled else 'disabled'}"
+            )
+        elif t.mig_enabled and g.layout != tuple(sorted(t.layout)):
+            out.append(
+                f"GPU {g.index}: layout {format_layout(g.layout) or '(empty)'}, plan wants {format_layout(t.layout) or '(empty)'}"
+            )
+    return out
+
+
+def export_command(
+    name: Annotated[
+        str, typer.Option("--selected-config", "-c", help="Name of the config written.")
+    ] = "current",
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
+    ] = None,
+    simulate: SimulateOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Write the GPUs' MIG state as a mig-parted config (YAML)."""
+    with handled_errors(), devices(simulate, data_dir) as dev:
+        config: MigPartedConfig = export_config(dev.gpus(), name)
+    text = dump_migparted(config)
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text)
+        console.print(f"wrote {output}")
+
+
+GpuSelectOpt = Annotated[str, typer.Option("--gpu", help="GPU index, UUID, or 'all'.")]
+
+
+def _select(gpus: list[GpuState], which: str) -> list[GpuState]:
+    if which == "all":
+        return [g for g in gpus if g.health == "ok"]
+    for g in gpus:
+        if which in (g.uuid, str(g.index)):
+            return [g]
+    raise InputError(
+        f"no GPU {which!r}",
+        field="--gpu",
+        fix=f"use an index ({', '.join(str(g.index) for g in gpus)}), a UUID, or all",
+    )
+
+
+def _set_mode(
+    which: str, enabled: bool, simulate: str | None, data: Path | None, json: bool
+) -> None:
+    verb = "enable" if enabled else "disable"
+    results = []
+    with handled_errors(), devices(simulate, data) as dev:
+        for g in _select(dev.gpus(), which):
+            change = dev.set_mig_mode(g.uuid, enabled)
+            results.append((g, change))
+    pending = [g for g, c in results if not c.activated]
+    if json:
+        print_json(
+            {
+                "gpus": [
+                    {
+                        "uuid": g.uuid,
+                        "index": g.index,
+                        "current": c.current,
+                        "pending": c.pending,
+                        "activated": c.activated,
+                        "reason": c.reason,
+                    }
+                    for g, c in results
+                ]
+            }
+        )
+    else:
+        for g, c in results:
+            state = "done" if c.activated else f"PENDING: {c.reason}"
+            console.print(
+                f"GPU {g.index}: MIG {c.current} (pending {c.pending}) - {state}", highlight=False
+            )
+        if pending:
+            console.print(
+                f"To {verb} MIG mode a GPU must be idle: stop every process on it (and destroy its MIG "
+                "instances to disable), then run this again. gpufrac never resets a GPU.",
+                highlight=False,
+            )
+    raise typer.Exit(1 if pending else 0)
+
+
+def enable_command(
+    gpu: GpuSelectOpt,
+    simulate: SimulateOpt = None,
+    data_dir: DataDirOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Turn MIG mode on. The GPU must be idle (no processes)."""
+    _set_mode(gpu, True, simulate, data_dir, json)
+
+
+def disable_command(
+    gpu: GpuSelectOpt,
+    simulate: SimulateOpt = None,
+    data_dir: DataDirOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Turn MIG mode off. The GPU must be idle, with its MIG instances destroyed."""
+    _set_mode(gpu, False, simulate, data_dir, json)

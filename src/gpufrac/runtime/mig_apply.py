@@ -1,0 +1,217 @@
+"""Apply target MIG layouts through the device adapter: checked first, idempotent, resumable.
+
+``apply_targets`` never replays a stored action list. It reads the GPUs, works out the actions from what
+is there to what should be (identity of an instance = its profile and start), checks all of them before
+touching anything, then carries them out. So applying twice changes nothing the second time, and an apply
+killed part-way is finished by running it again: a GPU instance left without its compute instance is
+given one (or destroyed, if it is not wanted).
+
+If an action fails part-way, the GPUs touched so far are taken back to the layouts they had (with new MIG
+device UUIDs for re-created instances) and the error is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpufrac.devices.errors import DeviceError
+from gpufrac.devices.nvml import NvmlDevices
+from gpufrac.errors import GpufracError, InputError
+from gpufrac.model.gpu import GpuState
+from gpufrac.model.mig import MigPlacement, check_layout, format_layout
+from gpufrac.model.migplan import MigAction
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTarget:
+    """What one GPU should look like: MIG on or off, and its GPU instances."""
+
+    uuid: str
+    mig_enabled: bool
+    layout: tuple[MigPlacement, ...]
+
+
+class ApplyRefused(GpufracError):
+    """The change is possible but not allowed without a flag (``--drain``, ``--allow-mode-change``)."""
+
+
+def diff_actions(
+    dev: NvmlDevices,
+    targets: list[GpuTarget],
+    *,
+    drain: bool = False,
+    allow_mode_change: bool = False,
+    field: str = "plan",
+) -> list[MigAction]:
+    """Every action from the GPUs as they are now to ``targets``; raises before any change if not allowed."""
+    actions: list[MigAction] = []
+    refusals: list[str] = []
+    seen: set[str] = set()
+    for i, t in enumerate(targets):
+        where = f"{field}.gpus[{i}]"
+        if t.uuid in seen:
+            raise InputError(f"GPU {t.uuid} appears twice", field=where)
+        seen.add(t.uuid)
+        try:
+            gpu = dev.gpu(t.uuid)
+        except DeviceError as e:
+            raise InputError(
+                e.message,
+                field=f"{where}.uuid",
+                fix="gpufrac gpus lists this machine's GPUs",
+            ) from None
+        if t.layout:
+            problems = check_layout(dev.model(t.uuid), t.layout)
+            if problems:
+                raise InputError(
+                    f"layout {format_layout(t.layout)} is not valid on GPU {gpu.index} ({gpu.name}): "
+                    + "; ".join(p.message for p in problems),
+                    field=f"{where}.instances",
+                )
+        refusals += _refusals(gpu, t, drain=drain, allow_mode_change=allow_mode_change)
+        actions += _gpu_actions(dev, gpu, t)
+    if refusals:
+        raise ApplyRefused("refusing to change the GPUs:\n  - " + "\n  - ".join(refusals))
+    return actions
+
+
+def _refusals(gpu: GpuState, t: GpuTarget, *, drain: bool, allow_mode_change: bool) -> list[str]:
+    out = []
+    wanted = set(t.layout) if t.mig_enabled else set()
+    busy = [i for i in gpu.instances if i.busy and i.placement not in wanted]
+    if busy and not drain:
+        out.append(
+            f"GPU {gpu.index}: would destroy busy instance(s) {', '.join(str(i.placement) for i in busy)} "
+            "(stop their processes, or pass --drain)"
+        )
+    if t.mig_enabled != gpu.mig_enabled and not allow_mode_change:
+        verb = "enable" if t.mig_enabled else "disable"
+        out.append(
+            f"GPU {gpu.index}: would {verb} MIG mode (pass --allow-mode-change; or run "
+            f"gpufrac mig {verb} --gpu {gpu.index}: it needs an idle GPU)"
+        )
+    if t.mig_enabled != gpu.mig_enabled and gpu.processes and not gpu.mig_enabled:
+        out.append(
+            f"GPU {gpu.index}: MIG mode cannot change while processes use the GPU ({len(gpu.processes)} running)"
+        )
+    return out
+
+
+def _gpu_actions(dev: NvmlDevices, gpu: GpuState, t: GpuTarget) -> list[MigAction]:
+    model = dev.model(gpu.uuid)
+    u, ix = gpu.uuid, gpu.index
+
+    def pid(profile: str) -> int | None:
+        return model.profile(profile).profile_id if model.has_profile(profile) else None
+
+    actions: list[MigAction] = []
+    if t.mig_enabled and not gpu.mig_enabled:
+        actions.append(MigAction("enable_mig", u, ix))
+    wanted = set(t.layout) if t.mig_enabled else set()
+    for inst in gpu.instances:
+        if inst.placement in wanted:
+            if not inst.ci_ids:  # left half-made by an interrupted apply
+                actions.append(
+                    MigAction(
+                        "create_ci", u, ix, inst.profile, inst.start, pid(inst.profile), inst.gi_id
+                    )
+                )
+            continue
+        for ci in inst.ci_ids:
+            actions.append(
+                MigAction(
+                    "destroy_ci", u, ix, inst.profile, inst.start, pid(inst.profile), inst.gi_id, ci
+                )
+            )
+        actions.append(
+            MigAction("destroy_gi", u, ix, inst.profile, inst.start, pid(inst.profile), inst.gi_id)
+        )
+    have = {i.placement for i in gpu.instances}
+    for pl in sorted(wanted - have):
+        actions.append(MigAction("create_gi", u, ix, pl.profile, pl.start, pid(pl.profile)))
+        actions.append(MigAction("create_ci", u, ix, pl.profile, pl.start, pid(pl.profile)))
+    if not t.mig_enabled and gpu.mig_enabled:
+        actions.append(MigAction("disable_mig", u, ix))
+    return actions
+
+
+def run_action(
+    dev: NvmlDevices, action: MigAction, created: dict[tuple[str, int, str], int]
+) -> None:
+    """Carry out one action. ``created`` maps (GPU, start, profile) to the GI id of instances made here."""
+    a = action
+    if a.kind in ("enable_mig", "disable_mig"):
+        change = dev.set_mig_mode(a.gpu_uuid, a.kind == "enable_mig")
+        if not change.activated:
+            raise ApplyRefused(
+                f"GPU {a.gpu_index}: MIG mode change is pending ({change.reason}); "
+                "idle the GPU and run this again"
+            )
+        return
+    assert a.profile is not None and a.start is not None
+    if a.kind == "destroy_ci":
+        assert a.gi_id is not None
+        dev.destroy_compute_instances(a.gpu_uuid, a.gi_id)
+    elif a.kind == "destroy_gi":
+        assert a.gi_id is not None
+        dev.destroy_gpu_instance(a.gpu_uuid, a.gi_id)
+    elif a.kind == "create_gi":
+        created[(a.gpu_uuid, a.start, a.profile)] = dev.create_gpu_instance(
+            a.gpu_uuid, a.profile, a.start
+        )
+    elif a.kind == "create_ci":
+        gi_id = a.gi_id if a.gi_id is not None else created[(a.gpu_uuid, a.start, a.profile)]
+        dev.create_compute_instance(a.gpu_uuid, gi_id)
+    else:  # pragma: no cover - ACTION_KINDS is closed
+        raise ValueError(a.kind)
+
+
+def apply_targets(
+    dev: NvmlDevices,
+    targets: list[GpuTarget],
+    *,
+    drain: bool = False,
+    allow_mode_change: bool = False,
+    on_action: Callable[[MigAction], None] | None = None,
+    field: str = "plan",
+) -> list[MigAction]:
+    """Bring the GPUs to ``targets``; returns the actions carried out (empty when already there)."""
+    actions = diff_actions(
+        dev, targets, drain=drain, allow_mode_change=allow_mode_change, field=field
+    )
+    if not actions:
+        return []
+    before = [
+        GpuTarget(g.uuid, g.mig_enabled, g.layout) for g in (dev.gpu(t.uuid) for t in targets)
+    ]
+    created: dict[tuple[str, int, str], int] = {}
+    done: list[MigAction] = []
+    try:
+        for action in actions:
+            run_action(dev, action, created)
+            done.append(action)
+            if on_action is not None:
+                on_action(action)
+    except (DeviceError, ApplyRefused) as e:
+        touched = {a.gpu_uuid for a in [*done, action]}
+        _roll_back(dev, [b for b in before if b.uuid in touched])
+        raise ApplyRefused(
+            f"{action.describe()} failed: {e}; the GPUs were taken back to their layouts"
+        ) from e
+    return done
+
+
+def _roll_back(dev: NvmlDevices, before: list[GpuTarget]) -> None:
+    """Best effort: put touched GPUs back as they were (never changing MIG mode back on its own)."""
+    for target in before:
+        try:
+            gpu = dev.gpu(target.uuid)
+            restore = GpuTarget(
+                target.uuid, gpu.mig_enabled, target.layout if gpu.mig_enabled else ()
+            )
+            created: dict[tuple[str, int, str], int] = {}
+            for action in _gpu_actions(dev, gpu, restore):
+                run_action(dev, action, created)
+        except (DeviceError, ApplyRefused):
+            continue
