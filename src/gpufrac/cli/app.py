@@ -10,11 +10,14 @@ from gpufrac import __version__
 from gpufrac.cli.common import DataDirOpt, SimulateOpt, console, err_console, handled_errors
 from gpufrac.cli.gpus import gpus_command, render_gpu
 from gpufrac.cli.mig import mig_app, profiles_table
+from gpufrac.cli.mig_plan import plan_gpu, render_plan
 from gpufrac.config import DEMO_FLEET, data_dir, simulate_spec
 from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.devices.errors import DriverUnavailable
 from gpufrac.devices.nvml import open_real_nvml
-from gpufrac.model.catalog import lookup_model
+from gpufrac.planning.demand import parse_profile_demand, resolve_demand
+from gpufrac.planning.mig_planner import plan_mig
+from gpufrac.runtime.mig_apply import GpuTarget, apply_targets, diff_actions
 
 app = typer.Typer(
     help="gpufrac: share NVIDIA GPUs between AI workloads (MIG, MPS, time-slices).",
@@ -55,23 +58,67 @@ def devices_or_simulated(simulate: str | None, data: DataDirOpt) -> NvmlDevices:
         return open_simulated(DEMO_FLEET, data_dir(data))
 
 
+DEMO_DEMAND = "1g.18gb=2,2g.35gb=1,3g.71gb=1"
+
+
 @app.command("demo")
 def demo_command(simulate: SimulateOpt = None, data_dir: DataDirOpt = None) -> None:
-    """The main job on the embedded default: the GPUs (real, or simulated without a driver) and their MIG profiles."""
+    """The main job on the embedded default: the GPUs, their MIG profiles, and a MIG plan for a demand.
+
+    On the demo's own simulated GPUs the plan is applied; on real GPUs it is only shown (a dry run):
+    the demo never changes real hardware.
+    """
     with handled_errors():
         dev = devices_or_simulated(simulate, data_dir)
         try:
-            states = dev.gpus()
-            console.rule("[bold]GPUs")
-            for gpu in states:
-                console.print(render_gpu(gpu))
-            console.rule("[bold]MIG profiles")
-            for key in sorted({g.model for g in states if g.model}):
-                uuid = next(g.uuid for g in states if g.model == key)
-                console.print(profiles_table(dev.model(uuid)))
+            _demo(dev)
         finally:
             dev.close()
-    _ = lookup_model  # the catalog is what profiles come from when no GPU is present
+
+
+def _demo(dev: NvmlDevices) -> None:
+    states = dev.gpus()
+    console.rule("[bold]GPUs")
+    for gpu in states:
+        console.print(render_gpu(gpu))
+    console.rule("[bold]MIG profiles")
+    for key in sorted({g.model for g in states if g.model}):
+        uuid = next(g.uuid for g in states if g.model == key)
+        console.print(profiles_table(dev.model(uuid)))
+    fleet = [plan_gpu(g, dev.model(g.uuid)) for g in states if g.health == "ok" and g.model]
+    if not any(g.mig_enabled for g in fleet):
+        console.print(
+            "no GPU has MIG enabled: nothing to plan (gpufrac mig enable --gpu N turns it on)"
+        )
+        return
+    console.rule(f"[bold]MIG plan for {DEMO_DEMAND}")
+    models = list({g.model.key: g.model for g in fleet}.values())
+    usable = [
+        m for m in models if all(m.has_profile(p.split("=")[0]) for p in DEMO_DEMAND.split(","))
+    ]
+    if not usable:
+        console.print("the demo demand uses H200 profiles; this machine has none")
+        return
+    plan = plan_mig(fleet, resolve_demand(parse_profile_demand(DEMO_DEMAND), usable))
+    render_plan(plan)
+    targets = [GpuTarget(g.uuid, g.mig_enabled, g.instances) for g in plan.gpus if g.mig_enabled]
+    if not dev.simulated:
+        for a in diff_actions(dev, targets):
+            console.print(f"would {a.describe()}    [dim]{a.nvidia_smi()}[/]", highlight=False)
+        console.print(
+            "real GPUs: shown only; apply with gpufrac mig plan ... -o plan.json and gpufrac mig apply --plan plan.json"
+        )
+        return
+    done = apply_targets(dev, targets)
+    console.print(
+        f"applied to the simulated GPUs: {len(done)} action(s)"
+        if done
+        else "the simulated GPUs already match the plan"
+    )
+    console.rule("[bold]After")
+    for gpu in dev.gpus():
+        if gpu.mig_enabled:
+            console.print(render_gpu(gpu))
 
 
 def main() -> None:

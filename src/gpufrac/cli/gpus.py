@@ -52,7 +52,7 @@ def render_gpu(gpu: GpuState) -> Panel:
     if gpu.instances:
         t = Table(title="MIG instances", title_justify="left", expand=False)
         for col in ("profile", "start", "GI", "memory MiB", "busy", "MIG device UUID"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for inst in gpu.instances:
             mem = "?" if inst.memory_mib is None else f"{inst.memory_mib:,}"
             t.add_row(

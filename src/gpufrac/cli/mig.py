@@ -40,7 +40,7 @@ def profiles_table(model: GpuModel) -> Table:
         title=f"{model.key}: {model.compute_slices} compute slices, {model.memory_slots} memory slots, {model.memory_total_mib:,} MiB"
     )
     for col in ("profile", "id", "compute", "memory slots", "max", "starts", "memory MiB", "SMs"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for p in model.profiles:
         t.add_row(
             p.name,

@@ -268,7 +268,7 @@ def _costs(text: str | None, models: list[GpuModel]) -> dict[str, float] | None:
 def render_plan(plan: MigPlan) -> None:
     t = Table(title="MIG plan", title_justify="left")
     for col in ("GPU", "model", "layout", "kept", "created", "destroyed"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for g in plan.gpus:
         if not (g.instances or g.destroyed):
             continue
