@@ -37,6 +37,7 @@ class Case:
     classes: list[DemandClass]
     opt_unplaced_value: float = 0.0
     unplaced_value: float = 0.0
+    per_model: str = ""
 
     def resolved(self) -> list[ResolvedClass]:
         return resolve_demand(self.classes, {m.key: m for m in self.fleet}.values())
@@ -98,6 +99,9 @@ def run_gpufrac(case: Case) -> tuple[int, float, int, float]:
     plan = plan_mig(gpus, case.resolved())
     dt = time.perf_counter() - t
     case.unplaced_value = plan.summary["unplaced_value"]
+    case.per_model = ", ".join(
+        f"{k.split('-')[0]} {v}" for k, v in plan.summary["gpus_used_by_model"].items()
+    )
     for g, pg in zip(gpus, plan.gpus, strict=True):
         assert check_layout(g.model, pg.instances) == [], pg
     return plan.summary["gpus_used"], plan.summary["cost"], plan.summary["unplaced"], dt
@@ -398,11 +402,15 @@ def main() -> int:
             if kind != "need":
                 ratio = gused / bound
                 metric_g, metric_f = gused, fused
-                shown = (f"{bound}", f"{gused}", f"{fused}")
+                shown = (f"{bound}", f"{gused} ({gunpl} unplaced)", f"{fused} ({funpl} unplaced)")
             else:
                 ratio = gcost / bound
                 metric_g, metric_f = int(gcost), int(fcost)
-                shown = (f"{bound:,.0f} MiB", f"{gcost:,.0f} MiB", f"{fcost:,.0f} MiB")
+                shown = (
+                    f"cost {bound:,.0f}",
+                    f"cost {gcost:,.0f} ({case.per_model}; {gunpl} unplaced)",
+                    f"cost {fcost:,.0f} ({funpl} unplaced)",
+                )
             ratios[n].append(ratio)
             worse_than_ffd += metric_g > metric_f or gunpl > funpl
             best_static = min((s for s, u in ((s1, u1), (s2, u2)) if u == 0), default=None)

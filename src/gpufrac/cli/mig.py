@@ -28,7 +28,9 @@ def profiles_command(gpu: GpuModelOpt, json: JsonOpt = False) -> None:
     with handled_errors():
         model = _model(gpu)
     if json:
-        print_json([p.to_json() for p in model.profiles])
+        # each profile says whether its values were read from a driver and whether the entry is verified
+        flags = {"from_driver": model.from_driver, "verified": model.verified}
+        print_json([{**p.to_json(), **flags} for p in model.profiles])
         return
     console.print(profiles_table(model))
     if not model.from_driver:

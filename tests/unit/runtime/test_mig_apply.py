@@ -182,3 +182,38 @@ def test_a_failure_part_way_rolls_back(sim: NvmlDevices, monkeypatch: pytest.Mon
     with pytest.raises(ApplyRefused, match="taken back"):
         apply_targets(sim, [GpuTarget(mig, True, parse_layout("3g.71gb@0,2g.35gb@4,1g.18gb@6"))])
     assert sim.gpu(mig).layout == parse_layout("3g.71gb@0,1g.18gb@4")
+
+
+PROFILES = {
+    "H200-141GB": [p.name for p in lookup_model("h200").profiles],
+    "A30-24GB": [p.name for p in lookup_model("a30").profiles],
+}
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    start=targets_strategy(),
+    counts=st.dictionaries(
+        st.sampled_from(PROFILES["H200-141GB"] + PROFILES["A30-24GB"]),
+        st.integers(0, 5),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_any_plan_applied_reads_back_as_its_target(
+    tmp_path_factory: pytest.TempPathFactory,
+    start: list[tuple[MigPlacement, ...]],
+    counts: dict[str, int],
+) -> None:
+    dev = open_simulated(FLEET, tmp_path_factory.mktemp("fleet"))
+    apply_targets(dev, to_targets(dev, start))
+    states = dev.gpus()
+    gpus = [PlanGpu(g.uuid, g.index, dev.model(g.uuid), g.instances) for g in states]
+    models = {g.model.key: g.model for g in gpus}.values()
+    classes = resolve_demand([DemandClass(n, c, n) for n, c in sorted(counts.items())], models)
+    plan = plan_mig(gpus, classes)
+    apply_targets(dev, [GpuTarget(p.uuid, True, p.instances) for p in plan.gpus])
+    assert [g.layout for g in dev.gpus()] == [tuple(sorted(p.instances)) for p in plan.gpus]
+    assert apply_targets(dev, [GpuTarget(p.uuid, True, p.instances) for p in plan.gpus]) == []
