@@ -358,9 +358,10 @@ class NvmlDevices:
         info = self.optional(self.lib.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, enum, 0)
         return None if info is None else int(info.id)
 
-    def _compute_instance_ids(self, gi: Any, prof: MigProfile) -> list[int]:
+    def _compute_instances(self, gi: Any, prof: MigProfile) -> list[Any]:
+        """Handles of every compute instance in GPU instance ``gi``, whatever its size."""
         lib = self.lib
-        ids: list[int] = []
+        found: list[Any] = []
         for slices in range(1, prof.compute_slices + 1):
             ci_profile = self._ci_profile_id(gi, slices)
             if ci_profile is None:
@@ -370,9 +371,14 @@ class NvmlDevices:
             self.call(
                 lib.nvmlGpuInstanceGetComputeInstances, gi, ci_profile, arr, ctypes.byref(count)
             )
-            for i in range(count.value):
-                ids.append(int(self.call(lib.nvmlComputeInstanceGetInfo, arr[i]).id))
-        return ids
+            found += [arr[i] for i in range(count.value)]
+        return found
+
+    def _compute_instance_ids(self, gi: Any, prof: MigProfile) -> list[int]:
+        return [
+            int(self.call(self.lib.nvmlComputeInstanceGetInfo, ci).id)
+            for ci in self._compute_instances(gi, prof)
+        ]
 
     # -- changing MIG ---------------------------------------------------------------------------
 
@@ -429,22 +435,12 @@ class NvmlDevices:
         gi = self.call(
             lib.nvmlDeviceGetGpuInstanceById, self.handle(uuid), gi_id, what=f"GPU instance {gi_id}"
         )
-        prof = self._gi_profile(uuid, gi)
-        for slices in range(1, prof.compute_slices + 1):
-            ci_profile = self._ci_profile_id(gi, slices)
-            if ci_profile is None:
-                continue
-            arr = (lib.c_nvmlComputeInstance_t * 8)()
-            count = ctypes.c_uint(8)
+        for ci in self._compute_instances(gi, self._gi_profile(uuid, gi)):
             self.call(
-                lib.nvmlGpuInstanceGetComputeInstances, gi, ci_profile, arr, ctypes.byref(count)
+                lib.nvmlComputeInstanceDestroy,
+                ci,
+                what=f"destroy compute instance of GPU instance {gi_id} on {uuid}",
             )
-            for i in range(count.value):
-                self.call(
-                    lib.nvmlComputeInstanceDestroy,
-                    arr[i],
-                    what=f"destroy compute instance of GPU instance {gi_id} on {uuid}",
-                )
 
     def destroy_gpu_instance(self, uuid: str, gi_id: int) -> None:
         """Destroy GPU instance ``gi_id`` (its compute instances must be gone: IN_USE otherwise)."""

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufrac.errors import InputError
+from gpufrac.model.catalog import GpuModel
+from gpufrac.model.gpu import MigInstanceState
 from gpufrac.model.mig import MigPlacement, layout_from_json
 
 ACTION_KINDS = ("enable_mig", "destroy_ci", "destroy_gi", "create_gi", "create_ci", "disable_mig")
@@ -70,6 +72,46 @@ class MigAction:
             "ci_id": self.ci_id,
             "nvidia_smi": self.nvidia_smi(),
         }
+
+
+def actions_between(
+    uuid: str,
+    index: int,
+    model: GpuModel,
+    instances: tuple[MigInstanceState, ...],
+    mig_enabled: bool,
+    target: tuple[MigPlacement, ...],
+    target_enabled: bool = True,
+) -> list[MigAction]:
+    """The ordered actions from a GPU as it is to a target: mode on, destroys, creates, mode off.
+
+    An instance is identified by (profile, start). One left without a compute instance (an apply killed
+    between the two creates) gets its compute instance if wanted, and is destroyed if not.
+    """
+
+    def act(
+        kind: str, pl: MigPlacement | MigInstanceState, gi: int | None = None, ci: int | None = None
+    ) -> MigAction:
+        pid = model.profile(pl.profile).profile_id if model.has_profile(pl.profile) else None
+        return MigAction(kind, uuid, index, pl.profile, pl.start, pid, gi, ci)
+
+    wanted = set(target) if target_enabled else set()
+    out: list[MigAction] = []
+    if target_enabled and not mig_enabled:
+        out.append(MigAction("enable_mig", uuid, index))
+    for inst in instances:
+        if inst.placement in wanted:
+            if not inst.ci_ids:
+                out.append(act("create_ci", inst, inst.gi_id))
+            continue
+        out += [act("destroy_ci", inst, inst.gi_id, ci) for ci in inst.ci_ids]
+        out.append(act("destroy_gi", inst, inst.gi_id))
+    have = {i.placement for i in instances}
+    for pl in sorted(wanted - have):
+        out += [act("create_gi", pl), act("create_ci", pl)]
+    if not target_enabled and mig_enabled:
+        out.append(MigAction("disable_mig", uuid, index))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

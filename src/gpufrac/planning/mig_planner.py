@@ -20,7 +20,7 @@ from typing import Any
 from gpufrac.model.catalog import GpuModel
 from gpufrac.model.gpu import MigInstanceState
 from gpufrac.model.mig import MigPlacement
-from gpufrac.model.migplan import MigAction, MigPlan, PlannedGpu, Unplaced
+from gpufrac.model.migplan import MigPlan, PlannedGpu, Unplaced, actions_between
 from gpufrac.planning.demand import ResolvedClass
 from gpufrac.planning.exact import search_fill
 from gpufrac.planning.patterns import Counts, Geometry, Layout, geometry
@@ -455,40 +455,15 @@ def _build_plan(
         gone = [current[p] for p in sorted(current) if p not in set(target)]
         new = [p for p in target if p not in current]
         enable = bool(target) and not g.mig_enabled
-        if enable:
-            actions.append(MigAction("enable_mig", g.uuid, g.index))
-        for inst in gone:
-            for ci in inst.ci_ids:
-                actions.append(
-                    MigAction(
-                        "destroy_ci",
-                        g.uuid,
-                        g.index,
-                        inst.profile,
-                        inst.start,
-                        _pid(g, inst.profile),
-                        inst.gi_id,
-                        ci,
-                    )
-                )
-            actions.append(
-                MigAction(
-                    "destroy_gi",
-                    g.uuid,
-                    g.index,
-                    inst.profile,
-                    inst.start,
-                    _pid(g, inst.profile),
-                    inst.gi_id,
-                )
-            )
-        for p in new:
-            actions.append(
-                MigAction("create_gi", g.uuid, g.index, p.profile, p.start, _pid(g, p.profile))
-            )
-            actions.append(
-                MigAction("create_ci", g.uuid, g.index, p.profile, p.start, _pid(g, p.profile))
-            )
+        actions += actions_between(
+            g.uuid,
+            g.index,
+            g.model,
+            g.instances,
+            g.mig_enabled,
+            tuple(target),
+            g.mig_enabled or enable,
+        )
         created += len(new)
         destroyed += len(gone)
         busy_destroyed += sum(1 for i in gone if i.busy)
@@ -527,10 +502,6 @@ def _build_plan(
         "fresh_gpus": sum(1 for w in work if w.fresh),
     }
     return MigPlan(tuple(planned), tuple(actions), unplaced, summary)
-
-
-def _pid(g: PlanGpu, profile: str) -> int | None:
-    return g.model.profile(profile).profile_id if g.model.has_profile(profile) else None
 
 
 def _why(c: ResolvedClass, n: int, work: list[_Gpu], opts: PlanOptions) -> Unplaced:

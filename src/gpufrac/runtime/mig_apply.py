@@ -20,7 +20,7 @@ from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import GpufracError, InputError
 from gpufrac.model.gpu import GpuState
 from gpufrac.model.mig import MigPlacement, check_layout, format_layout
-from gpufrac.model.migplan import MigAction
+from gpufrac.model.migplan import MigAction, actions_between
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,41 +99,15 @@ def _refusals(gpu: GpuState, t: GpuTarget, *, drain: bool, allow_mode_change: bo
 
 
 def _gpu_actions(dev: NvmlDevices, gpu: GpuState, t: GpuTarget) -> list[MigAction]:
-    model = dev.model(gpu.uuid)
-    u, ix = gpu.uuid, gpu.index
-
-    def pid(profile: str) -> int | None:
-        return model.profile(profile).profile_id if model.has_profile(profile) else None
-
-    actions: list[MigAction] = []
-    if t.mig_enabled and not gpu.mig_enabled:
-        actions.append(MigAction("enable_mig", u, ix))
-    wanted = set(t.layout) if t.mig_enabled else set()
-    for inst in gpu.instances:
-        if inst.placement in wanted:
-            if not inst.ci_ids:  # left half-made by an interrupted apply
-                actions.append(
-                    MigAction(
-                        "create_ci", u, ix, inst.profile, inst.start, pid(inst.profile), inst.gi_id
-                    )
-                )
-            continue
-        for ci in inst.ci_ids:
-            actions.append(
-                MigAction(
-                    "destroy_ci", u, ix, inst.profile, inst.start, pid(inst.profile), inst.gi_id, ci
-                )
-            )
-        actions.append(
-            MigAction("destroy_gi", u, ix, inst.profile, inst.start, pid(inst.profile), inst.gi_id)
-        )
-    have = {i.placement for i in gpu.instances}
-    for pl in sorted(wanted - have):
-        actions.append(MigAction("create_gi", u, ix, pl.profile, pl.start, pid(pl.profile)))
-        actions.append(MigAction("create_ci", u, ix, pl.profile, pl.start, pid(pl.profile)))
-    if not t.mig_enabled and gpu.mig_enabled:
-        actions.append(MigAction("disable_mig", u, ix))
-    return actions
+    return actions_between(
+        gpu.uuid,
+        gpu.index,
+        dev.model(gpu.uuid),
+        gpu.instances,
+        gpu.mig_enabled,
+        t.layout,
+        t.mig_enabled,
+    )
 
 
 def run_action(
