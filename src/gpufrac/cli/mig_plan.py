@@ -189,12 +189,12 @@ def fleet_from_json(raw: Any, *, field: str) -> list[PlanGpu]:
     fleet = []
     for i, g in enumerate(raw["gpus"]):
         where = f"{field}.gpus[{i}]"
-        if (
-            not isinstance(g, dict)
-            or not isinstance(g.get("uuid"), str)
-            or not isinstance(g.get("model"), str)
-        ):
-            raise InputError("needs 'uuid' and 'model' strings", field=where)
+        if not isinstance(g, dict) or not isinstance(g.get("uuid"), str):
+            raise InputError("needs a 'uuid' string", field=where)
+        if g.get("health", "ok") != "ok" or g.get("model") is None:
+            continue  # a lost GPU, or one without MIG geometry: nothing to plan on it
+        if not isinstance(g.get("model"), str):
+            raise InputError("'model' must be a GPU model name", field=f"{where}.model")
         try:
             model = lookup_model(g["model"])
         except InputError as e:

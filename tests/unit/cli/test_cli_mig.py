@@ -176,3 +176,18 @@ def test_enable_is_pending_while_a_process_holds_the_gpu() -> None:
     assert run("mig", "enable", "--simulate", "h200:1", "--gpu", "0")[0] == 0
     assert run("mig", "disable", "--simulate", "h200:1", "--gpu", "all")[0] == 0
     assert run("mig", "enable", "--simulate", "h200:1", "--gpu", "7")[0] == 2
+
+
+def test_plan_from_a_listing_with_a_lost_gpu_plans_on_the_others(tmp_path: Path) -> None:
+    from gpufrac.devices.simfleet import SimulatedFleet
+
+    sim = ["--simulate", "h200:2:mig"]
+    uuid = json.loads(run("gpus", *sim, "--json")[1])["gpus"][1]["uuid"]
+    SimulatedFleet.open("h200:2:mig", data_dir()).set_lost(uuid)
+    listing = json.loads(run("gpus", *sim, "--json")[1])
+    assert [g["health"] for g in listing["gpus"]] == ["ok", "lost"]
+    current = tmp_path / "current.json"
+    current.write_text(json.dumps(listing))
+    code, out, _ = run("mig", "plan", "--current", str(current), "--demand", "7g.141gb=2", "--json")
+    plan = json.loads(out)
+    assert code == 1 and len(plan["gpus"]) == 1 and plan["unplaced"][0]["count"] == 1

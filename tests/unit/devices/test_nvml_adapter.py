@@ -188,3 +188,24 @@ def test_simulate_spec_forms() -> None:
         ("A30-24GB", False),
         ("H100-80GB", True),
     ]
+
+
+def test_the_driver_table_wins_and_differences_are_warned(
+    sim: NvmlDevices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver whose 3g.71gb reports different memory than the catalog: gpufrac uses and shows the driver's."""
+    lib = sim.lib
+    real = lib.nvmlDeviceGetGpuInstanceProfileInfo
+
+    def odd(handle: object, enum: int, version: int = 2) -> object:
+        info = real(handle, enum, version)
+        if info.id == 9:
+            info.memorySizeMB = 70000
+        return info
+
+    monkeypatch.setattr(lib, "nvmlDeviceGetGpuInstanceProfileInfo", odd)
+    sim._models.clear()
+    uuid = sim.gpus()[0].uuid
+    assert sim.model(uuid).profile("3g.71gb").memory_mib == 70000
+    assert sim.catalog_differences(uuid) == ["3g.71gb.memory_mib: catalog 71424, driver 70000"]
+    assert sim.gpu(uuid).warnings == ("3g.71gb.memory_mib: catalog 71424, driver 70000",)
