@@ -246,9 +246,9 @@ class NvmlDevices:
             except self.lib.NVMLError as e:
                 if e.value != self.lib.NVML_ERROR_GPU_IS_LOST:
                     raise self.translate(e, f"GPU {index}") from None
-                out.append(_lost_gpu(index, self.simulated))
+                out.append(GpuState.lost(index, simulated=self.simulated))
             except GpuLost:
-                out.append(_lost_gpu(index, self.simulated))
+                out.append(GpuState.lost(index, simulated=self.simulated))
         return out
 
     def gpu(self, uuid: str) -> GpuState:
@@ -480,23 +480,6 @@ class NvmlDevices:
         """Destroy a GPU instance: its compute instances first, then itself."""
         self.destroy_compute_instances(uuid, gi_id)
         self.destroy_gpu_instance(uuid, gi_id)
-
-
-def _lost_gpu(index: int, simulated: bool) -> GpuState:
-    return GpuState(
-        uuid="unknown",
-        index=index,
-        name="unknown (GPU is lost)",
-        model=None,
-        pci_device_id="unknown",
-        memory_total_mib=0,
-        memory_used_mib=0,
-        utilization_gpu=None,
-        mig_current=MIG_UNSUPPORTED,
-        mig_pending=MIG_UNSUPPORTED,
-        simulated=simulated,
-        health="lost",
-    )
 
 
 def _mode(value: Any) -> str:

@@ -75,6 +75,24 @@ class GpuState:
     health: str = "ok"  # ok | lost
     warnings: tuple[str, ...] = field(default=())
 
+    @classmethod
+    def lost(cls, index: int, *, simulated: bool = False) -> GpuState:
+        """A GPU that fell off the bus: only its index is known."""
+        return cls(
+            uuid="unknown",
+            index=index,
+            name="unknown (GPU is lost)",
+            model=None,
+            pci_device_id="unknown",
+            memory_total_mib=0,
+            memory_used_mib=0,
+            utilization_gpu=None,
+            mig_current=MIG_UNSUPPORTED,
+            mig_pending=MIG_UNSUPPORTED,
+            simulated=simulated,
+            health="lost",
+        )
+
     @property
     def mig_enabled(self) -> bool:
         return self.mig_current == MIG_ENABLED

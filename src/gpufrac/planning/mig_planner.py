@@ -14,104 +14,25 @@ Order of work, so that running instances are disturbed as little as possible:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any
 
-from gpufrac.model.catalog import GpuModel
 from gpufrac.model.gpu import MigInstanceState
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigPlan, PlannedGpu, Unplaced, actions_between
 from gpufrac.planning.demand import ResolvedClass
-from gpufrac.planning.exact import search_fill
+from gpufrac.planning.mig_fill import consolidate, fill_empty, fill_exact
+from gpufrac.planning.mig_work import (
+    PlanGpu,
+    PlanOptions,
+    Remaining,
+    Weights,
+    WorkGpu,
+    add_placements,
+)
 from gpufrac.planning.patterns import Counts, Geometry, Layout, geometry
 
+__all__ = ["PlanGpu", "PlanOptions", "plan_mig"]
 
-@dataclass(frozen=True, slots=True)
-class PlanGpu:
-    """A GPU as the planner sees it."""
-
-    uuid: str
-    index: int
-    model: GpuModel
-    instances: tuple[MigInstanceState, ...] = ()
-    mig_enabled: bool = True
-    idle: bool = True  # no process outside MIG instances: its MIG mode could be switched
-    healthy: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class PlanOptions:
-    cost: dict[str, float] | None = None  # model key -> cost of one GPU (default: its memory)
-    drain: bool = False  # busy instances may be destroyed
-    allow_mode_change: bool = False  # idle GPUs with MIG off may be used (MIG gets enabled)
-
-
-@dataclass
-class _Gpu:
-    gpu: PlanGpu
-    geo: Geometry
-    usable: bool
-    pinned: list[MigPlacement] = field(default_factory=list)  # busy, not asked for, kept
-    kept: dict[MigPlacement, int] = field(default_factory=dict)  # placement -> class served
-    added: dict[MigPlacement, int] = field(default_factory=dict)
-    fresh: bool = False  # filled in step 3 (its layout may still be rearranged)
-
-    @property
-    def key(self) -> str:
-        return self.gpu.model.key
-
-    def target(self) -> list[MigPlacement]:
-        return sorted([*self.pinned, *self.kept, *self.added])
-
-    def assignments(self) -> list[tuple[MigPlacement, int]]:
-        return [*self.kept.items(), *self.added.items()]
-
-
-class _Demand:
-    """Remaining demand, and which classes each (model, profile) can serve, most valuable first."""
-
-    def __init__(self, classes: list[ResolvedClass], geos: dict[str, Geometry]) -> None:
-        self.classes = classes
-        self.remaining = [c.count for c in classes]
-        self.by_profile: dict[tuple[str, int], list[int]] = defaultdict(list)
-        for ci, c in sorted(enumerate(classes), key=lambda x: -x[1].value):
-            for key, profile in c.options.items():
-                if key in geos:
-                    self.by_profile[(key, geos[key].index(profile))].append(ci)
-
-    def total(self) -> int:
-        return sum(self.remaining)
-
-    def serve(
-        self, key: str, counts: Counts, weights: dict[tuple[str, int], float] | None = None
-    ) -> tuple[float, list[tuple[int, int, int]]]:
-        """Value of placing ``counts`` on a model-``key`` GPU, and (profile, class, n) taken.
-
-        The value is the memory asked for, or with ``weights`` the share of the GPU each instance uses.
-        """
-        value: float = 0
-        taken = []
-        for q, n in enumerate(counts):
-            if not n:
-                continue
-            for ci in self.by_profile.get((key, q), ()):
-                avail = self.remaining[ci]
-                if avail <= 0:
-                    continue
-                t = min(n, avail)
-                value += t * (self.classes[ci].value if weights is None else weights[(key, q)])
-                taken.append((q, ci, t))
-                n -= t
-                if not n:
-                    break
-        return value, taken
-
-    def take(self, taken: list[tuple[int, int, int]], times: int = 1) -> None:
-        for _, ci, t in taken:
-            self.remaining[ci] -= t * times
-
-
-Weights = dict[tuple[str, int], float]  # (model key, profile index) -> price of one instance
 _SVC_PASSES = 8
 
 
@@ -182,9 +103,9 @@ def _plan_once(
     incumbent: tuple[float, float],
 ) -> tuple[MigPlan, float]:
     """One plan; ``strategy`` says how empty GPUs are filled. Also returns what the filled GPUs cost."""
-    work = [_Gpu(g, geometry(g.model), _usable(g, opts)) for g in gpus]
+    work = [WorkGpu(g, geometry(g.model), _usable(g, opts)) for g in gpus]
     geos = {w.key: w.geo for w in work if w.usable}
-    need = _Demand(demand, geos)
+    need = Remaining(demand, geos)
     cost = {
         k: float((opts.cost or {}).get(k, g.model.memory_total_mib))
         for k, g in ((w.key, w.gpu) for w in work)
@@ -192,9 +113,9 @@ def _plan_once(
     weights = strategy if isinstance(strategy, dict) else None
     _keep_current(work, need, opts)
     _grow_partial(work, need)
-    if strategy != "exact" or not _fill_exact(work, need, cost, incumbent):
-        _fill_empty(work, need, cost, weights)
-        _consolidate([w for w in work if w.fresh], need)
+    if strategy != "exact" or not fill_exact(work, need, cost, incumbent):
+        fill_empty(work, need, cost, weights)
+        consolidate([w for w in work if w.fresh], need)
     fresh_cost = sum(cost[w.key] for w in work if w.fresh and w.added)
     if need.total():
         _repack(work, need)
@@ -210,8 +131,8 @@ def _usable(g: PlanGpu, opts: PlanOptions) -> bool:
 # -- 1. keep what demand can use --------------------------------------------------------------------
 
 
-def _keep_current(work: list[_Gpu], need: _Demand, opts: PlanOptions) -> None:
-    def claim(w: _Gpu, inst: MigInstanceState) -> bool:
+def _keep_current(work: list[WorkGpu], need: Remaining, opts: PlanOptions) -> None:
+    def claim(w: WorkGpu, inst: MigInstanceState) -> bool:
         q = w.geo.index(inst.profile) if w.gpu.model.has_profile(inst.profile) else -1
         for ci in need.by_profile.get((w.key, q), ()):
             if need.remaining[ci] > 0:
@@ -238,7 +159,7 @@ def _keep_current(work: list[_Gpu], need: _Demand, opts: PlanOptions) -> None:
 # -- 2. grow GPUs that keep instances ---------------------------------------------------------------
 
 
-def _grow_partial(work: list[_Gpu], need: _Demand) -> None:
+def _grow_partial(work: list[WorkGpu], need: Remaining) -> None:
     partial = [w for w in work if w.usable and (w.kept or w.pinned)]
     partial.sort(key=lambda w: (-(len(w.kept) + len(w.pinned)), w.gpu.index))
     for w in partial:
@@ -247,11 +168,11 @@ def _grow_partial(work: list[_Gpu], need: _Demand) -> None:
         fixed = tuple(sorted([*w.pinned, *w.kept]))
         best = _best_extension(w, fixed, w.geo.counts_of(fixed), need)
         if best is not None:
-            _add(w, best.placements, fixed, need)
+            add_placements(w, best.placements, fixed, need)
 
 
 def _best_extension(
-    w: _Gpu, fixed: tuple[MigPlacement, ...], base: Counts, need: _Demand
+    w: WorkGpu, fixed: tuple[MigPlacement, ...], base: Counts, need: Remaining
 ) -> Layout | None:
     """The layout keeping ``fixed`` in place that serves the most demand (no idle extras)."""
     best: tuple[tuple[Any, ...], Layout] | None = None
@@ -285,125 +206,7 @@ def _extensions(geo: Geometry, fixed: tuple[MigPlacement, ...]) -> list[Layout]:
     return _EXTENSIONS[key]
 
 
-def _add(
-    w: _Gpu, placements: tuple[MigPlacement, ...], fixed: tuple[MigPlacement, ...], need: _Demand
-) -> None:
-    """Add ``placements`` beyond ``fixed`` to ``w``, each serving a class (extras dropped)."""
-    new = [p for p in placements if p not in set(fixed)]
-    for pl in sorted(new, key=lambda p: p.start):
-        q = w.geo.index(pl.profile)
-        for ci in need.by_profile.get((w.key, q), ()):
-            if need.remaining[ci] > 0:
-                need.remaining[ci] -= 1
-                w.added[pl] = ci
-                break
-
-
-# -- 3. fill empty GPUs -----------------------------------------------------------------------------
-
-
-def _fill_empty(
-    work: list[_Gpu],
-    need: _Demand,
-    cost: dict[str, float],
-    weights: Weights | None,
-) -> None:
-    free: dict[str, list[_Gpu]] = defaultdict(list)
-    for w in work:
-        if w.usable and not (w.kept or w.pinned or w.added):
-            free[w.key].append(w)
-    while need.total():
-        best: tuple[tuple[Any, ...], str, Layout, list[tuple[int, int, int]]] | None = None
-        for key, avail in free.items():
-            if not avail:
-                continue
-            for counts, lay in avail[0].geo.patterns.items():
-                value, taken = need.serve(key, counts, weights)
-                if value <= 0:
-                    continue
-                surplus = sum(counts) - sum(t for _, _, t in taken)
-                rank = (-cost[key] / value, value, -surplus, lay.free_score)
-                if best is None or rank > best[0]:
-                    best = (rank, key, lay, taken)
-        if best is None:
-            return
-        _, key, lay, taken = best
-        times = len(free[key])
-        for _, ci, t in taken:
-            times = min(times, need.remaining[ci] // t)
-        for _ in range(max(1, times)):
-            w = free[key].pop(0)
-            w.fresh = True
-            _add(w, lay.placements, (), need)
-
-
-def _fill_exact(
-    work: list[_Gpu], need: _Demand, cost: dict[str, float], incumbent: tuple[float, float]
-) -> bool:
-    """Fill empty GPUs by exact search (small fleets only); False if it found nothing better."""
-    free: dict[str, list[_Gpu]] = defaultdict(list)
-    for w in work:
-        if w.usable and not (w.kept or w.pinned or w.added):
-            free[w.key].append(w)
-    if not free or not need.total():
-        return False
-    moves = search_fill(
-        {k: ws[0].geo for k, ws in free.items()},
-        {k: len(ws) for k, ws in free.items()},
-        cost,
-        [c.value for c in need.classes],
-        list(need.remaining),
-        dict(need.by_profile),
-        incumbent,
-    )
-    if moves is None:
-        return False
-    for move in moves:
-        w = free[move.key].pop(0)
-        w.fresh = True
-        _add(w, w.geo.patterns[move.counts].placements, (), need)
-    return True
-
-
-def _consolidate(fresh: list[_Gpu], need: _Demand) -> None:
-    """Empty the least-filled new GPUs into spare room on other new GPUs of the same model."""
-    for _ in range(min(16, len(fresh))):
-        live = [w for w in fresh if w.added]
-        if len(live) < 2:
-            return
-        victim = min(
-            live, key=lambda w: (sum(need.classes[c].value for c in w.added.values()), -w.gpu.index)
-        )
-        others = [w for w in live if w is not victim and w.key == victim.key]
-        counts = {id(w): list(w.geo.counts_of(list(w.added))) for w in others}
-        moves: list[tuple[_Gpu, int, int]] = []
-        for pl, ci in victim.added.items():
-            q = victim.geo.index(pl.profile)
-            for w in others:
-                trial = counts[id(w)]
-                trial[q] += 1
-                if tuple(trial) in w.geo.patterns:
-                    moves.append((w, q, ci))
-                    break
-                trial[q] -= 1
-            else:
-                return
-        victim.added.clear()
-        victim.fresh = False
-        for w in {id(w): w for w, _, _ in moves}.values():
-            items = [(pl.profile, ci) for pl, ci in w.added.items()]
-            items += [(w.gpu.model.profiles[q].name, ci) for ww, q, ci in moves if ww is w]
-            pool: dict[str, list[int]] = defaultdict(list)
-            for profile, ci in items:
-                pool[profile].append(ci)
-            lay = w.geo.patterns[tuple(counts[id(w)])]
-            w.added = {pl: pool[pl.profile].pop() for pl in lay.placements}
-
-
-# -- 4. make room by moving idle instances ----------------------------------------------------------
-
-
-def _repack(work: list[_Gpu], need: _Demand) -> None:
+def _repack(work: list[WorkGpu], need: Remaining) -> None:
     for w in sorted((w for w in work if w.usable and w.kept), key=lambda w: w.gpu.index):
         if not need.total():
             return
@@ -436,14 +239,14 @@ def _repack(work: list[_Gpu], need: _Demand) -> None:
             free.remove(spot)
             added[spot] = c
         w.kept, w.added = kept, added
-        _add(w, tuple(free), (), need)
+        add_placements(w, tuple(free), (), need)
 
 
 # -- the plan ---------------------------------------------------------------------------------------
 
 
 def _build_plan(
-    work: list[_Gpu], need: _Demand, opts: PlanOptions, cost: dict[str, float]
+    work: list[WorkGpu], need: Remaining, opts: PlanOptions, cost: dict[str, float]
 ) -> MigPlan:
     planned, actions = [], []
     created = destroyed = busy_destroyed = kept_total = 0
@@ -504,7 +307,7 @@ def _build_plan(
     return MigPlan(tuple(planned), tuple(actions), unplaced, summary)
 
 
-def _why(c: ResolvedClass, n: int, work: list[_Gpu], opts: PlanOptions) -> Unplaced:
+def _why(c: ResolvedClass, n: int, work: list[WorkGpu], opts: PlanOptions) -> Unplaced:
     models = sorted(c.options)
     same = [w for w in work if w.key in c.options]
     usable = [w for w in same if w.usable]
