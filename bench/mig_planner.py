@@ -220,7 +220,8 @@ def solve_ip(
     nx, ny = len(cols), len(ycols)
     cost = np.array([models[k].memory_total_mib for k, _ in cols] + [0.0] * ny)
     value = np.array([0.0] * nx + [classes[ci].value for ci, _ in ycols])
-    big = (cost.sum() + 1) / min(c.value for c in classes)
+    fleet_cost = sum(models[k].memory_total_mib * n for k, n in avail.items())
+    big = (fleet_cost + 1) / min(c.value for c in classes)  # one MiB placed outweighs any cost
     obj = cost - big * value
     rows, lo, hi = [], [], []
     for key, n in avail.items():  # GPUs per model
@@ -248,7 +249,7 @@ def solve_ip(
         constraints=LinearConstraint(np.array(rows), lo, hi),
         integrality=np.ones(nx + ny) if integral else np.zeros(nx + ny),
         bounds=Bounds(0, np.inf),
-        options={"time_limit": time_limit, "disp": False},
+        options={"time_limit": time_limit, "disp": False, "mip_rel_gap": 0.0},
     )
     x = res.x
     placed = sum(x[nx + j] for j in range(ny))
@@ -297,17 +298,18 @@ def churn(case: Case, rng: random.Random) -> dict[str, float]:
         )
         n_inst += len(insts)
         current.append(PlanGpu(g.uuid, g.index, g.model, insts))
-    # shift 10% of the instances asked for from one class to another
+    # shift 10% of the instances asked for, net: from one half of the classes to the other half
     counts = {c.label: c.count for c in case.classes}
     total = sum(counts.values())
-    moved = 0
     labels = sorted(counts)
-    while moved < total // 10:
-        src, dst = rng.sample(labels, 2)
-        if counts[src] > 0:
-            counts[src] -= 1
-            counts[dst] += 1
-            moved += 1
+    rng.shuffle(labels)
+    givers, takers = labels[: len(labels) // 2], labels[len(labels) // 2 :]
+    moved = 0
+    while moved < total // 10 and any(counts[g] for g in givers):
+        src = rng.choice([g for g in givers if counts[g]])
+        counts[src] -= 1
+        counts[rng.choice(takers)] += 1
+        moved += 1
     shifted = [
         DemandClass(c.label, counts[c.label], c.profile, c.model, c.memory_mib, c.compute_slices)
         for c in case.classes
