@@ -7,26 +7,22 @@ compute slices, then least memory; never a ``+me`` profile unless named).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel, MigProfile, lookup_model
 from gpufrac.model.mig import parse_profile_name
+from gpufrac.model.units import parse_size_mib
 
-_SIZE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>mib|gib|tib|mb|gb|tb|m|g|t)?$", re.IGNORECASE)
-_UNIT_MIB = {
-    "mib": 1.0,
-    "m": 1.0,
-    "gib": 1024.0,
-    "g": 1024.0,
-    "tib": 1024.0 * 1024,
-    "t": 1024.0 * 1024,
-    "mb": 1e6 / 2**20,
-    "gb": 1e9 / 2**20,
-    "tb": 1e12 / 2**20,
-}
+__all__ = [
+    "DemandClass",
+    "ResolvedClass",
+    "parse_need_demand",
+    "parse_profile_demand",
+    "parse_size_mib",
+    "resolve_demand",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,18 +45,6 @@ class ResolvedClass:
     count: int
     value: int  # what placing one instance is worth: the memory it asks for, in MiB
     options: dict[str, str]  # model key -> profile name
-
-
-def parse_size_mib(text: str, *, field: str) -> int:
-    m = _SIZE.match(text.strip())
-    if not m:
-        raise InputError(
-            f"{text!r} is not a memory size", field=field, fix="write it like 20GiB or 512MiB"
-        )
-    mib = float(m.group("n")) * _UNIT_MIB[(m.group("unit") or "mib").lower()]
-    if mib <= 0:
-        raise InputError(f"{text!r} is not a positive size", field=field)
-    return int(-(-mib // 1))
 
 
 def _split_items(text: str, field: str) -> list[tuple[str, int]]:

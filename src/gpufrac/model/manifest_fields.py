@@ -1,0 +1,275 @@
+"""Reading user-written files field by field: a strict YAML/JSON loader and typed field readers.
+
+Shared by ``model.manifest`` (workload manifests) and ``model.settings`` (the operator's settings
+file). Every reader takes a value and the path it was found at, and raises an ``InputError`` naming
+that path, what is wrong and how to fix it. Booleans are never integers, and nothing is coerced:
+``"8"`` is not a number and ``8`` is not a string.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any
+
+import yaml
+
+from gpufrac.errors import InputError
+from gpufrac.model.units import parse_size_mib
+
+_DNS_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_/-]+$")
+DNS_LABEL_FIX = (
+    "use 1-63 lowercase letters a-z, digits 0-9 and '-', starting and ending with a letter or digit"
+)
+
+
+class StrictYamlLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses duplicate keys instead of keeping the last one silently."""
+
+
+def _mapping_without_duplicates(loader: StrictYamlLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+StrictYamlLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates
+)
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise InputError(
+                f"not valid JSON: duplicate key {key!r}", fix="give each key once per object"
+            )
+        out[key] = value
+    return out
+
+
+def load_documents(text: str, *, source: str) -> list[Any]:
+    """Every document of a YAML stream (``---`` between documents), or the one object of a JSON file.
+
+    Empty documents come back as ``None``, so positions match the file as written.
+    """
+    if text.lstrip().startswith("{"):
+        try:
+            return [json.loads(text, object_pairs_hook=_json_object)]
+        except json.JSONDecodeError:
+            pass  # YAML flow style ({name: x}) is not JSON: read it as YAML below
+        except InputError as exc:
+            raise exc.at(source) from None
+    try:
+        # A SafeLoader subclass: as safe as yaml.safe_load_all.
+        return list(yaml.load_all(text, Loader=StrictYamlLoader))
+    except yaml.YAMLError as exc:
+        duplicate = "duplicate key" in str(exc)
+        fix = (
+            "give each key once per mapping"
+            if duplicate
+            else "check the indentation and quoting there"
+        )
+        raise InputError(f"not valid YAML: {exc}", field=source, fix=fix) from None
+
+
+def join(where: str, key: object) -> str:
+    """The path of ``key`` inside ``where``: ``spec.env``; ``metadata.labels['app.io/name']`` for a
+    key that is not a plain word (empty, not a string, or holding dots or spaces)."""
+    if isinstance(key, str) and _PLAIN_KEY.match(key):
+        return f"{where}.{key}" if where else key
+    return f"{where}[{key!r}]"
+
+
+def kind_of(value: object) -> str:
+    """How a value reads in an error message: ``a boolean``, ``a list``, ..."""
+    if value is None:
+        return "empty (null)"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, int):
+        return f"an integer ({value})"
+    if isinstance(value, float):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return f"a string ({value!r})"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"a {type(value).__name__} ({value})"
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def read_mapping(
+    value: object, where: str, allowed: tuple[str, ...], *, what: str = "a mapping"
+) -> dict[str, Any]:
+    """A mapping whose keys are all in ``allowed`` (an unknown key is an error listing them)."""
+    if not isinstance(value, dict):
+        raise InputError(
+            f"must be {what}, not {kind_of(value)}",
+            field=where,
+            fix=f"write a mapping with some of: {', '.join(allowed)}",
+        )
+    for key in value:
+        if key not in allowed:
+            raise InputError(
+                f"unknown field {key!r}",
+                field=join(where, key),
+                fix=f"allowed fields here: {', '.join(allowed)}",
+            )
+    return value
+
+
+def require(raw: Mapping[str, Any], key: str, where: str, *, fix: str) -> Any:
+    if key not in raw:
+        raise InputError("is required", field=join(where, key), fix=fix)
+    return raw[key]
+
+
+def read_str(value: object, field: str, *, fix: str | None = None) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str):
+        scalar = value is not None and not isinstance(value, list | dict)
+        hint = "quote it" + (f"; {fix}" if fix else "") if scalar else fix
+        raise InputError(f"must be a string, not {kind_of(value)}", field=field, fix=hint)
+    if not value.strip():
+        raise InputError("must not be empty", field=field, fix=fix or "write a non-empty string")
+    return value
+
+
+def read_choice(value: object, field: str, choices: tuple[str, ...]) -> str:
+    fix = f"use one of: {', '.join(choices)}"
+    if not isinstance(value, str) or value not in choices:
+        raise InputError(f"{kind_of(value)} is not a valid choice", field=field, fix=fix)
+    return value
+
+
+def read_int(
+    value: object, field: str, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """An integer (not a boolean, not a float) within ``minimum``..``maximum``."""
+    bounds = _bounds(minimum, maximum)
+    if not is_int(value):
+        raise InputError(
+            f"must be an integer, not {kind_of(value)}",
+            field=field,
+            fix=f"write a whole number{bounds}"
+            + (" without quotes" if isinstance(value, str) else ""),
+        )
+    assert isinstance(value, int)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise InputError(
+            f"{value} is out of range", field=field, fix=f"write a whole number{bounds}"
+        )
+    return value
+
+
+def _bounds(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f" from {minimum} to {maximum}"
+    if minimum is not None:
+        return f" of at least {minimum}"
+    if maximum is not None:
+        return f" of at most {maximum}"
+    return ""
+
+
+def read_bool(value: object, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(
+            f"must be true or false, not {kind_of(value)}",
+            field=field,
+            fix="write true or false without quotes",
+        )
+    return value
+
+
+def read_dns_label(value: object, field: str) -> str:
+    """A DNS label: 1-63 characters of a-z, 0-9 and '-', starting and ending alphanumeric."""
+    text = read_str(value, field, fix=DNS_LABEL_FIX)
+    if len(text) > 63:
+        raise InputError(f"{text!r} is longer than 63 characters", field=field, fix=DNS_LABEL_FIX)
+    if not _DNS_LABEL.match(text):
+        raise InputError(f"{text!r} is not a DNS label", field=field, fix=DNS_LABEL_FIX)
+    return text
+
+
+def read_str_map(
+    value: object, where: str, *, key_pattern: re.Pattern[str] | None = None
+) -> dict[str, str]:
+    """A mapping of string to string. Numbers and booleans as values are errors (quote them)."""
+    if not isinstance(value, dict):
+        raise InputError(
+            f"must be a mapping of names to strings, not {kind_of(value)}",
+            field=where,
+            fix="write one NAME: value per line",
+        )
+    out: dict[str, str] = {}
+    for key, item in value.items():
+        field = join(where, key)
+        if not isinstance(key, str) or not key or (key_pattern and not key_pattern.match(key)):
+            rule = f"match {key_pattern.pattern}" if key_pattern else "be non-empty strings"
+            raise InputError(f"{key!r} is not a valid name", field=field, fix=f"names must {rule}")
+        if not isinstance(item, str):
+            raise InputError(
+                f"must be a string, not {kind_of(item)}",
+                field=field,
+                fix=f'quote the value: {key}: "{item}"'
+                if item is not None and not isinstance(item, list | dict)
+                else "write a string value",
+            )
+        out[key] = item
+    return out
+
+
+def read_memory_mib(value: object, field: str, *, integer_only: bool = False) -> int:
+    """A memory size: ``12GiB``, ``512MiB``, or an integer meaning MiB."""
+    fix = (
+        "write an integer number of MiB"
+        if integer_only
+        else "write a size like 12GiB, or an integer number of MiB"
+    )
+    if is_int(value):
+        assert isinstance(value, int)
+        if value < 1:
+            raise InputError(f"{value} MiB is not a positive size", field=field, fix=fix)
+        return value
+    if isinstance(value, str) and not integer_only:
+        try:
+            return parse_size_mib(value, field=field)
+        except InputError as exc:
+            raise InputError(exc.message, field=field, fix=exc.fix or fix) from None
+    raise InputError(f"must be a memory size, not {kind_of(value)}", field=field, fix=fix)
+
+
+def read_milli(value: object, field: str, *, maximum: int | None, fix: str) -> int:
+    """A positive number of GPUs to milli-GPU (``0.25`` -> 250), rounded to the nearest milli-GPU."""
+    if not is_number(value):
+        raise InputError(f"must be a number, not {kind_of(value)}", field=field, fix=fix)
+    try:
+        milli = int((Decimal(str(value)) * 1000).to_integral_value(rounding=ROUND_HALF_UP))
+    except (InvalidOperation, ValueError, OverflowError):
+        raise InputError(f"{value} is not a finite number", field=field, fix=fix) from None
+    if milli < 1 or (maximum is not None and milli > maximum):
+        raise InputError(f"{value} is out of range", field=field, fix=fix)
+    return milli

@@ -1,0 +1,112 @@
+"""The operator's settings file, ``gpufrac.yaml`` in the data directory: tenant quotas and policies.
+
+Read as strictly as a manifest (unknown fields and wrong types are errors naming the field and the
+fix). A missing file means the defaults. ``docs/manifest.md`` documents every field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufrac.errors import InputError
+from gpufrac.model.manifest_fields import (
+    join,
+    kind_of,
+    load_documents,
+    read_bool,
+    read_choice,
+    read_dns_label,
+    read_mapping,
+    read_memory_mib,
+    read_milli,
+)
+
+SETTINGS_FILE = "gpufrac.yaml"
+SETTINGS_FIELDS = ("tenants", "mps_share_tenants", "placement_policy")
+TENANT_FIELDS = ("gpu_memory", "gpus")
+PLACEMENT_POLICIES = ("binpack", "spread")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantQuota:
+    """The most one tenant may hold at once; ``None`` is no limit."""
+
+    gpu_memory_mib: int | None = None
+    gpus_milli: int | None = None  # milli-GPU: 2500 is two and a half GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSettings:
+    tenants: dict[str, TenantQuota] = field(default_factory=dict)
+    mps_share_tenants: bool = False  # may workloads of different tenants share one GPU under MPS
+    placement_policy: str = "binpack"  # binpack | spread
+
+
+def load_settings(data_dir: Path) -> OperatorSettings:
+    """``data_dir / gpufrac.yaml``, or the defaults when there is no such file."""
+    path = data_dir / SETTINGS_FILE
+    if not path.exists():
+        return OperatorSettings()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(
+            f"cannot read the settings file: {exc}",
+            field=str(path),
+            fix="make it a readable UTF-8 text file, or remove it to use the defaults",
+        ) from None
+    return parse_settings(text, source=path.name)
+
+
+def parse_settings(text: str, *, source: str = SETTINGS_FILE) -> OperatorSettings:
+    """Parse the settings file; an empty file means the defaults."""
+    documents = [doc for doc in load_documents(text, source=source) if doc is not None]
+    if not documents:
+        return OperatorSettings()
+    if len(documents) > 1:
+        raise InputError(
+            f"holds {len(documents)} documents",
+            field=source,
+            fix="write the settings as one document",
+        )
+    try:
+        raw = read_mapping(documents[0], "", SETTINGS_FIELDS, what="a mapping of settings")
+    except InputError as exc:
+        raise exc.at(source) if not exc.field else exc from None
+    tenants = raw.get("tenants", {})
+    if not isinstance(tenants, dict):
+        raise InputError(
+            f"must be a mapping of tenant name to quota, not {kind_of(tenants)}",
+            field="tenants",
+            fix="write one 'NAME: {gpu_memory: 200GiB, gpus: 4}' per tenant",
+        )
+    return OperatorSettings(
+        tenants={
+            read_dns_label(name, join("tenants", name)): _quota(quota, join("tenants", name))
+            for name, quota in tenants.items()
+        },
+        mps_share_tenants=read_bool(raw.get("mps_share_tenants", False), "mps_share_tenants"),
+        placement_policy=read_choice(
+            raw.get("placement_policy", "binpack"), "placement_policy", PLACEMENT_POLICIES
+        ),
+    )
+
+
+def _quota(value: object, where: str) -> TenantQuota:
+    raw = read_mapping(value, where, TENANT_FIELDS, what="a mapping of limits")
+    memory = raw.get("gpu_memory")
+    gpus = raw.get("gpus")
+    return TenantQuota(
+        gpu_memory_mib=None
+        if "gpu_memory" not in raw
+        else read_memory_mib(memory, join(where, "gpu_memory")),
+        gpus_milli=None
+        if "gpus" not in raw
+        else read_milli(
+            gpus,
+            join(where, "gpus"),
+            maximum=None,
+            fix="write a positive number of GPUs, like 4 or 2.5",
+        ),
+    )

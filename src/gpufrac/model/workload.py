@@ -1,0 +1,72 @@
+"""Workloads as values: what a user asks for, after a manifest has been validated.
+
+A ``WorkloadSpec`` is produced by ``model.manifest`` (which owns the field names, defaults, aliases and
+error messages) and consumed by the scheduler and, later, the node agent. Fixed-point units throughout:
+memory in MiB, GPU shares in milli-GPU (1000 = one whole GPU), compute in percent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRIORITY_NAMES = {"low": 0, "normal": 50, "high": 100}
+SHARING_MODES = ("auto", "mig", "mps", "timeslice", "exclusive")
+WORKLOAD_TYPES = ("job", "service")
+RESTART_POLICIES = ("always", "on-failure", "never")
+MILLI = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """Exactly one of: whole GPUs (``count``), a share of one GPU (``fraction_milli``), an amount of
+    memory (``memory_mib``, optionally with a compute cap ``compute_pct``), or a MIG profile."""
+
+    count: int | None = None
+    fraction_milli: int | None = None
+    memory_mib: int | None = None
+    compute_pct: int | None = None
+    mig_profile: str | None = None
+    mig_model: str | None = None  # catalog key, where the profile name alone is ambiguous
+
+    @property
+    def kind(self) -> str:
+        if self.count is not None:
+            return "count"
+        if self.fraction_milli is not None:
+            return "fraction"
+        if self.mig_profile is not None:
+            return "mig"
+        return "memory"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheck:
+    """A service's readiness check: HTTP GET ``path`` on ``port`` (2xx/3xx), or a TCP connect to ``port``."""
+
+    kind: str  # http | tcp
+    port: int
+    path: str = "/"
+    period_seconds: int = 5
+    initial_delay_seconds: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    name: str
+    gpu: GpuRequest
+    command: tuple[str, ...]
+    tenant: str = "default"
+    type: str = "job"  # job | service
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    user: str | None = None
+    health: HealthCheck | None = None
+    sharing: str = "auto"  # auto | mig | mps | timeslice | exclusive
+    priority: int = PRIORITY_NAMES["normal"]  # higher is more important
+    restart: str = "on-failure"  # always | on-failure | never
+    backoff_limit: int = 6  # jobs: restarts before the job is failed
+    deadline_seconds: int | None = None  # jobs: stopped and failed after this long
+
+    def __hash__(self) -> int:
+        return hash((self.tenant, self.name))

@@ -1,0 +1,264 @@
+"""The scheduler's picture of the GPUs: what is allocated where, in fixed-point units, with indexes.
+
+Every change goes through ``allocate`` and ``release``, which keep the accounting and the indexes in step:
+
+* per (model, mode) a list of (headroom, GPU index) sorted by headroom (the smaller of free memory and
+  free shares, in milli-GPU), for GPUs shared by time-slicing or MPS, so the best-fitting GPU is found by
+  bisection, not by scanning 1,000 GPUs;
+* per model the empty whole GPUs;
+* per (model, profile) the free MIG instances, and the MIG GPUs where an instance of that profile could
+  still be created (looked up in the model's enumerated layouts, cached per layout).
+
+``violations`` recomputes everything from the allocations alone: what the property tests check.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from functools import cache
+
+from gpufrac.model.catalog import GpuModel
+from gpufrac.model.mig import MigPlacement, check_layout
+from gpufrac.model.workload import MILLI
+from gpufrac.planning.patterns import geometry
+
+SHARED_MODES = ("timeslice", "mps")
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One workload's share of one GPU (a workload asking for N whole GPUs has N of these)."""
+
+    workload: str  # tenant/name
+    tenant: str
+    priority: int
+    gpu: int  # GPU index in the state
+    mode: str  # exclusive | timeslice | mps | mig
+    memory_mib: int
+    milli: int  # share of the GPU, for quotas and for capacity (1000 = whole)
+    compute_pct: int | None = None  # MPS active-thread percentage
+    mig: MigPlacement | None = None
+
+
+@dataclass
+class SchedGpu:
+    uuid: str
+    index: int
+    model: GpuModel
+    mig: bool
+    schedulable: bool = True
+    mode: str | None = None  # for non-MIG GPUs: None (empty) | exclusive | timeslice | mps
+    mem_used: int = 0
+    milli_used: int = 0
+    compute_used: int = 0
+    allocs: dict[str, Allocation] = field(default_factory=dict)
+    tenants: Counter[str] = field(default_factory=Counter)
+    instances: dict[MigPlacement, str | None] = field(
+        default_factory=dict
+    )  # MIG: instance -> workload
+
+    @property
+    def total_mib(self) -> int:
+        return self.model.memory_total_mib
+
+    @property
+    def free_mib(self) -> int:
+        return self.total_mib - self.mem_used
+
+    @property
+    def headroom(self) -> int:
+        """What is left of this GPU in milli-GPU: the smaller of free memory and free shares."""
+        return min(self.free_mib * MILLI // max(1, self.total_mib), MILLI - self.milli_used)
+
+    @property
+    def used(self) -> bool:
+        return bool(self.allocs)
+
+
+@cache
+def _additions(model: GpuModel, layout: tuple[MigPlacement, ...]) -> dict[str, MigPlacement]:
+    """For each profile that still fits beside ``layout``: where to put it (most room left after)."""
+    geo = geometry(model)
+    base = list(geo.counts_of(layout))
+    best: dict[str, tuple[tuple[int, ...], MigPlacement]] = {}
+    for lay in geo.layouts_containing(layout):
+        if sum(lay.counts) != sum(base) + 1:
+            continue
+        (new,) = [p for p in lay.placements if p not in layout]
+        rank = lay.free_score
+        if new.profile not in best or rank > best[new.profile][0]:
+            best[new.profile] = (rank, new)
+    return {name: pl for name, (_, pl) in best.items()}
+
+
+class ClusterState:
+    """GPUs and allocations. No I/O; every method is a pure change of this in-memory value."""
+
+    def __init__(self, gpus: list[SchedGpu]) -> None:
+        self.gpus = gpus
+        self.by_uuid = {g.uuid: g for g in gpus}
+        self.allocs: dict[str, list[Allocation]] = {}
+        self.tenant_mem: Counter[str] = Counter()
+        self.tenant_milli: Counter[str] = Counter()
+        self.priorities: Counter[int] = Counter()  # placed workloads per priority
+        self.shared: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+        self.empty: dict[str, list[int]] = defaultdict(list)
+        self.free_instances: dict[tuple[str, str], set[tuple[int, MigPlacement]]] = defaultdict(set)
+        self.addable: dict[tuple[str, str], set[int]] = defaultdict(set)
+        for g in gpus:
+            if g.mig:
+                self._index_mig(g)
+            elif g.schedulable:
+                bisect.insort(self.empty[g.model.key], g.index)
+
+    # -- indexes -------------------------------------------------------------------------------
+
+    def _unindex(self, g: SchedGpu) -> None:
+        if g.mig:
+            for name in g.model.profiles:
+                self.addable[(g.model.key, name.name)].discard(g.index)
+            for pl in g.instances:
+                self.free_instances[(g.model.key, pl.profile)].discard((g.index, pl))
+            return
+        if g.mode is None:
+            lst = self.empty[g.model.key]
+            i = bisect.bisect_left(lst, g.index)
+            if i < len(lst) and lst[i] == g.index:
+                del lst[i]
+        elif g.mode in SHARED_MODES:
+            lst2 = self.shared[(g.model.key, g.mode)]
+            i = bisect.bisect_left(lst2, (g.headroom, g.index))
+            if i < len(lst2) and lst2[i] == (g.headroom, g.index):
+                del lst2[i]
+
+    def _index(self, g: SchedGpu) -> None:
+        if not g.schedulable:
+            return
+        if g.mig:
+            self._index_mig(g)
+        elif g.mode is None:
+            bisect.insort(self.empty[g.model.key], g.index)
+        elif g.mode in SHARED_MODES:
+            bisect.insort(self.shared[(g.model.key, g.mode)], (g.headroom, g.index))
+
+    def _index_mig(self, g: SchedGpu) -> None:
+        if not g.schedulable:
+            return
+        for pl, owner in g.instances.items():
+            if owner is None:
+                self.free_instances[(g.model.key, pl.profile)].add((g.index, pl))
+        for name in _additions(g.model, tuple(sorted(g.instances))):
+            self.addable[(g.model.key, name)].add(g.index)
+
+    def addition(self, g: SchedGpu, profile: str) -> MigPlacement | None:
+        return _additions(g.model, tuple(sorted(g.instances))).get(profile)
+
+    def set_schedulable(self, g: SchedGpu, schedulable: bool) -> None:
+        self._unindex(g)
+        g.schedulable = schedulable
+        self._index(g)
+
+    # -- changes -------------------------------------------------------------------------------
+
+    def allocate(
+        self, allocs: list[Allocation], create: tuple[tuple[int, MigPlacement], ...] = ()
+    ) -> None:
+        key = allocs[0].workload
+        for gpu_index, pl in create:
+            g = self.gpus[gpu_index]
+            self._unindex(g)
+            g.instances[pl] = None
+            self._index(g)
+        for a in allocs:
+            g = self.gpus[a.gpu]
+            self._unindex(g)
+            if a.mig is not None:
+                g.instances[a.mig] = a.workload
+            else:
+                g.mode = a.mode
+                g.mem_used += a.memory_mib
+                g.milli_used += a.milli
+                g.compute_used += a.compute_pct or 0
+            g.allocs[a.workload] = a
+            g.tenants[a.tenant] += 1
+            self.tenant_mem[a.tenant] += a.memory_mib
+            self.tenant_milli[a.tenant] += a.milli
+            self._index(g)
+        self.allocs[key] = list(allocs)
+        self.priorities[allocs[0].priority] += 1
+
+    def release(self, workload: str) -> list[Allocation]:
+        allocs = self.allocs.pop(workload, [])
+        if allocs:
+            self.priorities[allocs[0].priority] -= 1
+            if not self.priorities[allocs[0].priority]:
+                del self.priorities[allocs[0].priority]
+        for a in allocs:
+            g = self.gpus[a.gpu]
+            self._unindex(g)
+            del g.allocs[a.workload]
+            g.tenants[a.tenant] -= 1
+            if not g.tenants[a.tenant]:
+                del g.tenants[a.tenant]
+            if a.mig is not None:
+                g.instances[a.mig] = None
+            else:
+                g.mem_used -= a.memory_mib
+                g.milli_used -= a.milli
+                g.compute_used -= a.compute_pct or 0
+                if not g.allocs:
+                    g.mode = None
+            self.tenant_mem[a.tenant] -= a.memory_mib
+            self.tenant_milli[a.tenant] -= a.milli
+            self._index(g)
+        return allocs
+
+    def min_priority(self) -> int:
+        """The lowest priority of any placed workload (no preemption can help a request at or below it)."""
+        return min(self.priorities, default=2**62)
+
+    def gpus_used(self) -> int:
+        return sum(1 for g in self.gpus if g.used)
+
+    # -- invariants, recomputed from scratch -----------------------------------------------------
+
+    def violations(
+        self, mps_share_tenants: bool, quotas: dict[str, tuple[int | None, int | None]]
+    ) -> list[str]:
+        out = []
+        mem: Counter[str] = Counter()
+        milli: Counter[str] = Counter()
+        for g in self.gpus:
+            plain = [a for a in g.allocs.values() if a.mig is None]
+            if g.mig:
+                owners = Counter(a.mig for a in g.allocs.values())
+                if plain or any(n > 1 for n in owners.values()):
+                    out.append(f"GPU {g.index}: a MIG instance holds more than one workload")
+                if any(pl not in g.instances for pl in owners):
+                    out.append(f"GPU {g.index}: allocation on a MIG instance that does not exist")
+                if check_layout(g.model, tuple(sorted(g.instances))):
+                    out.append(f"GPU {g.index}: invalid MIG layout")
+            else:
+                if sum(a.memory_mib for a in plain) > g.total_mib:
+                    out.append(f"GPU {g.index}: memory oversubscribed")
+                if sum(a.milli for a in plain) > MILLI:
+                    out.append(f"GPU {g.index}: more than one GPU's worth of shares")
+                modes = {a.mode for a in plain}
+                if len(modes) > 1 or ("exclusive" in modes and len(plain) > 1):
+                    out.append(f"GPU {g.index}: mixed or shared exclusive modes {modes}")
+                if "mps" in modes:
+                    if sum(a.compute_pct or 0 for a in plain) > 100:
+                        out.append(f"GPU {g.index}: MPS compute over 100%")
+                    if not mps_share_tenants and len({a.tenant for a in plain}) > 1:
+                        out.append(f"GPU {g.index}: tenants share an MPS GPU")
+            for a in g.allocs.values():
+                mem[a.tenant] += a.memory_mib
+                milli[a.tenant] += a.milli
+        for tenant, (qmem, qmilli) in quotas.items():
+            if qmem is not None and mem[tenant] > qmem:
+                out.append(f"tenant {tenant}: memory quota exceeded")
+            if qmilli is not None and milli[tenant] > qmilli:
+                out.append(f"tenant {tenant}: GPU quota exceeded")
+        return out

@@ -1,0 +1,625 @@
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpufrac.errors import InputError
+from gpufrac.model import manifest
+from gpufrac.model.manifest import load_manifest_file, parse_manifests
+from gpufrac.model.workload import GpuRequest, HealthCheck, WorkloadSpec
+
+EXAMPLES = Path(__file__).parents[3] / "examples"
+DELETE = object()
+BASE: dict[str, Any] = {
+    "apiVersion": "gpufrac/v1",
+    "kind": "Workload",
+    "metadata": {"name": "w"},
+    "spec": {"command": ["python", "-c", "pass"], "resources": {"gpu": {"count": 1}}},
+}
+SERVICE = {"spec.type": "service"}
+HTTP = {"http": {"port": 8000}}
+
+
+def dump(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def dump_all(documents: list[Any]) -> str:
+    return yaml.safe_dump_all(documents, sort_keys=False)
+
+
+def doc(changes: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+    """BASE with dotted paths set (``{"spec.resources.gpu": {...}}``) or removed (``DELETE``)."""
+    out = copy.deepcopy(BASE)
+    for path, value in {**(changes or {}), **kw}.items():
+        *parents, last = path.split(".")
+        node = out
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is DELETE:
+            del node[last]
+        else:
+            node[last] = value
+    return out
+
+
+def parse_one(changes: dict[str, Any]) -> WorkloadSpec:
+    specs = parse_manifests(dump(doc(changes)))
+    assert len(specs) == 1
+    return specs[0]
+
+
+def error_of(text: str) -> InputError:
+    with pytest.raises(InputError) as exc:
+        parse_manifests(text)
+    assert exc.value.message
+    assert exc.value.fix, f"no fix for {exc.value}"
+    return exc.value
+
+
+def gpu(**fields: Any) -> dict[str, Any]:
+    return {"spec.resources.gpu": fields}
+
+
+# --- defaults and accepted values ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "attribute", "expected"),
+    [
+        ({}, "tenant", "default"),
+        ({}, "labels", {}),
+        ({}, "type", "job"),
+        ({}, "env", {}),
+        ({}, "workdir", None),
+        ({}, "user", None),
+        ({}, "health", None),
+        ({}, "sharing", "auto"),
+        ({}, "priority", 50),
+        ({}, "restart", "on-failure"),
+        (SERVICE, "restart", "always"),
+        ({}, "backoff_limit", 6),
+        ({}, "deadline_seconds", None),
+        ({}, "command", ("python", "-c", "pass")),
+        ({}, "gpu", GpuRequest(count=1)),
+        ({**SERVICE, "spec.health": HTTP}, "health", HealthCheck("http", 8000, "/", 5, 0)),
+    ],
+)
+def test_defaults(changes: dict[str, Any], attribute: str, expected: Any) -> None:
+    assert getattr(parse_one(changes), attribute) == expected
+
+
+@pytest.mark.parametrize(
+    ("changes", "attribute", "expected"),
+    [
+        ({"metadata.tenant": "search"}, "tenant", "search"),
+        ({"metadata.labels": {"team": "a", "x/y": ""}}, "labels", {"team": "a", "x/y": ""}),
+        ({"spec.env": {"A_1": "1", "_b": ""}}, "env", {"A_1": "1", "_b": ""}),
+        ({"spec.workdir": "/srv"}, "workdir", "/srv"),
+        ({"spec.user": "nobody"}, "user", "nobody"),
+        ({"spec.command": ["python", ""]}, "command", ("python", "")),
+        ({"spec.priority": "high"}, "priority", 100),
+        ({"spec.priority": "normal"}, "priority", 50),
+        ({"spec.priority": "low"}, "priority", 0),
+        ({"spec.priority": -7}, "priority", -7),
+        ({"spec.priority": 1000}, "priority", 1000),
+        ({"spec.restart": "never"}, "restart", "never"),
+        ({**SERVICE, "spec.restart": "on-failure"}, "restart", "on-failure"),
+        ({"spec.restart": "always"}, "restart", "always"),
+        ({"spec.backoff_limit": 0}, "backoff_limit", 0),
+        ({"spec.deadline_seconds": 1}, "deadline_seconds", 1),
+        ({"spec.sharing": "exclusive"}, "sharing", "exclusive"),
+        ({**gpu(count=3), "spec.sharing": "timeslice"}, "gpu", GpuRequest(count=3)),
+        (gpu(fraction=0.25), "gpu", GpuRequest(fraction_milli=250)),
+        (gpu(fraction=0.0005), "gpu", GpuRequest(fraction_milli=1)),  # rounds half up
+        (gpu(fraction=0.2345), "gpu", GpuRequest(fraction_milli=235)),
+        (gpu(fraction=0.9994), "gpu", GpuRequest(fraction_milli=999)),
+        (gpu(memory="12GiB"), "gpu", GpuRequest(memory_mib=12288)),
+        (gpu(memory="1.5GiB"), "gpu", GpuRequest(memory_mib=1536)),
+        (gpu(memory="1GB"), "gpu", GpuRequest(memory_mib=954)),
+        (gpu(memory=512), "gpu", GpuRequest(memory_mib=512)),
+        (gpu(memory="8GiB", compute="30%"), "gpu", GpuRequest(memory_mib=8192, compute_pct=30)),
+        (gpu(memory="8GiB", compute=100), "gpu", GpuRequest(memory_mib=8192, compute_pct=100)),
+        (gpu(mig="1g.18gb"), "gpu", GpuRequest(mig_profile="1g.18gb")),
+        (gpu(mig="MIG 1G.18GB+ME"), "gpu", GpuRequest(mig_profile="1g.18gb+me")),
+        (
+            gpu(mig={"profile": "1g.10gb", "model": "A100-80GB"}),
+            "gpu",
+            GpuRequest(mig_profile="1g.10gb", mig_model="A100-80GB"),
+        ),
+        (
+            gpu(mig={"profile": "3g.71gb", "model": "h200"}),
+            "gpu",
+            GpuRequest(mig_profile="3g.71gb", mig_model="H200-141GB"),
+        ),
+        (gpu(mig={"profile": "2g.35gb"}), "gpu", GpuRequest(mig_profile="2g.35gb")),
+        ({**gpu(mig="1g.18gb"), "spec.sharing": "mig"}, "sharing", "mig"),
+        ({**gpu(memory="1GiB"), "spec.sharing": "mig"}, "sharing", "mig"),
+        ({**gpu(fraction=0.5), "spec.sharing": "mig"}, "sharing", "mig"),
+        ({**gpu(memory="1GiB", compute=10), "spec.sharing": "mps"}, "sharing", "mps"),
+        ({**gpu(memory="1GiB"), "spec.sharing": "timeslice"}, "sharing", "timeslice"),
+        (
+            {**SERVICE, "spec.health": {"tcp": {"port": 1}}},
+            "health",
+            HealthCheck("tcp", 1, "/", 5, 0),
+        ),
+        (
+            {
+                **SERVICE,
+                "spec.health": {
+                    "http": {"port": 65535, "path": "/healthz"},
+                    "period_seconds": 1,
+                    "initial_delay_seconds": 30,
+                },
+            },
+            "health",
+            HealthCheck("http", 65535, "/healthz", 1, 30),
+        ),
+    ],
+)
+def test_values(changes: dict[str, Any], attribute: str, expected: Any) -> None:
+    assert getattr(parse_one(changes), attribute) == expected
+
+
+# --- aliases --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"gpumem": 8192}, GpuRequest(memory_mib=8192)),
+        ({"gpumem": 8192, "gpucores": 25}, GpuRequest(memory_mib=8192, compute_pct=25)),
+        ({"memory": "1GiB", "gpucores": 40}, GpuRequest(memory_mib=1024, compute_pct=40)),
+        ({"gpu-fraction": 0.5}, GpuRequest(fraction_milli=500)),
+        ({"gpu-memory": 4096}, GpuRequest(memory_mib=4096)),
+        # the same value under a field and its alias is fine
+        ({"memory": "8GiB", "gpumem": 8192}, GpuRequest(memory_mib=8192)),
+        ({"memory": "4GiB", "gpu-memory": 4096}, GpuRequest(memory_mib=4096)),
+        ({"gpumem": 4096, "gpu-memory": 4096}, GpuRequest(memory_mib=4096)),
+        ({"fraction": 0.5, "gpu-fraction": 0.5}, GpuRequest(fraction_milli=500)),
+        (
+            {"memory": "1GiB", "compute": "30%", "gpucores": 30},
+            GpuRequest(memory_mib=1024, compute_pct=30),
+        ),
+    ],
+)
+def test_aliases(fields: dict[str, Any], expected: GpuRequest) -> None:
+    assert parse_one(gpu(**fields)).gpu == expected
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "names"),
+    [
+        ({"memory": "8GiB", "gpumem": 4096}, "gpumem", ("memory", "gpumem")),
+        ({"gpu-memory": 1024, "memory": "2GiB"}, "memory", ("gpu-memory", "memory")),
+        ({"gpumem": 1024, "gpu-memory": 2048}, "gpu-memory", ("gpumem", "gpu-memory")),
+        ({"fraction": 0.5, "gpu-fraction": 0.25}, "gpu-fraction", ("fraction", "gpu-fraction")),
+        (
+            {"memory": "1GiB", "compute": 30, "gpucores": 40},
+            "gpucores",
+            ("compute", "gpucores"),
+        ),
+    ],
+)
+def test_field_and_alias_disagreeing_is_an_error_naming_both(
+    fields: dict[str, Any], field: str, names: tuple[str, str]
+) -> None:
+    err = error_of(dump(doc(gpu(**fields))))
+    assert err.field == f"spec.resources.gpu.{field}"
+    assert all(name in err.message for name in names)
+
+
+# --- errors: each at its exact field -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        # document
+        ({"apiVersion": "gpufrac/v2"}, "apiVersion"),
+        ({"apiVersion": DELETE}, "apiVersion"),
+        ({"kind": "Deployment"}, "kind"),
+        ({"kind": DELETE}, "kind"),
+        ({"metadata": DELETE}, "metadata"),
+        ({"spec": DELETE}, "spec"),
+        ({"status": {}}, "status"),
+        ({"metadata": "w"}, "metadata"),
+        ({"spec": ["x"]}, "spec"),
+        # metadata
+        ({"metadata.name": DELETE}, "metadata.name"),
+        ({"metadata.uid": "1"}, "metadata.uid"),
+        ({"metadata.name": 7}, "metadata.name"),
+        ({"metadata.tenant": True}, "metadata.tenant"),
+        ({"metadata.tenant": None}, "metadata.tenant"),
+        ({"metadata.labels": ["a"]}, "metadata.labels"),
+        ({"metadata.labels": {"a": 1}}, "metadata.labels.a"),
+        ({"metadata.labels": {"a": True}}, "metadata.labels.a"),
+        ({"metadata.labels": {"": "x"}}, "metadata.labels['']"),
+        ({"metadata.labels": {"a.b/c": 1}}, "metadata.labels['a.b/c']"),
+        ({"spec.env": {"A B": "x"}}, "spec.env['A B']"),
+        # spec
+        ({"spec.image": "x"}, "spec.image"),
+        ({"spec.type": "daemon"}, "spec.type"),
+        ({"spec.type": True}, "spec.type"),
+        ({"spec.command": DELETE}, "spec.command"),
+        ({"spec.command": "python app.py"}, "spec.command"),
+        ({"spec.command": []}, "spec.command"),
+        ({"spec.command": {"a": "b"}}, "spec.command"),
+        ({"spec.command": ["python", 3]}, "spec.command[1]"),
+        ({"spec.command": ["", "x"]}, "spec.command[0]"),
+        ({"spec.env": ["A=1"]}, "spec.env"),
+        ({"spec.env": {"PORT": 8000}}, "spec.env.PORT"),
+        ({"spec.env": {"DEBUG": True}}, "spec.env.DEBUG"),
+        ({"spec.env": {"RATIO": 0.5}}, "spec.env.RATIO"),
+        ({"spec.env": {"EMPTY": None}}, "spec.env.EMPTY"),
+        ({"spec.env": {"1ABC": "x"}}, "spec.env.1ABC"),
+        ({"spec.env": {"A-B": "x"}}, "spec.env.A-B"),
+        ({"spec.workdir": 5}, "spec.workdir"),
+        ({"spec.workdir": ""}, "spec.workdir"),
+        ({"spec.user": 1000}, "spec.user"),
+        ({"spec.sharing": "vgpu"}, "spec.sharing"),
+        ({"spec.priority": "urgent"}, "spec.priority"),
+        ({"spec.priority": True}, "spec.priority"),
+        ({"spec.priority": 1.5}, "spec.priority"),
+        ({"spec.restart": "sometimes"}, "spec.restart"),
+        ({"spec.restart": False}, "spec.restart"),
+        ({"spec.backoff_limit": -1}, "spec.backoff_limit"),
+        ({"spec.backoff_limit": True}, "spec.backoff_limit"),
+        ({"spec.backoff_limit": "3"}, "spec.backoff_limit"),
+        ({"spec.deadline_seconds": 0}, "spec.deadline_seconds"),
+        ({"spec.deadline_seconds": 1.5}, "spec.deadline_seconds"),
+        ({"spec.deadline_seconds": None}, "spec.deadline_seconds"),
+        # jobs only / services only
+        ({**SERVICE, "spec.backoff_limit": 3}, "spec.backoff_limit"),
+        ({**SERVICE, "spec.deadline_seconds": 60}, "spec.deadline_seconds"),
+        ({"spec.health": HTTP}, "spec.health"),
+        # health
+        ({**SERVICE, "spec.health": {}}, "spec.health"),
+        ({**SERVICE, "spec.health": {"http": {"port": 1}, "tcp": {"port": 1}}}, "spec.health"),
+        ({**SERVICE, "spec.health": {"exec": ["true"]}}, "spec.health.exec"),
+        ({**SERVICE, "spec.health": "http"}, "spec.health"),
+        ({**SERVICE, "spec.health": {"http": {}}}, "spec.health.http.port"),
+        ({**SERVICE, "spec.health": {"http": 8000}}, "spec.health.http"),
+        ({**SERVICE, "spec.health": {"http": {"port": 0}}}, "spec.health.http.port"),
+        ({**SERVICE, "spec.health": {"http": {"port": 65536}}}, "spec.health.http.port"),
+        ({**SERVICE, "spec.health": {"http": {"port": "80"}}}, "spec.health.http.port"),
+        ({**SERVICE, "spec.health": {"http": {"port": True}}}, "spec.health.http.port"),
+        ({**SERVICE, "spec.health": {"http": {"port": 80, "path": "x"}}}, "spec.health.http.path"),
+        ({**SERVICE, "spec.health": {"http": {"port": 80, "path": 1}}}, "spec.health.http.path"),
+        ({**SERVICE, "spec.health": {"http": {"port": 80, "host": "a"}}}, "spec.health.http.host"),
+        ({**SERVICE, "spec.health": {"tcp": {"port": 80, "path": "/"}}}, "spec.health.tcp.path"),
+        ({**SERVICE, "spec.health": {"tcp": {"port": -1}}}, "spec.health.tcp.port"),
+        ({**SERVICE, "spec.health": {**HTTP, "period_seconds": 0}}, "spec.health.period_seconds"),
+        (
+            {**SERVICE, "spec.health": {**HTTP, "initial_delay_seconds": -1}},
+            "spec.health.initial_delay_seconds",
+        ),
+        (
+            {**SERVICE, "spec.health": {**HTTP, "initial_delay_seconds": 1.0}},
+            "spec.health.initial_delay_seconds",
+        ),
+        # resources
+        ({"spec.resources": DELETE}, "spec.resources"),
+        ({"spec.resources": {}}, "spec.resources.gpu"),
+        ({"spec.resources": {"gpu": {"count": 1}, "cpu": 2}}, "spec.resources.cpu"),
+        ({"spec.resources": "gpu"}, "spec.resources"),
+        ({"spec.resources.gpu": 1}, "spec.resources.gpu"),
+        ({"spec.resources.gpu": None}, "spec.resources.gpu"),
+        (gpu(), "spec.resources.gpu"),
+        (gpu(compute=30), "spec.resources.gpu"),
+        (gpu(count=1, memory="1GiB"), "spec.resources.gpu"),
+        (gpu(fraction=0.5, mig="1g.18gb"), "spec.resources.gpu"),
+        (gpu(gpumem=1024, count=1), "spec.resources.gpu"),
+        (gpu(count=1, vram="1GiB"), "spec.resources.gpu.vram"),
+        (gpu(count=0), "spec.resources.gpu.count"),
+        (gpu(count=True), "spec.resources.gpu.count"),
+        (gpu(count=1.0), "spec.resources.gpu.count"),
+        (gpu(count="2"), "spec.resources.gpu.count"),
+        (gpu(fraction=0), "spec.resources.gpu.fraction"),
+        (gpu(fraction=1), "spec.resources.gpu.fraction"),
+        (gpu(fraction=1.5), "spec.resources.gpu.fraction"),
+        (gpu(fraction=-0.5), "spec.resources.gpu.fraction"),
+        (gpu(fraction=0.0004), "spec.resources.gpu.fraction"),  # rounds to 0 milli-GPU
+        (gpu(fraction=0.9996), "spec.resources.gpu.fraction"),  # rounds to a whole GPU
+        (gpu(fraction=float("nan")), "spec.resources.gpu.fraction"),
+        (gpu(fraction="0.5"), "spec.resources.gpu.fraction"),
+        (gpu(fraction=True), "spec.resources.gpu.fraction"),
+        (gpu(memory="12 parsecs"), "spec.resources.gpu.memory"),
+        (gpu(memory="0GiB"), "spec.resources.gpu.memory"),
+        (gpu(memory=0), "spec.resources.gpu.memory"),
+        (gpu(memory=1.5), "spec.resources.gpu.memory"),
+        (gpu(memory=True), "spec.resources.gpu.memory"),
+        (gpu(memory=None), "spec.resources.gpu.memory"),
+        (gpu(memory="1GiB", compute="30"), "spec.resources.gpu.compute"),
+        (gpu(memory="1GiB", compute="0%"), "spec.resources.gpu.compute"),
+        (gpu(memory="1GiB", compute="101%"), "spec.resources.gpu.compute"),
+        (gpu(memory="1GiB", compute="30.5%"), "spec.resources.gpu.compute"),
+        (gpu(memory="1GiB", compute=0), "spec.resources.gpu.compute"),
+        (gpu(memory="1GiB", compute=101), "spec.resources.gpu.compute"),
+        (gpu(memory="1GiB", compute=0.3), "spec.resources.gpu.compute"),
+        (gpu(memory="1GiB", compute=True), "spec.resources.gpu.compute"),
+        (gpu(count=1, compute=30), "spec.resources.gpu.compute"),
+        (gpu(fraction=0.5, compute="30%"), "spec.resources.gpu.compute"),
+        (gpu(mig="1g.18gb", compute=30), "spec.resources.gpu.compute"),
+        (gpu(fraction=0.5, gpucores=30), "spec.resources.gpu.gpucores"),
+        (gpu(gpumem="1GiB"), "spec.resources.gpu.gpumem"),
+        (gpu(gpumem=0), "spec.resources.gpu.gpumem"),
+        (gpu(gpumem=True), "spec.resources.gpu.gpumem"),
+        (gpu(**{"gpu-memory": "4GiB"}), "spec.resources.gpu.gpu-memory"),
+        (gpu(**{"gpu-memory": 1.5}), "spec.resources.gpu.gpu-memory"),
+        (gpu(memory="1GiB", gpucores="30%"), "spec.resources.gpu.gpucores"),
+        (gpu(memory="1GiB", gpucores=101), "spec.resources.gpu.gpucores"),
+        (gpu(memory="1GiB", gpucores=False), "spec.resources.gpu.gpucores"),
+        (gpu(**{"gpu-fraction": 1}), "spec.resources.gpu.gpu-fraction"),
+        (gpu(**{"gpu-fraction": "0.5"}), "spec.resources.gpu.gpu-fraction"),
+        (gpu(mig="1g"), "spec.resources.gpu.mig"),
+        (gpu(mig="1g.18gb+xx"), "spec.resources.gpu.mig"),
+        (gpu(mig="1c.3g.71gb"), "spec.resources.gpu.mig"),
+        (gpu(mig=7), "spec.resources.gpu.mig"),
+        (gpu(mig=["1g.18gb"]), "spec.resources.gpu.mig"),
+        (gpu(mig={"model": "h200"}), "spec.resources.gpu.mig.profile"),
+        (gpu(mig={"profile": "1g.18gb", "count": 2}), "spec.resources.gpu.mig.count"),
+        (gpu(mig={"profile": "bad"}), "spec.resources.gpu.mig.profile"),
+        (gpu(mig={"profile": 1}), "spec.resources.gpu.mig.profile"),
+        (gpu(mig={"profile": "1g.18gb", "model": "A100-80GB"}), "spec.resources.gpu.mig.profile"),
+        (gpu(mig={"profile": "1g.18gb", "model": "v100"}), "spec.resources.gpu.mig.model"),
+        (gpu(mig={"profile": "1g.18gb", "model": "a100"}), "spec.resources.gpu.mig.model"),
+        (gpu(mig={"profile": "1g.18gb", "model": 100}), "spec.resources.gpu.mig.model"),
+        # cross-field rules
+        ({**gpu(count=1), "spec.sharing": "mig"}, "spec.sharing"),
+        ({**gpu(fraction=0.5), "spec.sharing": "exclusive"}, "spec.sharing"),
+        ({**gpu(memory="1GiB"), "spec.sharing": "exclusive"}, "spec.sharing"),
+        ({**gpu(memory="1GiB", compute=30), "spec.sharing": "exclusive"}, "spec.sharing"),
+        ({**gpu(memory="1GiB", compute=30), "spec.sharing": "timeslice"}, "spec.sharing"),
+        ({**gpu(memory="1GiB", gpucores=30), "spec.sharing": "timeslice"}, "spec.sharing"),
+        ({**gpu(memory="1GiB", compute="30%"), "spec.sharing": "mig"}, "spec.sharing"),
+        ({**gpu(mig="1g.18gb"), "spec.sharing": "mps"}, "spec.sharing"),
+        ({**gpu(mig="1g.18gb"), "spec.sharing": "timeslice"}, "spec.sharing"),
+        ({**gpu(mig="1g.18gb"), "spec.sharing": "exclusive"}, "spec.sharing"),
+    ],
+)
+def test_errors_name_their_field(changes: dict[str, Any], field: str) -> None:
+    err = error_of(dump(doc(changes)))
+    assert err.field == field
+
+
+def test_unknown_field_error_lists_the_allowed_fields() -> None:
+    err = error_of(dump(doc({"spec.resources.gpu.vram": 1})))
+    assert err.fix is not None
+    for name in ("count", "fraction", "memory", "mig", "compute", "gpumem", "gpu-fraction"):
+        assert name in err.fix
+
+
+@pytest.mark.parametrize(
+    "fields", [{}, {"count": 1, "fraction": 0.5}, {"memory": 1, "mig": "1g.18gb"}]
+)
+def test_zero_or_two_requests_list_the_four(fields: dict[str, Any]) -> None:
+    err = error_of(dump(doc(gpu(**fields))))
+    assert err.fix is not None
+    assert all(kind in err.fix for kind in ("count", "fraction", "memory", "mig"))
+
+
+def test_plain_string_command_fix_says_to_write_a_list() -> None:
+    err = error_of(dump(doc({"spec.command": "python app.py"})))
+    assert err.fix is not None and "list" in err.fix
+
+
+def test_number_in_env_fix_says_to_quote_it() -> None:
+    err = error_of(dump(doc({"spec.env": {"PORT": 8000}})))
+    assert err.fix is not None and "quote" in err.fix
+
+
+def test_unquoted_yaml_boolean_is_not_a_string() -> None:
+    text = dump(doc()).replace("name: w", "name: w\n  tenant: no")
+    assert error_of(text).field == "metadata.tenant"
+
+
+# --- DNS labels -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label", ["a", "0", "a-b", "web-1", "1abc", "a" * 63, "x-0-y"])
+@pytest.mark.parametrize("where", ["name", "tenant"])
+def test_valid_dns_labels(where: str, label: str) -> None:
+    assert getattr(parse_one({f"metadata.{where}": label}), where) == label
+
+
+@pytest.mark.parametrize(
+    "label", ["", "A", "Web", "-a", "a-", "a_b", "a.b", "a b", "é", "a" * 64, " a"]
+)
+@pytest.mark.parametrize("where", ["name", "tenant"])
+def test_invalid_dns_labels(where: str, label: str) -> None:
+    assert error_of(dump(doc({f"metadata.{where}": label}))).field == f"metadata.{where}"
+
+
+# --- files: several documents, formats, syntax ----------------------------------------------------
+
+
+def named(name: str, tenant: str = "default", **changes: Any) -> dict[str, Any]:
+    return doc({"metadata.name": name, "metadata.tenant": tenant, **changes})
+
+
+def test_several_documents_in_file_order() -> None:
+    text = dump_all([named("a"), named("b"), named("a", "other")])
+    assert [(s.tenant, s.name) for s in parse_manifests(text)] == [
+        ("default", "a"),
+        ("default", "b"),
+        ("other", "a"),
+    ]
+
+
+def test_a_bad_third_document_rejects_the_whole_file() -> None:
+    text = dump_all([named("a"), named("b"), named("c", **gpu(memory="lots"))])
+    result: list[WorkloadSpec] | None = None
+    with pytest.raises(InputError) as exc:
+        result = parse_manifests(text)
+    assert result is None
+    assert exc.value.field == "doc[3].spec.resources.gpu.memory"
+
+
+@pytest.mark.parametrize(
+    ("documents", "field"),
+    [
+        ([named("a"), named("b", **{"spec.bogus": 1})], "doc[2].spec.bogus"),
+        ([named("a", **{"metadata.name": "A"}), named("b")], "doc[1].metadata.name"),
+        ([named("a"), "just text"], "doc[2]"),
+        ([named("a"), named("a")], "doc[2].metadata.name"),
+        ([named("a"), named("b"), named("c"), named("b")], "doc[4].metadata.name"),
+    ],
+)
+def test_errors_in_several_documents_are_prefixed(documents: list[Any], field: str) -> None:
+    assert error_of(dump_all(documents)).field == field
+
+
+def test_duplicate_name_says_where_it_was_first() -> None:
+    err = error_of(dump_all([named("a", "t"), named("b"), named("a", "t")]))
+    assert "doc[1]" in err.message and err.field == "doc[3].metadata.name"
+
+
+def test_empty_documents_are_skipped_but_count_in_positions() -> None:
+    text = dump(named("a")) + "---\n---\n" + dump(named("b", **{"spec.x": 1}))
+    assert error_of(text).field == "doc[3].spec.x"
+    assert [s.name for s in parse_manifests(dump(named("a")) + "---\n")] == ["a"]
+
+
+def test_single_document_errors_have_no_prefix() -> None:
+    text = "---\n" + dump(named("a", **{"spec.x": 1})) + "---\n"
+    assert error_of(text).field == "spec.x"
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("", "manifest"),
+        ("# nothing here\n", "manifest"),
+        ("just text", "manifest"),
+        ("[1, 2]", "manifest"),
+        ("apiVersion: gpufrac/v1\n  kind: [", "manifest"),
+        ("apiVersion: gpufrac/v1\napiVersion: gpufrac/v1\n", "manifest"),
+        ('{"apiVersion": "gpufrac/v1", "apiVersion": "gpufrac/v1"}', "manifest"),
+    ],
+)
+def test_file_level_errors_name_the_source(text: str, field: str) -> None:
+    assert error_of(text).field == field
+
+
+def test_source_names_the_file_in_file_level_errors() -> None:
+    with pytest.raises(InputError) as exc:
+        parse_manifests(":\n  - [", source="jobs.yaml")
+    assert exc.value.field == "jobs.yaml"
+
+
+def test_json_is_accepted_including_tabs() -> None:
+    text = json.dumps(doc(gpu(fraction=0.5)), indent="\t")
+    assert parse_manifests(text)[0].gpu == GpuRequest(fraction_milli=500)
+
+
+def test_yaml_flow_mapping_is_not_mistaken_for_json() -> None:
+    text = (
+        "{apiVersion: gpufrac/v1, kind: Workload, metadata: {name: w},"
+        " spec: {command: [a], resources: {gpu: {count: 2}}}}"
+    )
+    assert parse_manifests(text)[0].gpu == GpuRequest(count=2)
+
+
+def test_load_manifest_file(tmp_path: Path) -> None:
+    path = tmp_path / "w.yaml"
+    path.write_text(dump(doc()))
+    assert [s.name for s in load_manifest_file(path)] == ["w"]
+    path.write_text("kind: [")
+    with pytest.raises(InputError) as exc:
+        load_manifest_file(path)
+    assert exc.value.field == "w.yaml"
+
+
+@pytest.mark.parametrize(
+    "make", [lambda p: None, lambda p: p.mkdir(), lambda p: p.write_bytes(b"\xff\xfe\x00")]
+)
+def test_unreadable_manifest_file_names_the_path(tmp_path: Path, make: Any) -> None:
+    path = tmp_path / "missing.yaml"
+    make(path)
+    with pytest.raises(InputError) as exc:
+        load_manifest_file(path)
+    assert exc.value.field == str(path)
+    assert exc.value.fix
+
+
+# --- examples -------------------------------------------------------------------------------------
+
+MANIFEST_EXAMPLES = {
+    "whole-gpus.yaml": ["count"],
+    "fraction.yaml": ["fraction"],
+    "memory-timeslice.yaml": ["memory"],
+    "memory-mps.yaml": ["memory"],
+    "mig-profile.yaml": ["mig", "mig"],
+    "hami-kai-aliases.yaml": ["memory", "fraction", "memory"],
+    "service-with-health.yaml": ["memory"],
+}
+
+
+def test_every_example_is_listed() -> None:
+    found = {p.name for p in EXAMPLES.glob("*.yaml")} - {"gpufrac.yaml"}
+    assert found == set(MANIFEST_EXAMPLES)
+
+
+@pytest.mark.parametrize(("name", "kinds"), sorted(MANIFEST_EXAMPLES.items()))
+def test_examples_parse(name: str, kinds: list[str]) -> None:
+    path = EXAMPLES / name
+    assert path.read_text().startswith("#")
+    specs = load_manifest_file(path)
+    assert [s.gpu.kind for s in specs] == kinds
+
+
+def test_example_details() -> None:
+    mps = load_manifest_file(EXAMPLES / "memory-mps.yaml")[0]
+    assert (mps.gpu.compute_pct, mps.sharing) == (30, "mps")
+    mig = load_manifest_file(EXAMPLES / "mig-profile.yaml")
+    assert [(s.gpu.mig_profile, s.gpu.mig_model) for s in mig] == [
+        ("1g.18gb", None),
+        ("3g.40gb", "A100-80GB"),
+    ]
+    service = load_manifest_file(EXAMPLES / "service-with-health.yaml")[0]
+    assert service.type == "service" and service.health is not None
+    assert service.health.kind == "http"
+
+
+# --- docs/manifest.md stays true ------------------------------------------------------------------
+
+DOC = Path(__file__).parents[3] / "docs" / "manifest.md"
+
+
+def doc_blocks(language: str) -> list[str]:
+    parts = DOC.read_text().split("```")
+    return [p.removeprefix(language) for p in parts[1::2] if p.startswith(language + "\n")]
+
+
+def test_docs_worked_example_parses_as_described() -> None:
+    example = next(b for b in doc_blocks("yaml") if "nightly-eval" in b)
+    embedder, nightly = parse_manifests(example)
+    assert embedder.gpu == GpuRequest(memory_mib=12288, compute_pct=30)
+    assert (embedder.sharing, embedder.priority, embedder.restart) == ("mps", 100, "always")
+    assert embedder.health == HealthCheck("http", 8000, "/healthz", 5, 0)
+    assert nightly.gpu == GpuRequest(mig_profile="3g.40gb", mig_model="A100-80GB")
+    assert (nightly.priority, nightly.restart, nightly.backoff_limit) == (0, "on-failure", 6)
+    assert nightly.deadline_seconds == 7200
+    broken = example.replace("compute: 30%}", "compute: 30%, gpumem: 10240}")
+    shown = next(b for b in doc_blocks("") if "gpumem" in b)
+    with pytest.raises(InputError) as exc:
+        parse_manifests(broken)
+    assert " ".join(shown.split()) == str(exc.value)
+
+
+def test_docs_list_every_field_and_alias() -> None:
+    text = DOC.read_text()
+    for name in manifest.SPEC_FIELDS:
+        assert f"`spec.{name}`" in text
+    for name in manifest.METADATA_FIELDS:
+        assert f"`metadata.{name}`" in text
+    for name in (*manifest.REQUEST_KINDS, "compute"):
+        assert f"`spec.resources.gpu.{name}`" in text
+    for alias, means in manifest.GPU_ALIASES.items():
+        assert f"| `{alias}` |" in text and f"| `{means}` |" in text
