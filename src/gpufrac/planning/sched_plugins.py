@@ -133,4 +133,13 @@ def tenant_isolation(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> int:
     return -10 if any(t != spec.tenant for t in g.tenants) else 0
 
 
-SCORES: tuple[Score, ...] = (packing, tenant_isolation)
+def mig_fit(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> int:
+    """On MIG, the instance that wastes the least memory beyond what was asked for."""
+    if c.mode != "mig" or spec.gpu.mig_profile is not None:
+        return 0
+    g = s.state.gpus[c.gpu]
+    asked = need_on(spec, g.model, "mig").memory_mib
+    return -max(0, c.need.memory_mib - asked) * MILLI // max(1, g.total_mib)
+
+
+SCORES: tuple[Score, ...] = (packing, tenant_isolation, mig_fit)

@@ -175,12 +175,12 @@ class Scheduler:
                 # an evicted workload may well fit elsewhere right away (never by preempting in turn)
                 moved = []
                 for v in victims:
+                    why = self.pending[v][1]
                     again = self._try(self.specs[v], preempt=False)
-                    moved.append(
-                        again[0]
-                        if again[0].outcome == "placed"
-                        else Decision(v, "pending", self.pending[v][1])
-                    )
+                    if again[0].outcome != "placed":
+                        self.pending[v] = (self.specs[v], why)
+                        again = [Decision(v, "pending", why)]
+                    moved.append(again[0])
                 return [placed, *moved]
         reason = "; ".join(dict.fromkeys(reasons)) or "no GPU has room"
         self.pending[key] = (spec, reason)
@@ -240,6 +240,20 @@ class Scheduler:
             if req.mig_model not in (None, model.key) or not model.has_profile(req.mig_profile):
                 return None
             return model.profile(req.mig_profile).name
+        if (
+            req.fraction_milli is not None
+        ):  # that share of the memory slots and of the compute slices
+            slots = -(-req.fraction_milli * model.memory_slots // MILLI)
+            compute = -(-req.fraction_milli * model.compute_slices // MILLI)
+            fits = [
+                p
+                for p in model.profiles
+                if not p.media_extensions
+                and p.memory_slots >= slots
+                and p.compute_slices >= compute
+            ]
+            best = min(fits, key=lambda p: (p.memory_slots, p.compute_slices), default=None)
+            return None if best is None else best.name
         need = need_on(spec, model, "mig")
         prof = smallest_fitting(model, need.memory_mib, None)
         while prof is not None and prof.compute_slices * MILLI < need.milli * model.compute_slices:

@@ -1,0 +1,237 @@
+"""The scheduler: table tests for its choices, Hypothesis properties for its guarantees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpufrac.errors import InputError
+from gpufrac.model.catalog import lookup_model
+from gpufrac.model.manifest import load_manifest_file
+from gpufrac.model.settings import OperatorSettings, TenantQuota
+from gpufrac.model.workload import GpuRequest, WorkloadSpec
+from gpufrac.planning.sched_state import SchedGpu
+from gpufrac.planning.scheduler import Decision, Scheduler
+
+H200, A100 = lookup_model("h200"), lookup_model("a100-80gb")
+GIB = 1024
+EXAMPLES = Path(__file__).parents[3] / "examples"
+
+
+def fleet(plain: int = 2, mig: int = 0, model=H200) -> list[SchedGpu]:  # type: ignore[no-untyped-def]
+    return [SchedGpu(f"GPU-{i}", i, model, mig=i >= plain) for i in range(plain + mig)]
+
+
+def w(
+    name: str, tenant: str = "a", priority: int = 50, sharing: str = "auto", **gpu: object
+) -> WorkloadSpec:
+    return WorkloadSpec(
+        name=name,
+        gpu=GpuRequest(**gpu),
+        command=("true",),
+        tenant=tenant,
+        priority=priority,
+        sharing=sharing,
+    )  # type: ignore[arg-type]
+
+
+def one(decisions: list[Decision]) -> Decision:
+    return decisions[0]
+
+
+def test_auto_prefers_mig_then_mps_for_a_compute_cap_then_timeslice() -> None:
+    s = Scheduler(fleet(plain=1, mig=1))
+    d = one(s.submit(w("a", memory_mib=10 * GIB)))
+    assert (d.mode, str(d.mig)) == ("mig", "1g.18gb@6")
+    assert [a.kind for a in d.actions] == ["create_mig_instance", "start"]
+    s2 = Scheduler(fleet(plain=2))
+    assert one(s2.submit(w("b", memory_mib=10 * GIB, compute_pct=30))).mode == "mps"
+    assert one(s2.submit(w("c", memory_mib=10 * GIB))).mode == "timeslice"
+
+
+@pytest.mark.parametrize(
+    ("fraction", "profile"),
+    [(125, "1g.18gb"), (250, "2g.35gb"), (500, "4g.71gb"), (1000 - 1, "7g.141gb")],
+)
+def test_a_fraction_on_mig_takes_that_share_of_slots_and_compute(
+    fraction: int, profile: str
+) -> None:
+    d = one(Scheduler(fleet(plain=0, mig=1)).submit(w("f", fraction_milli=fraction, sharing="mig")))
+    assert d.mig is not None and d.mig.profile == profile
+
+
+def test_a_freed_mig_instance_is_reused_without_creating_one() -> None:
+    s = Scheduler(fleet(plain=0, mig=1))
+    s.submit(w("a", mig_profile="3g.71gb"))
+    s.delete("a", "a")
+    d = one(s.submit(w("b", mig_profile="3g.71gb")))
+    assert d.outcome == "placed" and [a.kind for a in d.actions] == ["start"]
+
+
+@pytest.mark.parametrize(("policy", "same_gpu"), [("binpack", True), ("spread", False)])
+def test_binpack_and_spread(policy: str, same_gpu: bool) -> None:
+    s = Scheduler(fleet(plain=3), policy=policy)
+    a = one(s.submit(w("a", memory_mib=8 * GIB)))
+    b = one(s.submit(w("b", memory_mib=8 * GIB)))
+    assert (a.gpus == b.gpus) is same_gpu
+
+
+def test_whole_gpus_are_exclusive() -> None:
+    s = Scheduler(fleet(plain=2))
+    assert one(s.submit(w("a", count=2))).gpus == ("GPU-0", "GPU-1")
+    d = one(s.submit(w("b", memory_mib=GIB)))
+    assert d.outcome == "pending" and "no GPU has" in d.reason
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        (w("big", memory_mib=200 * GIB), "could ever hold"),
+        (w("many", count=3), "the fleet has 2 without MIG"),
+        (w("mig", mig_profile="1g.18gb"), "could ever hold 1g.18gb"),
+        (w("wrong", mig_profile="3g.40gb", mig_model="A100-80GB"), "could ever hold"),
+    ],
+)
+def test_impossible_requests_are_refused_at_once(spec: WorkloadSpec, fragment: str) -> None:
+    s = Scheduler(fleet(plain=2))
+    d = one(s.submit(spec))
+    assert d.outcome == "refused" and fragment in d.reason
+    assert not s.pending and not s.state.allocs
+
+
+def test_quotas() -> None:
+    cfg = OperatorSettings(tenants={"a": TenantQuota(gpu_memory_mib=20 * GIB, gpus_milli=1000)})
+    s = Scheduler(fleet(plain=2), cfg)
+    assert one(s.submit(w("x", memory_mib=30 * GIB))).outcome == "refused"
+    assert one(s.submit(w("y", memory_mib=16 * GIB))).outcome == "placed"
+    d = one(s.submit(w("z", memory_mib=8 * GIB)))
+    assert d.outcome == "pending" and "quota" in d.reason
+    assert one(s.submit(w("other", tenant="b", memory_mib=8 * GIB))).outcome == "placed"
+    placed = s.delete("a", "y")
+    assert [x.workload for x in placed] == ["a/z"]
+
+
+def test_tenants_do_not_share_an_mps_gpu_unless_allowed() -> None:
+    s = Scheduler(fleet(plain=1))
+    assert one(s.submit(w("a", memory_mib=8 * GIB, compute_pct=20))).mode == "mps"
+    d = one(s.submit(w("b", tenant="b", memory_mib=8 * GIB, compute_pct=20)))
+    assert d.outcome == "pending" and "another tenant" in d.reason
+    shared = Scheduler(fleet(plain=1), OperatorSettings(mps_share_tenants=True))
+    shared.submit(w("a", memory_mib=8 * GIB, compute_pct=20))
+    assert (
+        one(shared.submit(w("b", tenant="b", memory_mib=8 * GIB, compute_pct=20))).outcome
+        == "placed"
+    )
+
+
+def test_preemption_evicts_the_fewest_lowest_priority_workloads() -> None:
+    s = Scheduler(fleet(plain=1))
+    for i, prio in enumerate([0, 0, 10, 60]):
+        s.submit(w(f"w{i}", priority=prio, memory_mib=30 * GIB))
+    ds = s.submit(w("urgent", priority=100, memory_mib=60 * GIB))  # 20 GiB free: two must go
+    assert ds[0].outcome == "placed" and ds[0].evicted == ("a/w0", "a/w1")
+    assert all(d.outcome == "pending" and "preempted" in d.reason for d in ds[1:])
+    same = s.submit(w("peer", priority=0, memory_mib=100 * GIB))
+    assert same[0].outcome == "pending" and not same[0].evicted  # never evicts equal priority
+
+
+def test_delete_places_pending_work_and_bad_names_are_errors() -> None:
+    s = Scheduler(fleet(plain=1))
+    s.submit(w("a", count=1))
+    assert one(s.submit(w("b", memory_mib=GIB))).outcome == "pending"
+    assert [d.workload for d in s.delete("a", "a")] == ["a/b"]
+    with pytest.raises(InputError):
+        s.delete("a", "nope")
+    with pytest.raises(InputError, match="already submitted"):
+        s.submit(w("b", memory_mib=GIB))
+
+
+def test_example_manifests_schedule() -> None:
+    s = Scheduler(
+        [
+            *fleet(plain=6, mig=2),
+            SchedGpu("GPU-A", 8, A100, mig=True),
+            SchedGpu("GPU-B", 9, A100, mig=True),
+        ]
+    )
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        if path.name == "gpufrac.yaml":
+            continue
+        for spec in load_manifest_file(path):
+            d = one(s.submit(spec))
+            assert d.outcome == "placed", (path.name, spec.name, d.reason)
+    assert s.state.violations(False, {}) == []
+
+
+# -- properties ------------------------------------------------------------------------------------
+
+REQUESTS = st.one_of(
+    st.builds(lambda m: GpuRequest(memory_mib=m * GIB), st.integers(1, 90)),
+    st.builds(
+        lambda m, c: GpuRequest(memory_mib=m * GIB, compute_pct=c),
+        st.integers(1, 40),
+        st.sampled_from([10, 25, 50, 80]),
+    ),
+    st.builds(lambda f: GpuRequest(fraction_milli=f), st.sampled_from([100, 250, 500, 900])),
+    st.builds(
+        lambda p: GpuRequest(mig_profile=p),
+        st.sampled_from(["1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb"]),
+    ),
+    st.builds(lambda n: GpuRequest(count=n), st.integers(1, 2)),
+)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("submit"),
+            REQUESTS,
+            st.sampled_from(["a", "b", "c"]),
+            st.sampled_from([0, 50, 100]),
+            st.sampled_from(["auto", "auto", "timeslice", "mps"]),
+        ),
+        st.tuples(st.just("delete"), st.integers(0, 30)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150)
+@given(
+    ops=OPS, share=st.booleans(), policy=st.sampled_from(["binpack", "spread"]), quota=st.booleans()
+)
+def test_no_oversubscription_and_preemption_only_of_lower_priority(
+    ops: list[tuple], share: bool, policy: str, quota: bool
+) -> None:  # type: ignore[type-arg]
+    quotas = {"a": TenantQuota(gpu_memory_mib=150 * GIB, gpus_milli=1500)} if quota else {}
+    cfg = OperatorSettings(tenants=quotas, mps_share_tenants=share, placement_policy=policy)
+    s = Scheduler([*fleet(plain=3, mig=1), SchedGpu("GPU-A", 4, A100, mig=False)], cfg)
+    names: list[tuple[str, str]] = []
+    for k, op in enumerate(ops):
+        if op[0] == "submit":
+            _, req, tenant, prio, sharing = op
+            if sharing != "auto" and (req.count or req.mig_profile):
+                sharing = "auto"
+            if sharing == "timeslice" and req.compute_pct:
+                sharing = "mps"
+            spec = WorkloadSpec(
+                name=f"w{k}", gpu=req, command=("x",), tenant=tenant, priority=prio, sharing=sharing
+            )
+            decisions = s.submit(spec)
+            if decisions[0].outcome != "refused":
+                names.append((tenant, f"w{k}"))
+            for d in decisions:
+                if d.outcome == "placed" and d.workload == f"{tenant}/w{k}":
+                    for victim in d.evicted:
+                        assert s.specs[victim].priority < prio, (
+                            "evicted a workload of equal or higher priority"
+                        )
+                assert d.outcome != "placed" or d.workload in s.state.allocs
+        elif names:
+            tenant, name = names.pop(op[1] % len(names))
+            s.delete(tenant, name)
+        qs = {t: (q.gpu_memory_mib, q.gpus_milli) for t, q in quotas.items()}
+        assert s.state.violations(share, qs) == []
+        assert set(s.pending).isdisjoint(s.state.allocs)
+        assert all(reason for _, reason in s.pending.values())
