@@ -114,17 +114,26 @@ Score = Callable[["Scheduler", WorkloadSpec, Candidate], int]
 
 
 def packing(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> int:
-    """binpack: the fuller the GPU after placing, the better; spread: the emptier; first-fit: lowest index."""
+    """binpack: the less of the GPU is left after placing, the better; spread: the more; first-fit: the
+    lowest index."""
     g = s.state.gpus[c.gpu]
     if s.policy == "first-fit":
         return -c.gpu
+    # starting on an unused GPU costs a whole GPU, a small one a little more (it will hold less)
+    opens = (
+        0 if g.allocs else MILLI + (s.largest_gpu_mib - g.total_mib) * MILLI // s.largest_gpu_mib
+    )
     if c.mode == "mig":
         used = sum(1 for owner in g.instances.values() if owner is not None) - (
             2 if c.create else 0
         )
-        return used * 100 if s.policy != "spread" else -used * 100
-    free_after = (g.free_mib - c.need.memory_mib) * MILLI // max(1, g.total_mib)
-    return -free_after if s.policy != "spread" else free_after
+        return used * 100 - opens if s.policy != "spread" else -used * 100
+    # what is left of the GPU afterwards: the scarcer of memory and shares, in milli-GPU
+    left = min(
+        (g.free_mib - c.need.memory_mib) * MILLI // max(1, g.total_mib),
+        MILLI - g.milli_used - c.need.milli,
+    )
+    return -left - opens if s.policy != "spread" else left
 
 
 def tenant_isolation(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> int:

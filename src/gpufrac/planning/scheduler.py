@@ -84,6 +84,7 @@ class Scheduler:
             {g.model.key: g.model for g in gpus if g.mig}.values(), key=lambda m: m.key
         )
         self._plain_count = sum(1 for g in gpus if not g.mig)
+        self.largest_gpu_mib = max((g.total_mib for g in gpus), default=1)
         self._mig_gpus = [g for g in gpus if g.mig]
         self._plain_gpus = [g for g in gpus if not g.mig]
 
@@ -137,12 +138,20 @@ class Scheduler:
                 if not wants & kinds:
                     continue  # the freed GPUs are of a kind this workload cannot use
             todo.append(key)
+        failed: set[tuple[object, ...]] = (
+            set()
+        )  # shapes that did not fit: their twins will not either
         for key in sorted(todo, key=lambda k: (-self.specs[k].priority, self._order[k])):
             spec = self.pending[key][0]
+            shape = (spec.gpu, spec.sharing, spec.tenant)
+            if shape in failed:
+                continue
             only = None if gpus is None or spec.tenant == tenant or spec.gpu.count else gpus
             decisions = self._try(spec, preempt=False, only=only)
             if decisions[0].outcome == "placed":
                 out.extend(decisions)
+            else:
+                failed.add(shape)
         return out
 
     def allocations(self, key: str) -> list[Allocation]:
@@ -275,10 +284,12 @@ class Scheduler:
         if mode == "exclusive":
             return self._whole_gpus(spec, reasons)
         best: tuple[int, Candidate] | None = None
+        passed: dict[str, int] = {}  # per GPU model, candidates that got through the filters
         cands = (
-            self._candidates(spec, mode) if only is None else self._candidates_on(spec, mode, only)
+            self._candidates(spec, mode, passed)
+            if only is None
+            else self._candidates_on(spec, mode, only)
         )
-        passed: dict[str, int] = {}
         for cand in cands:
             model = self.state.gpus[cand.gpu].model.key
             if passed.get(model, 0) >= CANDIDATES_PER_MODEL:
@@ -321,7 +332,12 @@ class Scheduler:
             elif not g.mig:
                 yield Candidate(gi, mode, need_on(spec, g.model, mode))
 
-    def _candidates(self, spec: WorkloadSpec, mode: str) -> Iterator[Candidate]:
+    def _candidates(
+        self, spec: WorkloadSpec, mode: str, passed: dict[str, int] | None = None
+    ) -> Iterator[Candidate]:
+        """Candidates per GPU model, best first by the state's indexes; a model is left as soon as
+        ``passed`` says enough of its candidates got through the filters."""
+        done = passed if passed is not None else {}
         st = self.state
         spread = self.policy == "spread"
         first_fit = self.policy == "first-fit"
@@ -360,23 +376,33 @@ class Scheduler:
                 continue
             shared = st.shared.get((key, mode), [])
             empty = st.empty.get(key, [])
-            if first_fit:
+            if (
+                first_fit
+            ):  # the baseline: GPUs in index order, the first that passes every filter wins
                 pool = sorted([i for _, i in shared] + empty)
                 for gi in pool:
-                    g = st.gpus[gi]
-                    if g.free_mib >= need.memory_mib:
-                        yield Candidate(gi, mode, need)
+                    cand = Candidate(gi, mode, need)
+                    if not any(f(self, spec, cand) for f in FILTERS):
+                        yield cand
                         n += 1
                         if n >= CANDIDATES_PER_MODEL:
                             break
                 continue
             need_h = max(-(-need.memory_mib * MILLI // model.memory_total_mib), need.milli)
             start = bisect.bisect_left(shared, (need_h, -1))
-            fitting = shared[start:]
-            ordered = [gi for _, gi in (reversed(fitting) if spread else fitting)]
+            fitting = (
+                shared[start:]
+                if not spread
+                else shared[: start - 1 : -1]
+                if start
+                else shared[::-1]
+            )
+            ordered = [gi for _, gi in fitting[:SCAN_LIMIT]]
             pools = (empty, ordered) if spread else (ordered, empty)
             for pool in pools:
                 for gi in pool[:SCAN_LIMIT]:
+                    if done.get(key, 0) >= CANDIDATES_PER_MODEL:
+                        break
                     yield Candidate(gi, mode, need)
 
     def _whole_gpus(self, spec: WorkloadSpec, reasons: list[str]) -> list[Candidate] | None:
@@ -456,12 +482,16 @@ class Scheduler:
     def _preemption(self, spec: WorkloadSpec) -> tuple[list[str], list[Candidate]] | None:
         """The cheapest set of lower-priority workloads whose eviction makes room, and where it goes."""
         best: tuple[tuple[int, int, int], list[str], list[Candidate]] | None = None
+        lowest = self.state.min_priority()
+        floor = (1, lowest, lowest)  # one victim of the lowest priority there is: nothing beats it
         for mode in self._modes(spec):
             for victims, cands in self._preemption_options(spec, mode):
                 prios = [self.specs[v].priority for v in victims]
                 cost = (len(victims), max(prios, default=-(10**9)), sum(prios))
                 if best is None or cost < best[0]:
                     best = (cost, victims, cands)
+                    if cost <= floor:
+                        return victims, cands
         return None if best is None else (best[1], best[2])
 
     def _quota_after(self, spec: WorkloadSpec, victims: list[str], need: Need) -> bool:
