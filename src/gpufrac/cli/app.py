@@ -11,6 +11,7 @@ from gpufrac.cli.common import DataDirOpt, SimulateOpt, console, err_console, ha
 from gpufrac.cli.gpus import gpus_command, render_gpu
 from gpufrac.cli.mig import mig_app, profiles_table
 from gpufrac.cli.mig_plan import plan_gpu, render_plan
+from gpufrac.cli.schedule import schedule_command, validate_command
 from gpufrac.config import DEMO_FLEET, data_dir, simulate_spec
 from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.devices.errors import DriverUnavailable
@@ -25,6 +26,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("gpus")(gpus_command)
+app.command("validate")(validate_command)
+app.command("schedule")(schedule_command)
 app.add_typer(mig_app, name="mig")
 
 

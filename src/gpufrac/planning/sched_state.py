@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from gpufrac.model.catalog import GpuModel
+from gpufrac.model.gpu import GpuState
 from gpufrac.model.mig import MigPlacement, check_layout
 from gpufrac.model.workload import MILLI
 from gpufrac.planning.patterns import geometry
@@ -262,3 +263,19 @@ class ClusterState:
             if qmilli is not None and milli[tenant] > qmilli:
                 out.append(f"tenant {tenant}: GPU quota exceeded")
         return out
+
+
+def sched_gpus_from_states(states: list[GpuState], models: dict[str, GpuModel]) -> list[SchedGpu]:
+    """The scheduler's GPUs from a device snapshot: healthy GPUs with a known model (``models`` maps UUID
+    to the driver's table); existing MIG instances become free instances. A GPU with processes nobody
+    placed (outside MIG) is left out of whole-GPU and shared placement."""
+    out: list[SchedGpu] = []
+    for g in states:
+        model = models.get(g.uuid)
+        if g.health != "ok" or model is None:
+            continue
+        sg = SchedGpu(g.uuid, len(out), model, mig=g.mig_enabled)
+        sg.instances = {i.placement: None for i in g.instances}
+        sg.schedulable = g.mig_enabled or not g.processes
+        out.append(sg)
+    return out

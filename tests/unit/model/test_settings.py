@@ -151,7 +151,7 @@ def test_unreadable_settings_file_names_the_path(tmp_path: Path) -> None:
 
 
 def test_example_settings_parse() -> None:
-    path = EXAMPLES / "gpufrac.yaml"
+    path = EXAMPLES / "operator" / "gpufrac.yaml"
     assert path.read_text().startswith("#")
     settings = parse_settings(path.read_text())
     assert settings.tenants["search"] == TenantQuota(gpu_memory_mib=200 * 1024, gpus_milli=4000)

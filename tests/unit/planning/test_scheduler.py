@@ -158,8 +158,6 @@ def test_example_manifests_schedule() -> None:
         ]
     )
     for path in sorted(EXAMPLES.glob("*.yaml")):
-        if path.name == "gpufrac.yaml":
-            continue
         for spec in load_manifest_file(path):
             d = one(s.submit(spec))
             assert d.outcome == "placed", (path.name, spec.name, d.reason)

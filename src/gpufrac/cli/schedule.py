@@ -1,0 +1,177 @@
+"""``gpufrac validate`` and ``gpufrac schedule``: check manifests, and see where they would run.
+
+``schedule`` runs the real scheduler on a fleet (on paper, from a GPU listing, or the live GPUs) and
+prints its decisions; it starts nothing. The node agent (a later issue) carries decisions out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from gpufrac.cli.common import (
+    DataDirOpt,
+    JsonOpt,
+    SimulateOpt,
+    console,
+    devices,
+    handled_errors,
+    print_json,
+)
+from gpufrac.config import data_dir as resolve_data_dir
+from gpufrac.errors import InputError
+from gpufrac.model.manifest import load_manifest_file
+from gpufrac.model.settings import OperatorSettings, load_settings, parse_settings
+from gpufrac.model.workload import WorkloadSpec
+from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
+from gpufrac.planning.scheduler import Decision, Scheduler
+
+FilesArg = Annotated[
+    list[Path], typer.Argument(help="Manifest files (YAML or JSON; several documents each).")
+]
+
+
+def _load(files: list[Path]) -> list[WorkloadSpec]:
+    specs: list[WorkloadSpec] = []
+    seen: dict[tuple[str, str], Path] = {}
+    for path in files:
+        for spec in load_manifest_file(path):
+            key = (spec.tenant, spec.name)
+            if key in seen:
+                raise InputError(
+                    f"workload {spec.tenant}/{spec.name} is also in {seen[key]}",
+                    field=str(path),
+                    fix="give each workload one name per tenant",
+                )
+            seen[key] = path
+            specs.append(spec)
+    return specs
+
+
+def validate_command(files: FilesArg, json: JsonOpt = False) -> None:
+    """Check manifests: strict schema, every error names the field. Exit 0 valid, 2 invalid."""
+    with handled_errors():
+        specs = _load(files)
+    if json:
+        print_json({"valid": True, "workloads": [f"{s.tenant}/{s.name}" for s in specs]})
+    else:
+        console.print(
+            f"[green]valid[/]: {len(specs)} workload(s): "
+            + ", ".join(f"{s.tenant}/{s.name}" for s in specs),
+            highlight=False,
+        )
+
+
+def schedule_command(
+    files: FilesArg,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus", help="A fleet on paper: MODEL[:COUNT][:mig],... e.g. h200:4,h200:2:mig."
+        ),
+    ] = None,
+    settings_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--settings",
+            help="Operator settings (default: gpufrac.yaml in the data directory, if any).",
+        ),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            "--policy", help="binpack or spread (default: the settings' placement_policy)."
+        ),
+    ] = None,
+    simulate: SimulateOpt = None,
+    data_dir: DataDirOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Show where the scheduler would place each workload (a dry run: nothing is started)."""
+    with handled_errors():
+        specs = _load(files)
+        cfg = _settings(settings_file, data_dir)
+        if policy is not None and policy not in ("binpack", "spread"):
+            raise InputError(
+                f"unknown policy {policy!r}", field="--policy", fix="binpack or spread"
+            )
+        fleet = _fleet(gpus, simulate, data_dir)
+        sched = Scheduler(fleet, cfg, policy=policy)
+        decisions: list[Decision] = []
+        for spec in specs:
+            decisions.extend(sched.submit(spec))
+    final = {d.workload: d for d in decisions}  # a workload evicted later shows its last state
+    if json:
+        print_json(
+            {
+                "decisions": [_decision_json(d) for d in final.values()],
+                "gpus_used": sched.state.gpus_used(),
+            }
+        )
+    else:
+        t = Table(
+            title=f"scheduling {len(specs)} workload(s) on {len(fleet)} GPU(s) ({sched.policy})",
+            title_justify="left",
+        )
+        for col in ("workload", "outcome", "mode", "where", "reason"):
+            t.add_column(col, overflow="fold")
+        for d in final.values():
+            where = ", ".join(f"GPU {sched.state.by_uuid[u].index}" for u in d.gpus) + (
+                f" {d.mig}" if d.mig else ""
+            )
+            style = {"placed": "green", "pending": "yellow", "refused": "red"}[d.outcome]
+            t.add_row(d.workload, f"[{style}]{d.outcome}[/]", d.mode or "", where, d.reason)
+        console.print(t)
+    raise typer.Exit(0 if all(d.outcome == "placed" for d in final.values()) else 1)
+
+
+def _settings(path: Path | None, data: Path | None) -> OperatorSettings:
+    if path is None:
+        return load_settings(resolve_data_dir(data))
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}", field="--settings") from None
+    return parse_settings(text, source=str(path))
+
+
+def _fleet(spec: str | None, simulate: str | None, data: Path | None) -> list[SchedGpu]:
+    if spec is not None:
+        from gpufrac.devices.simfleet import parse_simulate_spec, simulated_gpu_uuid
+
+        try:
+            parsed = parse_simulate_spec(spec, field="--gpus")
+        except InputError as e:
+            raise e from None
+        return [
+            SchedGpu(simulated_gpu_uuid(s.model.key, i), i, s.model, mig=s.mig)
+            for i, s in enumerate(parsed)
+        ]
+    with devices(simulate, data) as dev:
+        states = dev.gpus()
+        models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}
+    return sched_gpus_from_states(states, models)
+
+
+def _decision_json(d: Decision) -> dict[str, object]:
+    return {
+        "workload": d.workload,
+        "outcome": d.outcome,
+        "reason": d.reason,
+        "mode": d.mode,
+        "gpus": list(d.gpus),
+        "mig": None if d.mig is None else d.mig.to_json(),
+        "evicted": list(d.evicted),
+        "actions": [
+            {
+                "kind": a.kind,
+                "workload": a.workload,
+                "gpu_uuid": a.gpu_uuid,
+                "mig": None if a.mig is None else a.mig.to_json(),
+            }
+            for a in d.actions
+        ],
+    }
