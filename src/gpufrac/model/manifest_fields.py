@@ -8,6 +8,7 @@ that path, what is wrong and how to fix it. Booleans are never integers, and not
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -132,10 +133,12 @@ def read_mapping(
         )
     for key in value:
         if key not in allowed:
+            close = difflib.get_close_matches(str(key), list(allowed), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise InputError(
                 f"unknown field {key!r}",
                 field=join(where, key),
-                fix=f"allowed fields here: {', '.join(allowed)}",
+                fix=f"{hint}allowed fields here: {', '.join(allowed)}",
             )
     return value
 
