@@ -19,6 +19,7 @@ import yaml
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel
 from gpufrac.model.gpu import MIG_UNSUPPORTED, GpuState
+from gpufrac.model.manifest_fields import StrictYamlLoader
 from gpufrac.model.mig import MigPlacement, parse_profile_name
 from gpufrac.planning.patterns import layout_for_counts
 
@@ -62,31 +63,12 @@ class DeviceTarget:
 # --- reading -------------------------------------------------------------------------------------
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.safe_load`` that refuses duplicate keys instead of keeping the last one silently."""
-
-
-def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-
-
 def parse_migparted(text: str, *, source: str = "config") -> MigPartedConfig:
     """Read a mig-parted config (YAML or JSON). Every problem is an InputError naming its field."""
     try:
-        raw = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: as safe as safe_load
+        raw = yaml.load(
+            text, Loader=StrictYamlLoader
+        )  # a SafeLoader subclass: as safe as safe_load
     except yaml.YAMLError as exc:
         raise InputError(f"not valid YAML: {exc}", field=source) from None
     if not isinstance(raw, dict):
