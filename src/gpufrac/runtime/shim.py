@@ -1,0 +1,245 @@
+"""The shim: a small process that runs one workload, outlives the agent, and records how it ended.
+
+``launch`` starts ``python -m gpufrac.runtime.shim RUN_DIR`` detached (double fork, new session), so the
+agent can be killed, even with ``kill -9``, without taking workloads with it. The shim:
+
+* writes ``shim.json`` (its pid, start time) then starts the workload in its own process group (the shim
+  stays outside it, so signalling the group never hits the shim), and writes ``child.json``;
+* copies the workload's output into ``output.log``, rotated by size (``output.log.1``, ...);
+* passes SIGTERM/SIGINT on to the workload's process group;
+* when the workload ends, writes ``exit.json`` (exit code or signal) atomically, then exits.
+
+Every file is written to a temporary name and renamed, so a reader sees all of it or nothing. A
+restarted agent re-attaches by reading the run directory (``read_status``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LOG = "output.log"
+
+
+@dataclass(frozen=True, slots=True)
+class ShimStatus:
+    shim_pid: int | None
+    child_pid: int | None
+    started: float | None
+    exit_code: int | None  # None while running (or if it died by a signal)
+    signal: int | None
+    finished: float | None
+    shim_alive: bool
+
+    @property
+    def done(self) -> bool:
+        return self.finished is not None
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def launch(
+    run_dir: Path,
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    workdir: str | None = None,
+    user: str | None = None,
+    log_max_bytes: int = 10 * 2**20,
+    log_backups: int = 3,
+    timeout: float = 10.0,
+) -> int:
+    """Start a shim for ``command``; returns the shim's pid once it has started the workload."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("shim.json", "child.json", "exit.json"):
+        (run_dir / stale).unlink(missing_ok=True)
+    _write_json(
+        run_dir / "spec.json",
+        {
+            "command": list(command),
+            "env": dict(env) if env is not None else None,
+            "workdir": workdir,
+            "user": user,
+            "log_max_bytes": log_max_bytes,
+            "log_backups": log_backups,
+        },
+    )
+    with open(run_dir / "shim.log", "ab") as shim_log:
+        first = subprocess.run(
+            [sys.executable, "-m", "gpufrac.runtime.shim", "--detach", str(run_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=shim_log,
+            timeout=timeout,
+            check=False,
+        )
+    if first.returncode != 0:
+        raise RuntimeError(
+            f"the shim did not start (exit {first.returncode}); see {run_dir / 'shim.log'}"
+        )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        shim, child, done = (
+            _read_json(run_dir / n) for n in ("shim.json", "child.json", "exit.json")
+        )
+        if shim is not None and (child is not None or done is not None):
+            return int(shim["pid"])
+        time.sleep(0.01)
+    raise RuntimeError(f"the shim did not report within {timeout}s; see {run_dir / 'shim.log'}")
+
+
+def read_status(run_dir: Path) -> ShimStatus:
+    shim = _read_json(run_dir / "shim.json") or {}
+    child = _read_json(run_dir / "child.json") or {}
+    done = _read_json(run_dir / "exit.json") or {}
+    pid = shim.get("pid")
+    return ShimStatus(
+        shim_pid=pid,
+        child_pid=child.get("pid"),
+        started=shim.get("started"),
+        exit_code=done.get("exit_code"),
+        signal=done.get("signal"),
+        finished=done.get("finished"),
+        shim_alive=isinstance(pid, int) and _is_our_shim(pid, run_dir),
+    )
+
+
+def _is_our_shim(pid: int, run_dir: Path) -> bool:
+    """Alive, and really this run directory's shim (not a process that got the pid later)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"gpufrac.runtime.shim" in cmdline and str(run_dir).encode() in cmdline
+
+
+def stop(run_dir: Path, *, grace: float = 10.0) -> None:
+    """SIGTERM the workload's process group, SIGKILL it after ``grace`` seconds if still there."""
+    child = _read_json(run_dir / "child.json")
+    if child is None or (run_dir / "exit.json").exists():
+        return
+    pgid = int(child["pgid"])
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if (run_dir / "exit.json").exists():
+                return
+            time.sleep(0.02)
+
+
+class _RotatingLog:
+    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
+        self.path, self.max_bytes, self.backups = path, max_bytes, backups
+        self.file = open(path, "ab")  # noqa: SIM115 - held for the shim's life
+        self.size = self.file.tell()
+
+    def write(self, data: bytes) -> None:
+        if self.size + len(data) > self.max_bytes and self.size:
+            self.file.close()
+            for i in range(self.backups - 1, 0, -1):
+                older = self.path.with_name(f"{self.path.name}.{i}")
+                if older.exists():
+                    os.replace(older, self.path.with_name(f"{self.path.name}.{i + 1}"))
+            if self.backups:
+                os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+            else:
+                self.path.unlink(missing_ok=True)
+            self.file = open(self.path, "ab")  # noqa: SIM115
+            self.size = 0
+        self.file.write(data)
+        self.file.flush()
+        self.size += len(data)
+
+
+def _run(run_dir: Path) -> int:
+    spec = _read_json(run_dir / "spec.json")
+    if spec is None:
+        print(f"no spec.json in {run_dir}", file=sys.stderr)
+        return 2
+    _write_json(run_dir / "shim.json", {"pid": os.getpid(), "started": time.time()})
+    log = _RotatingLog(run_dir / LOG, int(spec["log_max_bytes"]), int(spec["log_backups"]))
+    try:
+        child = subprocess.Popen(
+            spec["command"],
+            cwd=spec.get("workdir"),
+            env=spec.get("env"),
+            user=spec.get("user"),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group; the shim stays outside it
+        )
+    except OSError as e:
+        log.write(f"gpufrac shim: cannot start {spec['command'][0]!r}: {e}\n".encode())
+        _write_json(
+            run_dir / "exit.json",
+            {"exit_code": 127, "signal": None, "finished": time.time(), "error": str(e)},
+        )
+        return 0
+    _write_json(run_dir / "child.json", {"pid": child.pid, "pgid": child.pid})
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    out = child.stdout
+    assert isinstance(out, io.BufferedReader)
+    for chunk in iter(lambda: out.read1(65536), b""):
+        log.write(chunk)
+    code = child.wait()
+    _write_json(
+        run_dir / "exit.json",
+        {
+            "exit_code": code if code >= 0 else None,
+            "signal": -code if code < 0 else None,
+            "finished": time.time(),
+        },
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    detach = args[:1] == ["--detach"]
+    if detach:
+        args = args[1:]
+    if len(args) != 1:
+        print("usage: python -m gpufrac.runtime.shim [--detach] RUN_DIR", file=sys.stderr)
+        return 2
+    if detach and os.fork() > 0:
+        return 0  # the launcher's child returns at once; the shim lives on, re-parented
+    if detach:
+        os.setsid()
+    return _run(Path(args[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""The node agent's state in SQLite: desired workloads, placements, events. All-or-nothing writes.
+
+Desired state is written first; the agent reconciles towards it. Every write happens inside one
+transaction (``BEGIN IMMEDIATE`` .. ``COMMIT``), so a crash at any point leaves either the old state or the
+new one, never half. The schema carries a version; ``MIGRATIONS`` lists, per version, the statements that
+bring the previous version to it, applied in one transaction on open. A database written by a newer
+gpufrac is refused rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpufrac.errors import GpufracError
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE workloads (
+            tenant TEXT NOT NULL,
+            name TEXT NOT NULL,
+            spec TEXT NOT NULL,           -- the WorkloadSpec as JSON
+            generation INTEGER NOT NULL,  -- bumped on every change of spec
+            created REAL NOT NULL,
+            updated REAL NOT NULL,
+            PRIMARY KEY (tenant, name)
+        )""",
+        """CREATE TABLE placements (
+            tenant TEXT NOT NULL,
+            name TEXT NOT NULL,
+            generation INTEGER NOT NULL,  -- the spec generation this placement is for
+            decision TEXT NOT NULL,       -- the scheduler's decision as JSON
+            updated REAL NOT NULL,
+            PRIMARY KEY (tenant, name),
+            FOREIGN KEY (tenant, name) REFERENCES workloads (tenant, name) ON DELETE CASCADE
+        )""",
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            subject TEXT NOT NULL,        -- tenant/name of a workload, or a GPU UUID
+            message TEXT NOT NULL
+        )""",
+        "CREATE INDEX events_subject ON events (subject, id)",
+    ),
+}
+SCHEMA_VERSION = max(MIGRATIONS)
+
+
+class StoreError(GpufracError):
+    """The database cannot be used (written by a newer gpufrac, or damaged)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredWorkload:
+    tenant: str
+    name: str
+    spec: dict[str, Any]
+    generation: int
+    created: float
+    updated: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.tenant}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    at: float
+    kind: str
+    subject: str
+    message: str
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        return int(self.db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        with self.transaction():
+            current = self.schema_version()
+            if current > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has schema version {current}; this gpufrac knows up to "
+                    f"{SCHEMA_VERSION}: upgrade gpufrac, or point --data-dir elsewhere"
+                )
+            for version in range(current + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version]:
+                    self.db.execute(statement)
+                self.db.execute(f"PRAGMA user_version = {version}")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One all-or-nothing unit of work: committed if the block ends, rolled back if it raises."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # -- desired state --------------------------------------------------------------------------
+
+    def put_workload(self, tenant: str, name: str, spec: dict[str, Any]) -> tuple[int, bool]:
+        """Store the desired spec; returns (generation, changed). An unchanged spec changes nothing."""
+        text = json.dumps(spec, sort_keys=True)
+        now = time.time()
+        with self.transaction() as db:
+            row = db.execute(
+                "SELECT spec, generation FROM workloads WHERE tenant = ? AND name = ?",
+                (tenant, name),
+            ).fetchone()
+            if row is not None and row[0] == text:
+                return int(row[1]), False
+            generation = 1 if row is None else int(row[1]) + 1
+            if row is None:
+                db.execute(
+                    "INSERT INTO workloads VALUES (?, ?, ?, ?, ?, ?)",
+                    (tenant, name, text, 1, now, now),
+                )
+            else:
+                db.execute(
+                    "UPDATE workloads SET spec = ?, generation = ?, updated = ? WHERE tenant = ? AND name = ?",
+                    (text, generation, now, tenant, name),
+                )
+            self._event(
+                db,
+                "applied" if row is None else "changed",
+                f"{tenant}/{name}",
+                f"generation {generation}",
+            )
+            return generation, True
+
+    def delete_workload(self, tenant: str, name: str) -> bool:
+        with self.transaction() as db:
+            gone = db.execute(
+                "DELETE FROM workloads WHERE tenant = ? AND name = ?", (tenant, name)
+            ).rowcount
+            if gone:
+                self._event(db, "deleted", f"{tenant}/{name}", "deleted")
+            return bool(gone)
+
+    def workload(self, tenant: str, name: str) -> StoredWorkload | None:
+        row = self.db.execute(
+            "SELECT tenant, name, spec, generation, created, updated FROM workloads WHERE tenant = ? AND name = ?",
+            (tenant, name),
+        ).fetchone()
+        return None if row is None else _workload(row)
+
+    def workloads(self, tenant: str | None = None) -> list[StoredWorkload]:
+        sql = "SELECT tenant, name, spec, generation, created, updated FROM workloads"
+        args: tuple[str, ...] = ()
+        if tenant is not None:
+            sql += " WHERE tenant = ?"
+            args = (tenant,)
+        return [
+            _workload(r) for r in self.db.execute(sql + " ORDER BY created, tenant, name", args)
+        ]
+
+    # -- placements -----------------------------------------------------------------------------
+
+    def set_placement(
+        self, tenant: str, name: str, generation: int, decision: dict[str, Any]
+    ) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO placements VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, name) DO UPDATE SET "
+                "generation = excluded.generation, decision = excluded.decision, updated = excluded.updated",
+                (tenant, name, generation, json.dumps(decision, sort_keys=True), time.time()),
+            )
+
+    def placement(self, tenant: str, name: str) -> tuple[int, dict[str, Any]] | None:
+        row = self.db.execute(
+            "SELECT generation, decision FROM placements WHERE tenant = ? AND name = ?",
+            (tenant, name),
+        ).fetchone()
+        return None if row is None else (int(row[0]), json.loads(row[1]))
+
+    def clear_placement(self, tenant: str, name: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM placements WHERE tenant = ? AND name = ?", (tenant, name))
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def record_event(self, kind: str, subject: str, message: str) -> None:
+        with self.transaction() as db:
+            self._event(db, kind, subject, message)
+
+    @staticmethod
+    def _event(db: sqlite3.Connection, kind: str, subject: str, message: str) -> None:
+        db.execute(
+            "INSERT INTO events (at, kind, subject, message) VALUES (?, ?, ?, ?)",
+            (time.time(), kind, subject, message),
+        )
+
+    def events(self, subject: str | None = None, *, limit: int = 100) -> list[Event]:
+        sql = "SELECT id, at, kind, subject, message FROM events"
+        args: tuple[Any, ...] = ()
+        if subject is not None:
+            sql += " WHERE subject = ?"
+            args = (subject,)
+        rows = self.db.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        return [Event(int(r[0]), float(r[1]), r[2], r[3], r[4]) for r in reversed(rows)]
+
+
+def _workload(row: tuple[Any, ...]) -> StoredWorkload:
+    return StoredWorkload(
+        row[0], row[1], json.loads(row[2]), int(row[3]), float(row[4]), float(row[5])
+    )

@@ -1,0 +1,96 @@
+"""The shim: real processes. It records exit status, keeps the workload in its own process group,
+rotates logs, stops on request, and outlives the process that launched it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from gpufrac.runtime.shim import LOG, ShimStatus, launch, read_status, stop
+
+PY = sys.executable
+
+
+def wait_done(run_dir: Path, timeout: float = 20.0) -> ShimStatus:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = read_status(run_dir)
+        if status.done:
+            return status
+        time.sleep(0.02)
+    raise AssertionError(f"not done: {read_status(run_dir)}")
+
+
+def test_exit_code_and_output_are_recorded(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    launch(
+        run,
+        [
+            PY,
+            "-c",
+            "import os; print('hello', os.environ['GREETING'], os.getcwd()); raise SystemExit(3)",
+        ],
+        env={**os.environ, "GREETING": "gpu"},
+        workdir=str(tmp_path),
+    )
+    status = wait_done(run)
+    assert (status.exit_code, status.signal) == (3, None)
+    assert f"hello gpu {tmp_path}" in (run / LOG).read_text()
+
+
+def test_the_workload_has_its_own_process_group_without_the_shim(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shim_pid = launch(run, [PY, "-c", "import time; time.sleep(30)"])
+    try:
+        status = read_status(run)
+        assert status.shim_alive and status.child_pid
+        assert os.getpgid(status.child_pid) == status.child_pid
+        assert os.getpgid(shim_pid) != status.child_pid
+    finally:
+        stop(run, grace=2)
+    done = wait_done(run)
+    assert done.signal == 15 and done.exit_code is None
+    time.sleep(0.2)
+    assert not read_status(run).shim_alive
+
+
+def test_a_command_that_cannot_start_is_reported(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    launch(run, ["/nonexistent/program"])
+    assert wait_done(run).exit_code == 127
+    assert "cannot start" in (run / LOG).read_text()
+
+
+def test_logs_rotate_by_size(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    launch(
+        run,
+        [PY, "-c", "import sys\nfor i in range(4000): print('x' * 60, flush=True)"],
+        log_max_bytes=20_000,
+        log_backups=2,
+    )
+    wait_done(run)
+    files = sorted(p.name for p in run.glob("output.log*"))
+    assert files == ["output.log", "output.log.1", "output.log.2"]
+    assert all(p.stat().st_size <= 20_000 + 65536 for p in run.glob("output.log*"))
+
+
+def test_the_shim_outlives_a_killed_launcher(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from pathlib import Path
+        from gpufrac.runtime.shim import launch
+        launch(Path({str(run)!r}), [sys.executable, "-c", "import time; time.sleep(1); raise SystemExit(5)"])
+        os.kill(os.getpid(), signal.SIGKILL)  # the agent dies with kill -9
+        """
+    )
+    proc = subprocess.run([PY, "-c", script], timeout=60)
+    assert proc.returncode == -9
+    status = wait_done(run)
+    assert status.exit_code == 5
