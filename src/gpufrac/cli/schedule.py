@@ -27,7 +27,7 @@ from gpufrac.model.manifest import load_manifest_file
 from gpufrac.model.settings import OperatorSettings, load_settings, parse_settings
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
-from gpufrac.planning.scheduler import Decision, Scheduler
+from gpufrac.planning.scheduler import Decision, Scheduler, decision_to_json
 
 FilesArg = Annotated[
     list[Path], typer.Argument(help="Manifest files (YAML or JSON; several documents each).")
@@ -107,7 +107,7 @@ def schedule_command(
     if json:
         print_json(
             {
-                "decisions": [_decision_json(d) for d in final.values()],
+                "decisions": [decision_to_json(d) for d in final.values()],
                 "gpus_used": sched.state.gpus_used(),
             }
         )
@@ -154,24 +154,3 @@ def _fleet(spec: str | None, simulate: str | None, data: Path | None) -> list[Sc
         states = dev.gpus()
         models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}
     return sched_gpus_from_states(states, models)
-
-
-def _decision_json(d: Decision) -> dict[str, object]:
-    return {
-        "workload": d.workload,
-        "outcome": d.outcome,
-        "reason": d.reason,
-        "mode": d.mode,
-        "gpus": list(d.gpus),
-        "mig": None if d.mig is None else d.mig.to_json(),
-        "evicted": list(d.evicted),
-        "actions": [
-            {
-                "kind": a.kind,
-                "workload": a.workload,
-                "gpu_uuid": a.gpu_uuid,
-                "mig": None if a.mig is None else a.mig.to_json(),
-            }
-            for a in d.actions
-        ],
-    }

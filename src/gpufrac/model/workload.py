@@ -7,7 +7,8 @@ memory in MiB, GPU shares in milli-GPU (1000 = one whole GPU), compute in percen
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 PRIORITY_NAMES = {"low": 0, "normal": 50, "high": 100}
 SHARING_MODES = ("auto", "mig", "mps", "timeslice", "exclusive")
@@ -70,3 +71,19 @@ class WorkloadSpec:
 
     def __hash__(self) -> int:
         return hash((self.tenant, self.name))
+
+
+def spec_to_json(spec: WorkloadSpec) -> dict[str, Any]:
+    """A validated spec as plain JSON (what the store keeps)."""
+    raw = asdict(spec)
+    raw["command"] = list(spec.command)
+    return raw
+
+
+def spec_from_json(raw: dict[str, Any]) -> WorkloadSpec:
+    """The inverse of ``spec_to_json``, for specs gpufrac stored itself (already validated)."""
+    fields = dict(raw)
+    fields["gpu"] = GpuRequest(**raw["gpu"])
+    fields["health"] = None if raw.get("health") is None else HealthCheck(**raw["health"])
+    fields["command"] = tuple(raw["command"])
+    return WorkloadSpec(**fields)

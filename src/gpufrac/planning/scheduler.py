@@ -16,6 +16,7 @@ import bisect
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel
@@ -55,6 +56,46 @@ class Decision:
     mig: MigPlacement | None = None
     evicted: tuple[str, ...] = ()
     actions: tuple[SchedAction, ...] = ()
+
+
+def decision_to_json(d: Decision) -> dict[str, object]:
+    return {
+        "workload": d.workload,
+        "outcome": d.outcome,
+        "reason": d.reason,
+        "mode": d.mode,
+        "gpus": list(d.gpus),
+        "mig": None if d.mig is None else d.mig.to_json(),
+        "evicted": list(d.evicted),
+        "actions": [
+            {
+                "kind": a.kind,
+                "workload": a.workload,
+                "gpu_uuid": a.gpu_uuid,
+                "mig": None if a.mig is None else a.mig.to_json(),
+            }
+            for a in d.actions
+        ],
+    }
+
+
+def decision_from_json(raw: dict[str, Any]) -> Decision:
+    def pl(x: Any) -> MigPlacement | None:
+        return None if x is None else MigPlacement(int(x["start"]), str(x["profile"]))
+
+    return Decision(
+        workload=raw["workload"],
+        outcome=raw["outcome"],
+        reason=raw.get("reason", ""),
+        mode=raw.get("mode"),
+        gpus=tuple(raw.get("gpus", ())),
+        mig=pl(raw.get("mig")),
+        evicted=tuple(raw.get("evicted", ())),
+        actions=tuple(
+            SchedAction(a["kind"], a["workload"], a.get("gpu_uuid"), pl(a.get("mig")))
+            for a in raw.get("actions", ())
+        ),
+    )
 
 
 def workload_key(spec: WorkloadSpec) -> str:
@@ -105,6 +146,38 @@ class Scheduler:
         self.specs[key] = spec
         self._order[key] = next(self._seq)
         return self._try(spec, preempt=True)
+
+    def refusal(self, spec: WorkloadSpec) -> str | None:
+        """Why no GPU here could ever run ``spec`` (None if one could)."""
+        return self._never_fits(spec)
+
+    def restore(self, spec: WorkloadSpec, decision: Decision) -> None:
+        """Take back a placement recorded earlier (after an agent restart), exactly where it was.
+
+        A recorded placement that no longer fits (its GPU is gone, or the GPUs changed underneath) puts
+        the workload in the pending queue, to be placed again like any other.
+        """
+        key = workload_key(spec)
+        self.specs[key] = spec
+        self._order[key] = next(self._seq)
+        if decision.outcome != "placed":
+            self.pending[key] = (spec, decision.reason or "waiting")
+            return
+        chosen = []
+        for uuid in decision.gpus:
+            g = self.state.by_uuid.get(uuid)
+            if g is None:
+                self.pending[key] = (spec, f"its GPU {uuid} is gone")
+                return
+            assert decision.mode is not None
+            profile = decision.mig.profile if decision.mig is not None else None
+            need = need_on(spec, g.model, decision.mode, profile)
+            create = decision.mig is not None and decision.mig not in g.instances
+            chosen.append(Candidate(g.index, decision.mode, need, decision.mig, create))
+        if any(next((r for f in FILTERS if (r := f(self, spec, c))), None) for c in chosen):
+            self.pending[key] = (spec, "its recorded placement no longer fits")
+            return
+        self._commit(spec, chosen, ())
 
     def delete(self, tenant: str, name: str) -> list[Decision]:
         """Remove a workload; returns the decisions of pending workloads that now fit."""

@@ -1,0 +1,351 @@
+"""The node agent's core: desired state in, running supervised workloads out. No HTTP here.
+
+``apply`` and ``delete`` store the desired state first (SQLite, all or nothing) and let the scheduler
+decide; ``reconcile`` makes the machine match: it creates MIG instances the decisions ask for, starts each
+placed workload under a shim with its GPU handed over in the environment, restarts by policy with
+exponential backoff, enforces job deadlines, and stops what should not run.
+
+Every step is idempotent and reads the truth from disk: a workload's attempts are run directories
+``runs/<tenant>/<name>/g<generation>-<attempt>``, each with the shim's record of how it ended. So a
+restarted agent (even after ``kill -9``) re-attaches to the shims still running, counts the attempts
+already made, never starts a workload twice, and still applies ``on-failure`` to a workload that failed
+while it was down.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufrac.devices.nvml import NvmlDevices
+from gpufrac.model.settings import OperatorSettings
+from gpufrac.model.workload import WorkloadSpec, spec_from_json, spec_to_json
+from gpufrac.planning.sched_state import sched_gpus_from_states
+from gpufrac.planning.scheduler import (
+    Decision,
+    Scheduler,
+    decision_from_json,
+    decision_to_json,
+    workload_key,
+)
+from gpufrac.runtime.shim import ShimStatus, launch, read_status, stop
+from gpufrac.runtime.store import Store
+
+BACKOFF_BASE_SECONDS = 1.0
+BACKOFF_MAX_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadState:
+    """What a workload is doing, as the agent sees it."""
+
+    key: str
+    generation: int
+    phase: str  # pending | starting | running | backoff | succeeded | failed
+    reason: str
+    decision: Decision | None
+    attempts: int
+    exit_code: int | None
+    env: dict[str, str]
+
+
+class Agent:
+    def __init__(
+        self,
+        data_dir: Path,
+        dev: NvmlDevices,
+        settings: OperatorSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        stop_grace: float = 10.0,
+    ) -> None:
+        self.data_dir = data_dir
+        self.dev = dev
+        self.clock = clock
+        self.stop_grace = stop_grace
+        self.store = Store(data_dir / "state.db")
+        self.runs = data_dir / "runs"
+        states = dev.gpus()
+        models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}
+        self.scheduler = Scheduler(sched_gpus_from_states(states, models), settings)
+        for w in self.store.workloads():  # take back what was decided before a restart
+            spec = spec_from_json(w.spec)
+            placed = self.store.placement(w.tenant, w.name)
+            if placed is not None and placed[1].get("outcome") == "completed":
+                continue
+            if placed is not None and placed[0] == w.generation:
+                self.scheduler.restore(spec, decision_from_json(placed[1]))
+            else:
+                self._record(self.scheduler.submit(spec))
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- desired state --------------------------------------------------------------------------
+
+    def apply(self, spec: WorkloadSpec) -> tuple[str, Decision | None]:
+        """Store ``spec`` and schedule it. Returns (what happened, the decision):
+        ``unchanged`` (nothing done), ``created``, ``replaced`` (the old one is stopped), or ``refused``
+        (nothing stored: no GPU here could ever run it)."""
+        key = workload_key(spec)
+        stored = self.store.workload(spec.tenant, spec.name)
+        raw = spec_to_json(spec)
+        if stored is not None and stored.spec == raw:
+            return "unchanged", None
+        refusal = self.scheduler.refusal(spec)
+        if refusal is not None:
+            return "refused", Decision(key, "refused", refusal)
+        if stored is not None:
+            self._stop_runs(spec.tenant, spec.name)
+            if key in self.scheduler.specs:
+                self._record(self.scheduler.delete(spec.tenant, spec.name))
+        self.store.put_workload(spec.tenant, spec.name, raw)
+        decisions = self.scheduler.submit(spec)
+        self._record(decisions)
+        return ("replaced" if stored is not None else "created"), decisions[0]
+
+    def delete(self, tenant: str, name: str) -> bool:
+        if self.store.workload(tenant, name) is None:
+            return False
+        self._stop_runs(tenant, name)
+        self.store.delete_workload(tenant, name)
+        if f"{tenant}/{name}" in self.scheduler.specs:
+            self._record(self.scheduler.delete(tenant, name))
+        return True
+
+    def _record(self, decisions: list[Decision]) -> None:
+        """Persist decisions; stop workloads that were evicted."""
+        for d in decisions:
+            tenant, name = d.workload.split("/", 1)
+            stored = self.store.workload(tenant, name)
+            if stored is None:
+                continue
+            if d.outcome == "pending" and self._latest(tenant, name, stored.generation) is not None:
+                self._stop_runs(tenant, name)
+                self.store.record_event("evicted", d.workload, d.reason)
+            self.store.set_placement(tenant, name, stored.generation, decision_to_json(d))
+            self.store.record_event(d.outcome, d.workload, d.reason or _where(d))
+
+    # -- reconcile ------------------------------------------------------------------------------
+
+    def reconcile(self) -> list[WorkloadState]:
+        """One pass: make the machine match the desired state. Safe to run any number of times."""
+        return [self._reconcile_one(w.tenant, w.name) for w in self.store.workloads()]
+
+    def _reconcile_one(self, tenant: str, name: str) -> WorkloadState:
+        key = f"{tenant}/{name}"
+        stored = self.store.workload(tenant, name)
+        assert stored is not None
+        spec = spec_from_json(stored.spec)
+        placed = self.store.placement(tenant, name)
+        decision = (
+            decision_from_json(placed[1])
+            if placed and placed[1].get("outcome") != "completed"
+            else None
+        )
+        attempts = self._attempts(tenant, name, stored.generation)
+        latest = attempts[-1] if attempts else None
+        status = read_status(latest) if latest else None
+        if placed is not None and placed[1].get("outcome") == "completed":
+            phase = "succeeded" if status and status.exit_code == 0 else "failed"
+            return WorkloadState(
+                key,
+                stored.generation,
+                phase,
+                placed[1].get("reason", ""),
+                None,
+                len(attempts),
+                status.exit_code if status else None,
+                {},
+            )
+        if decision is None or decision.outcome != "placed":
+            why = decision.reason if decision else "not scheduled yet"
+            return WorkloadState(
+                key, stored.generation, "pending", why, decision, len(attempts), None, {}
+            )
+        env = self._environment(spec, decision)
+        if status is not None and not status.done:
+            if status.shim_alive:
+                return self._check_deadline(
+                    spec, stored.generation, decision, attempts, status, env
+                )
+            # the shim vanished without a record (the machine rebooted): count it as a failure
+            status = ShimStatus(
+                status.shim_pid, status.child_pid, status.started, None, None, self.clock(), False
+            )
+        if status is None:
+            self._start(spec, stored.generation, decision, 1, env)
+            return WorkloadState(key, stored.generation, "starting", "", decision, 1, None, env)
+        ok = status.exit_code == 0
+        if spec.type == "job" and ok:
+            return self._complete(spec, stored.generation, "succeeded", len(attempts), 0)
+        restart = spec.restart == "always" or (spec.restart == "on-failure" and not ok)
+        limit = spec.backoff_limit if spec.type == "job" else None
+        if not restart or (limit is not None and len(attempts) > limit):
+            why = f"exited with {status.exit_code if status.exit_code is not None else f'signal {status.signal}'}"
+            return self._complete(
+                spec, stored.generation, "failed", len(attempts), status.exit_code, why
+            )
+        delay = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (len(attempts) - 1))
+        if self.clock() < (status.finished or 0) + delay:
+            return WorkloadState(
+                key,
+                stored.generation,
+                "backoff",
+                f"restart {len(attempts)} in {delay:.0f}s",
+                decision,
+                len(attempts),
+                status.exit_code,
+                env,
+            )
+        self.store.record_event(
+            "restarted", key, f"attempt {len(attempts) + 1} after exit {status.exit_code}"
+        )
+        self._start(spec, stored.generation, decision, len(attempts) + 1, env)
+        return WorkloadState(
+            key, stored.generation, "starting", "", decision, len(attempts) + 1, None, env
+        )
+
+    def _check_deadline(
+        self,
+        spec: WorkloadSpec,
+        generation: int,
+        decision: Decision,
+        attempts: list[Path],
+        status: ShimStatus,
+        env: dict[str, str],
+    ) -> WorkloadState:
+        key = workload_key(spec)
+        first = read_status(attempts[0]).started or status.started or self.clock()
+        if (
+            spec.type == "job"
+            and spec.deadline_seconds is not None
+            and self.clock() > first + spec.deadline_seconds
+        ):
+            stop(attempts[-1], grace=self.stop_grace)
+            return self._complete(
+                spec,
+                generation,
+                "failed",
+                len(attempts),
+                None,
+                f"deadline of {spec.deadline_seconds}s passed",
+            )
+        return WorkloadState(key, generation, "running", "", decision, len(attempts), None, env)
+
+    def _complete(
+        self,
+        spec: WorkloadSpec,
+        generation: int,
+        phase: str,
+        attempts: int,
+        code: int | None,
+        why: str = "",
+    ) -> WorkloadState:
+        """A job that is done (or a workload that will not be restarted) gives its GPU back."""
+        key = workload_key(spec)
+        if key in self.scheduler.specs:
+            self._record(self.scheduler.delete(spec.tenant, spec.name))
+        self.store.set_placement(
+            spec.tenant,
+            spec.name,
+            generation,
+            {"outcome": "completed", "phase": phase, "reason": why},
+        )
+        self.store.record_event(phase, key, why or "exited with 0")
+        return WorkloadState(key, generation, phase, why, None, attempts, code, {})
+
+    # -- processes ------------------------------------------------------------------------------
+
+    def _run_root(self, tenant: str, name: str) -> Path:
+        return self.runs / tenant / name
+
+    def _attempts(self, tenant: str, name: str, generation: int) -> list[Path]:
+        root = self._run_root(tenant, name)
+        found = (
+            [p for p in root.glob(f"g{generation}-*") if p.name.split("-")[-1].isdigit()]
+            if root.exists()
+            else []
+        )
+        return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
+
+    def _latest(self, tenant: str, name: str, generation: int) -> Path | None:
+        attempts = self._attempts(tenant, name, generation)
+        return attempts[-1] if attempts else None
+
+    def _start(
+        self,
+        spec: WorkloadSpec,
+        generation: int,
+        decision: Decision,
+        attempt: int,
+        env: dict[str, str],
+    ) -> None:
+        self._create_instances(decision)
+        env = {**env, **self._environment(spec, decision)}  # MIG UUIDs exist only once created
+        run_dir = self._run_root(spec.tenant, spec.name) / f"g{generation}-{attempt}"
+        launch(
+            run_dir,
+            spec.command,
+            env={**os.environ, **spec.env, **env},
+            workdir=spec.workdir,
+            user=spec.user,
+        )
+        self.store.record_event(
+            "started", workload_key(spec), f"attempt {attempt} on {_where(decision)}"
+        )
+
+    def _stop_runs(self, tenant: str, name: str) -> None:
+        root = self._run_root(tenant, name)
+        if not root.exists():
+            return
+        for run_dir in root.iterdir():
+            if run_dir.is_dir() and not read_status(run_dir).done:
+                stop(run_dir, grace=self.stop_grace)
+        shutil.rmtree(root, ignore_errors=True)
+
+    def _create_instances(self, decision: Decision) -> None:
+        for action in decision.actions:
+            if (
+                action.kind != "create_mig_instance"
+                or action.mig is None
+                or action.gpu_uuid is None
+            ):
+                continue
+            existing = {i.placement for i in self.dev.gpu(action.gpu_uuid).instances}
+            if action.mig not in existing:
+                self.dev.create_instance(action.gpu_uuid, action.mig.profile, action.mig.start)
+                self.store.record_event("mig_created", action.gpu_uuid, f"{action.mig}")
+
+    def _environment(self, spec: WorkloadSpec, decision: Decision) -> dict[str, str]:
+        devices = list(decision.gpus)
+        if decision.mig is not None and decision.gpus:
+            inst = next(
+                (
+                    i
+                    for i in self.dev.gpu(decision.gpus[0]).instances
+                    if i.placement == decision.mig
+                ),
+                None,
+            )
+            devices = [inst.uuid] if inst is not None and inst.uuid else []
+        alloc = self.scheduler.allocations(workload_key(spec))
+        visible = ",".join(devices)
+        return {
+            "CUDA_VISIBLE_DEVICES": visible,
+            "NVIDIA_VISIBLE_DEVICES": visible,
+            "GPUFRAC_WORKLOAD": spec.name,
+            "GPUFRAC_TENANT": spec.tenant,
+            "GPUFRAC_SHARING": decision.mode or "",
+            "GPUFRAC_GPU_MEMORY_LIMIT_MIB": str(alloc[0].memory_mib) if alloc else "",
+        }
+
+
+def _where(d: Decision) -> str:
+    if not d.gpus:
+        return ""
+    return f"{d.mode} on {', '.join(d.gpus)}" + (f" ({d.mig})" if d.mig else "")

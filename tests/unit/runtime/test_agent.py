@@ -1,0 +1,155 @@
+"""The agent core with real processes on simulated GPUs: env handed over, restarts with backoff,
+re-attachment after a restart, never running a workload twice."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufrac.devices import NvmlDevices, open_simulated
+from gpufrac.model.workload import GpuRequest, WorkloadSpec
+from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.shim import LOG, read_status
+
+PY = sys.executable
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+def job(name: str, code: str, **kw: object) -> WorkloadSpec:
+    gpu = kw.pop("gpu", GpuRequest(memory_mib=4096))
+    return WorkloadSpec(name=name, gpu=gpu, command=(PY, "-c", code), **kw)  # type: ignore[arg-type]
+
+
+def settle(agent: Agent, key: str, phases: set[str], timeout: float = 20.0) -> WorkloadState:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = {s.key: s for s in agent.reconcile()}
+        if states[key].phase in phases:
+            return states[key]
+        time.sleep(0.05)
+    raise AssertionError(f"{key} never reached {phases}: {states[key]}")
+
+
+@pytest.fixture
+def dev(data_dir: Path) -> NvmlDevices:
+    return open_simulated("h200:1:mig,h200:1", data_dir)
+
+
+def test_a_job_runs_with_its_gpu_in_the_environment(data_dir: Path, dev: NvmlDevices) -> None:
+    agent = Agent(data_dir, dev)
+    code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['GPUFRAC_GPU_MEMORY_LIMIT_MIB'])"
+    what, decision = agent.apply(job("env", code, sharing="timeslice"))
+    assert what == "created" and decision is not None and decision.mode == "timeslice"
+    state = settle(agent, "default/env", {"succeeded"})
+    assert state.exit_code == 0
+    log = next((data_dir / "runs" / "default" / "env").glob("g1-1")) / LOG
+    assert log.read_text().split() == [dev.gpus()[1].uuid, "4096"]
+    assert agent.apply(job("env", code, sharing="timeslice"))[0] == "unchanged"
+
+
+def test_a_mig_workload_gets_its_instance_created_and_its_mig_uuid(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    agent = Agent(data_dir, dev)
+    agent.apply(
+        job(
+            "mig",
+            "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])",
+            gpu=GpuRequest(mig_profile="1g.18gb"),
+        )
+    )
+    settle(agent, "default/mig", {"succeeded"})
+    inst = dev.gpus()[0].instances
+    assert [str(i.placement) for i in inst] == ["1g.18gb@6"]
+    assert (data_dir / "runs/default/mig/g1-1" / LOG).read_text().strip() == inst[0].uuid
+
+
+def test_on_failure_restarts_with_backoff_until_success(
+    data_dir: Path, dev: NvmlDevices, tmp_path: Path
+) -> None:
+    clock = Clock()
+    agent = Agent(data_dir, dev, clock=clock)
+    counter = tmp_path / "count"
+    code = f"import pathlib,sys; p=pathlib.Path({str(counter)!r}); n=int(p.read_text()) if p.exists() else 0; p.write_text(str(n+1)); sys.exit(0 if n >= 2 else 1)"
+    agent.apply(job("flaky", code))
+    state = settle(agent, "default/flaky", {"backoff"})
+    assert state.attempts == 1 and state.exit_code == 1
+    clock.offset += 1.5  # first backoff: 1 s
+    state = settle(agent, "default/flaky", {"backoff"})
+    assert state.attempts == 2 and "in 2s" in state.reason  # doubled
+    clock.offset += 2.5
+    state = settle(agent, "default/flaky", {"succeeded"})
+    assert state.attempts == 3
+    assert [e.kind for e in agent.store.events("default/flaky")].count("restarted") == 2
+
+
+def test_backoff_limit_fails_the_job_and_frees_its_gpu(data_dir: Path, dev: NvmlDevices) -> None:
+    clock = Clock()
+    agent = Agent(data_dir, dev, clock=clock)
+    agent.apply(job("bad", "raise SystemExit(7)", backoff_limit=1))
+    settle(agent, "default/bad", {"backoff"})
+    clock.offset += 2
+    state = settle(agent, "default/bad", {"failed"})
+    assert state.attempts == 2 and "exited with 7" in state.reason
+    assert agent.scheduler.allocations("default/bad") == []
+
+
+def test_a_restarted_agent_reattaches_and_never_runs_a_workload_twice(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    first = Agent(data_dir, dev)
+    first.apply(job("svc", "import time; time.sleep(60)", type="service", restart="always"))
+    settle(first, "default/svc", {"running"})
+    pid = read_status(data_dir / "runs/default/svc/g1-1").child_pid
+    first.close()  # the agent goes away; the shim does not
+    second = Agent(data_dir, open_simulated("h200:1:mig,h200:1", data_dir))
+    state = settle(second, "default/svc", {"running"})
+    assert state.attempts == 1 and read_status(data_dir / "runs/default/svc/g1-1").child_pid == pid
+    assert second.scheduler.allocations("default/svc")  # its placement was taken back, not re-made
+    assert second.delete("default", "svc")
+    assert not (data_dir / "runs/default/svc").exists()
+
+
+def test_on_failure_still_applies_to_a_job_that_failed_while_the_agent_was_down(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    clock = Clock()
+    first = Agent(data_dir, dev, clock=clock)
+    first.apply(job("crash", "import time; time.sleep(0.3); raise SystemExit(2)"))
+    settle(first, "default/crash", {"running", "starting"})
+    first.close()
+    time.sleep(1.0)  # it fails while no agent runs
+    second = Agent(data_dir, open_simulated("h200:1:mig,h200:1", data_dir), clock=clock)
+    clock.offset += 5
+    state = settle(second, "default/crash", {"starting", "running", "backoff"})
+    assert state.attempts == 2
+
+
+def test_changing_a_spec_replaces_it_and_a_refused_one_stores_nothing(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    agent = Agent(data_dir, dev)
+    agent.apply(job("svc", "import time; time.sleep(60)", type="service", restart="always"))
+    settle(agent, "default/svc", {"running"})
+    old = read_status(data_dir / "runs/default/svc/g1-1")
+    what, _ = agent.apply(
+        job("svc", "import time; time.sleep(61)", type="service", restart="always")
+    )
+    assert what == "replaced"
+    state = settle(agent, "default/svc", {"running"})
+    assert state.generation == 2 and not read_status(data_dir / "runs/default/svc/g2-1").done
+    assert old.child_pid != read_status(data_dir / "runs/default/svc/g2-1").child_pid
+    what, decision = agent.apply(job("huge", "pass", gpu=GpuRequest(memory_mib=10**7)))
+    assert what == "refused" and decision is not None and "could ever hold" in decision.reason
+    assert agent.store.workload("default", "huge") is None
+    agent.delete("default", "svc")
