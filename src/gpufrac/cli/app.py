@@ -7,6 +7,14 @@ from typing import Annotated
 import typer
 
 from gpufrac import __version__
+from gpufrac.cli.agent_cmds import (
+    agent_command,
+    apply_command,
+    delete_command,
+    describe_command,
+    get_command,
+    logs_command,
+)
 from gpufrac.cli.common import DataDirOpt, SimulateOpt, console, err_console, handled_errors
 from gpufrac.cli.gpus import gpus_command, render_gpu
 from gpufrac.cli.mig import mig_app, profiles_table
@@ -27,6 +35,12 @@ app = typer.Typer(
 )
 app.command("gpus")(gpus_command)
 app.command("validate")(validate_command)
+app.command("agent")(agent_command)
+app.command("apply")(apply_command)
+app.command("get")(get_command)
+app.command("describe")(describe_command)
+app.command("delete")(delete_command)
+app.command("logs")(logs_command)
 app.command("schedule")(schedule_command)
 app.add_typer(mig_app, name="mig")
 

@@ -14,6 +14,7 @@ while it was down.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -151,16 +152,11 @@ class Agent:
         latest = attempts[-1] if attempts else None
         status = read_status(latest) if latest else None
         if placed is not None and placed[1].get("outcome") == "completed":
-            phase = "succeeded" if status and status.exit_code == 0 else "failed"
+            phase = str(placed[1].get("phase", "failed"))
+            code = status.exit_code if status else None
+            why = str(placed[1].get("reason", ""))
             return WorkloadState(
-                key,
-                stored.generation,
-                phase,
-                placed[1].get("reason", ""),
-                None,
-                len(attempts),
-                status.exit_code if status else None,
-                {},
+                key, stored.generation, phase, why, None, len(attempts), code, handed_env(latest)
             )
         if decision is None or decision.outcome != "placed":
             why = decision.reason if decision else "not scheduled yet"
@@ -257,7 +253,16 @@ class Agent:
             {"outcome": "completed", "phase": phase, "reason": why},
         )
         self.store.record_event(phase, key, why or "exited with 0")
-        return WorkloadState(key, generation, phase, why, None, attempts, code, {})
+        return WorkloadState(
+            key,
+            generation,
+            phase,
+            why,
+            None,
+            attempts,
+            code,
+            handed_env(self._latest(spec.tenant, spec.name, generation)),
+        )
 
     # -- processes ------------------------------------------------------------------------------
 
@@ -272,6 +277,10 @@ class Agent:
             else []
         )
         return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
+
+    def latest_run(self, tenant: str, name: str, generation: int) -> Path | None:
+        """The run directory of the newest attempt (its output.log is the workload's log)."""
+        return self._latest(tenant, name, generation)
 
     def _latest(self, tenant: str, name: str, generation: int) -> Path | None:
         attempts = self._attempts(tenant, name, generation)
@@ -343,6 +352,20 @@ class Agent:
             "GPUFRAC_SHARING": decision.mode or "",
             "GPUFRAC_GPU_MEMORY_LIMIT_MIB": str(alloc[0].memory_mib) if alloc else "",
         }
+
+
+HANDED_OVER = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_", "GPUFRAC_")
+
+
+def handed_env(run_dir: Path | None) -> dict[str, str]:
+    """The GPU environment a run was started with (read back from its spec)."""
+    if run_dir is None:
+        return {}
+    try:
+        env = json.loads((run_dir / "spec.json").read_text()).get("env") or {}
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in env.items() if k.startswith(HANDED_OVER)}
 
 
 def _where(d: Decision) -> str:

@@ -1,0 +1,184 @@
+"""The agent's control API (FastAPI) under ``/api/v1``, and the reconcile loop behind it.
+
+Manifests are sent as their text (YAML or JSON, several documents), so the API and ``gpufrac apply -f``
+read them with the very same strict parser: a body is accepted whole or not at all, and bad input is a
+422 whose ``detail`` names the field path and the fix. The OpenAPI description is at ``/openapi.json``.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from gpufrac import __version__
+from gpufrac.errors import InputError
+from gpufrac.model.manifest import parse_manifests
+from gpufrac.model.workload import spec_to_json
+from gpufrac.planning.scheduler import decision_to_json
+from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.shim import LOG
+
+RECONCILE_SECONDS = 0.5
+
+
+class AgentService:
+    """The agent behind a lock, with a background thread reconciling it."""
+
+    def __init__(self, agent: Agent, *, interval: float = RECONCILE_SECONDS) -> None:
+        self.agent = agent
+        self.lock = threading.RLock()
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.states: dict[str, WorkloadState] = {}
+
+    def reconcile(self) -> None:
+        with self.lock:
+            self.states = {s.key: s for s in self.agent.reconcile()}
+
+    def start(self) -> None:
+        self.reconcile()
+        self._thread = threading.Thread(target=self._loop, name="gpufrac-reconcile", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.reconcile()
+            except Exception as e:  # one bad pass must not stop the loop; it is recorded
+                with self.lock:
+                    self.agent.store.record_event("reconcile_error", "agent", repr(e))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def _problem(e: InputError) -> JSONResponse:
+    loc = (e.field or "body").replace("]", "").replace("[", ".").split(".")
+    return JSONResponse(
+        status_code=422,
+        content={
+            "detail": [
+                {
+                    "loc": [p for p in loc if p],
+                    "msg": e.message,
+                    "fix": e.fix,
+                    "type": "value_error",
+                }
+            ]
+        },
+    )
+
+
+def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> Any:
+        if start_loop:
+            service.start()
+        yield
+        service.stop()
+
+    app = FastAPI(title="gpufrac agent", version=__version__, lifespan=lifespan)
+    app.add_exception_handler(InputError, lambda _r, e: _problem(e))
+
+    def view(key: str) -> dict[str, Any]:
+        tenant, name = key.split("/", 1)
+        stored = service.agent.store.workload(tenant, name)
+        if stored is None:
+            raise HTTPException(404, f"no workload {key}")
+        state = service.states.get(key)
+        placed = service.agent.store.placement(tenant, name)
+        return {
+            "tenant": tenant,
+            "name": name,
+            "generation": stored.generation,
+            "spec": stored.spec,
+            "phase": state.phase if state else "pending",
+            "reason": state.reason if state else "",
+            "attempts": state.attempts if state else 0,
+            "restarts": max(0, (state.attempts if state else 0) - 1),
+            "exit_code": state.exit_code if state else None,
+            "env": state.env if state else {},
+            "placement": placed[1] if placed else None,
+        }
+
+    @app.get("/api/v1/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    @app.post("/api/v1/workloads")
+    async def apply(request: Request) -> dict[str, Any]:
+        text = (await request.body()).decode("utf-8", "replace")
+        specs = parse_manifests(
+            text, source="body"
+        )  # all or nothing: nothing is stored on an error
+        results = []
+        with service.lock:
+            for spec in specs:
+                what, decision = service.agent.apply(spec)
+                results.append(
+                    {
+                        "workload": f"{spec.tenant}/{spec.name}",
+                        "result": what,
+                        "decision": None if decision is None else decision_to_json(decision),
+                        "spec": spec_to_json(spec),
+                    }
+                )
+        service.reconcile()
+        return {"results": results}
+
+    @app.get("/api/v1/workloads")
+    def list_workloads() -> dict[str, Any]:
+        with service.lock:
+            return {"workloads": [view(w.key) for w in service.agent.store.workloads()]}
+
+    @app.get("/api/v1/workloads/{tenant}/{name}")
+    def get_workload(tenant: str, name: str) -> dict[str, Any]:
+        with service.lock:
+            out = view(f"{tenant}/{name}")
+            out["events"] = [
+                asdict(e) for e in service.agent.store.events(f"{tenant}/{name}", limit=50)
+            ]
+            return out
+
+    @app.delete("/api/v1/workloads/{tenant}/{name}")
+    def delete_workload(tenant: str, name: str) -> dict[str, Any]:
+        with service.lock:
+            if not service.agent.delete(tenant, name):
+                raise HTTPException(404, f"no workload {tenant}/{name}")
+        service.reconcile()
+        return {"deleted": f"{tenant}/{name}"}
+
+    @app.get("/api/v1/workloads/{tenant}/{name}/logs")
+    def logs(tenant: str, name: str, tail: int = 200) -> dict[str, Any]:
+        with service.lock:
+            stored = service.agent.store.workload(tenant, name)
+            if stored is None:
+                raise HTTPException(404, f"no workload {tenant}/{name}")
+            run = service.agent.latest_run(tenant, name, stored.generation)
+        if run is None:
+            return {"run": None, "lines": []}
+        try:
+            lines = (run / LOG).read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        return {"run": run.name, "lines": lines[-tail:] if tail > 0 else lines}
+
+    @app.get("/api/v1/gpus")
+    def gpus() -> dict[str, Any]:
+        with service.lock:
+            return {"gpus": [g.to_json() for g in service.agent.dev.gpus()]}
+
+    @app.get("/api/v1/events")
+    def events(limit: int = 100) -> dict[str, Any]:
+        with service.lock:
+            return {"events": [asdict(e) for e in service.agent.store.events(limit=limit)]}
+
+    return app

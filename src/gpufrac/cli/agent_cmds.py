@@ -1,0 +1,237 @@
+"""``gpufrac agent`` (the server) and the kubectl-style client commands that talk to it.
+
+Client commands find the agent at ``--server``, else ``$GPUFRAC_SERVER``, else http://127.0.0.1:8470.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json as jsonlib
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.table import Table
+
+from gpufrac.cli.common import (
+    DataDirOpt,
+    JsonOpt,
+    SimulateOpt,
+    console,
+    fail,
+    handled_errors,
+    print_json,
+)
+from gpufrac.config import data_dir as resolve_data_dir
+from gpufrac.errors import InputError
+
+DEFAULT_PORT = 8470
+ServerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--server", help="The agent's address (default: $GPUFRAC_SERVER or http://127.0.0.1:8470)."
+    ),
+]
+TenantOpt = Annotated[str, typer.Option("--tenant", "-t", help="The workload's tenant.")]
+
+
+def agent_command(
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host", help="Address to listen on (loopback only, until API tokens exist)."
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = DEFAULT_PORT,
+    settings_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--settings", help="Operator settings (default: gpufrac.yaml in the data directory)."
+        ),
+    ] = None,
+    simulate: SimulateOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Run the node agent in the foreground: the control API, the scheduler, the reconcile loop."""
+    import uvicorn
+
+    from gpufrac.api.app import AgentService, create_app
+    from gpufrac.cli.schedule import _settings
+    from gpufrac.config import simulate_spec
+    from gpufrac.devices import open_devices
+    from gpufrac.runtime.agent import Agent
+
+    with handled_errors():
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        if not loopback:
+            raise InputError(
+                f"refusing to listen on {host} without API tokens",
+                field="--host",
+                fix="use 127.0.0.1 (tokens come with tenant isolation)",
+            )
+        data = resolve_data_dir(data_dir)
+        dev = open_devices(simulate_spec(simulate), data)
+        agent = Agent(data, dev, _settings(settings_file, data_dir))
+    service = AgentService(agent)
+    console.print(f"gpufrac agent on http://{host}:{port} (data: {data})", highlight=False)
+    uvicorn.run(create_app(service), host=host, port=port, log_level="warning")
+
+
+def _server(server: str | None) -> str:
+    return (
+        server or os.environ.get("GPUFRAC_SERVER") or f"http://127.0.0.1:{DEFAULT_PORT}"
+    ).rstrip("/")
+
+
+def _call(method: str, server: str | None, path: str, **kw: Any) -> Any:
+    url = _server(server) + path
+    try:
+        r = httpx.request(method, url, timeout=30, **kw)
+    except httpx.HTTPError as e:
+        raise fail(
+            f"cannot reach the agent at {_server(server)} ({e})", 2, "start it with: gpufrac agent"
+        ) from None
+    if r.status_code == 422:
+        detail = r.json().get("detail", [])
+        msgs = [
+            f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}"
+            + (f" ({d['fix']})" if d.get("fix") else "")
+            for d in detail
+        ]
+        raise fail("; ".join(msgs) or r.text, 2)
+    if r.status_code == 404:
+        raise fail(r.json().get("detail", "not found"), 1)
+    if r.status_code >= 400:
+        raise fail(f"the agent answered {r.status_code}: {r.text}", 1)
+    return r.json()
+
+
+def apply_command(
+    file: Annotated[list[Path], typer.Option("--filename", "-f", help="Manifest file(s).")],
+    server: ServerOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Apply manifests: create, replace (when changed) or leave unchanged."""
+    results = []
+    for path in file:
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise fail(f"-f: cannot read {path}: {e.strerror}", 2) from None
+        results += _call(
+            "POST",
+            server,
+            "/api/v1/workloads",
+            content=text.encode(),
+            headers={"content-type": "application/yaml"},
+        )["results"]
+    if json:
+        print_json({"results": results})
+        return
+    for r in results:
+        d = r["decision"] or {}
+        detail = d.get("reason") or (
+            f"{d.get('mode')} on {', '.join(d.get('gpus', []))}" if d.get("gpus") else ""
+        )
+        console.print(
+            f"{r['workload']} {r['result']}" + (f": {d.get('outcome')} {detail}" if d else ""),
+            highlight=False,
+        )
+
+
+def get_command(
+    what: Annotated[str, typer.Argument(help="workloads or gpus")],
+    server: ServerOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """List workloads or GPUs."""
+    if what not in ("workloads", "gpus"):
+        raise fail(f"cannot get {what!r}: use workloads or gpus", 2)
+    data = _call("GET", server, f"/api/v1/{what}")
+    if json:
+        print_json(data)
+        return
+    if what == "gpus":
+        from gpufrac.cli.gpus import render_gpu
+        from gpufrac.model.gpu import GpuState
+
+        for g in data["gpus"]:
+            console.print(render_gpu(_gpu_from_json(g, GpuState)))
+        return
+    t = Table()
+    for col in ("tenant", "name", "phase", "restarts", "where", "reason"):
+        t.add_column(col, overflow="fold")
+    for w in data["workloads"]:
+        p = w.get("placement") or {}
+        where = f"{p.get('mode')} {' '.join(p.get('gpus', []))}".strip() if p.get("gpus") else ""
+        t.add_row(w["tenant"], w["name"], w["phase"], str(w["restarts"]), where, w["reason"])
+    console.print(t)
+
+
+def _gpu_from_json(g: dict[str, Any], cls: Any) -> Any:
+    from gpufrac.model.gpu import MigInstanceState, ProcessState
+
+    return cls(
+        uuid=g["uuid"], index=g["index"], name=g["name"], model=g["model"], pci_device_id=g["pci_device_id"],
+        memory_total_mib=g["memory_total_mib"], memory_used_mib=g["memory_used_mib"], utilization_gpu=g.get("utilization_gpu"),
+        mig_current=g["mig_mode"]["current"], mig_pending=g["mig_mode"]["pending"],
+        instances=tuple(MigInstanceState(i["profile"], i["start"], i["gi_id"], i["uuid"], i["busy"], i.get("memory_mib"), tuple(i.get("ci_ids", ()))) for i in g["instances"]),
+        processes=tuple(ProcessState(p["pid"], p["used_memory_mib"], p.get("gi_id")) for p in g["processes"]),
+        simulated=g.get("simulated", False), health=g.get("health", "ok"),
+    )  # fmt: skip
+
+
+def describe_command(
+    kind: Annotated[str, typer.Argument(help="workload")],
+    name: Annotated[str, typer.Argument(help="The workload's name.")],
+    tenant: TenantOpt = "default",
+    server: ServerOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Everything about one workload: placement, environment handed over, attempts, events."""
+    if kind != "workload":
+        raise fail(f"cannot describe {kind!r}: use workload", 2)
+    w = _call("GET", server, f"/api/v1/workloads/{tenant}/{name}")
+    if json:
+        print_json(w)
+        return
+    console.print(
+        f"[bold]{w['tenant']}/{w['name']}[/] generation {w['generation']}: {w['phase']} {w['reason']}",
+        highlight=False,
+    )
+    console.print(
+        f"attempts {w['attempts']}, restarts {w['restarts']}, last exit {w['exit_code']}",
+        highlight=False,
+    )
+    console.print("placement: " + jsonlib.dumps(w["placement"]), highlight=False)
+    for k, v in sorted(w["env"].items()):
+        console.print(f"  {k}={v}", highlight=False)
+    for e in w.get("events", []):
+        console.print(f"  event {e['kind']}: {e['message']}", highlight=False)
+
+
+def delete_command(
+    name: Annotated[str, typer.Argument(help="The workload's name.")],
+    tenant: TenantOpt = "default",
+    server: ServerOpt = None,
+) -> None:
+    """Delete a workload (its processes are stopped)."""
+    _call("DELETE", server, f"/api/v1/workloads/{tenant}/{name}")
+    console.print(f"{tenant}/{name} deleted")
+
+
+def logs_command(
+    name: Annotated[str, typer.Argument(help="The workload's name.")],
+    tenant: TenantOpt = "default",
+    tail: Annotated[int, typer.Option("--tail", help="Last N lines (0: all).")] = 200,
+    server: ServerOpt = None,
+) -> None:
+    """Print a workload's output (its newest attempt)."""
+    data = _call("GET", server, f"/api/v1/workloads/{tenant}/{name}/logs", params={"tail": tail})
+    for line in data["lines"]:
+        typer.echo(line)

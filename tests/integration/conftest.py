@@ -1,0 +1,77 @@
+"""A real agent: `gpufrac agent` as its own process (uvicorn on a free port), on simulated GPUs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpufrac.runtime.shim import read_status
+
+FLEET = "h200:2:mig,h200:2"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningAgent:
+    url: str
+    data_dir: Path
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    def start(self) -> None:
+        self.proc = _spawn(self.port, self.data_dir)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/api/v1/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise AssertionError("the agent did not come up")
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+def _spawn(port: int, data_dir: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "GPUFRAC_SIMULATE": FLEET, "GPUFRAC_DATA_DIR": str(data_dir)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpufrac.cli", "agent", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(data_dir.parent / "agent.log", "ab"),
+    )
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[RunningAgent]:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    port = free_port()
+    running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None)  # type: ignore[arg-type]
+    running.start()
+    yield running
+    running.proc.kill()
+    running.proc.wait(timeout=10)
+    for run in (data_dir / "runs").glob("*/*/*"):  # leave nothing behind
+        status = read_status(run)
+        if status.child_pid and not status.done:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(status.child_pid, signal.SIGKILL)

@@ -1,0 +1,131 @@
+"""The real agent over HTTP, with real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from gpufrac.runtime.shim import read_status
+from tests.integration.conftest import RunningAgent
+
+PY = sys.executable
+
+
+def manifest(
+    name: str,
+    command: list[str],
+    gpu: str = "{memory: 4GiB}",
+    kind: str = "service",
+    tenant: str = "default",
+) -> str:
+    cmd = ", ".join(f'"{c}"' for c in command)
+    extra = "  restart: always\n" if kind == "service" else ""
+    return f"apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {name}, tenant: {tenant}}}\nspec:\n  type: {kind}\n  command: [{cmd}]\n  resources: {{gpu: {gpu}}}\n  sharing: timeslice\n{extra}"
+
+
+def wait_for(agent: RunningAgent, predicate, timeout: float = 30.0) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        data = httpx.get(agent.url + "/api/v1/workloads", timeout=5).json()
+        if predicate(data["workloads"]):
+            return data
+        time.sleep(0.1)
+    raise AssertionError(f"timed out: {data}")
+
+
+def test_apply_runs_the_workload_with_its_gpu_and_logs(agent: RunningAgent) -> None:
+    code = "import os,time; print('on', os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(60)"
+    r = httpx.post(
+        agent.url + "/api/v1/workloads", content=manifest("web", [PY, "-c", code]), timeout=10
+    )
+    assert r.status_code == 200 and r.json()["results"][0]["result"] == "created"
+    wait_for(agent, lambda ws: ws and ws[0]["phase"] == "running")
+    w = httpx.get(agent.url + "/api/v1/workloads/default/web").json()
+    gpu = w["placement"]["gpus"][0]
+    assert w["env"]["CUDA_VISIBLE_DEVICES"] == gpu == w["env"]["NVIDIA_VISIBLE_DEVICES"]
+    for _ in range(50):
+        lines = httpx.get(agent.url + "/api/v1/workloads/default/web/logs").json()["lines"]
+        if lines:
+            break
+        time.sleep(0.1)
+    assert lines == [f"on {gpu}"]
+    again = httpx.post(
+        agent.url + "/api/v1/workloads", content=manifest("web", [PY, "-c", code]), timeout=10
+    ).json()
+    assert again["results"][0]["result"] == "unchanged"
+    assert httpx.delete(agent.url + "/api/v1/workloads/default/web").status_code == 200
+    assert httpx.get(agent.url + "/api/v1/workloads").json()["workloads"] == []
+
+
+def test_bad_input_is_a_422_with_the_field_path_and_stores_nothing(agent: RunningAgent) -> None:
+    good = manifest("ok", [PY, "-c", "pass"])
+    bad = manifest("bad", [PY, "-c", "pass"], gpu="{memory: 4GiB, count: 1}")
+    r = httpx.post(agent.url + "/api/v1/workloads", content=good + "---\n" + bad, timeout=10)
+    assert r.status_code == 422
+    detail = r.json()["detail"][0]
+    assert detail["loc"][:4] == ["doc", "2", "spec", "resources"] and detail["fix"]
+    assert (
+        httpx.get(agent.url + "/api/v1/workloads").json()["workloads"] == []
+    )  # the good one neither
+
+
+def test_an_impossible_request_is_refused_at_once(agent: RunningAgent) -> None:
+    r = httpx.post(
+        agent.url + "/api/v1/workloads",
+        content=manifest("huge", [PY, "-c", "pass"], gpu="{memory: 900GiB}"),
+        timeout=10,
+    )
+    result = r.json()["results"][0]
+    assert result["result"] == "refused" and "could ever hold" in result["decision"]["reason"]
+    assert httpx.get(agent.url + "/api/v1/workloads").json()["workloads"] == []
+
+
+def test_kill_9_with_20_workloads_running_then_restart_accounts_for_all_20(
+    agent: RunningAgent,
+) -> None:
+    docs = "---\n".join(
+        manifest(f"w{i}", [PY, "-c", "import time; time.sleep(120)"], gpu="{memory: 2GiB}")
+        for i in range(20)
+    )
+    assert httpx.post(agent.url + "/api/v1/workloads", content=docs, timeout=30).status_code == 200
+    wait_for(
+        agent, lambda ws: len(ws) == 20 and all(w["phase"] == "running" for w in ws), timeout=60
+    )
+    runs = sorted((agent.data_dir / "runs" / "default").glob("*/g1-*"))
+    pids = {r.parent.name: read_status(r).child_pid for r in runs}
+    assert len(runs) == 20 and all(pids.values())
+    agent.kill9()
+    agent.start()
+    data = wait_for(
+        agent, lambda ws: len(ws) == 20 and all(w["phase"] == "running" for w in ws), timeout=60
+    )
+    assert all(w["attempts"] == 1 for w in data["workloads"])  # none started twice
+    after = sorted((agent.data_dir / "runs" / "default").glob("*/g1-*"))
+    assert len(after) == 20 and {r.parent.name: read_status(r).child_pid for r in after} == pids
+    for pid in pids.values():
+        assert pid is not None
+        os.kill(pid, 0)  # still the same processes, alive
+
+
+def test_the_cli_talks_to_the_agent(agent: RunningAgent, tmp_path: Path) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text(manifest("cli", [PY, "-c", "print('done')"], kind="job"))
+    env = {**os.environ, "GPUFRAC_SERVER": agent.url}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PY, "-m", "gpufrac.cli", *args], capture_output=True, text=True, env=env, timeout=60
+        )
+
+    assert "created" in cli("apply", "-f", str(f)).stdout
+    wait_for(agent, lambda ws: ws and ws[0]["phase"] == "succeeded")
+    assert "succeeded" in cli("get", "workloads").stdout
+    assert cli("logs", "cli").stdout.strip() == "done"
+    assert "CUDA_VISIBLE_DEVICES" in cli("describe", "workload", "cli").stdout
+    assert cli("delete", "cli").returncode == 0
+    assert cli("delete", "cli").returncode == 1
