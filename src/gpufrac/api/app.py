@@ -24,6 +24,7 @@ from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.shim import LOG
 
 RECONCILE_SECONDS = 0.5
+MIN_GAP_SECONDS = 0.1  # a burst of API calls wakes one pass, not one per call
 
 
 class AgentService:
@@ -34,6 +35,7 @@ class AgentService:
         self.lock = threading.RLock()
         self.interval = interval
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.states: dict[str, WorkloadState] = {}
 
@@ -46,8 +48,16 @@ class AgentService:
         self._thread = threading.Thread(target=self._loop, name="gpufrac-reconcile", daemon=True)
         self._thread.start()
 
+    def wake(self) -> None:
+        """Run the next reconcile pass now rather than at the next tick."""
+        self._wake.set()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            if self._stop.wait(MIN_GAP_SECONDS):
+                return
+            self._wake.clear()
             try:
                 self.reconcile()
             except Exception as e:  # one bad pass must not stop the loop; it is recorded
@@ -56,6 +66,7 @@ class AgentService:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -131,7 +142,7 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
                         "spec": spec_to_json(spec),
                     }
                 )
-        service.reconcile()
+        service.wake()  # processes start on the next reconcile pass, right away
         return {"results": results}
 
     @app.get("/api/v1/workloads")
@@ -153,7 +164,7 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
         with service.lock:
             if not service.agent.delete(tenant, name):
                 raise HTTPException(404, f"no workload {tenant}/{name}")
-        service.reconcile()
+        service.wake()
         return {"deleted": f"{tenant}/{name}"}
 
     @app.get("/api/v1/workloads/{tenant}/{name}/logs")

@@ -227,6 +227,7 @@ class SimulatedFleet:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether a process still runs (a zombie has exited: like the driver, it holds no GPU memory)."""
     if pid <= 0:
         return False
     try:
@@ -235,4 +236,8 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return True

@@ -30,6 +30,7 @@ class Candidate:
     need: Need
     mig: MigPlacement | None = None
     create: bool = False  # the MIG instance must be created first
+    destroy: tuple[MigPlacement, ...] = ()  # idle MIG instances to destroy before (a re-cut)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -50,7 +51,9 @@ def need_on(spec: WorkloadSpec, model: GpuModel, mode: str, profile: str | None 
         compute = _ceil_div(req.fraction_milli, 10) if mode == "mps" else None
         return Need(total * req.fraction_milli // MILLI, req.fraction_milli, compute)
     memory = req.memory_mib or 0
-    milli = _ceil_div(memory * MILLI, total)
+    milli = (
+        memory * MILLI // total
+    )  # rounded down: memory itself is checked exactly, and shares must add up
     if req.compute_pct is not None:
         milli = max(milli, req.compute_pct * 10)
     return Need(memory, min(MILLI, milli), req.compute_pct if mode == "mps" else None)
@@ -99,9 +102,11 @@ def quota(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> str | None:
     if q is None:
         return None
     used_mem, used_milli = s.state.tenant_mem[spec.tenant], s.state.tenant_milli[spec.tenant]
-    if q.gpu_memory_mib is not None and used_mem + c.need.memory_mib > q.gpu_memory_mib:
+    n = spec.gpu.count or 1  # a whole-GPU request takes this much on each of its GPUs
+    need_mem, need_milli = c.need.memory_mib * n, c.need.milli * n
+    if q.gpu_memory_mib is not None and used_mem + need_mem > q.gpu_memory_mib:
         return f"tenant {spec.tenant} quota: {format_mib(used_mem)} of {format_mib(q.gpu_memory_mib)} GPU memory used"
-    if q.gpus_milli is not None and used_milli + c.need.milli > q.gpus_milli:
+    if q.gpus_milli is not None and used_milli + need_milli > q.gpus_milli:
         return f"tenant {spec.tenant} quota: {used_milli / MILLI:g} of {q.gpus_milli / MILLI:g} GPUs used"
     return None
 

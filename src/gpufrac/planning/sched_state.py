@@ -26,6 +26,9 @@ from gpufrac.model.workload import MILLI
 from gpufrac.planning.patterns import geometry
 
 SHARED_MODES = ("timeslice", "mps")
+EXTERNAL = (
+    "(in use outside gpufrac)"  # the owner of a MIG instance busy with a process nobody placed
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +82,7 @@ class SchedGpu:
 
 
 @cache
-def _additions(model: GpuModel, layout: tuple[MigPlacement, ...]) -> dict[str, MigPlacement]:
+def additions(model: GpuModel, layout: tuple[MigPlacement, ...]) -> dict[str, MigPlacement]:
     """For each profile that still fits beside ``layout``: where to put it (most room left after)."""
     geo = geometry(model)
     base = list(geo.counts_of(layout))
@@ -150,11 +153,18 @@ class ClusterState:
         for pl, owner in g.instances.items():
             if owner is None:
                 self.free_instances[(g.model.key, pl.profile)].add((g.index, pl))
-        for name in _additions(g.model, tuple(sorted(g.instances))):
+        for name in additions(g.model, tuple(sorted(g.instances))):
             self.addable[(g.model.key, name)].add(g.index)
 
     def addition(self, g: SchedGpu, profile: str) -> MigPlacement | None:
-        return _additions(g.model, tuple(sorted(g.instances))).get(profile)
+        return additions(g.model, tuple(sorted(g.instances))).get(profile)
+
+    def claim_external(self, g: SchedGpu, pl: MigPlacement) -> None:
+        """An instance marked busy from outside becomes free again (its workload is being restored)."""
+        if g.instances.get(pl) == EXTERNAL:
+            self._unindex(g)
+            g.instances[pl] = None
+            self._index(g)
 
     def set_schedulable(self, g: SchedGpu, schedulable: bool) -> None:
         self._unindex(g)
@@ -164,9 +174,18 @@ class ClusterState:
     # -- changes -------------------------------------------------------------------------------
 
     def allocate(
-        self, allocs: list[Allocation], create: tuple[tuple[int, MigPlacement], ...] = ()
+        self,
+        allocs: list[Allocation],
+        create: tuple[tuple[int, MigPlacement], ...] = (),
+        destroy: tuple[tuple[int, MigPlacement], ...] = (),
     ) -> None:
         key = allocs[0].workload
+        for gpu_index, pl in destroy:
+            g = self.gpus[gpu_index]
+            self._unindex(g)
+            assert g.instances.get(pl, "") is None, "only idle instances are destroyed"
+            del g.instances[pl]
+            self._index(g)
         for gpu_index, pl in create:
             g = self.gpus[gpu_index]
             self._unindex(g)
@@ -267,15 +286,15 @@ class ClusterState:
 
 def sched_gpus_from_states(states: list[GpuState], models: dict[str, GpuModel]) -> list[SchedGpu]:
     """The scheduler's GPUs from a device snapshot: healthy GPUs with a known model (``models`` maps UUID
-    to the driver's table); existing MIG instances become free instances. A GPU with processes nobody
-    placed (outside MIG) is left out of whole-GPU and shared placement."""
+    to the driver's table). Existing MIG instances become free instances, except busy ones, which count
+    as taken (``EXTERNAL``) until a restored workload claims its own. Processes outside MIG are not
+    accounted here: the agent restores its own placements, and memory it did not place is not known."""
     out: list[SchedGpu] = []
     for g in states:
         model = models.get(g.uuid)
         if g.health != "ok" or model is None:
             continue
         sg = SchedGpu(g.uuid, len(out), model, mig=g.mig_enabled)
-        sg.instances = {i.placement: None for i in g.instances}
-        sg.schedulable = g.mig_enabled or not g.processes
+        sg.instances = {i.placement: (EXTERNAL if i.busy else None) for i in g.instances}
         out.append(sg)
     return out

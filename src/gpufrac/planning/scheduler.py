@@ -20,7 +20,7 @@ from typing import Any
 
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel
-from gpufrac.model.mig import MigPlacement
+from gpufrac.model.mig import MigPlacement, check_layout
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.units import format_mib
 from gpufrac.model.workload import MILLI, WorkloadSpec
@@ -32,7 +32,7 @@ from gpufrac.planning.sched_plugins import (
     Need,
     need_on,
 )
-from gpufrac.planning.sched_state import Allocation, ClusterState, SchedGpu
+from gpufrac.planning.sched_state import Allocation, ClusterState, SchedGpu, additions
 
 CANDIDATES_PER_MODEL = 4  # candidates that pass the filters, scored per model
 SCAN_LIMIT = 64  # GPUs looked at per model and pool before giving up on it
@@ -170,9 +170,20 @@ class Scheduler:
                 self.pending[key] = (spec, f"its GPU {uuid} is gone")
                 return
             assert decision.mode is not None
+            if (decision.mig is not None) != g.mig:
+                self.pending[key] = (spec, f"GPU {g.index}'s MIG mode changed")
+                return
             profile = decision.mig.profile if decision.mig is not None else None
             need = need_on(spec, g.model, decision.mode, profile)
             create = decision.mig is not None and decision.mig not in g.instances
+            if decision.mig is not None:
+                if create and check_layout(g.model, tuple(sorted({*g.instances, decision.mig}))):
+                    self.pending[key] = (
+                        spec,
+                        f"its MIG instance {decision.mig} no longer fits on GPU {g.index}",
+                    )
+                    return
+                self.state.claim_external(g, decision.mig)
             chosen.append(Candidate(g.index, decision.mode, need, decision.mig, create))
         if any(next((r for f in FILTERS if (r := f(self, spec, c))), None) for c in chosen):
             self.pending[key] = (spec, "its recorded placement no longer fits")
@@ -263,7 +274,9 @@ class Scheduler:
                         self.pending[v] = (self.specs[v], why)
                         again = [Decision(v, "pending", why)]
                     moved.append(again[0])
-                return [placed, *moved]
+                # what the eviction freed beyond the newcomer's need goes to whoever waits for it
+                freed = {a.gpu for a in self.state.allocs.get(key, [])}
+                return [placed, *moved, *self.retry_pending(gpus=freed)]
         reason = "; ".join(dict.fromkeys(reasons)) or "no GPU has room"
         self.pending[key] = (spec, reason)
         return [Decision(key, "pending", reason)]
@@ -274,8 +287,12 @@ class Scheduler:
         key = workload_key(spec)
         self.pending.pop(key, None)
         allocs, create, actions = [], [], [SchedAction("evict", v) for v in victims]
+        destroy = []
         for c in chosen:
             g = self.state.gpus[c.gpu]
+            for pl in c.destroy:
+                destroy.append((c.gpu, pl))
+                actions.append(SchedAction("destroy_mig_instance", key, g.uuid, pl))
             if c.create:
                 assert c.mig is not None
                 create.append((c.gpu, c.mig))
@@ -293,7 +310,7 @@ class Scheduler:
                     c.mig,
                 )
             )
-        self.state.allocate(allocs, tuple(create))
+        self.state.allocate(allocs, tuple(create), tuple(destroy))
         uuids = tuple(self.state.gpus[c.gpu].uuid for c in chosen)
         actions += [SchedAction("start", key, u, chosen[0].mig) for u in uuids[:1]]
         return Decision(
@@ -442,7 +459,22 @@ class Scheduler:
                 for gi in sorted(addable, key=order2)[:CANDIDATES_PER_MODEL]:
                     new = st.addition(st.gpus[gi], profile)
                     if new is not None:
+                        n += 1
                         yield Candidate(gi, mode, need, new, True)
+                if n:
+                    continue
+                # a MIG GPU whose instances are all idle can be cut again from scratch
+                for g in self._mig_gpus:
+                    if g.model.key != key or not g.schedulable or not g.instances:
+                        continue
+                    if any(owner is not None for owner in g.instances.values()):
+                        continue
+                    fresh = additions(g.model, ()).get(profile)
+                    if fresh is not None:
+                        yield Candidate(
+                            g.index, mode, need, fresh, True, tuple(sorted(g.instances))
+                        )
+                        break
                 continue
             need = need_on(spec, model, mode)
             if need.memory_mib > model.memory_total_mib:
@@ -462,7 +494,7 @@ class Scheduler:
                             break
                 continue
             need_h = max(-(-need.memory_mib * MILLI // model.memory_total_mib), need.milli)
-            start = bisect.bisect_left(shared, (need_h, -1))
+            start = bisect.bisect_left(shared, (need_h - 1, -1))  # headroom rounds down: 1 of slack
             fitting = (
                 shared[start:]
                 if not spread
@@ -482,10 +514,17 @@ class Scheduler:
         count = spec.gpu.count or 1
         for model in sorted(self.models, key=lambda m: -len(self.state.empty.get(m.key, []))):
             empty = self.state.empty.get(model.key, [])
-            picks = [Candidate(gi, "exclusive", need_on(spec, model, "exclusive")) for gi in empty]
-            picks = [c for c in picks if not any(f(self, spec, c) for f in FILTERS)][:count]
-            if len(picks) == count:
-                return picks
+            picks = []
+            for gi in empty:
+                c = Candidate(gi, "exclusive", need_on(spec, model, "exclusive"))
+                why = next((r for f in FILTERS if (r := f(self, spec, c))), None)
+                if why is None:
+                    picks.append(c)
+                elif "quota" in why:
+                    reasons.append(why)
+                    return None
+                if len(picks) == count:
+                    return picks
         free = sum(len(v) for v in self.state.empty.values())
         reasons.append(f"needs {count} whole GPU(s) without MIG; {free} free now")
         return None
@@ -533,21 +572,24 @@ class Scheduler:
                     f"no GPU in the fleet could ever hold {what} under {' or '.join(modes)} sharing"
                 )
         quota = self.settings.tenants.get(spec.tenant)
-        if quota is not None and self.models:
-            cheapest = min(
-                (need_on(spec, m, modes[-1]) for m in self.models),
-                key=lambda n: (n.memory_mib, n.milli),
-            )
-            if (
-                quota.gpu_memory_mib is not None
-                and cheapest.memory_mib * (req.count or 1) > quota.gpu_memory_mib
+        if quota is not None:
+            options = []  # what the request takes on each model and mode it could run under
+            for mode in modes:
+                for m in self._mig_models if mode == "mig" else self._plain_models:
+                    profile = self._mig_profile(spec, m) if mode == "mig" else None
+                    if mode == "mig" and profile is None:
+                        continue
+                    options.append(need_on(spec, m, mode, profile))
+            count = req.count or 1
+            if options and all(
+                quota.gpu_memory_mib is not None and n.memory_mib * count > quota.gpu_memory_mib
+                for n in options
             ):
-                return f"asks for more GPU memory than tenant {spec.tenant}'s whole quota ({format_mib(quota.gpu_memory_mib)})"
-            if (
-                quota.gpus_milli is not None
-                and cheapest.milli * (req.count or 1) > quota.gpus_milli
+                return f"asks for more GPU memory than tenant {spec.tenant}'s whole quota ({format_mib(quota.gpu_memory_mib or 0)})"
+            if options and all(
+                quota.gpus_milli is not None and n.milli * count > quota.gpus_milli for n in options
             ):
-                return f"asks for more GPUs than tenant {spec.tenant}'s whole quota ({quota.gpus_milli / MILLI:g})"
+                return f"asks for more GPUs than tenant {spec.tenant}'s whole quota ({(quota.gpus_milli or 0) / MILLI:g})"
         return None
 
     # -- preemption ----------------------------------------------------------------------------
@@ -567,21 +609,19 @@ class Scheduler:
                         return victims, cands
         return None if best is None else (best[1], best[2])
 
-    def _quota_after(self, spec: WorkloadSpec, victims: list[str], need: Need) -> bool:
-        """Would ``spec`` fit its tenant's quota once ``victims`` are gone?"""
+    def _quota_after(self, spec: WorkloadSpec, victims: list[str], total: Need) -> bool:
+        """Would ``spec``, taking ``total`` in all, fit its tenant's quota once ``victims`` are gone?"""
         q = self.settings.tenants.get(spec.tenant)
         if q is None:
             return True
-        count = spec.gpu.count or 1
         freed = [
             a for v in victims for a in self.state.allocs.get(v, []) if a.tenant == spec.tenant
         ]
         mem = self.state.tenant_mem[spec.tenant] - sum(a.memory_mib for a in freed)
         milli = self.state.tenant_milli[spec.tenant] - sum(a.milli for a in freed)
-        total = need if need.milli else need_on(spec, self.models[0], "exclusive")
-        if q.gpu_memory_mib is not None and mem + total.memory_mib * count > q.gpu_memory_mib:
+        if q.gpu_memory_mib is not None and mem + total.memory_mib > q.gpu_memory_mib:
             return False
-        return q.gpus_milli is None or milli + total.milli * count <= q.gpus_milli
+        return q.gpus_milli is None or milli + total.milli <= q.gpus_milli
 
     def _preemption_options(
         self, spec: WorkloadSpec, mode: str
@@ -600,28 +640,23 @@ class Scheduler:
         if mode == "exclusive":
             count = spec.gpu.count or 1
             options = []
-            for g in st.gpus:
-                if (
-                    g.mig
-                    or not g.schedulable
-                    or not all(a.priority < prio for a in g.allocs.values())
-                ):
+            for g in self._plain_gpus:
+                if not g.schedulable or not all(a.priority < prio for a in g.allocs.values()):
                     continue
                 options.append((len(g.allocs), g.index, sorted(g.allocs)))
             if len(options) >= count:
                 options.sort()
                 chosen = options[:count]
                 gone = sorted({v for _, _, vs in chosen for v in vs})
-                if self._quota_after(spec, gone, Need(0, 0)):
-                    yield (
-                        gone,
-                        [
-                            Candidate(
-                                gi, "exclusive", need_on(spec, st.gpus[gi].model, "exclusive")
-                            )
-                            for _, gi, _ in chosen
-                        ],
-                    )
+                cands = [
+                    Candidate(gi, "exclusive", need_on(spec, st.gpus[gi].model, "exclusive"))
+                    for _, gi, _ in chosen
+                ]
+                total = Need(
+                    sum(c.need.memory_mib for c in cands), sum(c.need.milli for c in cands)
+                )
+                if gone and self._quota_after(spec, gone, total):
+                    yield gone, cands
             return
         for g in self._mig_gpus if mode == "mig" else self._plain_gpus:
             if not g.schedulable or not any(a.priority < prio for a in g.allocs.values()):

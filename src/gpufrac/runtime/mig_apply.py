@@ -12,13 +12,16 @@ device UUIDs for re-created instances) and the error is raised.
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpufrac.devices.errors import DeviceError
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import GpufracError, InputError
-from gpufrac.model.gpu import GpuState
+from gpufrac.model.gpu import GpuState, MigInstanceState
 from gpufrac.model.mig import MigPlacement, check_layout, format_layout
 from gpufrac.model.migplan import MigAction, actions_between
 
@@ -83,7 +86,8 @@ def _refusals(gpu: GpuState, t: GpuTarget, *, drain: bool, allow_mode_change: bo
     if busy and not drain:
         out.append(
             f"GPU {gpu.index}: would destroy busy instance(s) {', '.join(str(i.placement) for i in busy)} "
-            "(stop their processes, or pass --drain)"
+            f"(stop their processes {', '.join(str(p) for p in _holders(gpu, busy))}, or pass --drain to "
+            "have gpufrac stop them: SIGTERM, then SIGKILL after the grace period)"
         )
     if t.mig_enabled != gpu.mig_enabled and not allow_mode_change:
         verb = "enable" if t.mig_enabled else "disable"
@@ -141,6 +145,48 @@ def run_action(
         raise ValueError(a.kind)
 
 
+def _holders(gpu: GpuState, instances: list[MigInstanceState]) -> list[int]:
+    """The pids of processes running in ``instances``."""
+    ids = {i.gi_id for i in instances}
+    return sorted(p.pid for p in gpu.processes if p.gi_id in ids)
+
+
+def drain_instances(
+    dev: NvmlDevices, targets: list[GpuTarget], *, grace: float = 30.0
+) -> list[int]:
+    """Stop the processes holding busy instances the targets do not keep: SIGTERM, then SIGKILL after
+    ``grace`` seconds. Returns the pids signalled."""
+    pids: list[int] = []
+    for t in targets:
+        gpu = dev.gpu(t.uuid)
+        wanted = set(t.layout) if t.mig_enabled else set()
+        pids += _holders(gpu, [i for i in gpu.instances if i.busy and i.placement not in wanted])
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        alive = [p for p in pids if _signal(p, sig)]
+        deadline = time.monotonic() + wait
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            alive = [p for p in alive if _signal(p, 0)]
+        if not alive:
+            break
+    return pids
+
+
+def _signal(pid: int, sig: int) -> bool:
+    """Send ``sig``; False if the process is gone (a zombie counts as gone: it holds no GPU)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[-1].split()[0] == b"Z":
+                return False
+    except OSError:
+        return False
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def apply_targets(
     dev: NvmlDevices,
     targets: list[GpuTarget],
@@ -149,13 +195,18 @@ def apply_targets(
     allow_mode_change: bool = False,
     on_action: Callable[[MigAction], None] | None = None,
     field: str = "plan",
+    drain_grace: float = 30.0,
 ) -> list[MigAction]:
-    """Bring the GPUs to ``targets``; returns the actions carried out (empty when already there)."""
+    """Bring the GPUs to ``targets``; returns the actions carried out (empty when already there).
+
+    With ``drain``, processes in busy instances that must go are stopped first (after every check)."""
     actions = diff_actions(
         dev, targets, drain=drain, allow_mode_change=allow_mode_change, field=field
     )
     if not actions:
         return []
+    if drain:
+        drain_instances(dev, targets, grace=drain_grace)
     before = [
         GpuTarget(g.uuid, g.mig_enabled, g.layout) for g in (dev.gpu(t.uuid) for t in targets)
     ]

@@ -154,6 +154,6 @@ def test_example_settings_parse() -> None:
     path = EXAMPLES / "operator" / "gpufrac.yaml"
     assert path.read_text().startswith("#")
     settings = parse_settings(path.read_text())
-    assert settings.tenants["search"] == TenantQuota(gpu_memory_mib=200 * 1024, gpus_milli=4000)
+    assert settings.tenants["search"] == TenantQuota(gpu_memory_mib=400 * 1024, gpus_milli=4000)
     assert settings.tenants["research"] == TenantQuota(gpu_memory_mib=1024 * 1024, gpus_milli=None)
     assert (settings.mps_share_tenants, settings.placement_policy) == (False, "binpack")

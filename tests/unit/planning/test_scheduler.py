@@ -233,3 +233,109 @@ def test_no_oversubscription_and_preemption_only_of_lower_priority(
         assert s.state.violations(share, qs) == []
         assert set(s.pending).isdisjoint(s.state.allocs)
         assert all(reason for _, reason in s.pending.values())
+
+
+# -- found in review -------------------------------------------------------------------------------
+
+
+def test_whole_gpu_requests_count_every_gpu_against_the_quota() -> None:
+    s = Scheduler(fleet(plain=3), OperatorSettings(tenants={"a": TenantQuota(gpus_milli=2000)}))
+    assert one(s.submit(w("one", count=1))).outcome == "placed"
+    d = one(s.submit(w("two", count=2)))
+    assert d.outcome == "pending" and "quota" in d.reason
+    assert s.state.violations(False, {"a": (None, 2000)}) == []
+
+
+def test_preemption_never_breaks_a_quota() -> None:
+    gpus = [SchedGpu("G0", 0, A100, mig=True), SchedGpu("G1", 1, H200, mig=False)]
+    s = Scheduler(gpus, OperatorSettings(tenants={"a": TenantQuota(gpu_memory_mib=100 * GIB)}))
+    s.submit(w("low", tenant="b", priority=0, mig_profile="1g.10gb"))
+    d = one(s.submit(w("x", priority=100, count=1)))
+    assert d.outcome == "refused" and "quota" in d.reason  # an H200 alone is over a 100 GiB quota
+    assert s.state.violations(False, {"a": (100 * GIB, None)}) == []
+
+
+def test_a_mig_request_over_the_whole_quota_is_refused() -> None:
+    s = Scheduler(
+        fleet(plain=0, mig=1), OperatorSettings(tenants={"a": TenantQuota(gpu_memory_mib=10 * GIB)})
+    )
+    assert one(s.submit(w("big", mig_profile="7g.141gb"))).outcome == "refused"
+
+
+def test_room_freed_by_preemption_goes_to_waiting_work() -> None:
+    s = Scheduler(fleet(plain=1))
+    s.submit(w("low", priority=0, sharing="timeslice", memory_mib=100 * GIB))
+    assert (
+        one(s.submit(w("small", priority=0, sharing="timeslice", memory_mib=45 * GIB))).outcome
+        == "pending"
+    )
+    decisions = s.submit(w("high", priority=100, sharing="timeslice", memory_mib=90 * GIB))
+    assert {d.workload: d.outcome for d in decisions}["a/small"] == "placed"
+
+
+def test_an_exact_fit_is_found_despite_rounding() -> None:
+    s = Scheduler(fleet(plain=1))
+    s.submit(w("a", sharing="timeslice", memory_mib=100000))
+    assert (
+        one(
+            s.submit(w("b", sharing="timeslice", memory_mib=H200.memory_total_mib - 100000))
+        ).outcome
+        == "placed"
+    )
+
+
+def test_an_idle_mig_gpu_is_cut_again_for_a_larger_profile() -> None:
+    s = Scheduler(fleet(plain=0, mig=1))
+    for i in range(7):
+        s.submit(w(f"s{i}", mig_profile="1g.18gb"))
+    for i in range(7):
+        s.delete("a", f"s{i}")
+    d = one(s.submit(w("big", mig_profile="7g.141gb")))
+    assert d.outcome == "placed" and str(d.mig) == "7g.141gb@0"
+    kinds = [a.kind for a in d.actions]
+    assert kinds.count("destroy_mig_instance") == 7 and kinds[-2:] == [
+        "create_mig_instance",
+        "start",
+    ]
+    assert s.state.violations(False, {}) == []
+
+
+def test_restore_refuses_a_mig_instance_that_no_longer_fits() -> None:
+    from gpufrac.model.mig import MigPlacement
+
+    s = Scheduler(fleet(plain=0, mig=1))
+    g = s.state.gpus[0]
+    g.instances = {MigPlacement(0, "3g.71gb"): None, MigPlacement(4, "3g.71gb"): None}
+    s.state = type(s.state)([g])
+    recorded = Decision(
+        "a/big", "placed", mode="mig", gpus=("GPU-0",), mig=MigPlacement(0, "7g.141gb")
+    )
+    s.restore(w("big", mig_profile="7g.141gb"), recorded)
+    assert "a/big" in s.pending and s.state.violations(False, {}) == []
+
+
+def test_busy_mig_instances_from_a_snapshot_are_not_handed_out_until_their_workload_is_restored(
+    data_dir: Path,
+) -> None:
+    import os
+
+    from gpufrac.devices import open_simulated
+    from gpufrac.devices.simfleet import SimulatedFleet
+    from gpufrac.model.mig import MigPlacement
+    from gpufrac.planning.sched_state import sched_gpus_from_states
+
+    dev = open_simulated("h200:1:mig", data_dir)
+    uuid = dev.gpus()[0].uuid
+    inst = dev.create_instance(uuid, "7g.141gb", 0)
+    SimulatedFleet.open("h200:1:mig", data_dir).attach_process(
+        uuid, os.getpid(), 100, gi_id=inst.gi_id
+    )
+    states = dev.gpus()
+    s = Scheduler(sched_gpus_from_states(states, {uuid: dev.model(uuid)}))
+    assert one(s.submit(w("other", mig_profile="7g.141gb"))).outcome == "pending"
+    s2 = Scheduler(sched_gpus_from_states(states, {uuid: dev.model(uuid)}))
+    s2.restore(
+        w("mine", mig_profile="7g.141gb"),
+        Decision("a/mine", "placed", mode="mig", gpus=(uuid,), mig=MigPlacement(0, "7g.141gb")),
+    )
+    assert s2.allocations("a/mine") and s2.state.violations(False, {}) == []

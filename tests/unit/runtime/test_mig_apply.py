@@ -217,3 +217,20 @@ def test_any_plan_applied_reads_back_as_its_target(
     apply_targets(dev, [GpuTarget(p.uuid, True, p.instances) for p in plan.gpus])
     assert [g.layout for g in dev.gpus()] == [tuple(sorted(p.instances)) for p in plan.gpus]
     assert apply_targets(dev, [GpuTarget(p.uuid, True, p.instances) for p in plan.gpus]) == []
+
+
+def test_drain_stops_the_processes_in_busy_instances_then_applies(
+    sim: NvmlDevices, fleet: SimulatedFleet
+) -> None:
+    uuid = sim.gpus()[0].uuid
+    apply_targets(sim, [GpuTarget(uuid, True, parse_layout("3g.71gb@0"))])
+    gi = sim.gpu(uuid).instances[0].gi_id
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    fleet.attach_process(uuid, child.pid, 1000, gi_id=gi)
+    with pytest.raises(ApplyRefused, match=f"stop their processes {child.pid}"):
+        apply_targets(sim, [GpuTarget(uuid, True, parse_layout("7g.141gb@0"))])
+    apply_targets(
+        sim, [GpuTarget(uuid, True, parse_layout("7g.141gb@0"))], drain=True, drain_grace=5
+    )
+    assert child.wait(timeout=10) == -15  # SIGTERM
+    assert sim.gpu(uuid).layout == parse_layout("7g.141gb@0")
