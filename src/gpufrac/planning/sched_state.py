@@ -111,6 +111,7 @@ class ClusterState:
         self.empty: dict[str, list[int]] = defaultdict(list)
         self.free_instances: dict[tuple[str, str], set[tuple[int, MigPlacement]]] = defaultdict(set)
         self.addable: dict[tuple[str, str], set[int]] = defaultdict(set)
+        self.idle_mig: dict[str, set[int]] = defaultdict(set)  # MIG GPUs with instances, all unused
         for g in gpus:
             if g.mig:
                 self._index_mig(g)
@@ -121,6 +122,7 @@ class ClusterState:
 
     def _unindex(self, g: SchedGpu) -> None:
         if g.mig:
+            self.idle_mig[g.model.key].discard(g.index)
             for name in g.model.profiles:
                 self.addable[(g.model.key, name.name)].discard(g.index)
             for pl in g.instances:
@@ -150,6 +152,8 @@ class ClusterState:
     def _index_mig(self, g: SchedGpu) -> None:
         if not g.schedulable:
             return
+        if g.instances and all(owner is None for owner in g.instances.values()):
+            self.idle_mig[g.model.key].add(g.index)
         for pl, owner in g.instances.items():
             if owner is None:
                 self.free_instances[(g.model.key, pl.profile)].add((g.index, pl))

@@ -464,17 +464,10 @@ class Scheduler:
                 if n:
                     continue
                 # a MIG GPU whose instances are all idle can be cut again from scratch
-                for g in self._mig_gpus:
-                    if g.model.key != key or not g.schedulable or not g.instances:
-                        continue
-                    if any(owner is not None for owner in g.instances.values()):
-                        continue
-                    fresh = additions(g.model, ()).get(profile)
-                    if fresh is not None:
-                        yield Candidate(
-                            g.index, mode, need, fresh, True, tuple(sorted(g.instances))
-                        )
-                        break
+                fresh = additions(model, ()).get(profile)
+                for gi in sorted(st.idle_mig.get(key, ()))[:1] if fresh is not None else ():
+                    g = st.gpus[gi]
+                    yield Candidate(gi, mode, need, fresh, True, tuple(sorted(g.instances)))
                 continue
             need = need_on(spec, model, mode)
             if need.memory_mib > model.memory_total_mib:
