@@ -81,6 +81,7 @@ class NvmlDevices:
     def __init__(self, lib: Any, *, simulated: bool, initialized: bool = False) -> None:
         self.lib = lib
         self.simulated = simulated
+        self.sdk_env: dict[str, str] = {}  # handed to workloads (simulated GPUs: the SDK's channel)
         if not initialized:
             self.call(lib.nvmlInit)
         self._models: dict[str, GpuModel] = {}

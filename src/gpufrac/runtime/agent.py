@@ -166,6 +166,12 @@ class Agent:
         env = self._environment(spec, decision)
         if status is not None and not status.done:
             if status.shim_alive:
+                assert latest is not None
+                over = self._memory_watchdog(spec, decision, latest)
+                if over:
+                    return WorkloadState(
+                        key, stored.generation, "running", over, decision, len(attempts), None, env
+                    )
                 return self._check_deadline(
                     spec, stored.generation, decision, attempts, status, env
                 )
@@ -181,8 +187,12 @@ class Agent:
             return self._complete(spec, stored.generation, "succeeded", len(attempts), 0)
         restart = spec.restart == "always" or (spec.restart == "on-failure" and not ok)
         limit = spec.backoff_limit if spec.type == "job" else None
+        killed = _read_json(latest / "killed.json") if latest else {}
         if not restart or (limit is not None and len(attempts) > limit):
-            why = f"exited with {status.exit_code if status.exit_code is not None else f'signal {status.signal}'}"
+            why = (
+                str(killed.get("reason") or "")
+                or f"exited with {status.exit_code if status.exit_code is not None else f'signal {status.signal}'}"
+            )
             return self._complete(
                 spec, stored.generation, "failed", len(attempts), status.exit_code, why
             )
@@ -264,6 +274,34 @@ class Agent:
             handed_env(self._latest(spec.tenant, spec.name, generation)),
         )
 
+    # -- memory limits --------------------------------------------------------------------------
+
+    def _memory_watchdog(self, spec: WorkloadSpec, decision: Decision, run_dir: Path) -> str:
+        """Stop a workload whose processes hold more GPU memory than it was given (where nothing else
+        enforces it: MIG instances are hard limits). Returns the reason if it was stopped."""
+        if decision.mode not in ("timeslice", "mps") or not decision.gpus:
+            return ""
+        alloc = self.scheduler.allocations(workload_key(spec))
+        child = read_status(run_dir).child_pid
+        if not alloc or child is None:
+            return ""
+        limit = alloc[0].memory_mib
+        used = sum(
+            p.used_memory_mib or 0
+            for p in self.dev.gpu(decision.gpus[0]).processes
+            if _process_group(p.pid) == child
+        )
+        usage = _read_json(run_dir / "usage.json")
+        if used > int(str(usage.get("peak_mib", 0))):
+            _write_json(run_dir / "usage.json", {"peak_mib": used, "limit_mib": limit})
+        if used <= limit:
+            return ""
+        why = f"stopped: it used {used} MiB of GPU memory, over its {limit} MiB limit"
+        _write_json(run_dir / "killed.json", {"reason": why})
+        self.store.record_event("memory_limit", workload_key(spec), why)
+        stop(run_dir, grace=self.stop_grace)
+        return why
+
     # -- processes ------------------------------------------------------------------------------
 
     def _run_root(self, tenant: str, name: str) -> Path:
@@ -344,17 +382,53 @@ class Agent:
             devices = [inst.uuid] if inst is not None and inst.uuid else []
         alloc = self.scheduler.allocations(workload_key(spec))
         visible = ",".join(devices)
-        return {
+        env = {
             "CUDA_VISIBLE_DEVICES": visible,
             "NVIDIA_VISIBLE_DEVICES": visible,
             "GPUFRAC_WORKLOAD": spec.name,
             "GPUFRAC_TENANT": spec.tenant,
             "GPUFRAC_SHARING": decision.mode or "",
             "GPUFRAC_GPU_MEMORY_LIMIT_MIB": str(alloc[0].memory_mib) if alloc else "",
+            "GPUFRAC_GPU_UUID": decision.gpus[0] if decision.gpus else "",
+            **self.dev.sdk_env,
         }
+        if decision.mig is not None and decision.gpus:
+            inst = next(
+                (
+                    i
+                    for i in self.dev.gpu(decision.gpus[0]).instances
+                    if i.placement == decision.mig
+                ),
+                None,
+            )
+            if inst is not None:
+                env["GPUFRAC_GI_ID"] = str(inst.gi_id)
+        return env
 
 
 HANDED_OVER = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_", "GPUFRAC_")
+
+
+def _process_group(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[-1].split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_json(path: Path) -> dict[str, object]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _write_json(path: Path, value: dict[str, object]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
 
 
 def handed_env(run_dir: Path | None) -> dict[str, str]:

@@ -153,3 +153,27 @@ def test_changing_a_spec_replaces_it_and_a_refused_one_stores_nothing(
     assert what == "refused" and decision is not None and "could ever hold" in decision.reason
     assert agent.store.workload("default", "huge") is None
     agent.delete("default", "svc")
+
+
+def test_a_workload_over_its_memory_is_stopped_by_the_watchdog(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    """On simulated GPUs a workload reports its memory through gpufrac.sdk; the agent reads it back
+    through the device adapter, as NVML's per-process memory on a real GPU, and stops it when over."""
+    agent = Agent(data_dir, dev, stop_grace=2)
+    code = (
+        "import time\nfrom gpufrac import sdk\n"
+        "assert sdk.report_gpu_memory(sdk.memory_limit_mib() // 2)\ntime.sleep(1)\n"
+        "sdk.report_gpu_memory(sdk.memory_limit_mib() * 3)\ntime.sleep(60)\n"
+    )
+    agent.apply(job("hog", code, sharing="timeslice", restart="never"))
+    state = settle(agent, "default/hog", {"failed"}, timeout=30)
+    assert "over its 4096 MiB limit" in state.reason and "12288 MiB" in state.reason
+    assert [e.kind for e in agent.store.events("default/hog")].count("memory_limit") == 1
+    calm = job(
+        "calm",
+        "from gpufrac import sdk\nimport time\nsdk.report_gpu_memory(1000)\ntime.sleep(1)\n",
+        sharing="timeslice",
+    )
+    agent.apply(calm)
+    assert settle(agent, "default/calm", {"succeeded"}).exit_code == 0

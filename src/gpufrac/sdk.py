@@ -1,0 +1,57 @@
+"""Helpers imported inside workloads.
+
+* ``memory_limit_mib()``: the GPU memory this workload was given (``GPUFRAC_GPU_MEMORY_LIMIT_MIB``).
+* ``cap_torch_memory()``: cap PyTorch's CUDA allocator to that limit, so an over-limit allocation fails
+  inside the workload (a clean ``OutOfMemoryError``) before the agent's watchdog has to stop it.
+* ``report_gpu_memory(mib)``: on simulated GPUs, the documented channel through which a workload says
+  how much GPU memory it holds. The agent reads it back through the device adapter, like NVML's
+  per-process memory on a real GPU, and shows it labelled as simulated. On a real GPU it does nothing:
+  the driver already knows.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def memory_limit_mib() -> int | None:
+    value = os.environ.get("GPUFRAC_GPU_MEMORY_LIMIT_MIB", "")
+    return int(value) if value.isdigit() else None
+
+
+def attempt() -> int:
+    """Which attempt of this workload this is (1 for the first run, 2 after one restart, ...)."""
+    value = os.environ.get("GPUFRAC_ATTEMPT", "1")
+    return int(value) if value.isdigit() else 1
+
+
+def cap_torch_memory(device: int = 0) -> bool:
+    """Limit PyTorch's caching allocator on ``device`` to this workload's memory; False if not possible."""
+    limit = memory_limit_mib()
+    if limit is None:
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    if not torch.cuda.is_available():
+        return False
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, limit * 2**20 / total), device)
+    return True
+
+
+def report_gpu_memory(mib: int) -> bool:
+    """Simulated GPUs only: record that this process holds ``mib`` MiB on its GPU (or MIG instance)."""
+    spec = os.environ.get("GPUFRAC_SIMULATE")
+    gpu = os.environ.get("GPUFRAC_GPU_UUID")
+    data = os.environ.get("GPUFRAC_DATA_DIR")
+    if not (spec and gpu and data):
+        return False
+    from gpufrac.devices.simfleet import SimulatedFleet
+
+    gi = os.environ.get("GPUFRAC_GI_ID", "")
+    fleet = SimulatedFleet.open(spec, Path(data))
+    fleet.attach_process(gpu, os.getpid(), mib, gi_id=int(gi) if gi.isdigit() else None)
+    return True
