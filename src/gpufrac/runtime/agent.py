@@ -334,6 +334,7 @@ class Agent:
     ) -> None:
         self._create_instances(decision)
         env = {**env, **self._environment(spec, decision)}  # MIG UUIDs exist only once created
+        env["GPUFRAC_ATTEMPT"] = str(attempt)
         run_dir = self._run_root(spec.tenant, spec.name) / f"g{generation}-{attempt}"
         launch(
             run_dir,

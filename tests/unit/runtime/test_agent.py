@@ -177,3 +177,14 @@ def test_a_workload_over_its_memory_is_stopped_by_the_watchdog(
     )
     agent.apply(calm)
     assert settle(agent, "default/calm", {"succeeded"}).exit_code == 0
+
+
+def test_the_attempt_number_is_handed_over(data_dir: Path, dev: NvmlDevices) -> None:
+    clock = Clock()
+    agent = Agent(data_dir, dev, clock=clock)
+    agent.apply(
+        job("once", "from gpufrac import sdk\nraise SystemExit(1 if sdk.attempt() == 1 else 0)")
+    )
+    settle(agent, "default/once", {"backoff"})
+    clock.offset += 2
+    assert settle(agent, "default/once", {"succeeded"}).attempts == 2
