@@ -12,8 +12,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $@
 
+# The main job: small real workloads under the agent, on the local GPUs or (without a driver) the
+# simulated fleet; `python` in the manifests is this venv's.
 demo: $(STAMP)
-	$(BIN)/gpufrac demo
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(BIN)/gpufrac up examples/quickstart.yaml --until-done
 
 test: $(STAMP) lint typecheck unit
 

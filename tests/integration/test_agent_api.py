@@ -129,3 +129,29 @@ def test_the_cli_talks_to_the_agent(agent: RunningAgent, tmp_path: Path) -> None
     assert "CUDA_VISIBLE_DEVICES" in cli("describe", "workload", "cli").stdout
     assert cli("delete", "cli").returncode == 0
     assert cli("delete", "cli").returncode == 1
+
+
+def test_gpufrac_up_runs_the_quickstart_to_the_end_and_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    root = Path(__file__).parents[2]
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "GPUFRAC_DATA_DIR": str(tmp_path / "data"),
+        "GPUFRAC_SIMULATE": "h200:1:mig,h200:1",
+    }
+    r = subprocess.run(
+        [PY, "-m", "gpufrac.cli", "up", "examples/quickstart.yaml", "--until-done"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "7 workloads: 4 succeeded, 1 failed; memory limits enforced: 1" in r.stdout.replace(
+        "\n", " "
+    )
+    runs = list((tmp_path / "data" / "runs").glob("*/*/*"))
+    assert runs == []  # stopped and cleaned up on the way out

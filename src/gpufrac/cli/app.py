@@ -20,6 +20,7 @@ from gpufrac.cli.gpus import gpus_command, render_gpu
 from gpufrac.cli.mig import mig_app, profiles_table
 from gpufrac.cli.mig_plan import plan_gpu, render_plan
 from gpufrac.cli.schedule import schedule_command, validate_command
+from gpufrac.cli.up import up_command
 from gpufrac.config import DEMO_FLEET, data_dir, simulate_spec
 from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.devices.errors import DriverUnavailable
@@ -41,6 +42,7 @@ app.command("get")(get_command)
 app.command("describe")(describe_command)
 app.command("delete")(delete_command)
 app.command("logs")(logs_command)
+app.command("up")(up_command)
 app.command("schedule")(schedule_command)
 app.add_typer(mig_app, name="mig")
 

@@ -187,7 +187,7 @@ class Agent:
             return self._complete(spec, stored.generation, "succeeded", len(attempts), 0)
         restart = spec.restart == "always" or (spec.restart == "on-failure" and not ok)
         limit = spec.backoff_limit if spec.type == "job" else None
-        killed = _read_json(latest / "killed.json") if latest else {}
+        killed = read_json(latest / "killed.json") if latest else {}
         if not restart or (limit is not None and len(attempts) > limit):
             why = (
                 str(killed.get("reason") or "")
@@ -291,7 +291,7 @@ class Agent:
             for p in self.dev.gpu(decision.gpus[0]).processes
             if _process_group(p.pid) == child
         )
-        usage = _read_json(run_dir / "usage.json")
+        usage = read_json(run_dir / "usage.json")
         if used > int(str(usage.get("peak_mib", 0))):
             _write_json(run_dir / "usage.json", {"peak_mib": used, "limit_mib": limit})
         if used <= limit:
@@ -418,7 +418,7 @@ def _process_group(pid: int) -> int | None:
         return None
 
 
-def _read_json(path: Path) -> dict[str, object]:
+def read_json(path: Path) -> dict[str, object]:
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError):

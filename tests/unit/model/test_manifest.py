@@ -558,6 +558,7 @@ MANIFEST_EXAMPLES = {
     "mig-profile.yaml": ["mig", "mig"],
     "hami-kai-aliases.yaml": ["memory", "fraction", "memory"],
     "service-with-health.yaml": ["memory"],
+    "quickstart.yaml": ["memory", "mig", "memory", "memory", "memory", "memory", "memory"],
 }
 
 

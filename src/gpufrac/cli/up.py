@@ -1,0 +1,191 @@
+"""``gpufrac up FILE...``: the agent in the foreground with a live view, then a summary.
+
+It applies the manifests, reconciles twice a second while showing GPUs and workloads, and stops at
+Ctrl-C, when every job is done (``--until-done``), or after ``--duration`` seconds. On the way out it
+stops the workloads it started (unless ``--keep``), so nothing is left behind, and prints what happened:
+placements, restarts, limits enforced and the memory each workload was measured to use.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+
+from gpufrac.cli.common import DataDirOpt, SimulateOpt, console, handled_errors
+from gpufrac.cli.schedule import _load, _settings
+from gpufrac.config import data_dir as resolve_data_dir
+from gpufrac.devices.nvml import NvmlDevices
+from gpufrac.model.workload import WorkloadSpec
+from gpufrac.runtime.agent import Agent, WorkloadState, read_json
+
+TERMINAL = ("succeeded", "failed")
+
+
+def up_command(
+    files: Annotated[list[Path], typer.Argument(help="Manifest files.")],
+    until_done: Annotated[
+        bool, typer.Option("--until-done", help="Stop once every job has finished.")
+    ] = False,
+    duration: Annotated[
+        float | None, typer.Option("--duration", help="Stop after this many seconds.")
+    ] = None,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Leave the workloads running on exit.")
+    ] = False,
+    settings_file: Annotated[
+        Path | None, typer.Option("--settings", help="Operator settings file.")
+    ] = None,
+    simulate: SimulateOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Run manifests on this machine with a live view (the agent in the foreground)."""
+    from gpufrac.cli.app import devices_or_simulated
+
+    with handled_errors():
+        specs = _load(files)
+        cfg = _settings(settings_file, data_dir)
+        dev = devices_or_simulated(simulate, data_dir)
+        agent = Agent(resolve_data_dir(data_dir), dev, cfg, stop_grace=5)
+    started = time.monotonic()
+    states: dict[str, WorkloadState] = {}
+    try:
+        for spec in specs:
+            what, decision = agent.apply(spec)
+            where = f" ({decision.outcome}: {decision.reason or decision.mode})" if decision else ""
+            console.print(f"{spec.tenant}/{spec.name}: {what}{where}", highlight=False)
+        keys = {f"{s.tenant}/{s.name}" for s in specs}
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
+            while True:
+                states = {s.key: s for s in agent.reconcile() if s.key in keys}
+                live.update(_view(dev, specs, states, time.monotonic() - started))
+                if duration is not None and time.monotonic() - started >= duration:
+                    break
+                if until_done and _done(specs, states):
+                    break
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        console.print("interrupted")
+    finally:
+        _summary(agent, specs, states)
+        if not keep:
+            for spec in specs:
+                agent.delete(spec.tenant, spec.name)
+            console.print("stopped the workloads it started (--keep leaves them running)")
+        agent.close()
+        dev.close()
+
+
+def _done(specs: list[WorkloadSpec], states: dict[str, WorkloadState]) -> bool:
+    jobs = [states.get(f"{s.tenant}/{s.name}") for s in specs if s.type == "job"]
+    if any(j is None for j in jobs):
+        return False
+    if all(j.phase in TERMINAL for j in jobs if j):
+        return True
+    # nothing runs and what is left can only wait: done as well (the summary says what waits)
+    return not any(j.phase in ("running", "starting", "backoff") for j in jobs if j) and not any(
+        states.get(f"{s.tenant}/{s.name}")
+        and states[f"{s.tenant}/{s.name}"].phase in ("running", "starting")
+        for s in specs
+    )
+
+
+def _view(
+    dev: NvmlDevices, specs: list[WorkloadSpec], states: dict[str, WorkloadState], elapsed: float
+) -> Group:
+    gpus = Table(title=f"GPUs ({'simulated' if dev.simulated else 'local'})", title_justify="left")
+    for col in ("GPU", "name", "MIG", "memory used", "instances"):
+        gpus.add_column(col)
+    for g in dev.gpus():
+        gpus.add_row(
+            str(g.index),
+            g.name,
+            g.mig_current,
+            f"{g.memory_used_mib:,} / {g.memory_total_mib:,} MiB",
+            ", ".join(str(i.placement) for i in g.instances) or "-",
+        )
+    t = Table(title=f"workloads, {elapsed:.0f}s", title_justify="left")
+    for col in ("workload", "type", "priority", "phase", "where", "attempts", "reason"):
+        t.add_column(col, overflow="fold")
+    for s in specs:
+        st = states.get(f"{s.tenant}/{s.name}")
+        d = st.decision if st else None
+        where = (
+            (d.mode or "")
+            + (f" GPU {', '.join(g[:12] for g in d.gpus)}" if d and d.gpus else "")
+            + (f" {d.mig}" if d and d.mig else "")
+            if d
+            else ""
+        )
+        style = {
+            "running": "green",
+            "succeeded": "green",
+            "failed": "red",
+            "backoff": "yellow",
+            "pending": "yellow",
+        }.get(st.phase if st else "", "")
+        phase = f"[{style}]{st.phase}[/]" if st and style else (st.phase if st else "")
+        t.add_row(
+            f"{s.tenant}/{s.name}",
+            s.type,
+            str(s.priority),
+            phase,
+            where,
+            str(st.attempts if st else 0),
+            st.reason if st else "",
+        )
+    return Group(gpus, t)
+
+
+def _summary(agent: Agent, specs: list[WorkloadSpec], states: dict[str, WorkloadState]) -> None:
+    t = Table(title="summary", title_justify="left")
+    for col in ("workload", "placed on", "phase", "restarts", "limit", "peak use", "events"):
+        t.add_column(col, overflow="fold")
+    limits = 0
+    index = {g.uuid: f"GPU {g.index}" for g in agent.dev.gpus()}
+    for s in specs:
+        key = f"{s.tenant}/{s.name}"
+        st = states.get(key)
+        events = agent.store.events(key, limit=200)
+        kinds = [e.kind for e in events]
+        limits += kinds.count("memory_limit")
+        placed = next((e.message for e in reversed(events) if e.kind == "started"), "")
+        for uuid, name in index.items():
+            placed = placed.replace(uuid, name)
+        stored = agent.store.workload(s.tenant, s.name)
+        usage: dict[str, object] = {}
+        if stored is not None:
+            run = agent.latest_run(s.tenant, s.name, stored.generation)
+            for r in sorted(run.parent.glob(f"g{stored.generation}-*")) if run else []:
+                u = read_json(r / "usage.json")
+                if int(str(u.get("peak_mib", 0))) >= int(str(usage.get("peak_mib", 0))):
+                    usage = u
+        peak = (
+            f"{usage['peak_mib']} MiB" + (" (simulated)" if agent.dev.simulated else "")
+            if usage
+            else "-"
+        )
+        limit = f"{usage.get('limit_mib')} MiB" if usage.get("limit_mib") else "-"
+        notes = ", ".join(
+            sorted({k for k in kinds if k in ("restarted", "memory_limit", "evicted", "preempted")})
+        )
+        t.add_row(
+            key,
+            placed.split(" on ", 1)[-1] if placed else (st.reason if st else ""),
+            st.phase if st else "-",
+            str(max(0, (st.attempts if st else 0) - 1)),
+            limit,
+            peak,
+            notes,
+        )
+    console.print(t)
+    done = sum(1 for s in states.values() if s.phase == "succeeded")
+    console.print(
+        f"{len(specs)} workloads: {done} succeeded, {sum(1 for s in states.values() if s.phase == 'failed')} failed; memory limits enforced: {limits}",
+        highlight=False,
+    )
