@@ -8,6 +8,7 @@ placements, restarts, limits enforced and the memory each workload was measured 
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Annotated
@@ -54,6 +55,8 @@ def up_command(
         agent = Agent(resolve_data_dir(data_dir), dev, cfg, stop_grace=5)
     started = time.monotonic()
     states: dict[str, WorkloadState] = {}
+    # a SIGTERM stops `up` the way Ctrl-C does: its workloads are stopped on the way out
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         for spec in specs:
             what, decision = agent.apply(spec)
@@ -79,20 +82,15 @@ def up_command(
             console.print("stopped the workloads it started (--keep leaves them running)")
         agent.close()
         dev.close()
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _done(specs: list[WorkloadSpec], states: dict[str, WorkloadState]) -> bool:
+    """Every job has finished, or none can make progress (what is left waits; services do not count)."""
     jobs = [states.get(f"{s.tenant}/{s.name}") for s in specs if s.type == "job"]
     if any(j is None for j in jobs):
         return False
-    if all(j.phase in TERMINAL for j in jobs if j):
-        return True
-    # nothing runs and what is left can only wait: done as well (the summary says what waits)
-    return not any(j.phase in ("running", "starting", "backoff") for j in jobs if j) and not any(
-        states.get(f"{s.tenant}/{s.name}")
-        and states[f"{s.tenant}/{s.name}"].phase in ("running", "starting")
-        for s in specs
-    )
+    return not any(j.phase in ("running", "starting", "backoff") for j in jobs if j is not None)
 
 
 def _view(
