@@ -155,3 +155,49 @@ def test_gpufrac_up_runs_the_quickstart_to_the_end_and_leaves_nothing_behind(
     )
     runs = list((tmp_path / "data" / "runs").glob("*/*/*"))
     assert runs == []  # stopped and cleaned up on the way out
+
+
+def test_metrics_use_dcgm_names_and_leave_out_what_nvml_does_not_give(agent: RunningAgent) -> None:
+    report = "from gpufrac import sdk; import time; sdk.report_gpu_memory(1500); time.sleep(60)"
+    docs = (
+        manifest("ts", [PY, "-c", report])
+        + "---\n"
+        + manifest("mg", [PY, "-c", report], gpu="{mig: 1g.18gb}").replace(
+            "  sharing: timeslice\n", ""
+        )
+    )
+    assert httpx.post(agent.url + "/api/v1/workloads", content=docs, timeout=10).status_code == 200
+    wait_for(agent, lambda ws: len(ws) == 2 and all(w["phase"] == "running" for w in ws))
+    deadline = time.monotonic() + 20
+    text = ""
+    while time.monotonic() < deadline:
+        text = httpx.get(agent.url + "/metrics").text
+        if (
+            'gpufrac_workload_gpu_memory_used_bytes{tenant="default",workload="ts"} 1572864000'
+            in text
+            and 'workload="mg"} 1572864000' in text
+        ):
+            break
+        time.sleep(0.2)
+    assert (
+        'gpufrac_workload_gpu_memory_used_bytes{tenant="default",workload="ts"} 1572864000' in text
+    )
+    assert (
+        'gpufrac_workload_gpu_memory_limit_bytes{tenant="default",workload="ts"} 4294967296' in text
+    )
+    assert (
+        "DCGM_FI_DEV_FB_USED{gpu=" in text
+        and 'GPU_I_ID="' in text
+        and 'modelName="NVIDIA H200"' in text
+    )
+    sm = [
+        line
+        for line in text.splitlines()
+        if line.startswith("gpufrac_workload_sm_utilization_percent{")
+    ]
+    assert any('workload="ts"' in line for line in sm) and not any(
+        'workload="mg"' in line for line in sm
+    )
+    util = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+    assert len(util) == 2  # the two GPUs without MIG; the MIG-enabled ones report none, not zero
+    assert 'gpufrac_workload_state{tenant="default",workload="ts",phase="running"} 1' in text

@@ -13,9 +13,10 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from gpufrac import __version__
+from gpufrac.api.metrics import render
 from gpufrac.errors import InputError
 from gpufrac.model.manifest import parse_manifests
 from gpufrac.model.workload import spec_to_json
@@ -119,6 +120,11 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
             "env": state.env if state else {},
             "placement": placed[1] if placed else None,
         }
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> str:
+        with service.lock:
+            return render(service.agent, service.states)
 
     @app.get("/api/v1/health")
     def health() -> dict[str, str]:

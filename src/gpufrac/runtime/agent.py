@@ -410,6 +410,30 @@ class Agent:
 HANDED_OVER = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_", "GPUFRAC_")
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryUse:
+    mib: int
+    pids: tuple[int, ...]
+
+
+def workload_memory_mib(agent: Agent, tenant: str, name: str) -> MemoryUse | None:
+    """GPU memory held now by a running workload's processes (its process group), as NVML reports it."""
+    stored = agent.store.workload(tenant, name)
+    placed = agent.store.placement(tenant, name)
+    if stored is None or placed is None or not placed[1].get("gpus"):
+        return None
+    run = agent.latest_run(tenant, name, stored.generation)
+    child = read_status(run).child_pid if run else None
+    if child is None:
+        return None
+    procs = [
+        p
+        for p in agent.dev.gpu(str(placed[1]["gpus"][0])).processes
+        if _process_group(p.pid) == child
+    ]
+    return MemoryUse(sum(p.used_memory_mib or 0 for p in procs), tuple(p.pid for p in procs))
+
+
 def _process_group(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
