@@ -201,3 +201,43 @@ def test_metrics_use_dcgm_names_and_leave_out_what_nvml_does_not_give(agent: Run
     util = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
     assert len(util) == 2  # the two GPUs without MIG; the MIG-enabled ones report none, not zero
     assert 'gpufrac_workload_state{tenant="default",workload="ts",phase="running"} 1' in text
+
+
+def test_cordon_and_drain_through_the_cli(agent: RunningAgent) -> None:
+    env = {**os.environ, "GPUFRAC_SERVER": agent.url}
+    assert (
+        httpx.post(
+            agent.url + "/api/v1/workloads",
+            content=manifest("svc", [PY, "-c", "import time; time.sleep(60)"]),
+            timeout=10,
+        ).status_code
+        == 200
+    )
+    data = wait_for(agent, lambda ws: ws and ws[0]["phase"] == "running")
+    gpu = data["workloads"][0]["placement"]["gpus"][0]
+    r = subprocess.run(
+        [PY, "-m", "gpufrac.cli", "drain", gpu], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert r.returncode == 0 and "drained" in r.stdout
+    data = wait_for(
+        agent,
+        lambda ws: ws and ws[0]["phase"] == "running" and ws[0]["placement"]["gpus"][0] != gpu,
+    )
+    r = subprocess.run(
+        [PY, "-m", "gpufrac.cli", "uncordon", gpu],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 0 and "uncordoned" in r.stdout
+    assert (
+        subprocess.run(
+            [PY, "-m", "gpufrac.cli", "cordon", "99"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        ).returncode
+        == 1
+    )

@@ -193,6 +193,35 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
         with service.lock:
             return {"gpus": [g.to_json() for g in service.agent.dev.gpus()]}
 
+    def _gpu_uuid(gpu: str) -> str:
+        for g in service.agent.scheduler.state.gpus:
+            if gpu in (g.uuid, str(g.index)):
+                return g.uuid
+        raise HTTPException(404, f"no GPU {gpu}")
+
+    @app.post("/api/v1/gpus/{gpu}/cordon")
+    def cordon(gpu: str) -> dict[str, Any]:
+        with service.lock:
+            uuid = _gpu_uuid(gpu)
+            service.agent.cordon(uuid)
+        return {"cordoned": uuid}
+
+    @app.post("/api/v1/gpus/{gpu}/uncordon")
+    def uncordon(gpu: str) -> dict[str, Any]:
+        with service.lock:
+            uuid = _gpu_uuid(gpu)
+            placed = service.agent.uncordon(uuid)
+        service.wake()
+        return {"uncordoned": uuid, "placed": [d.workload for d in placed if d.outcome == "placed"]}
+
+    @app.post("/api/v1/gpus/{gpu}/drain")
+    def drain(gpu: str) -> dict[str, Any]:
+        with service.lock:
+            uuid = _gpu_uuid(gpu)
+            moved = service.agent.drain(uuid)
+        service.wake()
+        return {"drained": uuid, "decisions": [decision_to_json(d) for d in moved]}
+
     @app.get("/api/v1/events")
     def events(limit: int = 100) -> dict[str, Any]:
         with service.lock:

@@ -235,3 +235,36 @@ def logs_command(
     data = _call("GET", server, f"/api/v1/workloads/{tenant}/{name}/logs", params={"tail": tail})
     for line in data["lines"]:
         typer.echo(line)
+
+
+GpuArg = Annotated[str, typer.Argument(help="GPU index or UUID.")]
+
+
+def cordon_command(gpu: GpuArg, server: ServerOpt = None) -> None:
+    """Stop placing new work on a GPU (what runs there stays)."""
+    console.print(
+        f"cordoned {_call('POST', server, f'/api/v1/gpus/{gpu}/cordon')['cordoned']}",
+        highlight=False,
+    )
+
+
+def uncordon_command(gpu: GpuArg, server: ServerOpt = None) -> None:
+    """Let a GPU take new work again."""
+    r = _call("POST", server, f"/api/v1/gpus/{gpu}/uncordon")
+    console.print(
+        f"uncordoned {r['uncordoned']}; placed now: {', '.join(r['placed']) or 'none'}",
+        highlight=False,
+    )
+
+
+def drain_command(gpu: GpuArg, server: ServerOpt = None, json: JsonOpt = False) -> None:
+    """Cordon a GPU and move its workloads elsewhere."""
+    r = _call("POST", server, f"/api/v1/gpus/{gpu}/drain")
+    if json:
+        print_json(r)
+        return
+    for d in r["decisions"]:
+        console.print(
+            f"{d['workload']}: {d['outcome']} {d['reason'] or ' '.join(d['gpus'])}", highlight=False
+        )
+    console.print(f"drained {r['drained']}", highlight=False)

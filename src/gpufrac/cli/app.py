@@ -10,10 +10,13 @@ from gpufrac import __version__
 from gpufrac.cli.agent_cmds import (
     agent_command,
     apply_command,
+    cordon_command,
     delete_command,
     describe_command,
+    drain_command,
     get_command,
     logs_command,
+    uncordon_command,
 )
 from gpufrac.cli.common import DataDirOpt, SimulateOpt, console, err_console, handled_errors
 from gpufrac.cli.gpus import gpus_command, render_gpu
@@ -43,6 +46,9 @@ app.command("describe")(describe_command)
 app.command("delete")(delete_command)
 app.command("logs")(logs_command)
 app.command("up")(up_command)
+app.command("cordon")(cordon_command)
+app.command("uncordon")(uncordon_command)
+app.command("drain")(drain_command)
 app.command("schedule")(schedule_command)
 app.add_typer(mig_app, name="mig")
 

@@ -22,7 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufrac.devices.health import DeviceHealth
 from gpufrac.devices.nvml import NvmlDevices
+from gpufrac.errors import InputError
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_from_json, spec_to_json
 from gpufrac.planning.sched_state import sched_gpus_from_states
@@ -73,6 +75,11 @@ class Agent:
         states = dev.gpus()
         models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}
         self.scheduler = Scheduler(sched_gpus_from_states(states, models), settings)
+        self.health = DeviceHealth(dev)
+        for uuid in self.store.cordons():
+            g = self.scheduler.state.by_uuid.get(uuid)
+            if g is not None:
+                self.scheduler.state.set_schedulable(g, False)
         for w in self.store.workloads():  # take back what was decided before a restart
             spec = spec_from_json(w.spec)
             placed = self.store.placement(w.tenant, w.name)
@@ -131,10 +138,66 @@ class Agent:
             self.store.set_placement(tenant, name, stored.generation, decision_to_json(d))
             self.store.record_event(d.outcome, d.workload, d.reason or _where(d))
 
+    # -- GPUs: cordon, drain, health -------------------------------------------------------------
+
+    def cordon(self, uuid: str, reason: str = "cordoned by hand") -> None:
+        """No new work on this GPU; what runs there stays."""
+        g = self.scheduler.state.by_uuid.get(uuid)
+        if g is None:
+            raise InputError(
+                f"no schedulable GPU {uuid}", field="gpu", fix="gpufrac get gpus lists them"
+            )
+        self.store.cordon(uuid, reason)
+        self.scheduler.state.set_schedulable(g, False)
+
+    def uncordon(self, uuid: str) -> list[Decision]:
+        g = self.scheduler.state.by_uuid.get(uuid)
+        if g is None:
+            raise InputError(
+                f"no schedulable GPU {uuid}", field="gpu", fix="gpufrac get gpus lists them"
+            )
+        self.store.uncordon(uuid)
+        self.scheduler.state.set_schedulable(g, True)
+        decisions = self.scheduler.retry_pending()
+        self._record(decisions)
+        return decisions
+
+    def drain(self, uuid: str, reason: str = "drained by hand") -> list[Decision]:
+        """Cordon the GPU and move its workloads elsewhere (stopped here, placed again, or pending)."""
+        self.cordon(uuid, reason)
+        g = self.scheduler.state.by_uuid[uuid]
+        moved: list[Decision] = []
+        for key in sorted(
+            {a.workload for a in g.allocs.values()}
+            | {o for o in g.instances.values() if o and "/" in o}
+        ):
+            spec = self.scheduler.specs.get(key)
+            if spec is None:
+                continue
+            self._stop_runs(spec.tenant, spec.name)
+            self.store.record_event("moved", key, f"off GPU {g.index}: {reason}")
+            self._record(self.scheduler.delete(spec.tenant, spec.name))
+            decisions = self.scheduler.submit(spec)
+            self._record(decisions)
+            moved.extend(decisions)
+        return moved
+
+    def _watch_health(self) -> None:
+        """An Xid or ECC error, or a GPU that is lost, drains the GPU."""
+        while (event := self.health.wait_event(0)) is not None:
+            if event.gpu_uuid not in self.store.cordons():
+                self.drain(event.gpu_uuid, f"{event.kind} {event.data}")
+        lost = {g.uuid for g in self.scheduler.state.gpus} - {
+            g.uuid for g in self.dev.gpus() if g.health == "ok"
+        }
+        for uuid in lost - set(self.store.cordons()):
+            self.drain(uuid, "the GPU is lost")
+
     # -- reconcile ------------------------------------------------------------------------------
 
     def reconcile(self) -> list[WorkloadState]:
         """One pass: make the machine match the desired state. Safe to run any number of times."""
+        self._watch_health()
         return [self._reconcile_one(w.tenant, w.name) for w in self.store.workloads()]
 
     def _reconcile_one(self, tenant: str, name: str) -> WorkloadState:

@@ -49,6 +49,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         )""",
         "CREATE INDEX events_subject ON events (subject, id)",
     ),
+    2: (
+        """CREATE TABLE cordons (
+            gpu TEXT PRIMARY KEY,         -- GPU UUID
+            reason TEXT NOT NULL,
+            at REAL NOT NULL
+        )""",
+    ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 
@@ -202,6 +209,26 @@ class Store:
     def clear_placement(self, tenant: str, name: str) -> None:
         with self.transaction() as db:
             db.execute("DELETE FROM placements WHERE tenant = ? AND name = ?", (tenant, name))
+
+    # -- cordoned GPUs ---------------------------------------------------------------------------
+
+    def cordon(self, gpu: str, reason: str) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO cordons VALUES (?, ?, ?) ON CONFLICT (gpu) DO UPDATE SET reason = excluded.reason",
+                (gpu, reason, time.time()),
+            )
+            self._event(db, "cordoned", gpu, reason)
+
+    def uncordon(self, gpu: str) -> bool:
+        with self.transaction() as db:
+            gone = db.execute("DELETE FROM cordons WHERE gpu = ?", (gpu,)).rowcount
+            if gone:
+                self._event(db, "uncordoned", gpu, "schedulable again")
+            return bool(gone)
+
+    def cordons(self) -> dict[str, str]:
+        return {r[0]: r[1] for r in self.db.execute("SELECT gpu, reason FROM cordons")}
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -188,3 +188,35 @@ def test_the_attempt_number_is_handed_over(data_dir: Path, dev: NvmlDevices) -> 
     settle(agent, "default/once", {"backoff"})
     clock.offset += 2
     assert settle(agent, "default/once", {"succeeded"}).attempts == 2
+
+
+def test_cordon_drain_and_an_xid_move_workloads_off_a_gpu(data_dir: Path, dev: NvmlDevices) -> None:
+    from gpufrac.devices.simfleet import SimulatedFleet
+
+    dev2 = open_simulated("h200:3", data_dir / "three")
+    agent = Agent(data_dir / "three", dev2)
+    svc = job(
+        "svc", "import time; time.sleep(60)", type="service", restart="always", sharing="timeslice"
+    )
+    agent.apply(svc)
+    first = settle(agent, "default/svc", {"running"}).decision
+    assert first is not None
+    gpu_a = first.gpus[0]
+    moved = agent.drain(gpu_a)
+    assert moved[0].outcome == "placed" and moved[0].gpus[0] != gpu_a
+    second = settle(agent, "default/svc", {"running"})
+    assert second.decision is not None and second.decision.gpus[0] != gpu_a
+    assert gpu_a in agent.store.cordons()
+    again = Agent(
+        data_dir / "three", open_simulated("h200:3", data_dir / "three")
+    )  # cordons persist
+    assert not again.scheduler.state.by_uuid[gpu_a].schedulable
+    again.close()
+    gpu_b = second.decision.gpus[0]
+    SimulatedFleet.open("h200:3", data_dir / "three").inject_xid(gpu_b, 79)
+    third = settle(agent, "default/svc", {"running"})
+    assert third.decision is not None and third.decision.gpus[0] not in (gpu_a, gpu_b)
+    assert "xid 79" in agent.store.cordons()[gpu_b]
+    agent.uncordon(gpu_a)
+    assert agent.scheduler.state.by_uuid[gpu_a].schedulable
+    agent.delete("default", "svc")
