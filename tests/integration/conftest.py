@@ -75,3 +75,34 @@ def agent(tmp_path: Path) -> Iterator[RunningAgent]:
         if status.child_pid and not status.done:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(status.child_pid, signal.SIGKILL)
+
+
+TOKENS = {
+    "search": "search-token-0123456789",
+    "research": "research-token-0123456789",
+    "admin": "admin-token-0123456789",
+}
+
+
+@pytest.fixture
+def tenant_agent(tmp_path: Path) -> Iterator[RunningAgent]:
+    """An agent with API tokens for two tenants and the admin."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "tokens.yaml").write_text(
+        "tokens:\n"
+        f"  {TOKENS['search']}: {{tenant: search}}\n"
+        f"  {TOKENS['research']}: {{tenant: research}}\n"
+        f"  {TOKENS['admin']}: {{admin: true}}\n"
+    )
+    port = free_port()
+    running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None)  # type: ignore[arg-type]
+    running.start()
+    yield running
+    running.proc.kill()
+    running.proc.wait(timeout=10)
+    for run in (data_dir / "runs").glob("*/*/*"):
+        status = read_status(run)
+        if status.child_pid and not status.done:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(status.child_pid, signal.SIGKILL)

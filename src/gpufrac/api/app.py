@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from gpufrac import __version__
 from gpufrac.api.metrics import render
+from gpufrac.api.tokens import ADMIN, Caller
 from gpufrac.errors import InputError
 from gpufrac.model.manifest import parse_manifests
 from gpufrac.model.workload import spec_to_json
@@ -89,7 +90,9 @@ def _problem(e: InputError) -> JSONResponse:
     )
 
 
-def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
+def create_app(
+    service: AgentService, *, start_loop: bool = True, tokens: dict[str, Caller] | None = None
+) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> Any:
         if start_loop:
@@ -99,6 +102,26 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
 
     app = FastAPI(title="gpufrac agent", version=__version__, lifespan=lifespan)
     app.add_exception_handler(InputError, lambda _r, e: _problem(e))
+
+    def caller(request: Request) -> Caller:
+        """Who calls: the token's tenant (or the admin); without tokens configured, the admin."""
+        if tokens is None:
+            return ADMIN
+        header = request.headers.get("authorization", "")
+        token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+        found = tokens.get(token)
+        if found is None:
+            raise HTTPException(401, "a valid API token is needed (Authorization: Bearer TOKEN)")
+        return found
+
+    def own(request: Request, tenant: str, name: str) -> None:
+        """A tenant sees only its own workloads: another's look like they do not exist."""
+        if not caller(request).may_see(tenant):
+            raise HTTPException(404, f"no workload {tenant}/{name}")
+
+    def admin_only(request: Request) -> None:
+        if not caller(request).admin:
+            raise HTTPException(403, "only the admin token may change GPUs")
 
     def view(key: str) -> dict[str, Any]:
         tenant, name = key.split("/", 1)
@@ -122,7 +145,9 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
         }
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    def metrics() -> str:
+    def metrics(request: Request) -> str:
+        if not caller(request).admin:
+            raise HTTPException(403, "only the admin token may read the metrics")
         with service.lock:
             return render(service.agent, service.states)
 
@@ -133,9 +158,14 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
     @app.post("/api/v1/workloads")
     async def apply(request: Request) -> dict[str, Any]:
         text = (await request.body()).decode("utf-8", "replace")
-        specs = parse_manifests(
-            text, source="body"
-        )  # all or nothing: nothing is stored on an error
+        specs = parse_manifests(text, source="body")  # all or nothing: nothing stored on an error
+        who = caller(request)
+        for spec in specs:
+            if not who.may_see(spec.tenant):
+                raise HTTPException(
+                    403,
+                    f"the manifest names tenant {spec.tenant!r}; your token is for {who.tenant!r}",
+                )
         results = []
         with service.lock:
             for spec in specs:
@@ -152,12 +182,18 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
         return {"results": results}
 
     @app.get("/api/v1/workloads")
-    def list_workloads() -> dict[str, Any]:
+    def list_workloads(request: Request) -> dict[str, Any]:
+        who = caller(request)
         with service.lock:
-            return {"workloads": [view(w.key) for w in service.agent.store.workloads()]}
+            return {
+                "workloads": [
+                    view(w.key) for w in service.agent.store.workloads() if who.may_see(w.tenant)
+                ]
+            }
 
     @app.get("/api/v1/workloads/{tenant}/{name}")
-    def get_workload(tenant: str, name: str) -> dict[str, Any]:
+    def get_workload(request: Request, tenant: str, name: str) -> dict[str, Any]:
+        own(request, tenant, name)
         with service.lock:
             out = view(f"{tenant}/{name}")
             out["events"] = [
@@ -166,7 +202,8 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
             return out
 
     @app.delete("/api/v1/workloads/{tenant}/{name}")
-    def delete_workload(tenant: str, name: str) -> dict[str, Any]:
+    def delete_workload(request: Request, tenant: str, name: str) -> dict[str, Any]:
+        own(request, tenant, name)
         with service.lock:
             if not service.agent.delete(tenant, name):
                 raise HTTPException(404, f"no workload {tenant}/{name}")
@@ -174,7 +211,8 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
         return {"deleted": f"{tenant}/{name}"}
 
     @app.get("/api/v1/workloads/{tenant}/{name}/logs")
-    def logs(tenant: str, name: str, tail: int = 200) -> dict[str, Any]:
+    def logs(request: Request, tenant: str, name: str, tail: int = 200) -> dict[str, Any]:
+        own(request, tenant, name)
         with service.lock:
             stored = service.agent.store.workload(tenant, name)
             if stored is None:
@@ -189,7 +227,8 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
         return {"run": run.name, "lines": lines[-tail:] if tail > 0 else lines}
 
     @app.get("/api/v1/gpus")
-    def gpus() -> dict[str, Any]:
+    def gpus(request: Request) -> dict[str, Any]:
+        caller(request)
         with service.lock:
             return {"gpus": [g.to_json() for g in service.agent.dev.gpus()]}
 
@@ -200,14 +239,16 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
         raise HTTPException(404, f"no GPU {gpu}")
 
     @app.post("/api/v1/gpus/{gpu}/cordon")
-    def cordon(gpu: str) -> dict[str, Any]:
+    def cordon(request: Request, gpu: str) -> dict[str, Any]:
+        admin_only(request)
         with service.lock:
             uuid = _gpu_uuid(gpu)
             service.agent.cordon(uuid)
         return {"cordoned": uuid}
 
     @app.post("/api/v1/gpus/{gpu}/uncordon")
-    def uncordon(gpu: str) -> dict[str, Any]:
+    def uncordon(request: Request, gpu: str) -> dict[str, Any]:
+        admin_only(request)
         with service.lock:
             uuid = _gpu_uuid(gpu)
             placed = service.agent.uncordon(uuid)
@@ -215,7 +256,8 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
         return {"uncordoned": uuid, "placed": [d.workload for d in placed if d.outcome == "placed"]}
 
     @app.post("/api/v1/gpus/{gpu}/drain")
-    def drain(gpu: str) -> dict[str, Any]:
+    def drain(request: Request, gpu: str) -> dict[str, Any]:
+        admin_only(request)
         with service.lock:
             uuid = _gpu_uuid(gpu)
             moved = service.agent.drain(uuid)
@@ -223,8 +265,14 @@ def create_app(service: AgentService, *, start_loop: bool = True) -> FastAPI:
         return {"drained": uuid, "decisions": [decision_to_json(d) for d in moved]}
 
     @app.get("/api/v1/events")
-    def events(limit: int = 100) -> dict[str, Any]:
+    def events(request: Request, limit: int = 100) -> dict[str, Any]:
+        who = caller(request)
         with service.lock:
-            return {"events": [asdict(e) for e in service.agent.store.events(limit=limit)]}
+            found = service.agent.store.events(limit=limit)
+        return {
+            "events": [
+                asdict(e) for e in found if who.admin or e.subject.startswith(f"{who.tenant}/")
+            ]
+        }
 
     return app

@@ -40,11 +40,15 @@ TenantOpt = Annotated[str, typer.Option("--tenant", "-t", help="The workload's t
 def agent_command(
     host: Annotated[
         str,
-        typer.Option(
-            "--host", help="Address to listen on (loopback only, until API tokens exist)."
-        ),
+        typer.Option("--host", help="Address to listen on (beyond loopback only with API tokens)."),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = DEFAULT_PORT,
+    tokens_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokens", help="API tokens file (default: tokens.yaml in the data directory, if any)."
+        ),
+    ] = None,
     settings_file: Annotated[
         Path | None,
         typer.Option(
@@ -58,6 +62,7 @@ def agent_command(
     import uvicorn
 
     from gpufrac.api.app import AgentService, create_app
+    from gpufrac.api.tokens import load_tokens
     from gpufrac.cli.schedule import _settings
     from gpufrac.config import simulate_spec
     from gpufrac.devices import open_devices
@@ -68,18 +73,22 @@ def agent_command(
             loopback = ipaddress.ip_address(host).is_loopback
         except ValueError:
             loopback = host == "localhost"
-        if not loopback:
+        data = resolve_data_dir(data_dir)
+        tokens = load_tokens(tokens_file or data / "tokens.yaml")
+        if tokens_file is not None and tokens is None:
+            raise InputError(f"no tokens file {tokens_file}", field="--tokens")
+        if not loopback and not tokens:
             raise InputError(
                 f"refusing to listen on {host} without API tokens",
                 field="--host",
-                fix="use 127.0.0.1 (tokens come with tenant isolation)",
+                fix="give --tokens FILE, or listen on 127.0.0.1",
             )
-        data = resolve_data_dir(data_dir)
         dev = open_devices(simulate_spec(simulate), data)
         agent = Agent(data, dev, _settings(settings_file, data_dir))
     service = AgentService(agent)
-    console.print(f"gpufrac agent on http://{host}:{port} (data: {data})", highlight=False)
-    uvicorn.run(create_app(service), host=host, port=port, log_level="warning")
+    auth = f", {len(tokens)} API token(s)" if tokens else ", no API tokens: loopback only"
+    console.print(f"gpufrac agent on http://{host}:{port} (data: {data}{auth})", highlight=False)
+    uvicorn.run(create_app(service, tokens=tokens), host=host, port=port, log_level="warning")
 
 
 def _server(server: str | None) -> str:
@@ -90,8 +99,10 @@ def _server(server: str | None) -> str:
 
 def _call(method: str, server: str | None, path: str, **kw: Any) -> Any:
     url = _server(server) + path
+    token = os.environ.get("GPUFRAC_TOKEN")
+    headers = {**kw.pop("headers", {}), **({"authorization": f"Bearer {token}"} if token else {})}
     try:
-        r = httpx.request(method, url, timeout=30, **kw)
+        r = httpx.request(method, url, timeout=30, headers=headers, **kw)
     except httpx.HTTPError as e:
         raise fail(
             f"cannot reach the agent at {_server(server)} ({e})", 2, "start it with: gpufrac agent"
@@ -104,7 +115,7 @@ def _call(method: str, server: str | None, path: str, **kw: Any) -> Any:
             for d in detail
         ]
         raise fail("; ".join(msgs) or r.text, 2)
-    if r.status_code == 404:
+    if r.status_code in (401, 403, 404):
         raise fail(r.json().get("detail", "not found"), 1)
     if r.status_code >= 400:
         raise fail(f"the agent answered {r.status_code}: {r.text}", 1)

@@ -1,0 +1,80 @@
+"""API tokens: who is calling. A token file maps each token to a tenant, or to the admin.
+
+```yaml
+tokens:
+  s3cr3t-search: {tenant: search}
+  s3cr3t-ops: {admin: true}
+```
+
+With tokens configured, a request's tenant is its token's: it sees and changes only that tenant's
+workloads, and a manifest naming another tenant is refused. Without tokens the agent listens on
+loopback only, and every caller is the admin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufrac.errors import InputError
+from gpufrac.model.manifest_fields import load_documents, read_bool, read_dns_label, read_mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    tenant: str | None  # None: the admin
+    admin: bool = False
+
+    def may_see(self, tenant: str) -> bool:
+        return self.admin or self.tenant == tenant
+
+
+ADMIN = Caller(None, admin=True)
+
+
+def parse_tokens(text: str, *, source: str = "tokens.yaml") -> dict[str, Caller]:
+    docs = [d for d in load_documents(text, source=source) if d is not None]
+    if len(docs) != 1:
+        raise InputError(
+            "must hold one document", field=source, fix="write tokens: {TOKEN: {tenant: NAME}}"
+        )
+    root = read_mapping(docs[0], "", ("tokens",), what="a mapping with tokens")
+    raw = root.get("tokens", {})
+    if not isinstance(raw, dict):
+        raise InputError(
+            "must be a mapping of token to {tenant: NAME} or {admin: true}", field="tokens"
+        )
+    out: dict[str, Caller] = {}
+    for token, entry in raw.items():
+        where = f"tokens.{token}"
+        if not isinstance(token, str) or len(token) < 16:
+            raise InputError(
+                "tokens must be strings of at least 16 characters",
+                field=where,
+                fix="use a long random string",
+            )
+        body = read_mapping(
+            entry, where, ("tenant", "admin"), what="{tenant: NAME} or {admin: true}"
+        )
+        if body.get("admin") is not None and read_bool(body["admin"], f"{where}.admin"):
+            out[token] = ADMIN
+        elif "tenant" in body:
+            out[token] = Caller(read_dns_label(body["tenant"], f"{where}.tenant"))
+        else:
+            raise InputError(
+                "names neither a tenant nor admin",
+                field=where,
+                fix="write {tenant: NAME} or {admin: true}",
+            )
+    return out
+
+
+def load_tokens(path: Path) -> dict[str, Caller] | None:
+    """The tokens in ``path``, or None when the file does not exist."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}", field=str(path)) from None
+    return parse_tokens(text, source=str(path))
