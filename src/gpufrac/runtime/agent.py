@@ -35,6 +35,7 @@ from gpufrac.planning.scheduler import (
     decision_to_json,
     workload_key,
 )
+from gpufrac.runtime.mps import MpsDaemons
 from gpufrac.runtime.shim import ShimStatus, launch, read_status, stop
 from gpufrac.runtime.store import Store
 
@@ -76,6 +77,9 @@ class Agent:
         models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}
         self.scheduler = Scheduler(sched_gpus_from_states(states, models), settings)
         self.health = DeviceHealth(dev)
+        self.mps = MpsDaemons(
+            data_dir / "mps", enabled=not dev.simulated
+        )  # no daemon for a simulated GPU
         for uuid in self.store.cordons():
             g = self.scheduler.state.by_uuid.get(uuid)
             if g is not None:
@@ -138,6 +142,15 @@ class Agent:
             self.store.set_placement(tenant, name, stored.generation, decision_to_json(d))
             self.store.record_event(d.outcome, d.workload, d.reason or _where(d))
 
+    def _stop_idle_mps(self) -> None:
+        """An MPS daemon whose GPU has no MPS workload left is stopped."""
+        if not self.mps.enabled:
+            return
+        for g in self.scheduler.state.gpus:
+            if self.mps.running(g.uuid) and g.mode != "mps":
+                self.mps.stop(g.uuid)
+                self.store.record_event("mps_stopped", g.uuid, "no MPS workload left")
+
     # -- GPUs: cordon, drain, health -------------------------------------------------------------
 
     def cordon(self, uuid: str, reason: str = "cordoned by hand") -> None:
@@ -198,6 +211,7 @@ class Agent:
     def reconcile(self) -> list[WorkloadState]:
         """One pass: make the machine match the desired state. Safe to run any number of times."""
         self._watch_health()
+        self._stop_idle_mps()
         return [self._reconcile_one(w.tenant, w.name) for w in self.store.workloads()]
 
     def _reconcile_one(self, tenant: str, name: str) -> WorkloadState:
@@ -396,6 +410,8 @@ class Agent:
         env: dict[str, str],
     ) -> None:
         self._create_instances(decision)
+        if decision.mode == "mps" and decision.gpus and self.mps.ensure(decision.gpus[0]):
+            self.store.record_event("mps_started", decision.gpus[0], "MPS control daemon started")
         env = {**env, **self._environment(spec, decision)}  # MIG UUIDs exist only once created
         env["GPUFRAC_ATTEMPT"] = str(attempt)
         run_dir = self._run_root(spec.tenant, spec.name) / f"g{generation}-{attempt}"
@@ -467,6 +483,10 @@ class Agent:
             )
             if inst is not None:
                 env["GPUFRAC_GI_ID"] = str(inst.gi_id)
+        if decision.mode == "mps" and decision.gpus and alloc:
+            env.update(
+                self.mps.client_env(decision.gpus[0], alloc[0].memory_mib, alloc[0].compute_pct)
+            )
         return env
 
 

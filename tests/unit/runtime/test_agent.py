@@ -220,3 +220,14 @@ def test_cordon_drain_and_an_xid_move_workloads_off_a_gpu(data_dir: Path, dev: N
     agent.uncordon(gpu_a)
     assert agent.scheduler.state.by_uuid[gpu_a].schedulable
     agent.delete("default", "svc")
+
+
+def test_mps_workloads_get_the_mps_environment(data_dir: Path, dev: NvmlDevices) -> None:
+    agent = Agent(data_dir, dev)
+    code = "import os; print(os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'], os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'], os.environ['CUDA_MPS_PIPE_DIRECTORY'])"
+    agent.apply(job("m", code, gpu=GpuRequest(memory_mib=4096, compute_pct=25), sharing="mps"))
+    settle(agent, "default/m", {"succeeded"})
+    limit, pct, pipe = (data_dir / "runs/default/m/g1-1" / LOG).read_text().split()
+    assert (limit, pct) == ("0=4096M", "25")
+    assert pipe.startswith(str(data_dir / "mps")) and pipe.endswith("/pipe")
+    assert not agent.mps.enabled  # simulated GPUs: no daemon is started for them
