@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,6 +251,11 @@ class Agent:
                     return WorkloadState(
                         key, stored.generation, "running", over, decision, len(attempts), None, env
                     )
+                if not self._ready(spec, latest, status):
+                    why = "waiting for its health check"
+                    return WorkloadState(
+                        key, stored.generation, "starting", why, decision, len(attempts), None, env
+                    )
                 return self._check_deadline(
                     spec, stored.generation, decision, attempts, status, env
                 )
@@ -350,6 +357,27 @@ class Agent:
             code,
             handed_env(self._latest(spec.tenant, spec.name, generation)),
         )
+
+    # -- readiness ------------------------------------------------------------------------------
+
+    def _ready(self, spec: WorkloadSpec, run_dir: Path, status: ShimStatus) -> bool:
+        """A service with a health check is ready once the check passed (remembered in the run)."""
+        check = spec.health
+        if check is None or (run_dir / "ready.json").exists():
+            return True
+        if status.started is None or self.clock() < status.started + check.initial_delay_seconds:
+            return False
+        last = float(str(read_json(run_dir / "probe.json").get("at", 0)))
+        if self.clock() < last + check.period_seconds:
+            return False
+        _write_json(run_dir / "probe.json", {"at": self.clock()})
+        if not _probe(check.kind, check.port, check.path):
+            return False
+        _write_json(run_dir / "ready.json", {"at": self.clock()})
+        self.store.record_event(
+            "ready", workload_key(spec), f"{check.kind} check on port {check.port} passed"
+        )
+        return True
 
     # -- memory limits --------------------------------------------------------------------------
 
@@ -515,6 +543,18 @@ def workload_memory_mib(agent: Agent, tenant: str, name: str) -> MemoryUse | Non
         if _process_group(p.pid) == child
     ]
     return MemoryUse(sum(p.used_memory_mib or 0 for p in procs), tuple(p.pid for p in procs))
+
+
+def _probe(kind: str, port: int, path: str) -> bool:
+    """One readiness probe on this machine: a TCP connect, or an HTTP GET answered with 2xx/3xx."""
+    try:
+        if kind == "tcp":
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1.0) as r:
+            return 200 <= int(r.status) < 400
+    except (OSError, ValueError):
+        return False
 
 
 def _process_group(pid: int) -> int | None:

@@ -231,3 +231,36 @@ def test_mps_workloads_get_the_mps_environment(data_dir: Path, dev: NvmlDevices)
     assert (limit, pct) == ("0=4096M", "25")
     assert pipe.startswith(str(data_dir / "mps")) and pipe.endswith("/pipe")
     assert not agent.mps.enabled  # simulated GPUs: no daemon is started for them
+
+
+def test_a_service_is_running_only_once_its_health_check_passes(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    import socket
+
+    from gpufrac.model.workload import HealthCheck
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = (
+        "import http.server, socketserver, time\n"
+        "time.sleep(1.5)\n"
+        f"socketserver.TCPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler).serve_forever()\n"
+    )
+    spec = job(
+        "web",
+        server,
+        type="service",
+        restart="always",
+        sharing="timeslice",
+        health=HealthCheck("http", port, "/", period_seconds=1),
+    )
+    agent = Agent(data_dir, dev)
+    agent.apply(spec)
+    early = settle(agent, "default/web", {"starting"})
+    assert early.reason in ("", "waiting for its health check")
+    state = settle(agent, "default/web", {"running"}, timeout=30)
+    assert state.phase == "running"
+    assert "ready" in [e.kind for e in agent.store.events("default/web")]
+    agent.delete("default", "web")
