@@ -23,7 +23,8 @@ from gpufrac.cli.schedule import _load, _settings
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.workload import WorkloadSpec
-from gpufrac.runtime.agent import Agent, WorkloadState, read_json
+from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.runs import read_json
 
 TERMINAL = ("succeeded", "failed")
 

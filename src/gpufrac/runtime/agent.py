@@ -14,19 +14,15 @@ while it was down.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpufrac.devices.health import DeviceHealth
 from gpufrac.devices.nvml import NvmlDevices
-from gpufrac.errors import InputError
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_from_json, spec_to_json
 from gpufrac.planning.sched_state import sched_gpus_from_states
@@ -37,7 +33,9 @@ from gpufrac.planning.scheduler import (
     decision_to_json,
     workload_key,
 )
+from gpufrac.runtime.gpu_care import GpuCare
 from gpufrac.runtime.mps import MpsDaemons
+from gpufrac.runtime.runs import handed_env, probe, process_group, read_json, write_json
 from gpufrac.runtime.shim import ShimStatus, launch, read_status, stop
 from gpufrac.runtime.store import Store
 
@@ -59,7 +57,7 @@ class WorkloadState:
     env: dict[str, str]
 
 
-class Agent:
+class Agent(GpuCare):
     def __init__(
         self,
         data_dir: Path,
@@ -143,70 +141,6 @@ class Agent:
                 self.store.record_event("evicted", d.workload, d.reason)
             self.store.set_placement(tenant, name, stored.generation, decision_to_json(d))
             self.store.record_event(d.outcome, d.workload, d.reason or _where(d))
-
-    def _stop_idle_mps(self) -> None:
-        """An MPS daemon whose GPU has no MPS workload left is stopped."""
-        if not self.mps.enabled:
-            return
-        for g in self.scheduler.state.gpus:
-            if self.mps.running(g.uuid) and g.mode != "mps":
-                self.mps.stop(g.uuid)
-                self.store.record_event("mps_stopped", g.uuid, "no MPS workload left")
-
-    # -- GPUs: cordon, drain, health -------------------------------------------------------------
-
-    def cordon(self, uuid: str, reason: str = "cordoned by hand") -> None:
-        """No new work on this GPU; what runs there stays."""
-        g = self.scheduler.state.by_uuid.get(uuid)
-        if g is None:
-            raise InputError(
-                f"no schedulable GPU {uuid}", field="gpu", fix="gpufrac get gpus lists them"
-            )
-        self.store.cordon(uuid, reason)
-        self.scheduler.state.set_schedulable(g, False)
-
-    def uncordon(self, uuid: str) -> list[Decision]:
-        g = self.scheduler.state.by_uuid.get(uuid)
-        if g is None:
-            raise InputError(
-                f"no schedulable GPU {uuid}", field="gpu", fix="gpufrac get gpus lists them"
-            )
-        self.store.uncordon(uuid)
-        self.scheduler.state.set_schedulable(g, True)
-        decisions = self.scheduler.retry_pending()
-        self._record(decisions)
-        return decisions
-
-    def drain(self, uuid: str, reason: str = "drained by hand") -> list[Decision]:
-        """Cordon the GPU and move its workloads elsewhere (stopped here, placed again, or pending)."""
-        self.cordon(uuid, reason)
-        g = self.scheduler.state.by_uuid[uuid]
-        moved: list[Decision] = []
-        for key in sorted(
-            {a.workload for a in g.allocs.values()}
-            | {o for o in g.instances.values() if o and "/" in o}
-        ):
-            spec = self.scheduler.specs.get(key)
-            if spec is None:
-                continue
-            self._stop_runs(spec.tenant, spec.name)
-            self.store.record_event("moved", key, f"off GPU {g.index}: {reason}")
-            self._record(self.scheduler.delete(spec.tenant, spec.name))
-            decisions = self.scheduler.submit(spec)
-            self._record(decisions)
-            moved.extend(decisions)
-        return moved
-
-    def _watch_health(self) -> None:
-        """An Xid or ECC error, or a GPU that is lost, drains the GPU."""
-        while (event := self.health.wait_event(0)) is not None:
-            if event.gpu_uuid not in self.store.cordons():
-                self.drain(event.gpu_uuid, f"{event.kind} {event.data}")
-        lost = {g.uuid for g in self.scheduler.state.gpus} - {
-            g.uuid for g in self.dev.gpus() if g.health == "ok"
-        }
-        for uuid in lost - set(self.store.cordons()):
-            self.drain(uuid, "the GPU is lost")
 
     # -- reconcile ------------------------------------------------------------------------------
 
@@ -370,10 +304,10 @@ class Agent:
         last = float(str(read_json(run_dir / "probe.json").get("at", 0)))
         if self.clock() < last + check.period_seconds:
             return False
-        _write_json(run_dir / "probe.json", {"at": self.clock()})
-        if not _probe(check.kind, check.port, check.path):
+        write_json(run_dir / "probe.json", {"at": self.clock()})
+        if not probe(check.kind, check.port, check.path):
             return False
-        _write_json(run_dir / "ready.json", {"at": self.clock()})
+        write_json(run_dir / "ready.json", {"at": self.clock()})
         self.store.record_event(
             "ready", workload_key(spec), f"{check.kind} check on port {check.port} passed"
         )
@@ -394,15 +328,15 @@ class Agent:
         used = sum(
             p.used_memory_mib or 0
             for p in self.dev.gpu(decision.gpus[0]).processes
-            if _process_group(p.pid) == child
+            if process_group(p.pid) == child
         )
         usage = read_json(run_dir / "usage.json")
         if used > int(str(usage.get("peak_mib", 0))):
-            _write_json(run_dir / "usage.json", {"peak_mib": used, "limit_mib": limit})
+            write_json(run_dir / "usage.json", {"peak_mib": used, "limit_mib": limit})
         if used <= limit:
             return ""
         why = f"stopped: it used {used} MiB of GPU memory, over its {limit} MiB limit"
-        _write_json(run_dir / "killed.json", {"reason": why})
+        write_json(run_dir / "killed.json", {"reason": why})
         self.store.record_event("memory_limit", workload_key(spec), why)
         stop(run_dir, grace=self.stop_grace)
         return why
@@ -518,9 +452,6 @@ class Agent:
         return env
 
 
-HANDED_OVER = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_", "GPUFRAC_")
-
-
 @dataclass(frozen=True, slots=True)
 class MemoryUse:
     mib: int
@@ -540,54 +471,9 @@ def workload_memory_mib(agent: Agent, tenant: str, name: str) -> MemoryUse | Non
     procs = [
         p
         for p in agent.dev.gpu(str(placed[1]["gpus"][0])).processes
-        if _process_group(p.pid) == child
+        if process_group(p.pid) == child
     ]
     return MemoryUse(sum(p.used_memory_mib or 0 for p in procs), tuple(p.pid for p in procs))
-
-
-def _probe(kind: str, port: int, path: str) -> bool:
-    """One readiness probe on this machine: a TCP connect, or an HTTP GET answered with 2xx/3xx."""
-    try:
-        if kind == "tcp":
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return True
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1.0) as r:
-            return 200 <= int(r.status) < 400
-    except (OSError, ValueError):
-        return False
-
-
-def _process_group(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[-1].split()[2])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def read_json(path: Path) -> dict[str, object]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _write_json(path: Path, value: dict[str, object]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
-
-
-def handed_env(run_dir: Path | None) -> dict[str, str]:
-    """The GPU environment a run was started with (read back from its spec)."""
-    if run_dir is None:
-        return {}
-    try:
-        env = json.loads((run_dir / "spec.json").read_text()).get("env") or {}
-    except (OSError, ValueError):
-        return {}
-    return {k: v for k, v in env.items() if k.startswith(HANDED_OVER)}
 
 
 def _where(d: Decision) -> str:

@@ -1,0 +1,90 @@
+"""The agent's care of GPUs: cordon, uncordon, drain; Xid/ECC events and lost GPUs; idle MPS daemons."""
+
+from __future__ import annotations
+
+from gpufrac.devices.health import DeviceHealth
+from gpufrac.devices.nvml import NvmlDevices
+from gpufrac.errors import InputError
+from gpufrac.planning.scheduler import Decision, Scheduler
+from gpufrac.runtime.mps import MpsDaemons
+from gpufrac.runtime.store import Store
+
+
+class GpuCare:
+    """Mixed into ``Agent``: what it does to GPUs as a whole."""
+
+    store: Store
+    scheduler: Scheduler
+    dev: NvmlDevices
+    health: DeviceHealth
+    mps: MpsDaemons
+
+    def _stop_runs(self, tenant: str, name: str) -> None:  # provided by Agent
+        raise NotImplementedError
+
+    def _record(self, decisions: list[Decision]) -> None:  # provided by Agent
+        raise NotImplementedError
+
+    def _stop_idle_mps(self) -> None:
+        """An MPS daemon whose GPU has no MPS workload left is stopped."""
+        if not self.mps.enabled:
+            return
+        for g in self.scheduler.state.gpus:
+            if self.mps.running(g.uuid) and g.mode != "mps":
+                self.mps.stop(g.uuid)
+                self.store.record_event("mps_stopped", g.uuid, "no MPS workload left")
+
+    # -- GPUs: cordon, drain, health -------------------------------------------------------------
+
+    def cordon(self, uuid: str, reason: str = "cordoned by hand") -> None:
+        """No new work on this GPU; what runs there stays."""
+        g = self.scheduler.state.by_uuid.get(uuid)
+        if g is None:
+            raise InputError(
+                f"no schedulable GPU {uuid}", field="gpu", fix="gpufrac get gpus lists them"
+            )
+        self.store.cordon(uuid, reason)
+        self.scheduler.state.set_schedulable(g, False)
+
+    def uncordon(self, uuid: str) -> list[Decision]:
+        g = self.scheduler.state.by_uuid.get(uuid)
+        if g is None:
+            raise InputError(
+                f"no schedulable GPU {uuid}", field="gpu", fix="gpufrac get gpus lists them"
+            )
+        self.store.uncordon(uuid)
+        self.scheduler.state.set_schedulable(g, True)
+        decisions = self.scheduler.retry_pending()
+        self._record(decisions)
+        return decisions
+
+    def drain(self, uuid: str, reason: str = "drained by hand") -> list[Decision]:
+        """Cordon the GPU and move its workloads elsewhere (stopped here, placed again, or pending)."""
+        self.cordon(uuid, reason)
+        g = self.scheduler.state.by_uuid[uuid]
+        moved: list[Decision] = []
+        for key in sorted(
+            {a.workload for a in g.allocs.values()}
+            | {o for o in g.instances.values() if o and "/" in o}
+        ):
+            spec = self.scheduler.specs.get(key)
+            if spec is None:
+                continue
+            self._stop_runs(spec.tenant, spec.name)
+            self.store.record_event("moved", key, f"off GPU {g.index}: {reason}")
+            self._record(self.scheduler.delete(spec.tenant, spec.name))
+            decisions = self.scheduler.submit(spec)
+            self._record(decisions)
+            moved.extend(decisions)
+        return moved
+
+    def _watch_health(self) -> None:
+        """An Xid or ECC error, or a GPU that is lost, drains the GPU."""
+        while (event := self.health.wait_event(0)) is not None:
+            if event.gpu_uuid not in self.store.cordons():
+                self.drain(event.gpu_uuid, f"{event.kind} {event.data}")
+        lost = {g.uuid for g in self.scheduler.state.gpus} - {
+            g.uuid for g in self.dev.gpus() if g.health == "ok"
+        }
+        for uuid in lost - set(self.store.cordons()):
+            self.drain(uuid, "the GPU is lost")
