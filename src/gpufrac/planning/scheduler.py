@@ -12,94 +12,40 @@ Decisions are values (``Decision`` with its ``SchedAction`` list) that the node 
 
 from __future__ import annotations
 
-import bisect
 import itertools
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel
-from gpufrac.model.mig import MigPlacement, check_layout
+from gpufrac.model.mig import check_layout
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.units import format_mib
 from gpufrac.model.workload import MILLI, WorkloadSpec
 from gpufrac.planning.demand import smallest_fitting
+from gpufrac.planning.sched_candidates import CANDIDATES_PER_MODEL, candidates, candidates_on
+from gpufrac.planning.sched_decision import (
+    Decision,
+    SchedAction,
+    decision_from_json,
+    decision_to_json,
+    workload_key,
+)
 from gpufrac.planning.sched_plugins import (
     FILTERS,
     SCORES,
     Candidate,
-    Need,
     need_on,
 )
-from gpufrac.planning.sched_state import Allocation, ClusterState, SchedGpu, additions
+from gpufrac.planning.sched_preempt import preemption
+from gpufrac.planning.sched_state import Allocation, ClusterState, SchedGpu
 
-CANDIDATES_PER_MODEL = 4  # candidates that pass the filters, scored per model
-SCAN_LIMIT = 64  # GPUs looked at per model and pool before giving up on it
-
-
-@dataclass(frozen=True, slots=True)
-class SchedAction:
-    kind: str  # create_mig_instance | evict | start
-    workload: str
-    gpu_uuid: str | None = None
-    mig: MigPlacement | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    workload: str
-    outcome: str  # placed | pending | refused
-    reason: str = ""
-    mode: str | None = None
-    gpus: tuple[str, ...] = ()
-    mig: MigPlacement | None = None
-    evicted: tuple[str, ...] = ()
-    actions: tuple[SchedAction, ...] = ()
-
-
-def decision_to_json(d: Decision) -> dict[str, object]:
-    return {
-        "workload": d.workload,
-        "outcome": d.outcome,
-        "reason": d.reason,
-        "mode": d.mode,
-        "gpus": list(d.gpus),
-        "mig": None if d.mig is None else d.mig.to_json(),
-        "evicted": list(d.evicted),
-        "actions": [
-            {
-                "kind": a.kind,
-                "workload": a.workload,
-                "gpu_uuid": a.gpu_uuid,
-                "mig": None if a.mig is None else a.mig.to_json(),
-            }
-            for a in d.actions
-        ],
-    }
-
-
-def decision_from_json(raw: dict[str, Any]) -> Decision:
-    def pl(x: Any) -> MigPlacement | None:
-        return None if x is None else MigPlacement(int(x["start"]), str(x["profile"]))
-
-    return Decision(
-        workload=raw["workload"],
-        outcome=raw["outcome"],
-        reason=raw.get("reason", ""),
-        mode=raw.get("mode"),
-        gpus=tuple(raw.get("gpus", ())),
-        mig=pl(raw.get("mig")),
-        evicted=tuple(raw.get("evicted", ())),
-        actions=tuple(
-            SchedAction(a["kind"], a["workload"], a.get("gpu_uuid"), pl(a.get("mig")))
-            for a in raw.get("actions", ())
-        ),
-    )
-
-
-def workload_key(spec: WorkloadSpec) -> str:
-    return f"{spec.tenant}/{spec.name}"
+__all__ = [
+    "Decision",
+    "SchedAction",
+    "Scheduler",
+    "decision_from_json",
+    "decision_to_json",
+    "workload_key",
+]
 
 
 class Scheduler:
@@ -255,7 +201,7 @@ class Scheduler:
         if only is not None:  # a cheap retry that found nothing: the workload keeps its reason
             return [Decision(key, "pending", self.pending[key][1])]
         if preempt:
-            plan = self._preemption(spec)
+            plan = preemption(self, spec)
             if plan is not None:
                 victims, chosen = plan
                 for v in victims:
@@ -376,9 +322,9 @@ class Scheduler:
         best: tuple[int, Candidate] | None = None
         passed: dict[str, int] = {}  # per GPU model, candidates that got through the filters
         cands = (
-            self._candidates(spec, mode, passed)
+            candidates(self, spec, mode, passed)
             if only is None
-            else self._candidates_on(spec, mode, only)
+            else candidates_on(self, spec, mode, only)
         )
         for cand in cands:
             model = self.state.gpus[cand.gpu].model.key
@@ -398,110 +344,6 @@ class Scheduler:
                 reasons.append(self._why_none(spec, mode))
             return None
         return [best[1]]
-
-    def _candidates_on(self, spec: WorkloadSpec, mode: str, only: set[int]) -> Iterator[Candidate]:
-        """Candidates on the given GPUs only (the filters still decide)."""
-        for gi in sorted(only):
-            g = self.state.gpus[gi]
-            if mode == "mig":
-                if not g.mig:
-                    continue
-                profile = self._mig_profile(spec, g.model)
-                if profile is None:
-                    continue
-                need = need_on(spec, g.model, "mig", profile)
-                free = [
-                    pl
-                    for pl, owner in g.instances.items()
-                    if owner is None and pl.profile == profile
-                ]
-                if free:
-                    yield Candidate(gi, mode, need, min(free), False)
-                elif (new := self.state.addition(g, profile)) is not None:
-                    yield Candidate(gi, mode, need, new, True)
-            elif not g.mig:
-                yield Candidate(gi, mode, need_on(spec, g.model, mode))
-
-    def _candidates(
-        self, spec: WorkloadSpec, mode: str, passed: dict[str, int] | None = None
-    ) -> Iterator[Candidate]:
-        """Candidates per GPU model, best first by the state's indexes; a model is left as soon as
-        ``passed`` says enough of its candidates got through the filters."""
-        done = passed if passed is not None else {}
-        st = self.state
-        spread = self.policy == "spread"
-        first_fit = self.policy == "first-fit"
-        for model in self.models:
-            key = model.key
-            n = 0
-            if mode == "mig":
-                profile = self._mig_profile(spec, model)
-                if profile is None:
-                    continue
-                need = need_on(spec, model, "mig", profile)
-                free = st.free_instances.get((key, profile), set())
-                order = (
-                    (lambda x: x[0])
-                    if first_fit
-                    else (lambda x: (len(st.gpus[x[0]].allocs) * (1 if spread else -1), x[0]))
-                )
-                for gi, pl in sorted(free, key=order)[:CANDIDATES_PER_MODEL]:
-                    yield Candidate(gi, mode, need, pl, False)
-                    n += 1
-                if n:
-                    continue
-                addable = st.addable.get((key, profile), set())
-                order2 = (
-                    (lambda i: i)
-                    if first_fit
-                    else (lambda i: (len(st.gpus[i].instances) * (1 if spread else -1), i))
-                )
-                for gi in sorted(addable, key=order2)[:CANDIDATES_PER_MODEL]:
-                    new = st.addition(st.gpus[gi], profile)
-                    if new is not None:
-                        n += 1
-                        yield Candidate(gi, mode, need, new, True)
-                if n:
-                    continue
-                # a MIG GPU whose instances are all idle can be cut again from scratch
-                fresh = additions(model, ()).get(profile)
-                for gi in sorted(st.idle_mig.get(key, ()))[:1] if fresh is not None else ():
-                    g = st.gpus[gi]
-                    yield Candidate(gi, mode, need, fresh, True, tuple(sorted(g.instances)))
-                continue
-            need = need_on(spec, model, mode)
-            if need.memory_mib > model.memory_total_mib:
-                continue
-            shared = st.shared.get((key, mode), [])
-            empty = st.empty.get(key, [])
-            if (
-                first_fit
-            ):  # the baseline: GPUs in index order, the first that passes every filter wins
-                pool = sorted([i for _, i in shared] + empty)
-                for gi in pool:
-                    cand = Candidate(gi, mode, need)
-                    if not any(f(self, spec, cand) for f in FILTERS):
-                        yield cand
-                        n += 1
-                        if n >= CANDIDATES_PER_MODEL:
-                            break
-                continue
-            need_h = max(-(-need.memory_mib * MILLI // model.memory_total_mib), need.milli)
-            start = bisect.bisect_left(shared, (need_h - 1, -1))  # headroom rounds down: 1 of slack
-            fitting = (
-                shared[start:]
-                if not spread
-                else shared[: start - 1 : -1]
-                if start
-                else shared[::-1]
-            )
-            ordered = [gi for _, gi in fitting[:SCAN_LIMIT]]
-            pools = (empty, ordered) if spread else (ordered, empty)
-            for pool in pools:
-                for gi in pool[:SCAN_LIMIT]:
-                    if done.get(key, 0) >= CANDIDATES_PER_MODEL:
-                        break
-                    yield Candidate(gi, mode, need)
 
     def _whole_gpus(self, spec: WorkloadSpec, reasons: list[str]) -> list[Candidate] | None:
         count = spec.gpu.count or 1
@@ -586,119 +428,3 @@ class Scheduler:
         return None
 
     # -- preemption ----------------------------------------------------------------------------
-
-    def _preemption(self, spec: WorkloadSpec) -> tuple[list[str], list[Candidate]] | None:
-        """The cheapest set of lower-priority workloads whose eviction makes room, and where it goes."""
-        best: tuple[tuple[int, int, int], list[str], list[Candidate]] | None = None
-        lowest = self.state.min_priority()
-        floor = (1, lowest, lowest)  # one victim of the lowest priority there is: nothing beats it
-        for mode in self._modes(spec):
-            for victims, cands in self._preemption_options(spec, mode):
-                prios = [self.specs[v].priority for v in victims]
-                cost = (len(victims), max(prios, default=-(10**9)), sum(prios))
-                if best is None or cost < best[0]:
-                    best = (cost, victims, cands)
-                    if cost <= floor:
-                        return victims, cands
-        return None if best is None else (best[1], best[2])
-
-    def _quota_after(self, spec: WorkloadSpec, victims: list[str], total: Need) -> bool:
-        """Would ``spec``, taking ``total`` in all, fit its tenant's quota once ``victims`` are gone?"""
-        q = self.settings.tenants.get(spec.tenant)
-        if q is None:
-            return True
-        freed = [
-            a for v in victims for a in self.state.allocs.get(v, []) if a.tenant == spec.tenant
-        ]
-        mem = self.state.tenant_mem[spec.tenant] - sum(a.memory_mib for a in freed)
-        milli = self.state.tenant_milli[spec.tenant] - sum(a.milli for a in freed)
-        if q.gpu_memory_mib is not None and mem + total.memory_mib > q.gpu_memory_mib:
-            return False
-        return q.gpus_milli is None or milli + total.milli <= q.gpus_milli
-
-    def _preemption_options(
-        self, spec: WorkloadSpec, mode: str
-    ) -> Iterator[tuple[list[str], list[Candidate]]]:
-        st = self.state
-        prio = spec.priority
-        if st.min_priority() >= prio:
-            return
-
-        class _Lower:  # membership by the allocation's own priority: no scan of every workload
-            def __contains__(self, key: object) -> bool:
-                allocs = st.allocs.get(key) if isinstance(key, str) else None
-                return allocs is not None and bool(allocs) and allocs[0].priority < prio
-
-        lower = _Lower()
-        if mode == "exclusive":
-            count = spec.gpu.count or 1
-            options = []
-            for g in self._plain_gpus:
-                if not g.schedulable or not all(a.priority < prio for a in g.allocs.values()):
-                    continue
-                options.append((len(g.allocs), g.index, sorted(g.allocs)))
-            if len(options) >= count:
-                options.sort()
-                chosen = options[:count]
-                gone = sorted({v for _, _, vs in chosen for v in vs})
-                cands = [
-                    Candidate(gi, "exclusive", need_on(spec, st.gpus[gi].model, "exclusive"))
-                    for _, gi, _ in chosen
-                ]
-                total = Need(
-                    sum(c.need.memory_mib for c in cands), sum(c.need.milli for c in cands)
-                )
-                if gone and self._quota_after(spec, gone, total):
-                    yield gone, cands
-            return
-        for g in self._mig_gpus if mode == "mig" else self._plain_gpus:
-            if not g.schedulable or not any(a.priority < prio for a in g.allocs.values()):
-                continue
-            if mode == "mig":
-                profile = self._mig_profile(spec, g.model)
-                for pl, owner in g.instances.items():
-                    if owner is not None and owner in lower and pl.profile == profile:
-                        need = need_on(spec, g.model, mode, profile)
-                        if self._quota_after(spec, [owner], need):
-                            yield [owner], [Candidate(g.index, mode, need, pl, False)]
-                continue
-            need = need_on(spec, g.model, mode)
-            victims: list[str] = []
-            keep = [a for a in g.allocs.values() if a.workload not in lower]
-            if any(a.mode != mode for a in keep):
-                continue
-            evictable = sorted(
-                (a for a in g.allocs.values() if a.workload in lower),
-                key=lambda a: (self.specs[a.workload].priority, -a.memory_mib),
-            )
-            remaining = list(g.allocs.values())
-            for a in [None, *evictable]:
-                if a is not None:
-                    victims.append(a.workload)
-                    remaining = [r for r in remaining if r.workload != a.workload]
-                if _room(g, remaining, need, mode, spec, self.settings.mps_share_tenants):
-                    if victims and self._quota_after(spec, victims, need):
-                        yield list(victims), [Candidate(g.index, mode, need)]
-                    break
-
-
-def _room(
-    g: SchedGpu,
-    remaining: list[Allocation],
-    need: Need,
-    mode: str,
-    spec: WorkloadSpec,
-    mps_share: bool,
-) -> bool:
-    if any(a.mode != mode for a in remaining):
-        return False
-    if sum(a.memory_mib for a in remaining) + need.memory_mib > g.total_mib:
-        return False
-    if sum(a.milli for a in remaining) + need.milli > MILLI:
-        return False
-    if mode == "mps":
-        if sum(a.compute_pct or 0 for a in remaining) + (need.compute_pct or 0) > 100:
-            return False
-        if not mps_share and any(a.tenant != spec.tenant for a in remaining):
-            return False
-    return True
