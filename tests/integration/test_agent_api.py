@@ -241,3 +241,61 @@ def test_cordon_and_drain_through_the_cli(agent: RunningAgent) -> None:
         ).returncode
         == 1
     )
+
+
+def test_preemption_and_quota_refusal_through_the_api(agent: RunningAgent) -> None:
+    url = agent.url + "/api/v1/workloads"
+    low = manifest("low", [PY, "-c", "import time; time.sleep(60)"], gpu="{count: 2}").replace(
+        "priority", "x"
+    )
+    low = low.replace("  sharing: timeslice\n", "  priority: low\n")
+    high = manifest("high", [PY, "-c", "import time; time.sleep(60)"], gpu="{count: 2}").replace(
+        "  sharing: timeslice\n", "  priority: high\n"
+    )
+    assert (
+        httpx.post(url, content=low, timeout=10).json()["results"][0]["decision"]["outcome"]
+        == "placed"
+    )
+    wait_for(agent, lambda ws: ws and ws[0]["phase"] == "running")
+    r = httpx.post(url, content=high, timeout=10).json()["results"][0]
+    assert r["decision"]["outcome"] == "placed" and r["decision"]["evicted"] == ["default/low"]
+    data = wait_for(
+        agent,
+        lambda ws: {w["name"]: w["phase"] for w in ws} == {"low": "pending", "high": "running"},
+    )
+    low_state = next(w for w in data["workloads"] if w["name"] == "low")
+    assert "preempted by default/high" in low_state["reason"] or "preempted" in str(
+        low_state["placement"]
+    )
+    # a request larger than the whole fleet is refused at once, nothing stored
+    huge = manifest("huge", [PY, "-c", "pass"], gpu="{count: 5}")
+    assert httpx.post(url, content=huge, timeout=10).json()["results"][0]["result"] == "refused"
+    assert {w["name"] for w in httpx.get(url).json()["workloads"]} == {"low", "high"}
+
+
+def test_quota_refusal_and_waiting_through_the_api(tmp_path: Path) -> None:
+    from tests.integration.conftest import free_port
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "gpufrac.yaml").write_text("tenants:\n  team: {gpu_memory: 6GiB}\n")
+    port = free_port()
+    running = RunningAgent(f"http://127.0.0.1:{port}", data, port, None)  # type: ignore[arg-type]
+    running.start()
+    try:
+        url = running.url + "/api/v1/workloads"
+        big = manifest("big", [PY, "-c", "pass"], gpu="{memory: 8GiB}", tenant="team")
+        r = httpx.post(url, content=big, timeout=10).json()["results"][0]
+        assert r["result"] == "refused" and "quota" in r["decision"]["reason"]
+        a = manifest("a", [PY, "-c", "import time; time.sleep(60)"], tenant="team")
+        b = manifest("b", [PY, "-c", "import time; time.sleep(60)"], tenant="team")
+        results = httpx.post(url, content=a + "---\n" + b, timeout=10).json()["results"]
+        assert [x["decision"]["outcome"] for x in results] == ["placed", "pending"]
+        assert "quota" in results[1]["decision"]["reason"]
+    finally:
+        running.proc.kill()
+        running.proc.wait(timeout=10)
+        for run in (data / "runs").glob("*/*/*"):
+            status = read_status(run)
+            if status.child_pid and not status.done:
+                os.killpg(status.child_pid, 9)
