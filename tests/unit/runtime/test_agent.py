@@ -3,8 +3,12 @@ re-attachment after a restart, never running a workload twice."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,8 +45,14 @@ def settle(agent: Agent, key: str, phases: set[str], timeout: float = 20.0) -> W
 
 
 @pytest.fixture
-def dev(data_dir: Path) -> NvmlDevices:
-    return open_simulated("h200:1:mig,h200:1", data_dir)
+def dev(data_dir: Path) -> Iterator[NvmlDevices]:
+    yield open_simulated("h200:1:mig,h200:1", data_dir)
+    # whatever a failing test left running is stopped
+    for run in data_dir.glob("**/runs/*/*/*"):
+        status = read_status(run)
+        if status.child_pid and not status.done:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(status.child_pid, signal.SIGKILL)
 
 
 def test_a_job_runs_with_its_gpu_in_the_environment(data_dir: Path, dev: NvmlDevices) -> None:
