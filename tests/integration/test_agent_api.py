@@ -126,6 +126,7 @@ def test_the_cli_talks_to_the_agent(agent: RunningAgent, tmp_path: Path) -> None
     wait_for(agent, lambda ws: ws and ws[0]["phase"] == "succeeded")
     assert "succeeded" in cli("get", "workloads").stdout
     assert cli("logs", "cli").stdout.strip() == "done"
+    assert cli("logs", "cli", "-f").stdout.strip() == "done"  # follows until the job is over
     assert "CUDA_VISIBLE_DEVICES" in cli("describe", "workload", "cli").stdout
     assert cli("delete", "cli").returncode == 0
     assert cli("delete", "cli").returncode == 1
@@ -299,3 +300,30 @@ def test_quota_refusal_and_waiting_through_the_api(tmp_path: Path) -> None:
             status = read_status(run)
             if status.child_pid and not status.done:
                 os.killpg(status.child_pid, 9)
+
+
+def test_logs_follow_prints_output_as_it_comes(agent: RunningAgent, tmp_path: Path) -> None:
+    code = "import time; [print('tick', i, flush=True) or time.sleep(0.3) for i in range(6)]"
+    f = tmp_path / "t.yaml"
+    f.write_text(
+        manifest("ticker", [PY, "-c", code.replace("\n", "; ").replace(":; ", ": ")], kind="job")
+    )
+    env = {**os.environ, "GPUFRAC_SERVER": agent.url}
+    assert (
+        subprocess.run(
+            [PY, "-m", "gpufrac.cli", "apply", "-f", str(f)],
+            capture_output=True,
+            env=env,
+            timeout=60,
+        ).returncode
+        == 0
+    )
+    wait_for(agent, lambda ws: ws and ws[0]["phase"] in ("running", "succeeded"))
+    r = subprocess.run(
+        [PY, "-m", "gpufrac.cli", "logs", "ticker", "-f"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.stdout.split("\n")[:6] == [f"tick {i}" for i in range(6)]

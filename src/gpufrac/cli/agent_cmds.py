@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import json as jsonlib
 import os
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -240,12 +241,36 @@ def logs_command(
     name: Annotated[str, typer.Argument(help="The workload's name.")],
     tenant: TenantOpt = "default",
     tail: Annotated[int, typer.Option("--tail", help="Last N lines (0: all).")] = 200,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="Keep printing new output until the workload ends."),
+    ] = False,
     server: ServerOpt = None,
 ) -> None:
-    """Print a workload's output (its newest attempt)."""
-    data = _call("GET", server, f"/api/v1/workloads/{tenant}/{name}/logs", params={"tail": tail})
-    for line in data["lines"]:
+    """Print a workload's output (its newest attempt); with -f, follow it across restarts."""
+    path = f"/api/v1/workloads/{tenant}/{name}"
+    data = _call("GET", server, path + "/logs", params={"tail": 0 if follow else tail})
+    lines = data["lines"]
+    for line in lines[-tail:] if tail > 0 else lines:
         typer.echo(line)
+    run, seen = data["run"], len(lines)
+    try:
+        while follow:
+            time.sleep(0.5)
+            latest = _call("GET", server, path + "/logs", params={"tail": 0})
+            lines = latest["lines"]
+            if latest["run"] != run:  # a new attempt
+                typer.echo(f"--- {latest['run']} ---")
+                run, seen = latest["run"], 0
+            if seen > len(lines):  # the log rotated
+                seen = 0
+            for line in lines[seen:]:
+                typer.echo(line)
+            seen = len(lines)
+            if _call("GET", server, path)["phase"] in ("succeeded", "failed"):
+                break
+    except KeyboardInterrupt:
+        pass
 
 
 GpuArg = Annotated[str, typer.Argument(help="GPU index or UUID.")]
