@@ -327,3 +327,30 @@ def test_logs_follow_prints_output_as_it_comes(agent: RunningAgent, tmp_path: Pa
         timeout=60,
     )
     assert r.stdout.split("\n")[:6] == [f"tick {i}" for i in range(6)]
+
+
+def test_mig_changes_through_the_api(agent: RunningAgent) -> None:
+    gpus = httpx.get(agent.url + "/api/v1/gpus").json()["gpus"]
+    mig_gpu = next(g for g in gpus if g["mig_mode"]["current"] == "enabled")
+    body = {
+        "mig_enabled": True,
+        "instances": [{"profile": "3g.71gb", "start": 0}, {"profile": "3g.71gb", "start": 4}],
+    }
+    r = httpx.post(agent.url + f"/api/v1/gpus/{mig_gpu['index']}/mig", json=body, timeout=30)
+    assert r.status_code == 200 and [a["kind"] for a in r.json()["actions"]].count("create_gi") == 2
+    bad = httpx.post(
+        agent.url + f"/api/v1/gpus/{mig_gpu['index']}/mig",
+        json={"instances": [{"profile": "3g.71gb", "start": 2}]},
+        timeout=30,
+    )
+    assert bad.status_code == 422
+    plain = next(g for g in gpus if g["mig_mode"]["current"] == "disabled")
+    refused = httpx.post(
+        agent.url + f"/api/v1/gpus/{plain['index']}/mig",
+        json={"instances": [{"profile": "7g.141gb", "start": 0}]},
+        timeout=30,
+    )
+    assert refused.status_code == 409 and "allow-mode-change" in refused.json()["detail"]
+    after = {g["uuid"]: g for g in httpx.get(agent.url + "/api/v1/gpus").json()["gpus"]}
+    assert [i["profile"] for i in after[mig_gpu["uuid"]]["instances"]] == ["3g.71gb", "3g.71gb"]
+    assert after[plain["uuid"]]["mig_mode"]["current"] == "disabled"

@@ -20,9 +20,11 @@ from gpufrac.api.metrics import render
 from gpufrac.api.tokens import ADMIN, Caller
 from gpufrac.errors import InputError
 from gpufrac.model.manifest import parse_manifests
+from gpufrac.model.mig import layout_from_json
 from gpufrac.model.workload import spec_to_json
 from gpufrac.planning.scheduler import decision_to_json
 from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.mig_apply import ApplyRefused
 from gpufrac.runtime.shim import LOG
 
 RECONCILE_SECONDS = 0.5
@@ -263,6 +265,32 @@ def create_app(
             moved = service.agent.drain(uuid)
         service.wake()
         return {"drained": uuid, "decisions": [decision_to_json(d) for d in moved]}
+
+    @app.post("/api/v1/gpus/{gpu}/mig")
+    async def mig(request: Request, gpu: str) -> dict[str, Any]:
+        """Body: {"mig_enabled": bool, "instances": [{"profile", "start"}], "drain": bool,
+        "allow_mode_change": bool}. Refused with a 409 (nothing changed) when not allowed."""
+        admin_only(request)
+        raw = await request.json()
+        if not isinstance(raw, dict):
+            raise InputError(
+                "must be an object", field="body", fix='{"mig_enabled": true, "instances": [...]}'
+            )
+        layout = layout_from_json(raw.get("instances", []), field="instances")
+        try:
+            with service.lock:
+                uuid = _gpu_uuid(gpu)
+                done = service.agent.apply_mig(
+                    uuid,
+                    bool(raw.get("mig_enabled", True)),
+                    list(layout),
+                    drain=bool(raw.get("drain", False)),
+                    allow_mode_change=bool(raw.get("allow_mode_change", False)),
+                )
+        except ApplyRefused as e:
+            raise HTTPException(409, str(e)) from None
+        service.wake()
+        return {"gpu": uuid, "actions": [a.to_json() for a in done]}
 
     @app.get("/api/v1/events")
     def events(request: Request, limit: int = 100) -> dict[str, Any]:

@@ -62,6 +62,7 @@ class SchedGpu:
     instances: dict[MigPlacement, str | None] = field(
         default_factory=dict
     )  # MIG: instance -> workload
+    recut: bool = True  # may the scheduler cut it again when all its instances are idle
 
     @property
     def total_mib(self) -> int:
@@ -152,7 +153,7 @@ class ClusterState:
     def _index_mig(self, g: SchedGpu) -> None:
         if not g.schedulable:
             return
-        if g.instances and all(owner is None for owner in g.instances.values()):
+        if g.recut and g.instances and all(owner is None for owner in g.instances.values()):
             self.idle_mig[g.model.key].add(g.index)
         for pl, owner in g.instances.items():
             if owner is None:
@@ -162,6 +163,18 @@ class ClusterState:
 
     def addition(self, g: SchedGpu, profile: str) -> MigPlacement | None:
         return additions(g.model, tuple(sorted(g.instances))).get(profile)
+
+    def relayout(self, g: SchedGpu, mig: bool, placements: list[MigPlacement]) -> None:
+        """Take a GPU's new MIG mode and instances (instances kept keep their owners)."""
+        assert not any(a.mig is None for a in g.allocs.values()), (
+            "a GPU with shared work cannot change"
+        )
+        self._unindex(g)
+        g.mig = mig
+        g.instances = {pl: g.instances.get(pl) for pl in placements} if mig else {}
+        g.recut = False  # a layout an operator chose is not cut again behind their back
+        g.mode = None
+        self._index(g)
 
     def claim_external(self, g: SchedGpu, pl: MigPlacement) -> None:
         """An instance marked busy from outside becomes free again (its workload is being restored)."""

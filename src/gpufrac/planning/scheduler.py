@@ -16,7 +16,7 @@ import itertools
 
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel
-from gpufrac.model.mig import check_layout
+from gpufrac.model.mig import MigPlacement, check_layout
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.units import format_mib
 from gpufrac.model.workload import MILLI, WorkloadSpec
@@ -63,6 +63,11 @@ class Scheduler:
         self.pending: dict[str, tuple[WorkloadSpec, str]] = {}
         self._seq = itertools.count()
         self._order: dict[str, int] = {}
+        self._fleet_views()
+
+    def _fleet_views(self) -> None:
+        """What the fleet offers by mode (recomputed when a GPU's MIG mode changes)."""
+        gpus = self.state.gpus
         self.models = sorted({g.model.key: g.model for g in gpus}.values(), key=lambda m: m.key)
         self._plain_models = sorted(
             {g.model.key: g.model for g in gpus if not g.mig}.values(), key=lambda m: m.key
@@ -92,6 +97,13 @@ class Scheduler:
         self.specs[key] = spec
         self._order[key] = next(self._seq)
         return self._try(spec, preempt=True)
+
+    def relayout(self, uuid: str, mig: bool, placements: list[MigPlacement]) -> None:
+        """A GPU's MIG mode or instances were changed outside the scheduler: take the new picture.
+        Instances that stay keep their owners; the GPU must hold no other allocation."""
+        g = self.state.by_uuid[uuid]
+        self.state.relayout(g, mig, placements)
+        self._fleet_views()
 
     def refusal(self, spec: WorkloadSpec) -> str | None:
         """Why no GPU here could ever run ``spec`` (None if one could)."""

@@ -5,7 +5,11 @@ from __future__ import annotations
 from gpufrac.devices.health import DeviceHealth
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
+from gpufrac.model.mig import MigPlacement
+from gpufrac.model.migplan import MigAction
+from gpufrac.planning.sched_state import EXTERNAL
 from gpufrac.planning.scheduler import Decision, Scheduler
+from gpufrac.runtime.mig_apply import ApplyRefused, GpuTarget, apply_targets
 from gpufrac.runtime.mps import MpsDaemons
 from gpufrac.runtime.store import Store
 
@@ -88,3 +92,48 @@ class GpuCare:
         }
         for uuid in lost - set(self.store.cordons()):
             self.drain(uuid, "the GPU is lost")
+
+    def apply_mig(
+        self,
+        uuid: str,
+        mig_enabled: bool,
+        layout: list[MigPlacement],
+        *,
+        drain: bool = False,
+        allow_mode_change: bool = False,
+    ) -> list[MigAction]:
+        """Change a GPU's MIG mode or instances through the agent, so its scheduler stays true.
+
+        Workloads on instances that go (or on a GPU whose mode changes) are moved elsewhere with
+        ``drain``; without it the change is refused and nothing happens."""
+        g = self.scheduler.state.by_uuid.get(uuid)
+        if g is None:
+            raise InputError(f"no GPU {uuid}", field="gpu", fix="gpufrac get gpus lists them")
+        wanted = set(layout) if mig_enabled else set()
+        owners = {o for pl, o in g.instances.items() if o and o != EXTERNAL and pl not in wanted}
+        if mig_enabled != g.mig:
+            owners |= {a.workload for a in g.allocs.values()}
+        if owners and not drain:
+            raise ApplyRefused(
+                f"GPU {g.index}: the change would remove the GPU from under {', '.join(sorted(owners))} "
+                "(pass drain to move them elsewhere first)"
+            )
+        moved = [self.scheduler.specs[k] for k in sorted(owners) if k in self.scheduler.specs]
+        for spec in moved:
+            self._stop_runs(spec.tenant, spec.name)
+            self._record(self.scheduler.delete(spec.tenant, spec.name))
+        done = apply_targets(
+            self.dev,
+            [GpuTarget(uuid, mig_enabled, tuple(sorted(layout)))],
+            drain=drain,
+            allow_mode_change=allow_mode_change,
+        )
+        now = self.dev.gpu(uuid)
+        self.scheduler.relayout(uuid, now.mig_enabled, list(now.layout))
+        self.store.record_event(
+            "mig_changed", uuid, f"{len(done)} action(s); MIG {now.mig_current}"
+        )
+        for spec in moved:
+            self._record(self.scheduler.submit(spec))
+        self._record(self.scheduler.retry_pending())
+        return done

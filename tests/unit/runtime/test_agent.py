@@ -274,3 +274,48 @@ def test_a_service_is_running_only_once_its_health_check_passes(
     assert state.phase == "running"
     assert "ready" in [e.kind for e in agent.store.events("default/web")]
     agent.delete("default", "web")
+
+
+def test_mig_changes_through_the_agent_keep_its_scheduler_true(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    from gpufrac.model.mig import parse_layout
+    from gpufrac.runtime.mig_apply import ApplyRefused
+
+    agent = Agent(data_dir, dev)
+    mig_gpu = dev.gpus()[0].uuid
+    agent.apply(
+        job(
+            "small",
+            "import time; time.sleep(60)",
+            gpu=GpuRequest(mig_profile="1g.18gb"),
+            type="service",
+            restart="always",
+        )
+    )
+    first = settle(agent, "default/small", {"running"})
+    assert first.decision is not None and first.decision.mig is not None
+    # re-cut the GPU to one 7g: the running workload's instance would go, so without drain: refused
+    with pytest.raises(ApplyRefused, match="default/small"):
+        agent.apply_mig(mig_gpu, True, list(parse_layout("7g.141gb@0")))
+    assert [str(i.placement) for i in dev.gpu(mig_gpu).instances] == [str(first.decision.mig)]
+    done = agent.apply_mig(mig_gpu, True, list(parse_layout("7g.141gb@0")), drain=True)
+    assert [a.kind for a in done][-2:] == ["create_gi", "create_ci"]
+    assert [str(p) for p in dev.gpu(mig_gpu).layout] == ["7g.141gb@0"]
+    # the scheduler sees the new layout: the 1g workload waits, a 7g workload fits
+    assert agent.scheduler.state.by_uuid[mig_gpu].instances == {parse_layout("7g.141gb@0")[0]: None}
+    state = settle(agent, "default/small", {"pending"})
+    assert state.phase == "pending"
+    agent.apply(
+        job(
+            "big",
+            "import time; time.sleep(60)",
+            gpu=GpuRequest(mig_profile="7g.141gb"),
+            type="service",
+            restart="always",
+        )
+    )
+    assert settle(agent, "default/big", {"running"}).decision is not None
+    assert agent.scheduler.state.violations(False, {}) == []
+    agent.delete("default", "big")
+    agent.delete("default", "small")
