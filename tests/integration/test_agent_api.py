@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -354,3 +355,41 @@ def test_mig_changes_through_the_api(agent: RunningAgent) -> None:
     after = {g["uuid"]: g for g in httpx.get(agent.url + "/api/v1/gpus").json()["gpus"]}
     assert [i["profile"] for i in after[mig_gpu["uuid"]]["instances"]] == ["3g.71gb", "3g.71gb"]
     assert after[plain["uuid"]]["mig_mode"]["current"] == "disabled"
+
+
+def test_mig_apply_goes_through_a_running_agent(agent: RunningAgent, tmp_path: Path) -> None:
+    from tests.integration.conftest import FLEET
+
+    gpus = httpx.get(agent.url + "/api/v1/gpus").json()["gpus"]
+    mig_gpu = next(g for g in gpus if g["mig_mode"]["current"] == "enabled")
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "gpus": [
+                    {
+                        "uuid": mig_gpu["uuid"],
+                        "index": mig_gpu["index"],
+                        "instances": [{"profile": "7g.141gb", "start": 0}],
+                    }
+                ]
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "GPUFRAC_SERVER": agent.url,
+        "GPUFRAC_SIMULATE": FLEET,
+        "GPUFRAC_DATA_DIR": str(agent.data_dir),
+    }
+    r = subprocess.run(
+        [PY, "-m", "gpufrac.cli", "mig", "apply", "--plan", str(plan), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert [a["kind"] for a in json.loads(r.stdout)["actions"]] == ["create_gi", "create_ci"]
+    events = httpx.get(agent.url + "/api/v1/events").json()["events"]
+    assert any(e["kind"] == "mig_changed" and e["subject"] == mig_gpu["uuid"] for e in events)

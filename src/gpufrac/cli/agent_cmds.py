@@ -92,6 +92,20 @@ def agent_command(
     uvicorn.run(create_app(service, tokens=tokens), host=host, port=port, log_level="warning")
 
 
+def find_agent(server: str | None) -> str | None:
+    """The address of a running agent: the one named, else one answering on the default port."""
+    named = server or os.environ.get("GPUFRAC_SERVER")
+    if named:
+        return named.rstrip("/")
+    url = f"http://127.0.0.1:{DEFAULT_PORT}"
+    try:
+        if httpx.get(url + "/api/v1/health", timeout=0.3).status_code == 200:
+            return url
+    except httpx.HTTPError:
+        return None
+    return None
+
+
 def _server(server: str | None) -> str:
     return (
         server or os.environ.get("GPUFRAC_SERVER") or f"http://127.0.0.1:{DEFAULT_PORT}"
@@ -116,6 +130,8 @@ def _call(method: str, server: str | None, path: str, **kw: Any) -> Any:
             for d in detail
         ]
         raise fail("; ".join(msgs) or r.text, 2)
+    if r.status_code == 409:
+        raise fail(r.json().get("detail", "refused"), 1)
     if r.status_code in (401, 403, 404):
         raise fail(r.json().get("detail", "not found"), 1)
     if r.status_code >= 400:

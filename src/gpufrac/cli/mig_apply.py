@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+from gpufrac.cli.agent_cmds import ServerOpt, find_agent
+from gpufrac.cli.agent_cmds import _call as agent_call
 from gpufrac.cli.common import (
     DataDirOpt,
     JsonOpt,
@@ -96,8 +98,12 @@ def apply_command(
     simulate: SimulateOpt = None,
     data_dir: DataDirOpt = None,
     json: JsonOpt = False,
+    server: ServerOpt = None,
 ) -> None:
-    """Bring the GPUs to a plan or a mig-parted config: checked first, then changed; safe to re-run."""
+    """Bring the GPUs to a plan or a mig-parted config: checked first, then changed; safe to re-run.
+
+    When a node agent runs (``--server``, ``$GPUFRAC_SERVER``, or one on the default port), the change
+    goes through it."""
     with handled_errors(), devices(simulate, data_dir) as dev:
         targets = _targets(dev, plan, config_file, selected_config)
         field = "--plan" if plan is not None else "--config-file"
@@ -107,6 +113,15 @@ def apply_command(
             )
             if dry_run:
                 _report(actions, json, dry=True)
+                return
+            agent = find_agent(server)
+            if (
+                agent is not None
+            ):  # the agent owns MIG changes on its GPUs: it keeps its scheduler true
+                done = _through_agent(
+                    agent, targets, drain=drain, allow_mode_change=allow_mode_change
+                )
+                _report(done, json, dry=False)
                 return
             with Progress(
                 TextColumn("{task.description}"),
@@ -128,6 +143,24 @@ def apply_command(
         except ApplyRefused as e:
             raise fail(str(e), 1) from None
         _report(done, json, dry=False)
+
+
+def _through_agent(
+    server: str, targets: list[GpuTarget], *, drain: bool, allow_mode_change: bool
+) -> list[MigAction]:
+    done: list[MigAction] = []
+    for t in targets:
+        body = {
+            "mig_enabled": t.mig_enabled,
+            "instances": [p.to_json() for p in t.layout],
+            "drain": drain,
+            "allow_mode_change": allow_mode_change,
+        }
+        r = agent_call("POST", server, f"/api/v1/gpus/{t.uuid}/mig", json=body)
+        done += [
+            MigAction(**{k: v for k, v in a.items() if k != "nvidia_smi"}) for a in r["actions"]
+        ]
+    return done
 
 
 def _report(actions: list[MigAction], json: bool, *, dry: bool) -> None:
