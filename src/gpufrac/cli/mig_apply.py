@@ -270,9 +270,19 @@ def _set_mode(
 ) -> None:
     verb = "enable" if enabled else "disable"
     results = []
+    agent = find_agent(None)
     with handled_errors(), devices(simulate, data) as dev:
         for g in _select(dev.gpus(), which):
-            change = dev.set_mig_mode(g.uuid, enabled)
+            if (
+                agent is not None and g.mig_enabled != enabled
+            ):  # through the agent, which keeps its view
+                agent_call(
+                    "POST",
+                    agent,
+                    f"/api/v1/gpus/{g.uuid}/mig",
+                    json={"mig_enabled": enabled, "instances": [], "allow_mode_change": True},
+                )
+            change = dev.set_mig_mode(g.uuid, enabled)  # a no-op when the agent already did it
             results.append((g, change))
     pending = [g for g, c in results if not c.activated]
     if json:
