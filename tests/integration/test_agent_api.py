@@ -393,3 +393,44 @@ def test_mig_apply_goes_through_a_running_agent(agent: RunningAgent, tmp_path: P
     assert [a["kind"] for a in json.loads(r.stdout)["actions"]] == ["create_gi", "create_ci"]
     events = httpx.get(agent.url + "/api/v1/events").json()["events"]
     assert any(e["kind"] == "mig_changed" and e["subject"] == mig_gpu["uuid"] for e in events)
+
+
+def test_mig_enable_goes_through_a_running_agent(agent: RunningAgent) -> None:
+    from tests.integration.conftest import FLEET
+
+    gpus = httpx.get(agent.url + "/api/v1/gpus").json()["gpus"]
+    plain = next(g for g in gpus if g["mig_mode"]["current"] == "disabled")
+    env = {
+        **os.environ,
+        "GPUFRAC_SERVER": agent.url,
+        "GPUFRAC_SIMULATE": FLEET,
+        "GPUFRAC_DATA_DIR": str(agent.data_dir),
+    }
+    r = subprocess.run(
+        [PY, "-m", "gpufrac.cli", "mig", "enable", "--gpu", str(plain["index"])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    events = httpx.get(agent.url + "/api/v1/events").json()["events"]
+    assert any(e["kind"] == "mig_changed" and e["subject"] == plain["uuid"] for e in events)
+    # the agent's scheduler now places MIG work there
+    doc = manifest("m", [PY, "-c", "import time; time.sleep(30)"], gpu="{mig: 7g.141gb}").replace(
+        "  sharing: timeslice\n", ""
+    )
+    assert (
+        httpx.post(
+            agent.url + "/api/v1/workloads",
+            content=doc
+            + "---\n"
+            + doc.replace("name: m,", "name: n,")
+            + "---\n"
+            + doc.replace("name: m,", "name: o,"),
+            timeout=10,
+        ).status_code
+        == 200
+    )
+    placed = wait_for(agent, lambda ws: sum(w["phase"] == "running" for w in ws) == 3)
+    assert plain["uuid"] in {w["placement"]["gpus"][0] for w in placed["workloads"]}
