@@ -434,3 +434,51 @@ def test_mig_enable_goes_through_a_running_agent(agent: RunningAgent) -> None:
     )
     placed = wait_for(agent, lambda ws: sum(w["phase"] == "running" for w in ws) == 3)
     assert plain["uuid"] in {w["placement"]["gpus"][0] for w in placed["workloads"]}
+
+
+def test_changed_manifest_shows_the_diff_and_replaces(agent: RunningAgent, tmp_path: Path) -> None:
+    env = {**os.environ, "GPUFRAC_SERVER": agent.url}
+    f = tmp_path / "w.yaml"
+    f.write_text(manifest("w", [PY, "-c", "import time; time.sleep(60)"]))
+    subprocess.run(
+        [PY, "-m", "gpufrac.cli", "apply", "-f", str(f)], env=env, capture_output=True, timeout=60
+    )
+    f.write_text(manifest("w", [PY, "-c", "import time; time.sleep(61)"], gpu="{memory: 6GiB}"))
+    r = subprocess.run(
+        [PY, "-m", "gpufrac.cli", "apply", "-f", str(f)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        "replaced" in r.stdout
+        and "gpu.memory_mib: 4096 -> 6144" in r.stdout
+        and "command:" in r.stdout
+    )
+
+
+def test_restarts_with_backoff_and_on_failure_after_an_agent_restart(agent: RunningAgent) -> None:
+    crash = "import time; time.sleep(0.5); raise SystemExit(4)"
+    job = manifest("crashy", [PY, "-c", crash], kind="job")
+    assert httpx.post(agent.url + "/api/v1/workloads", content=job, timeout=10).status_code == 200
+    data = wait_for(agent, lambda ws: ws and ws[0]["attempts"] >= 2, timeout=30)
+    assert data["workloads"][0]["restarts"] >= 1
+    before = data["workloads"][0]["attempts"]
+    agent.kill9()  # the agent dies; the job keeps failing on its own
+    time.sleep(1.5)
+    agent.start()
+    after = wait_for(agent, lambda ws: ws and ws[0]["attempts"] > before, timeout=40)
+    assert after["workloads"][0]["attempts"] > before
+    events = httpx.get(agent.url + "/api/v1/workloads/default/crashy").json()["events"]
+    assert [e["kind"] for e in events].count("restarted") >= 2
+
+
+def test_the_memory_watchdog_stops_an_over_limit_workload(agent: RunningAgent) -> None:
+    hog = "from gpufrac import sdk; import time; sdk.report_gpu_memory(sdk.memory_limit_mib() * 2); time.sleep(60)"
+    job = manifest("hog", [PY, "-c", hog], kind="job").replace(
+        "  sharing: timeslice\n", "  sharing: timeslice\n  restart: never\n"
+    )
+    assert httpx.post(agent.url + "/api/v1/workloads", content=job, timeout=10).status_code == 200
+    data = wait_for(agent, lambda ws: ws and ws[0]["phase"] == "failed", timeout=40)
+    assert "over its 4096 MiB limit" in data["workloads"][0]["reason"]

@@ -21,7 +21,7 @@ from gpufrac.api.tokens import ADMIN, Caller
 from gpufrac.errors import InputError
 from gpufrac.model.manifest import parse_manifests
 from gpufrac.model.mig import layout_from_json
-from gpufrac.model.workload import spec_to_json
+from gpufrac.model.workload import spec_diff, spec_to_json
 from gpufrac.planning.scheduler import decision_to_json
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.mig_apply import ApplyRefused
@@ -171,13 +171,20 @@ def create_app(
         results = []
         with service.lock:
             for spec in specs:
+                before = service.agent.store.workload(spec.tenant, spec.name)
                 what, decision = service.agent.apply(spec)
+                diff = (
+                    spec_diff(before.spec, spec_to_json(spec))
+                    if before and what == "replaced"
+                    else []
+                )
                 results.append(
                     {
                         "workload": f"{spec.tenant}/{spec.name}",
                         "result": what,
                         "decision": None if decision is None else decision_to_json(decision),
                         "spec": spec_to_json(spec),
+                        "diff": diff,
                     }
                 )
         service.wake()  # processes start on the next reconcile pass, right away

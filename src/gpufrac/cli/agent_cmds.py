@@ -170,6 +170,8 @@ def apply_command(
             f"{r['workload']} {r['result']}" + (f": {d.get('outcome')} {detail}" if d else ""),
             highlight=False,
         )
+        for line in r.get("diff", []):
+            console.print(f"    [yellow]~[/] {line}", highlight=False)
 
 
 def get_command(

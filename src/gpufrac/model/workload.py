@@ -87,3 +87,16 @@ def spec_from_json(raw: dict[str, Any]) -> WorkloadSpec:
     fields["health"] = None if raw.get("health") is None else HealthCheck(**raw["health"])
     fields["command"] = tuple(raw["command"])
     return WorkloadSpec(**fields)
+
+
+def spec_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """What changed between two stored specs, one ``path: old -> new`` line per changed field."""
+    out: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        path = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += spec_diff(a, b, path + ".")
+        elif a != b:
+            out.append(f"{path}: {a!r} -> {b!r}")
+    return out

@@ -319,3 +319,22 @@ def test_mig_changes_through_the_agent_keep_its_scheduler_true(
     assert agent.scheduler.state.violations(False, {}) == []
     agent.delete("default", "big")
     agent.delete("default", "small")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
+def test_a_workload_runs_as_its_user(data_dir: Path, dev: NvmlDevices) -> None:
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    agent = Agent(data_dir, dev)
+    who = WorkloadSpec(
+        name="who",
+        gpu=GpuRequest(memory_mib=1024),
+        command=("id", "-u"),
+        user="nobody",
+        workdir="/",
+        sharing="timeslice",
+    )
+    agent.apply(who)  # a system program: nobody cannot read this venv under /root
+    settle(agent, "default/who", {"succeeded"})
+    assert (data_dir / "runs/default/who/g1-1" / LOG).read_text().strip() == str(nobody.pw_uid)
