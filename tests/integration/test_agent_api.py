@@ -175,14 +175,15 @@ def test_metrics_use_dcgm_names_and_leave_out_what_nvml_does_not_give(agent: Run
     while time.monotonic() < deadline:
         text = httpx.get(agent.url + "/metrics").text
         if (
-            'gpufrac_workload_gpu_memory_used_bytes{tenant="default",workload="ts"} 1572864000'
+            'gpufrac_workload_gpu_memory_used_bytes{tenant="default",workload="ts",source="simulated"} 1572864000'
             in text
-            and 'workload="mg"} 1572864000' in text
+            and 'workload="mg",source="simulated"} 1572864000' in text
         ):
             break
         time.sleep(0.2)
     assert (
-        'gpufrac_workload_gpu_memory_used_bytes{tenant="default",workload="ts"} 1572864000' in text
+        'gpufrac_workload_gpu_memory_used_bytes{tenant="default",workload="ts",source="simulated"} 1572864000'
+        in text
     )
     assert (
         'gpufrac_workload_gpu_memory_limit_bytes{tenant="default",workload="ts"} 4294967296' in text

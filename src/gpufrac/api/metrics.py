@@ -76,9 +76,13 @@ def render(agent: Agent, states: dict[str, WorkloadState]) -> str:
             continue
         use = workload_memory_mib(agent, tenant, name)
         if use is not None:
-            mem_used.append((_labels(**lab), float(use.mib * MIB)))
+            source = (
+                {"source": "simulated"} if dev.simulated else {}
+            )  # reported through gpufrac.sdk
+            mem_used.append((_labels(**lab, **source), float(use.mib * MIB)))
             by_pid = sm_by_gpu.get(d.gpus[0])
-            if by_pid is not None and d.mode != "mig":  # MIG: NVML gives no per-process SM use
+            # MIG: NVML gives no per-process SM use; MPS: only the server's, not each client's
+            if by_pid is not None and d.mode not in ("mig", "mps"):
                 sm.append((_labels(**lab), float(sum(by_pid.get(pid, 0) for pid in use.pids))))
     lines += _family(
         "gpufrac_workload_gpu_memory_used_bytes",
