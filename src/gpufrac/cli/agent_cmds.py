@@ -92,11 +92,14 @@ def agent_command(
     uvicorn.run(create_app(service, tokens=tokens), host=host, port=port, log_level="warning")
 
 
-def find_agent(server: str | None) -> str | None:
-    """The address of a running agent: the one named, else one answering on the default port."""
+def find_agent(server: str | None, *, probe: bool = True) -> str | None:
+    """The address of a running agent: the one named, else (with ``probe``) one answering on the
+    default port."""
     named = server or os.environ.get("GPUFRAC_SERVER")
     if named:
         return named.rstrip("/")
+    if not probe:
+        return None
     url = f"http://127.0.0.1:{DEFAULT_PORT}"
     try:
         if httpx.get(url + "/api/v1/health", timeout=0.3).status_code == 200:

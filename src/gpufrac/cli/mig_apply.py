@@ -23,6 +23,7 @@ from gpufrac.cli.common import (
     print_json,
 )
 from gpufrac.cli.mig_plan import DrainOpt, ModeOpt
+from gpufrac.config import simulate_spec
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
 from gpufrac.model.gpu import GpuState
@@ -114,7 +115,8 @@ def apply_command(
             if dry_run:
                 _report(actions, json, dry=True)
                 return
-            agent = find_agent(server)
+            # simulated GPUs are never handed to an agent found by chance on the default port
+            agent = find_agent(server, probe=dev.simulated is False)
             if (
                 agent is not None
             ):  # the agent owns MIG changes on its GPUs: it keeps its scheduler true
@@ -270,7 +272,7 @@ def _set_mode(
 ) -> None:
     verb = "enable" if enabled else "disable"
     results = []
-    agent = find_agent(None)
+    agent = find_agent(None, probe=not simulate_spec(simulate))
     with handled_errors(), devices(simulate, data) as dev:
         for g in _select(dev.gpus(), which):
             if (
