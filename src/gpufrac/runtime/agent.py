@@ -14,6 +14,7 @@ while it was down.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from gpufrac.devices.health import DeviceHealth
 from gpufrac.devices.nvml import NvmlDevices
+from gpufrac.errors import InputError
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_from_json, spec_to_json
 from gpufrac.planning.sched_state import sched_gpus_from_states
@@ -71,6 +73,17 @@ class Agent(GpuCare):
         self.dev = dev
         self.clock = clock
         self.stop_grace = stop_grace
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = open(data_dir / "agent.lock", "a+")  # noqa: SIM115 - held for the agent's life
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise InputError(
+                f"another gpufrac agent already uses {data_dir}",
+                field="--data-dir",
+                fix="talk to it (gpufrac apply, get, ...), or give another --data-dir",
+            ) from None
         self.store = Store(data_dir / "state.db")
         self.runs = data_dir / "runs"
         states = dev.gpus()
@@ -96,6 +109,8 @@ class Agent(GpuCare):
 
     def close(self) -> None:
         self.store.close()
+        fcntl.flock(self._lock, fcntl.LOCK_UN)
+        self._lock.close()
 
     # -- desired state --------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpufrac.devices import NvmlDevices, open_simulated
+from gpufrac.errors import InputError
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.shim import LOG, read_status
@@ -217,19 +218,22 @@ def test_cordon_drain_and_an_xid_move_workloads_off_a_gpu(data_dir: Path, dev: N
     second = settle(agent, "default/svc", {"running"})
     assert second.decision is not None and second.decision.gpus[0] != gpu_a
     assert gpu_a in agent.store.cordons()
-    again = Agent(
-        data_dir / "three", open_simulated("h200:3", data_dir / "three")
-    )  # cordons persist
-    assert not again.scheduler.state.by_uuid[gpu_a].schedulable
-    again.close()
+    with pytest.raises(InputError, match="another gpufrac agent"):
+        Agent(data_dir / "three", dev2)  # one agent per data directory
     gpu_b = second.decision.gpus[0]
     SimulatedFleet.open("h200:3", data_dir / "three").inject_xid(gpu_b, 79)
     third = settle(agent, "default/svc", {"running"})
     assert third.decision is not None and third.decision.gpus[0] not in (gpu_a, gpu_b)
     assert "xid 79" in agent.store.cordons()[gpu_b]
-    agent.uncordon(gpu_a)
-    assert agent.scheduler.state.by_uuid[gpu_a].schedulable
     agent.delete("default", "svc")
+    agent.close()
+    again = Agent(
+        data_dir / "three", open_simulated("h200:3", data_dir / "three")
+    )  # cordons persist
+    assert not again.scheduler.state.by_uuid[gpu_a].schedulable
+    again.uncordon(gpu_a)
+    assert again.scheduler.state.by_uuid[gpu_a].schedulable
+    again.close()
 
 
 def test_mps_workloads_get_the_mps_environment(data_dir: Path, dev: NvmlDevices) -> None:
