@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpufrac.errors import InputError
-from gpufrac.model.manifest_fields import load_documents, read_bool, read_dns_label, read_mapping
+from gpufrac.model.manifest_fields import (
+    load_documents,
+    read_bool,
+    read_dns_label,
+    read_mapping,
+    read_text_file,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +77,7 @@ def parse_tokens(text: str, *, source: str = "tokens.yaml") -> dict[str, Caller]
 
 def load_tokens(path: Path) -> dict[str, Caller] | None:
     """The tokens in ``path``, or None when the file does not exist."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    if not path.exists():
         return None
-    except OSError as e:
-        raise InputError(f"cannot read {path}: {e.strerror}", field=str(path)) from None
+    text = read_text_file(path, field=str(path))
     return parse_tokens(text, source=str(path))

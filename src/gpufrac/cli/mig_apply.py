@@ -27,6 +27,7 @@ from gpufrac.config import simulate_spec
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
 from gpufrac.model.gpu import GpuState
+from gpufrac.model.manifest_fields import read_text_file
 from gpufrac.model.mig import format_layout
 from gpufrac.model.migplan import MigAction, targets_from_json
 from gpufrac.planning.migparted import (
@@ -50,13 +51,6 @@ ConfigNameOpt = Annotated[
 ]
 
 
-def _read(path: Path, field: str) -> str:
-    try:
-        return path.read_text()
-    except OSError as e:
-        raise InputError(f"cannot read {path}: {e.strerror}", field=field) from None
-
-
 def _targets(
     dev: NvmlDevices, plan: Path | None, config: Path | None, name: str | None
 ) -> list[GpuTarget]:
@@ -64,7 +58,7 @@ def _targets(
         raise InputError("give exactly one of --plan FILE or -f CONFIG -c NAME", field="--plan")
     if plan is not None:
         try:
-            raw = jsonlib.loads(_read(plan, "--plan"))
+            raw = jsonlib.loads(read_text_file(plan, field="--plan"))
         except ValueError as e:
             raise InputError(f"{plan} is not JSON: {e}", field="--plan") from None
         return [
@@ -74,7 +68,7 @@ def _targets(
     assert config is not None
     if not name:
         raise InputError("which config?", field="--selected-config", fix="pass -c NAME")
-    parsed = parse_migparted(_read(config, "--config-file"), source=str(config))
+    parsed = parse_migparted(read_text_file(config, field="--config-file"), source=str(config))
     gpus = dev.gpus()
     models = {g.uuid: dev.model(g.uuid) for g in gpus if g.health == "ok"}
     return [
@@ -198,7 +192,9 @@ def assert_command(
         if config_file is not None and plan is None:
             if not selected_config:
                 raise InputError("which config?", field="--selected-config", fix="pass -c NAME")
-            parsed = parse_migparted(_read(config_file, "--config-file"), source=str(config_file))
+            parsed = parse_migparted(
+                read_text_file(config_file, field="--config-file"), source=str(config_file)
+            )
             gpus = dev.gpus()
             models = {g.uuid: dev.model(g.uuid) for g in gpus if g.health == "ok"}
             mismatches = assert_config(parsed, selected_config, gpus, models)

@@ -24,6 +24,7 @@ from gpufrac.cli.common import (
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
 from gpufrac.model.manifest import load_manifest_file
+from gpufrac.model.manifest_fields import read_text_file
 from gpufrac.model.settings import OperatorSettings, load_settings, parse_settings
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
@@ -131,10 +132,7 @@ def schedule_command(
 def _settings(path: Path | None, data: Path | None) -> OperatorSettings:
     if path is None:
         return load_settings(resolve_data_dir(data))
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise InputError(f"cannot read {path}: {e.strerror}", field="--settings") from None
+    text = read_text_file(path, field="--settings")
     return parse_settings(text, source=str(path))
 
 

@@ -26,6 +26,7 @@ from gpufrac.model.manifest_fields import (
     read_milli,
     read_str,
     read_str_map,
+    read_text_file,
     require,
 )
 from gpufrac.model.mig import parse_profile_name
@@ -77,14 +78,7 @@ _EXAMPLE = "see docs/manifest.md for an example"
 
 def load_manifest_file(path: Path) -> list[WorkloadSpec]:
     """Read and parse a manifest file (YAML or JSON, one or more documents)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(
-            f"cannot read the manifest: {exc}",
-            field=str(path),
-            fix="check that the path names a readable UTF-8 text file",
-        ) from None
+    text = read_text_file(path, field=str(path), what="the manifest")
     return parse_manifests(text, source=path.name)
 
 

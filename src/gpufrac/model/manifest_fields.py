@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -59,6 +60,20 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             )
         out[key] = value
     return out
+
+
+_READABLE = "check that the path names a readable UTF-8 text file"
+
+
+def read_text_file(path: Path, *, field: str, what: str = "", fix: str = _READABLE) -> str:
+    """The text of a UTF-8 file; any failure to read it is an ``InputError`` naming ``field``."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    except UnicodeDecodeError as exc:
+        reason = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+    raise InputError(f"cannot read {what or path}: {reason}", field=field, fix=fix)
 
 
 def load_documents(text: str, *, source: str) -> list[Any]:

@@ -20,6 +20,7 @@ from gpufrac.model.manifest_fields import (
     read_mapping,
     read_memory_mib,
     read_milli,
+    read_text_file,
 )
 
 SETTINGS_FILE = "gpufrac.yaml"
@@ -48,14 +49,12 @@ def load_settings(data_dir: Path) -> OperatorSettings:
     path = data_dir / SETTINGS_FILE
     if not path.exists():
         return OperatorSettings()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(
-            f"cannot read the settings file: {exc}",
-            field=str(path),
-            fix="make it a readable UTF-8 text file, or remove it to use the defaults",
-        ) from None
+    text = read_text_file(
+        path,
+        field=str(path),
+        what="the settings file",
+        fix="make it a readable UTF-8 text file, or remove it to use the defaults",
+    )
     return parse_settings(text, source=path.name)
 
 

@@ -90,3 +90,16 @@ def test_schedule_on_the_live_simulated_gpus_sees_existing_mig_instances() -> No
         "start"
     ]  # reuses an instance
     assert decisions["default/reranker"]["outcome"] == "refused"  # no A100 here
+
+
+def test_unreadable_settings_file_is_an_input_error_naming_the_flag(tmp_path: Path) -> None:
+    bad = tmp_path / "gpufrac.yaml"
+    bad.write_bytes(b"\xff\xfe placement_policy: spread\n")
+    manifest = str(EXAMPLES / "fraction.yaml")
+    for settings in (bad, tmp_path / "missing.yaml"):
+        r = runner.invoke(
+            app, ["schedule", manifest, "--gpus", "h200:1", "--settings", str(settings)]
+        )
+        assert r.exit_code == 2, r.output
+        assert "--settings" in r.stderr and "cannot read" in r.stderr
+        assert "Traceback" not in r.output
