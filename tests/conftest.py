@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +13,7 @@ from hypothesis import HealthCheck, settings
 
 from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.devices.simfleet import SimulatedFleet
+from gpufrac.runtime.shim import read_status
 
 DATA = Path(__file__).parent / "data"
 
@@ -21,6 +25,29 @@ settings.load_profile("ci")
 
 def load_data(name: str) -> Any:
     return json.loads((DATA / name).read_text())
+
+
+def kill_leftover_runs(data_dir: Path) -> None:
+    """Stop every shim under ``data_dir`` and the process group of each run it started.
+
+    Shims go first, found by the run directory on their command line: one an agent started just
+    before it was killed may not have written ``child.json`` yet, and killed now it never starts a
+    workload that nobody would stop.
+    """
+    where = str(data_dir).encode()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"gpufrac.runtime.shim" in args and any(a.startswith(where) for a in args):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
+    for run in data_dir.glob("**/runs/*/*/*"):
+        status = read_status(run)
+        if status.child_pid and not status.done:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(status.child_pid, signal.SIGKILL)
 
 
 @pytest.fixture(autouse=True)

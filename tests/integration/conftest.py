@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -16,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpufrac.runtime.shim import read_status
+from tests.conftest import kill_leftover_runs
 
 FLEET = "h200:2:mig,h200:2"
 
@@ -70,11 +69,7 @@ def agent(tmp_path: Path) -> Iterator[RunningAgent]:
     yield running
     running.proc.kill()
     running.proc.wait(timeout=10)
-    for run in (data_dir / "runs").glob("*/*/*"):  # leave nothing behind
-        status = read_status(run)
-        if status.child_pid and not status.done:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(status.child_pid, signal.SIGKILL)
+    kill_leftover_runs(data_dir)  # leave nothing behind
 
 
 TOKENS = {
@@ -101,8 +96,4 @@ def tenant_agent(tmp_path: Path) -> Iterator[RunningAgent]:
     yield running
     running.proc.kill()
     running.proc.wait(timeout=10)
-    for run in (data_dir / "runs").glob("*/*/*"):
-        status = read_status(run)
-        if status.child_pid and not status.done:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(status.child_pid, signal.SIGKILL)
+    kill_leftover_runs(data_dir)

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from gpufrac.runtime.shim import read_status
+from tests.conftest import kill_leftover_runs
 from tests.integration.conftest import RunningAgent
 
 PY = sys.executable
@@ -298,10 +299,7 @@ def test_quota_refusal_and_waiting_through_the_api(tmp_path: Path) -> None:
     finally:
         running.proc.kill()
         running.proc.wait(timeout=10)
-        for run in (data / "runs").glob("*/*/*"):
-            status = read_status(run)
-            if status.child_pid and not status.done:
-                os.killpg(status.child_pid, 9)
+        kill_leftover_runs(data)
 
 
 def test_logs_follow_prints_output_as_it_comes(agent: RunningAgent, tmp_path: Path) -> None:

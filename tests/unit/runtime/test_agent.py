@@ -3,9 +3,7 @@ re-attachment after a restart, never running a workload twice."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -18,6 +16,7 @@ from gpufrac.errors import InputError
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.shim import LOG, read_status
+from tests.conftest import kill_leftover_runs
 
 PY = sys.executable
 
@@ -48,12 +47,7 @@ def settle(agent: Agent, key: str, phases: set[str], timeout: float = 20.0) -> W
 @pytest.fixture
 def dev(data_dir: Path) -> Iterator[NvmlDevices]:
     yield open_simulated("h200:1:mig,h200:1", data_dir)
-    # whatever a failing test left running is stopped
-    for run in data_dir.glob("**/runs/*/*/*"):
-        status = read_status(run)
-        if status.child_pid and not status.done:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(status.child_pid, signal.SIGKILL)
+    kill_leftover_runs(data_dir)  # whatever a failing test left running is stopped
 
 
 def test_a_job_runs_with_its_gpu_in_the_environment(data_dir: Path, dev: NvmlDevices) -> None:
