@@ -40,7 +40,8 @@ def kill_leftover_runs(data_dir: Path) -> None:
             args = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"gpufrac.runtime.shim" in args and any(a.startswith(where) for a in args):
+        ours = b"gpufrac.runtime.shim" in args or b"gpufrac.runtime.arbiter_server" in args
+        if ours and any(a.startswith(where) for a in args):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(proc.name), signal.SIGKILL)
     for run in data_dir.glob("**/runs/*/*/*"):

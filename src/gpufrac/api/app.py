@@ -21,10 +21,11 @@ from gpufrac.api.tokens import ADMIN, Caller
 from gpufrac.errors import InputError
 from gpufrac.model.manifest import parse_manifests
 from gpufrac.model.mig import layout_from_json
-from gpufrac.model.workload import spec_diff, spec_to_json
+from gpufrac.model.workload import spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.scheduler import decision_to_json
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.mig_apply import ApplyRefused
+from gpufrac.runtime.qos_view import workload_qos
 from gpufrac.runtime.shim import LOG
 
 RECONCILE_SECONDS = 0.5
@@ -144,6 +145,12 @@ def create_app(
             "exit_code": state.exit_code if state else None,
             "env": state.env if state else {},
             "placement": placed[1] if placed else None,
+            "qos": workload_qos(
+                service.agent,
+                spec_from_json(stored.spec),
+                state.decision if state else None,
+                service.agent.arbiter.stats(),
+            ),
         }
 
     @app.get("/metrics", response_class=PlainTextResponse)

@@ -242,10 +242,32 @@ def describe_command(
         highlight=False,
     )
     console.print("placement: " + jsonlib.dumps(w["placement"]), highlight=False)
+    q = w.get("qos") or {}
+    if q:
+        console.print(
+            f"qos: class {q['class']} (priority {q['priority']}, {q['qos']}), weight {q['weight']}, "
+            f"min share {q['min_share']:.0%}, {q.get('mode') or 'not arbitrated (alone on its GPU)'}"
+            + (", paused now" if q.get("paused") else ""),
+            highlight=False,
+        )
+        console.print(f"share of its GPU: {_share_text(q)}", highlight=False)
     for k, v in sorted(w["env"].items()):
         console.print(f"  {k}={v}", highlight=False)
     for e in w.get("events", []):
         console.print(f"  event {e['kind']}: {e['message']}", highlight=False)
+
+
+def _share_text(q: dict[str, Any]) -> str:
+    measured = q.get("measured_share")
+    by = {"nvml": "NVML per-process SM use", "sdk": "the SDK's CUDA-event timings"}
+    text = (
+        f"measured {measured:.0%} ({by.get(q.get('measured_by') or '', q.get('measured_by'))})"
+        if measured is not None
+        else "not measured (no NVML per-process reading and no SDK timings)"
+    )
+    if q.get("arbiter_share") is not None:
+        text += f"; the arbiter gave it {q['arbiter_share']:.0%} of the turns' time"
+    return text
 
 
 def delete_command(

@@ -30,6 +30,7 @@ from gpufrac.model.manifest_fields import (
     require,
 )
 from gpufrac.model.mig import parse_profile_name
+from gpufrac.model.qos import DEFAULT_QOS, MAX_WEIGHT, QOS_MODES
 from gpufrac.model.workload import (
     MILLI,
     PRIORITY_NAMES,
@@ -58,6 +59,9 @@ SPEC_FIELDS = (
     "restart",
     "backoff_limit",
     "deadline_seconds",
+    "qos",
+    "weight",
+    "min_share",
 )
 HEALTH_FIELDS = ("http", "tcp", "period_seconds", "initial_delay_seconds")
 REQUEST_KINDS = ("count", "fraction", "memory", "mig")
@@ -73,6 +77,8 @@ DEFAULT_RESTART = {"service": "always", "job": "on-failure"}
 DEFAULT_BACKOFF_LIMIT = 6
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")
+_PERCENT_DECIMAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+MAX_MIN_SHARE_MILLI = 900  # at most 90%: the rest of the GPU stays with the arbiter's classes
 _EXAMPLE = "see docs/manifest.md for an example"
 
 
@@ -212,7 +218,23 @@ def _workload_spec(
         restart=restart,
         backoff_limit=backoff,
         deadline_seconds=deadline,
+        qos=read_choice(spec.get("qos", DEFAULT_QOS[kind]), "spec.qos", QOS_MODES),
+        weight=read_int(spec.get("weight", 1), "spec.weight", minimum=1, maximum=MAX_WEIGHT),
+        min_share_milli=_min_share(spec["min_share"]) if "min_share" in spec else 0,
     )
+
+
+def _min_share(value: object) -> int:
+    """``10%`` or ``0.1`` to thousandths of the GPU's busy time."""
+    field, fix = "spec.min_share", "write a percentage like 10%, or a number between 0 and 0.9"
+    match = _PERCENT_DECIMAL.match(value) if isinstance(value, str) else None
+    if match:
+        value = float(match.group(1)) / 100
+    elif isinstance(value, str | bool):
+        raise InputError(f"{kind_of(value)} is not a share", field=field, fix=fix)
+    if isinstance(value, int | float) and value == 0:
+        return 0
+    return read_milli(value, field, maximum=MAX_MIN_SHARE_MILLI, fix=fix)
 
 
 def _command(value: object) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from gpufrac.model.manifest_fields import (
     read_bool,
     read_choice,
     read_dns_label,
+    read_int,
     read_mapping,
     read_memory_mib,
     read_milli,
@@ -24,7 +25,7 @@ from gpufrac.model.manifest_fields import (
 )
 
 SETTINGS_FILE = "gpufrac.yaml"
-SETTINGS_FIELDS = ("tenants", "mps_share_tenants", "placement_policy")
+SETTINGS_FIELDS = ("tenants", "mps_share_tenants", "placement_policy", "qos_quantum_ms")
 TENANT_FIELDS = ("gpu_memory", "gpus")
 PLACEMENT_POLICIES = ("binpack", "spread")
 
@@ -42,6 +43,7 @@ class OperatorSettings:
     tenants: dict[str, TenantQuota] = field(default_factory=dict)
     mps_share_tenants: bool = False  # may workloads of different tenants share one GPU under MPS
     placement_policy: str = "binpack"  # binpack | spread
+    qos_quantum_ms: int = 10  # the QoS arbiter's quantum: longest turn while others of a class wait
 
 
 def load_settings(data_dir: Path) -> OperatorSettings:
@@ -88,6 +90,9 @@ def parse_settings(text: str, *, source: str = SETTINGS_FILE) -> OperatorSetting
         mps_share_tenants=read_bool(raw.get("mps_share_tenants", False), "mps_share_tenants"),
         placement_policy=read_choice(
             raw.get("placement_policy", "binpack"), "placement_policy", PLACEMENT_POLICIES
+        ),
+        qos_quantum_ms=read_int(
+            raw.get("qos_quantum_ms", 10), "qos_quantum_ms", minimum=1, maximum=1000
         ),
     )
 

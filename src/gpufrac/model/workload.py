@@ -68,6 +68,11 @@ class WorkloadSpec:
     restart: str = "on-failure"  # always | on-failure | never
     backoff_limit: int = 6  # jobs: restarts before the job is failed
     deadline_seconds: int | None = None  # jobs: stopped and failed after this long
+    qos: str = (
+        "throughput"  # latency | throughput (model/qos.py maps it, with priority, to a class)
+    )
+    weight: int = 1  # share of its GPU within its class, relative to the others'
+    min_share_milli: int = 0  # thousandths of its GPU's busy time guaranteed while it wants a turn
 
     def __hash__(self) -> int:
         return hash((self.tenant, self.name))

@@ -105,6 +105,15 @@ class Scheduler:
         self.state.relayout(g, mig, placements)
         self._fleet_views()
 
+    def update_live(self, spec: WorkloadSpec) -> None:
+        """Take a spec whose change needs no new placement (priority, QoS): the workload stays where it
+        is, and later decisions (preemption, the pending order) see its new priority."""
+        key = workload_key(spec)
+        if key in self.specs:
+            self.specs[key] = spec
+        if key in self.pending:
+            self.pending[key] = (spec, self.pending[key][1])
+
     def refusal(self, spec: WorkloadSpec) -> str | None:
         """Why no GPU here could ever run ``spec`` (None if one could)."""
         return self._never_fits(spec)

@@ -14,9 +14,11 @@ while it was down.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,8 +27,9 @@ from pathlib import Path
 from gpufrac.devices.health import DeviceHealth
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
+from gpufrac.model.qos import QosParams, arbiter_rank, mps_client_priority
 from gpufrac.model.settings import OperatorSettings
-from gpufrac.model.workload import WorkloadSpec, spec_from_json, spec_to_json
+from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.sched_state import sched_gpus_from_states
 from gpufrac.planning.scheduler import (
     Decision,
@@ -35,6 +38,7 @@ from gpufrac.planning.scheduler import (
     decision_to_json,
     workload_key,
 )
+from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec
 from gpufrac.runtime.gpu_care import GpuCare
 from gpufrac.runtime.mps import MpsDaemons
 from gpufrac.runtime.runs import handed_env, probe, process_group, read_json, write_json
@@ -43,6 +47,8 @@ from gpufrac.runtime.store import Store
 
 BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 60.0
+# Fields whose change applies to a running workload at once, without a restart (the QoS arbiter's).
+LIVE_FIELDS = frozenset({"priority", "qos", "weight", "min_share_milli"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +92,9 @@ class Agent(GpuCare):
             ) from None
         self.store = Store(data_dir / "state.db")
         self.runs = data_dir / "runs"
+        settings = settings or OperatorSettings()
+        self.arbiter = ArbiterLink(data_dir / "arbiter", quantum_ms=settings.qos_quantum_ms)
+        self._resume_all()  # whatever a crashed agent's arbiter paused runs again
         states = dev.gpus()
         models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}
         self.scheduler = Scheduler(sched_gpus_from_states(states, models), settings)
@@ -108,6 +117,7 @@ class Agent(GpuCare):
                 self._record(self.scheduler.submit(spec))
 
     def close(self) -> None:
+        self.arbiter.close()
         self.store.close()
         fcntl.flock(self._lock, fcntl.LOCK_UN)
         self._lock.close()
@@ -123,6 +133,12 @@ class Agent(GpuCare):
         raw = spec_to_json(spec)
         if stored is not None and stored.spec == raw:
             return "unchanged", None
+        if stored is not None and _changed(stored.spec, raw) <= LIVE_FIELDS:
+            self.store.update_spec_live(
+                spec.tenant, spec.name, raw, "; ".join(spec_diff(stored.spec, raw))
+            )
+            self.scheduler.update_live(spec)
+            return "updated", None
         refusal = self.scheduler.refusal(spec)
         if refusal is not None:
             return "refused", Decision(key, "refused", refusal)
@@ -163,7 +179,42 @@ class Agent(GpuCare):
         """One pass: make the machine match the desired state. Safe to run any number of times."""
         self._watch_health()
         self._stop_idle_mps()
-        return [self._reconcile_one(w.tenant, w.name) for w in self.store.workloads()]
+        states = [self._reconcile_one(w.tenant, w.name) for w in self.store.workloads()]
+        self._sync_arbiter(states)
+        return states
+
+    # -- QoS ------------------------------------------------------------------------------------
+
+    def _sync_arbiter(self, states: list[WorkloadState]) -> None:
+        """Tell the arbiter which workloads share which GPU (or MIG instance), with their class."""
+        members: dict[str, MemberSpec] = {}
+        for st in states:
+            d = st.decision
+            if d is None or d.outcome != "placed" or st.phase not in ("starting", "running"):
+                continue
+            tenant, name = st.key.split("/", 1)
+            stored = self.store.workload(tenant, name)
+            run = self._latest(tenant, name, st.generation)
+            if stored is None or run is None:
+                continue
+            status = read_status(run)
+            if status.done or not status.shim_alive or status.child_pid is None:
+                continue
+            spec = spec_from_json(stored.spec)
+            members[st.key] = MemberSpec(_domain(d, st.env), qos_params(spec), status.child_pid)
+        try:
+            self.arbiter.sync(members)
+        except RuntimeError as e:
+            self.store.record_event("qos_error", "arbiter", str(e))
+
+    def _resume_all(self) -> None:
+        """SIGCONT every workload's process group (harmless for one that runs)."""
+        for w in self.store.workloads():
+            for run in self._attempts(w.tenant, w.name, w.generation):
+                status = read_status(run)
+                if status.child_pid is not None and not status.done:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(status.child_pid, signal.SIGCONT)
 
     def _reconcile_one(self, tenant: str, name: str) -> WorkloadState:
         key = f"{tenant}/{name}"
@@ -449,6 +500,16 @@ class Agent(GpuCare):
             "GPUFRAC_GPU_UUID": decision.gpus[0] if decision.gpus else "",
             **self.dev.sdk_env,
         }
+        qos = qos_params(spec)
+        env.update(
+            {
+                "GPUFRAC_ARBITER": self.arbiter.address,
+                "GPUFRAC_QOS_DOMAIN": _domain(decision, env),
+                "GPUFRAC_QOS_RANK": str(qos.rank),
+                "GPUFRAC_QOS_WEIGHT": str(qos.weight),
+                "GPUFRAC_QOS_MIN_SHARE_MILLI": str(qos.min_share_milli),
+            }
+        )
         if decision.mig is not None and decision.gpus:
             inst = next(
                 (
@@ -464,6 +525,7 @@ class Agent(GpuCare):
             env.update(
                 self.mps.client_env(decision.gpus[0], alloc[0].memory_mib, alloc[0].compute_pct)
             )
+            env["CUDA_MPS_CLIENT_PRIORITY"] = str(mps_client_priority(spec.qos))
         return env
 
 
@@ -489,6 +551,26 @@ def workload_memory_mib(agent: Agent, tenant: str, name: str) -> MemoryUse | Non
         if process_group(p.pid) == child
     ]
     return MemoryUse(sum(p.used_memory_mib or 0 for p in procs), tuple(p.pid for p in procs))
+
+
+def qos_params(spec: WorkloadSpec) -> QosParams:
+    return QosParams(
+        rank=arbiter_rank(spec.priority, spec.qos),
+        weight=spec.weight,
+        min_share_milli=spec.min_share_milli,
+    )
+
+
+def _domain(d: Decision, env: dict[str, str]) -> str:
+    """What the arbiter arbitrates: the MIG instance, else the (first) GPU."""
+    if d.mig is not None and env.get("CUDA_VISIBLE_DEVICES"):
+        return env["CUDA_VISIBLE_DEVICES"].split(",")[0]
+    return d.gpus[0] if d.gpus else ""
+
+
+def _changed(old: dict[str, object], new: dict[str, object]) -> set[str]:
+    """Top-level fields that differ between two stored specs."""
+    return {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
 
 
 def _where(d: Decision) -> str:

@@ -161,6 +161,19 @@ class Store:
             )
             return generation, True
 
+    def update_spec_live(self, tenant: str, name: str, spec: dict[str, Any], message: str) -> bool:
+        """Store a changed spec that applies without a restart: the generation (and so the running
+        attempt) stays. False if there is no such workload."""
+        text = json.dumps(spec, sort_keys=True)
+        with self.transaction() as db:
+            found = db.execute(
+                "UPDATE workloads SET spec = ?, updated = ? WHERE tenant = ? AND name = ?",
+                (text, time.time(), tenant, name),
+            ).rowcount
+            if found:
+                self._event(db, "qos_changed", f"{tenant}/{name}", message)
+            return bool(found)
+
     def delete_workload(self, tenant: str, name: str) -> bool:
         with self.transaction() as db:
             gone = db.execute(

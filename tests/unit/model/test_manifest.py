@@ -85,6 +85,10 @@ def gpu(**fields: Any) -> dict[str, Any]:
         (SERVICE, "restart", "always"),
         ({}, "backoff_limit", 6),
         ({}, "deadline_seconds", None),
+        ({}, "qos", "throughput"),
+        (SERVICE, "qos", "latency"),
+        ({}, "weight", 1),
+        ({}, "min_share_milli", 0),
         ({}, "command", ("python", "-c", "pass")),
         ({}, "gpu", GpuRequest(count=1)),
         ({**SERVICE, "spec.health": HTTP}, "health", HealthCheck("http", 8000, "/", 5, 0)),
@@ -384,6 +388,31 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
     ],
 )
 def test_errors_name_their_field(changes: dict[str, Any], field: str) -> None:
+    err = error_of(dump(doc(changes)))
+    assert err.field == field
+
+
+@pytest.mark.parametrize(
+    ("value", "milli"), [("10%", 100), ("12.5%", 125), (0.1, 100), (0, 0), ("0%", 0), ("90%", 900)]
+)
+def test_min_share_values(value: Any, milli: int) -> None:
+    assert parse_one({"spec.min_share": value}).min_share_milli == milli
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"spec.qos": "fast"}, "spec.qos"),
+        ({"spec.weight": 0}, "spec.weight"),
+        ({"spec.weight": 1001}, "spec.weight"),
+        ({"spec.weight": 1.5}, "spec.weight"),
+        ({"spec.min_share": 10}, "spec.min_share"),
+        ({"spec.min_share": "95%"}, "spec.min_share"),
+        ({"spec.min_share": "ten"}, "spec.min_share"),
+        ({"spec.min_share": True}, "spec.min_share"),
+    ],
+)
+def test_qos_errors_name_their_field(changes: dict[str, Any], field: str) -> None:
     err = error_of(dump(doc(changes)))
     assert err.field == field
 

@@ -157,3 +157,11 @@ def test_example_settings_parse() -> None:
     assert settings.tenants["search"] == TenantQuota(gpu_memory_mib=400 * 1024, gpus_milli=4000)
     assert settings.tenants["research"] == TenantQuota(gpu_memory_mib=1024 * 1024, gpus_milli=None)
     assert (settings.mps_share_tenants, settings.placement_policy) == (False, "binpack")
+
+
+def test_the_qos_quantum_is_a_setting() -> None:
+    assert parse_settings("").qos_quantum_ms == 10
+    assert parse_settings("qos_quantum_ms: 25").qos_quantum_ms == 25
+    with pytest.raises(InputError) as exc:
+        parse_settings("qos_quantum_ms: 0")
+    assert exc.value.field == "qos_quantum_ms"

@@ -44,6 +44,10 @@ def settle(agent: Agent, key: str, phases: set[str], timeout: float = 20.0) -> W
     raise AssertionError(f"{key} never reached {phases}: {states[key]}")
 
 
+def state_env(agent: Agent, key: str) -> dict[str, str]:
+    return next(s.env for s in agent.reconcile() if s.key == key)
+
+
 @pytest.fixture
 def dev(data_dir: Path) -> Iterator[NvmlDevices]:
     yield open_simulated("h200:1:mig,h200:1", data_dir)
@@ -230,6 +234,28 @@ def test_cordon_drain_and_an_xid_move_workloads_off_a_gpu(data_dir: Path, dev: N
     again.close()
 
 
+def test_a_qos_change_applies_live_without_a_restart(data_dir: Path, dev: NvmlDevices) -> None:
+    agent = Agent(data_dir, dev)
+    agent.apply(job("svc", "import time; time.sleep(60)", type="service", restart="always"))
+    first = settle(agent, "default/svc", {"running"})
+    pid = read_status(data_dir / "runs/default/svc/g1-1").child_pid
+    changed = job(
+        "svc", "import time; time.sleep(60)", type="service", restart="always",
+        priority=100, qos="latency", weight=3, min_share_milli=100,
+    )  # fmt: skip
+    assert agent.apply(changed) == ("updated", None)
+    state = settle(agent, "default/svc", {"running"})
+    assert state.generation == first.generation
+    assert read_status(data_dir / "runs/default/svc/g1-1").child_pid == pid
+    assert agent.scheduler.specs["default/svc"].priority == 100
+    assert any(
+        e.kind == "qos_changed" and "weight: 1 -> 3" in e.message for e in agent.store.events()
+    )
+    assert state.env["GPUFRAC_ARBITER"].endswith("arbiter.sock")
+    agent.delete("default", "svc")
+    agent.close()
+
+
 def test_mps_workloads_get_the_mps_environment(data_dir: Path, dev: NvmlDevices) -> None:
     agent = Agent(data_dir, dev)
     code = "import os; print(os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'], os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'], os.environ['CUDA_MPS_PIPE_DIRECTORY'])"
@@ -237,6 +263,7 @@ def test_mps_workloads_get_the_mps_environment(data_dir: Path, dev: NvmlDevices)
     settle(agent, "default/m", {"succeeded"})
     limit, pct, pipe = (data_dir / "runs/default/m/g1-1" / LOG).read_text().split()
     assert (limit, pct) == ("0=4096M", "25")
+    assert state_env(agent, "default/m")["CUDA_MPS_CLIENT_PRIORITY"] == "1"  # a job: throughput
     assert pipe.startswith(str(data_dir / "mps")) and pipe.endswith("/pipe")
     assert not agent.mps.enabled  # simulated GPUs: no daemon is started for them
 

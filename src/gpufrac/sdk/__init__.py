@@ -7,12 +7,29 @@
   how much GPU memory it holds. The agent reads it back through the device adapter, like NVML's
   per-process memory on a real GPU, and shows it labelled as simulated. On a real GPU it does nothing:
   the driver already knows.
+* ``gpu_turn()``: hold this workload's turn on its GPU for one request or one step, as the node's QoS
+  arbiter grants it (``gpufrac.sdk.turns``); ``yield_points(model)`` adds yield points inside a PyTorch
+  step (``gpufrac.sdk.torch_turns``). See docs/qos.md.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from gpufrac.sdk.torch_turns import yield_points
+from gpufrac.sdk.turns import TurnClient, current_turn, gpu_turn
+
+__all__ = [
+    "TurnClient",
+    "attempt",
+    "cap_torch_memory",
+    "current_turn",
+    "gpu_turn",
+    "memory_limit_mib",
+    "report_gpu_memory",
+    "yield_points",
+]
 
 
 def memory_limit_mib() -> int | None:

@@ -1,0 +1,331 @@
+"""The arbiter process: one per node agent, carrying out ``TurnPolicy`` over a local socket and signals.
+
+``python -m gpufrac.runtime.arbiter_server --dir DIR [--parent-fd N] [--quantum-ms Q]`` listens on
+``DIR/arbiter.sock`` (a Unix stream socket; see ``socket_path`` for long paths) and keeps one byte per
+member in ``DIR/arbiter.flags``, which SDK clients map read-only: 1 means "yield at your next yield
+point". So a trainer checks for contention with a memory read, and talks to the arbiter only to take
+and give back turns.
+
+Messages are lines. A client: ``H {json}`` (hello: workload key, domain, its QoS) answered ``K {slot}``;
+``A`` (acquire) answered ``G`` when the turn is granted; ``R [gpu_seconds]`` (release, no answer). The
+agent: ``S {json}`` (set a member: key, domain, qos, pgid), ``D key`` (remove), ``T`` (stats), ``Q``
+(quit), each answered ``K ...``.
+
+It runs in its own process, not a thread of the agent, so no other Python thread's GIL time delays a
+grant. When its parent (the agent) goes away, even by ``kill -9``, the pipe named by ``--parent-fd``
+closes; the arbiter then resumes every process group it paused and exits. A new arbiter resumes each
+member's group when it is registered, so a crash of the arbiter itself leaves nothing paused either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import mmap
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpufrac.model.qos import QosParams
+from gpufrac.runtime.arbiter import (
+    Action,
+    AskYield,
+    ClearYield,
+    Grant,
+    Pause,
+    Resume,
+    TurnPolicy,
+)
+
+SOCKET = "arbiter.sock"
+FLAGS = "arbiter.flags"
+SLOTS = 4096
+_UNIX_PATH_MAX = 100
+
+
+def socket_path(directory: Path) -> tuple[str, int | None]:
+    """An address for ``directory/arbiter.sock`` that fits a Unix socket's 108 bytes: the path itself,
+    or ``/proc/self/fd/N/arbiter.sock`` through an open descriptor of the directory (returned too)."""
+    full = str(directory / SOCKET)
+    if len(full) <= _UNIX_PATH_MAX:
+        return full, None
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}/{SOCKET}", fd
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket, cid: int) -> None:
+        self.sock, self.cid = sock, cid
+        self.buf = b""
+        self.member: str | None = None
+
+
+class ArbiterServer:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        quantum: float,
+        grace: float,
+        window: float,
+        parent_fd: int | None = None,
+        trace: Path | None = None,
+    ) -> None:
+        self.dir = directory
+        self.policy = TurnPolicy(quantum=quantum, grace=grace, window=window)
+        self.parent_fd = parent_fd
+        self.sel = selectors.DefaultSelector()
+        self.conns: dict[int, _Conn] = {}
+        self.next_cid = 1
+        self.slots: dict[str, int] = {}
+        self.trace = open(trace, "a") if trace else None  # noqa: SIM115 - for the process's life
+        self.running = True
+        directory.mkdir(parents=True, exist_ok=True)
+        flags = directory / FLAGS
+        with open(flags, "wb") as f:
+            f.write(b"\0" * SLOTS)
+        self._flags_file = open(flags, "r+b")  # noqa: SIM115
+        self.flags = mmap.mmap(self._flags_file.fileno(), SLOTS)
+        address, dir_fd = socket_path(directory)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(address)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(address)
+        if dir_fd is not None:
+            os.close(dir_fd)
+        os.chmod(directory / SOCKET, 0o600)
+        self.listener.listen(64)
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, "listen")
+        if parent_fd is not None:
+            self.sel.register(parent_fd, selectors.EVENT_READ, "parent")
+
+    def serve(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self._stop())
+        signal.signal(signal.SIGINT, lambda *_: self._stop())
+        try:
+            while self.running:
+                now = time.monotonic()
+                deadline = self.policy.next_deadline(now)
+                timeout = None if deadline is None else max(0.0, deadline - now)
+                for key, _ in self.sel.select(timeout):
+                    if key.data == "listen":
+                        self._accept()
+                    elif key.data == "parent":
+                        if not os.read(self.parent_fd or 0, 64):
+                            self.running = False  # the agent is gone
+                    else:
+                        self._read(key.data)
+                self._apply(self.policy.tick(time.monotonic()))
+        finally:
+            self.shutdown()
+
+    def _stop(self) -> None:
+        self.running = False
+
+    def shutdown(self) -> None:
+        """Resume everything paused and stop listening (also on the way out of a crash)."""
+        for m in self.policy.members.values():
+            if m.paused and m.pgid is not None:
+                _signal(m.pgid, signal.SIGCONT)
+                m.paused = False
+        with contextlib.suppress(OSError):
+            (self.dir / SOCKET).unlink()
+        self.listener.close()
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        sock.setblocking(False)
+        conn = _Conn(sock, self.next_cid)
+        self.next_cid += 1
+        self.conns[conn.cid] = conn
+        self.sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _close(self, conn: _Conn) -> None:
+        self.sel.unregister(conn.sock)
+        conn.sock.close()
+        self.conns.pop(conn.cid, None)
+        self._apply(self.policy.disconnect(conn.cid, time.monotonic()))
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)
+            return
+        conn.buf += data
+        while b"\n" in conn.buf:
+            line, conn.buf = conn.buf.split(b"\n", 1)
+            try:
+                self._handle(conn, line.decode())
+            except (ValueError, KeyError, TypeError) as e:
+                self._send(conn, "E " + json.dumps({"error": str(e)}))
+
+    def _send(self, conn: _Conn, text: str) -> None:
+        with contextlib.suppress(OSError):  # its reader will see the close
+            conn.sock.sendall(text.encode() + b"\n")
+
+    def _handle(self, conn: _Conn, line: str) -> None:
+        op, _, rest = line.partition(" ")
+        now = time.monotonic()
+        if op == "A":
+            self._apply(self.policy.acquire(conn.cid, now))
+        elif op == "R":
+            gpu = float(rest) if rest.strip() else None
+            self._apply(self.policy.release(conn.cid, now, gpu))
+        elif op == "H":
+            raw = json.loads(rest)
+            key = str(raw["workload"])
+            qos = QosParams.from_json(raw.get("qos") or {})
+            self._apply(self.policy.connect(conn.cid, key, str(raw["domain"]), qos, now))
+            conn.member = key
+            self._send(conn, "K " + json.dumps({"slot": self._slot(key), "flags": FLAGS}))
+        elif op == "S":
+            raw = json.loads(rest)
+            pgid = raw.get("pgid")
+            self._apply(
+                self.policy.set_member(
+                    str(raw["key"]),
+                    str(raw["domain"]),
+                    QosParams.from_json(raw.get("qos") or {}),
+                    int(pgid) if pgid else None,
+                    now,
+                )
+            )
+            self._send(conn, "K {}")
+        elif op == "D":
+            self._apply(self.policy.remove_member(rest.strip(), now))
+            self._send(conn, "K {}")
+        elif op == "T":
+            self._send(conn, "K " + json.dumps(self.stats(now)))
+        elif op == "Q":
+            self._send(conn, "K {}")
+            self.running = False
+        else:
+            raise ValueError(f"unknown message {op!r}")
+
+    # -- actions --------------------------------------------------------------------------------
+
+    def _slot(self, key: str) -> int:
+        if key not in self.slots:
+            used = set(self.slots.values())
+            self.slots[key] = next(i for i in range(SLOTS) if i not in used)
+        return self.slots[key]
+
+    def _apply(self, actions: list[Action]) -> None:
+        for a in actions:
+            if isinstance(a, Grant):
+                conn = self.conns.get(a.client)
+                if conn is not None:
+                    if conn.member in self.slots:
+                        self.flags[self.slots[conn.member]] = 0
+                    self._send(conn, "G")
+            elif isinstance(a, AskYield):
+                self.flags[self._slot(a.member)] = 1
+            elif isinstance(a, ClearYield):
+                self.flags[self._slot(a.member)] = 0
+            elif isinstance(a, Pause):
+                if not _signal(a.pgid, signal.SIGSTOP):
+                    self.policy.members[a.member].paused = False
+            elif isinstance(a, Resume):
+                _signal(a.pgid, signal.SIGCONT)
+            if self.trace is not None:
+                self._trace(a)
+        for key in [k for k in self.slots if k not in self.policy.members]:
+            self.flags[self.slots.pop(key)] = 0
+
+    def _trace(self, a: Action) -> None:
+        assert self.trace is not None
+        who = a.member if not isinstance(a, Grant) else self.policy.client_member.get(a.client)
+        if who is None:
+            return
+        m = self.policy.members.get(who)
+        wanting = [
+            {"key": x.key, "rank": x.qos.rank}
+            for x in self.policy.members.values()
+            if m is not None and x.domain == m.domain and x.wants and x.key != who
+        ]
+        self.trace.write(
+            json.dumps(
+                {
+                    "t": time.monotonic(),
+                    "action": type(a).__name__.lower(),
+                    "member": who,
+                    "rank": m.qos.rank if m else None,
+                    "wanting": wanting,
+                }
+            )
+            + "\n"
+        )
+        self.trace.flush()
+
+    def stats(self, now: float) -> dict[str, Any]:
+        return {
+            "quantum_s": self.policy.quantum,
+            "window_s": self.policy.window,
+            "members": {
+                m.key: {
+                    "domain": m.domain,
+                    "qos": m.qos.to_json(),
+                    "mode": "transparent" if m.transparent else "cooperative",
+                    "clients": len(m.clients),
+                    "paused": m.paused,
+                    "holding": self.policy.domains[m.domain].holder == m.key,
+                    "turns": m.turns,
+                    "held_s": round(m.held_s, 6),
+                    "gpu_s": round(m.gpu_s, 6),
+                    "share": round(self.policy.share(m.key, now), 4),
+                    "gpu_share": self.policy.gpu_share(m.key, now),
+                }
+                for m in self.policy.members.values()
+            },
+        }
+
+
+def _signal(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpufrac.runtime.arbiter_server")
+    p.add_argument("--dir", required=True, type=Path)
+    p.add_argument("--parent-fd", type=int)
+    p.add_argument("--quantum-ms", type=float, default=10.0)
+    p.add_argument("--grace-ms", type=float, default=2.0)
+    p.add_argument("--window-s", type=float, default=2.0)
+    p.add_argument("--trace", type=Path)
+    args = p.parse_args(argv)
+    server = ArbiterServer(
+        args.dir,
+        quantum=args.quantum_ms / 1000,
+        grace=args.grace_ms / 1000,
+        window=args.window_s,
+        parent_fd=args.parent_fd,
+        trace=args.trace,
+    )
+    print("ready", flush=True)
+    server.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

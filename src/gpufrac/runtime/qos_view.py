@@ -1,0 +1,47 @@
+"""What a workload got from the QoS arbiter, for ``describe`` and the API: its class and settings,
+and the share of its GPU it actually got, measured, beside the share the arbiter gave it.
+
+Measured means: NVML's per-process SM utilization of the workload's processes where the driver reports
+it (a whole, time-sliced GPU); otherwise the GPU time the SDK timed with CUDA events and reported with
+each turn (MPS, where NVML sums all clients into the server, and MIG, where it reports no processes'
+use). Neither is guessed: without a reading the measured share is ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufrac.model.workload import WorkloadSpec
+from gpufrac.planning.scheduler import Decision
+from gpufrac.runtime.agent import Agent, qos_params, workload_memory_mib
+
+
+def workload_qos(
+    agent: Agent, spec: WorkloadSpec, decision: Decision | None, stats: dict[str, Any]
+) -> dict[str, Any]:
+    """``stats`` is the arbiter's (``agent.arbiter.stats()``), read once for all workloads."""
+    key = f"{spec.tenant}/{spec.name}"
+    member = stats.get(key) or {}
+    measured: float | None = None
+    source: str | None = None
+    if decision is not None and decision.gpus and decision.mode == "timeslice" and not decision.mig:
+        use = workload_memory_mib(agent, spec.tenant, spec.name)
+        by_pid = agent.health.process_utilization(decision.gpus[0])
+        if use is not None and use.pids and by_pid is not None:
+            measured = sum(by_pid.get(pid, 0) for pid in use.pids) / 100
+            source = "nvml"
+    if measured is None and member.get("gpu_share") is not None:
+        measured, source = float(member["gpu_share"]), "sdk"
+    return {
+        "class": qos_params(spec).rank,
+        "priority": spec.priority,
+        "qos": spec.qos,
+        "weight": spec.weight,
+        "min_share": spec.min_share_milli / 1000,
+        "mode": member.get("mode"),  # cooperative (SDK) | transparent (paused by signals) | None
+        "paused": member.get("paused"),
+        "turns": member.get("turns"),
+        "arbiter_share": member.get("share"),
+        "measured_share": measured,
+        "measured_by": source,
+    }

@@ -1,0 +1,211 @@
+"""The QoS arbiter with real processes: its own process, SDK clients over its socket, signals.
+
+The workloads' "GPU work" is a timed critical section (tests/integration/qos_worker.py). Assertions
+count turns and the arbiter's own accounting, with tolerances that hold on a busy 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpufrac.model.qos import QosParams
+from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec
+from tests.integration.conftest import RunningAgent
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def proc_state(pid: int) -> str:
+    """The kernel's state letter for ``pid`` (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or check}")
+
+
+@pytest.fixture
+def link(tmp_path: Path) -> Iterator[ArbiterLink]:
+    link = ArbiterLink(tmp_path / "arbiter", quantum_ms=10, window_s=60, trace=tmp_path / "trace")
+    link.sync({}, start=True)
+    yield link
+    link.close()
+
+
+@pytest.fixture
+def spawn(link: ArbiterLink) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(key: str, rank: int, weight: int = 1, min_share: int = 0, mode: str = "loop"):  # type: ignore[no-untyped-def]
+        args = [link.address, key, str(rank), str(weight), str(min_share), mode]
+        p = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.qos_worker", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait(timeout=10)
+
+
+def held(link: ArbiterLink, *keys: str) -> dict[str, float]:
+    stats = link.stats()
+    return {k: float(stats[k]["held_s"]) if k in stats else 0.0 for k in keys}
+
+
+def turns(link: ArbiterLink) -> int:
+    return sum(int(m["turns"]) for m in link.stats().values())
+
+
+@pytest.mark.parametrize(("wa", "wb"), [(1, 1), (3, 1)])
+def test_weights_split_the_turns_of_two_busy_loops(link, spawn, wa: int, wb: int) -> None:  # type: ignore[no-untyped-def]
+    spawn("t/a", 0, wa)
+    spawn("t/b", 0, wb)
+    wait_for(lambda: len(link.stats()) == 2, what="both clients")
+    start = held(link, "t/a", "t/b")
+    wait_for(lambda: turns(link) >= 800, timeout=60, what="800 turns")
+    end = held(link, "t/a", "t/b")
+    a, b = end["t/a"] - start["t/a"], end["t/b"] - start["t/b"]
+    assert a / (a + b) == pytest.approx(wa / (wa + wb), abs=0.05)
+
+
+def test_a_lower_class_is_granted_only_while_no_higher_class_waits(link, spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spawn("t/lo", 0)
+    spawn("t/hi", 10)
+    wait_for(lambda: turns(link) >= 600, timeout=60, what="600 turns")
+    grants = [
+        json.loads(line)
+        for line in (tmp_path / "trace").read_text().splitlines()
+        if '"grant"' in line
+    ]
+    lows = [g for g in grants if g["member"] == "t/lo"]
+    assert grants and all(w["rank"] <= 0 for g in lows for w in g["wanting"])
+    share = held(link, "t/lo", "t/hi")
+    assert share["t/hi"] > 0.9 * (share["t/hi"] + share["t/lo"])
+
+
+def test_min_share_holds_against_a_busy_higher_class(link, spawn) -> None:  # type: ignore[no-untyped-def]
+    spawn("t/hi", 10)
+    spawn("t/lo", 0, 1, 100)
+    wait_for(lambda: len(link.stats()) == 2, what="both clients")
+    wait_for(lambda: turns(link) >= 800, timeout=60, what="800 turns")
+    share = held(link, "t/hi", "t/lo")
+    assert share["t/lo"] / (share["t/hi"] + share["t/lo"]) >= 0.09
+
+
+def test_a_crashed_holder_releases_its_turn(link, spawn) -> None:  # type: ignore[no-untyped-def]
+    holder = spawn("t/holder", 10, mode="hold")
+    assert holder.stdout is not None and holder.stdout.readline() == b"holding\n"
+    spawn("t/other", 0)
+    wait_for(lambda: "t/other" in link.stats(), what="the other client")
+    time.sleep(0.3)
+    assert link.stats()["t/other"]["turns"] == 0  # it waits behind the holder
+    holder.kill()
+    wait_for(
+        lambda: link.stats().get("t/other", {}).get("turns", 0) > 10, what="turns after the crash"
+    )
+    assert "t/holder" not in link.stats()
+
+
+def test_a_transparent_process_group_is_paused_for_a_higher_class_and_resumed(link, spawn) -> None:  # type: ignore[no-untyped-def]
+    bg = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    try:
+        link.sync({"t/bg": MemberSpec("gpu-0", QosParams(0), bg.pid)})
+        wait_for(lambda: proc_state(bg.pid) in "RS", what="bg running")
+        holder = spawn("t/hi", 10, mode="hold")
+        assert holder.stdout is not None and holder.stdout.readline() == b"holding\n"
+        wait_for(lambda: proc_state(bg.pid) == "T", what="bg paused")
+        holder.kill()
+        wait_for(lambda: proc_state(bg.pid) != "T", what="bg resumed")
+        assert link.stats()["t/bg"]["mode"] == "transparent"
+    finally:
+        bg.kill()
+        bg.wait(timeout=10)
+
+
+def test_the_arbiter_resumes_everything_when_its_agent_dies(link, spawn) -> None:  # type: ignore[no-untyped-def]
+    bg = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    try:
+        link.sync({"t/bg": MemberSpec("gpu-0", QosParams(0), bg.pid)})
+        holder = spawn("t/hi", 10, mode="hold")
+        assert holder.stdout is not None and holder.stdout.readline() == b"holding\n"
+        wait_for(lambda: proc_state(bg.pid) == "T", what="bg paused")
+        link.close()  # what the arbiter sees when the agent dies: its pipe closes
+        wait_for(lambda: proc_state(bg.pid) != "T", what="bg resumed")
+    finally:
+        bg.kill()
+        bg.wait(timeout=10)
+
+
+# -- through the agent ----------------------------------------------------------------------------
+
+HOLDER = (
+    "import time\n"
+    "from gpufrac.sdk import gpu_turn\n"
+    "while True:\n"
+    "    with gpu_turn():\n"
+    "        time.sleep(0.2)\n"
+)
+MANIFEST = """
+apiVersion: gpufrac/v1
+kind: Workload
+metadata: {{name: {name}}}
+spec:
+  type: {type}
+  command: {command}
+  resources: {{gpu: {{fraction: 0.4}}}}
+  sharing: timeslice
+  priority: {priority}
+"""
+
+
+def _apply(agent: RunningAgent, name: str, kind: str, command: list[str], priority: str) -> None:
+    body = MANIFEST.format(name=name, type=kind, command=json.dumps(command), priority=priority)
+    r = httpx.post(agent.url + "/api/v1/workloads", content=body, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def _child(agent: RunningAgent, name: str) -> int:
+    runs = sorted((agent.data_dir / "runs" / "default" / name).glob("g*-*"))
+    return int(json.loads((runs[-1] / "child.json").read_text())["pid"])
+
+
+def test_an_agent_restart_leaves_no_workload_paused(agent: RunningAgent) -> None:
+    _apply(agent, "busy", "job", [sys.executable, "-c", "while True: pass"], "low")
+    _apply(agent, "latency", "service", [sys.executable, "-c", HOLDER], "high")
+    wait_for(lambda: (agent.data_dir / "runs/default/busy").exists(), what="busy started")
+    wait_for(lambda: any((agent.data_dir / "runs/default/busy").glob("*/child.json")))
+    busy = _child(agent, "busy")
+    wait_for(lambda: proc_state(busy) == "T", timeout=30, what="busy paused by the arbiter")
+    w = httpx.get(agent.url + "/api/v1/workloads/default/busy", timeout=10).json()
+    assert w["qos"]["mode"] == "transparent" and w["qos"]["class"] == 0
+
+    agent.kill9()
+    wait_for(lambda: proc_state(busy) != "T", what="busy resumed after the agent died")
+    agent.start()
+    # the new agent's arbiter pauses it again while the latency service holds its turns ...
+    wait_for(lambda: proc_state(busy) == "T", timeout=30, what="busy paused again")
+    # ... and a live change (no restart) lifts the busy job above the service
+    _apply(agent, "busy", "job", [sys.executable, "-c", "while True: pass"], "1000")
+    wait_for(lambda: proc_state(busy) != "T", what="busy running at its new priority")
+    assert _child(agent, "busy") == busy  # the same process: applied live
+    assert os.getpgid(busy) == busy

@@ -1,0 +1,181 @@
+"""The arbiter's policy on a driven clock: every assertion counts quanta or turns, never wall time."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from gpufrac.model.qos import QosParams, arbiter_rank, mps_client_priority
+from gpufrac.runtime.arbiter import (
+    Action,
+    AskYield,
+    ClearYield,
+    Grant,
+    Pause,
+    Resume,
+    TurnPolicy,
+)
+
+MS = 0.001
+
+
+def grants(actions: list[Action]) -> list[int]:
+    return [a.client for a in actions if isinstance(a, Grant)]
+
+
+def busy_loops(
+    p: TurnPolicy, members: dict[str, QosParams], turns: int, *, turn_s: float = MS
+) -> Counter[str]:
+    """Each member is a client that holds each turn for ``turn_s`` and asks again at once (a training
+    loop). Returns the turns each got out of ``turns``."""
+    now = 0.0
+    key_of = dict(enumerate(members))
+    first: list[int] = []
+    for cid, key in key_of.items():
+        p.connect(cid, key, "gpu", members[key], now)
+    for cid in key_of:
+        first += grants(p.acquire(cid, now))
+    holder = first[0]
+    got: Counter[str] = Counter()
+    for _ in range(turns):
+        got[key_of[holder]] += 1
+        now += turn_s
+        out = grants(p.release(holder, now))
+        out += grants(p.acquire(holder, now + 10e-6))
+        now += 10e-6
+        while not out:
+            deadline = p.next_deadline(now)
+            assert deadline is not None, "a waiting client must be granted eventually"
+            now = max(now, deadline)
+            out = grants(p.tick(now))
+        assert len(out) == 1
+        holder = out[0]
+    return got
+
+
+def test_class_mapping_and_mps_priority() -> None:
+    assert arbiter_rank(100, "throughput") > arbiter_rank(50, "latency")  # priority first
+    assert arbiter_rank(50, "latency") > arbiter_rank(50, "throughput")
+    assert (mps_client_priority("latency"), mps_client_priority("throughput")) == (0, 1)
+
+
+def test_strict_priority_asks_the_holder_to_yield_and_grants_the_higher_class_next() -> None:
+    p = TurnPolicy(quantum=10 * MS)
+    p.connect(1, "w/train", "gpu", QosParams(rank=0), 0.0)
+    p.connect(2, "w/infer", "gpu", QosParams(rank=10), 0.0)
+    p.connect(3, "w/train", "gpu", QosParams(rank=0), 0.0)
+    assert grants(p.acquire(1, 0.0)) == [1]
+    assert p.acquire(2, 0.001) == [AskYield("w/train")]
+    assert p.acquire(3, 0.002) == []  # the trainer's second client must wait too
+    out = p.release(1, 0.003)
+    assert ClearYield("w/train") in out and grants(out) == [2]
+    # while the higher class holds, the lower class is never granted, whatever the clock says
+    assert grants(p.tick(1.0)) == []
+    assert grants(p.release(2, 1.001)) == [3]
+
+
+@pytest.mark.parametrize(("wa", "wb"), [(1, 1), (3, 1), (1, 4)])
+def test_weights_split_turns_within_a_class(wa: int, wb: int) -> None:
+    p = TurnPolicy(quantum=10 * MS, grace=2 * MS)
+    got = busy_loops(p, {"a": QosParams(0, wa), "b": QosParams(0, wb)}, 4000)
+    assert got["a"] / 4000 == pytest.approx(wa / (wa + wb), abs=0.02)
+
+
+def test_a_busy_higher_class_takes_every_turn_without_min_share() -> None:
+    p = TurnPolicy(quantum=10 * MS, grace=2 * MS)
+    got = busy_loops(p, {"hi": QosParams(10), "lo": QosParams(0)}, 1000)
+    assert got["lo"] <= 1  # at most the turn it had before the other asked
+
+
+def test_min_share_is_kept_against_a_busy_higher_class() -> None:
+    p = TurnPolicy(quantum=10 * MS, grace=2 * MS, window=0.5)
+    got = busy_loops(p, {"hi": QosParams(10), "lo": QosParams(0, 1, 100)}, 4000)
+    assert 0.09 <= got["lo"] / 4000 <= 0.13
+    assert p.share("lo", 4000 * MS) >= 0.09
+
+
+def test_transparent_members_are_time_sliced_by_weight_with_signals() -> None:
+    p = TurnPolicy(quantum=10 * MS)
+    out = p.set_member("a", "gpu", QosParams(0, 3), 111, 0.0)
+    out += p.set_member("b", "gpu", QosParams(0, 1), 222, 0.0)
+    assert Resume("a", 111) in out and Pause("b", 222) in out  # a new arbiter resumes first
+    running: Counter[str] = Counter()
+    now = 0.0
+    for _ in range(400):  # one tick per quantum
+        now += 10 * MS
+        for a in p.tick(now):
+            if isinstance(a, Pause | Resume):
+                assert p.members[a.member].paused == isinstance(a, Pause)
+        holder = p.domains["gpu"].holder
+        assert holder is not None
+        running[holder] += 1
+        other = "b" if holder == "a" else "a"
+        assert p.members[other].paused and not p.members[holder].paused
+    assert running["a"] / 400 == pytest.approx(0.75, abs=0.03)
+
+
+def test_a_transparent_low_class_is_paused_for_each_turn_of_a_cooperative_high_class() -> None:
+    p = TurnPolicy()
+    p.set_member("train", "gpu", QosParams(0), 4242, 0.0)
+    assert p.domains["gpu"].holder == "train"
+    p.connect(7, "infer", "gpu", QosParams(10), 0.0)
+    out = p.acquire(7, 0.01)
+    assert out == [Grant(7), Pause("train", 4242)]
+    assert p.release(7, 0.015) == [Resume("train", 4242)]
+
+
+def test_a_crashed_holder_releases_its_turn() -> None:
+    p = TurnPolicy()
+    p.connect(1, "a", "gpu", QosParams(0), 0.0)
+    p.connect(2, "b", "gpu", QosParams(0), 0.0)
+    assert grants(p.acquire(1, 0.0)) == [1]
+    assert grants(p.acquire(2, 0.001)) == []
+    assert grants(p.disconnect(1, 0.002)) == [2]
+    assert "a" not in p.members  # made by its own hello, gone with its last client
+
+
+def test_removing_a_paused_member_resumes_it_and_hands_on_the_turn() -> None:
+    p = TurnPolicy()
+    p.set_member("a", "gpu", QosParams(0), 1, 0.0)
+    p.set_member("b", "gpu", QosParams(5), 2, 0.0)
+    assert p.members["a"].paused
+    out = p.remove_member("a", 0.1)
+    assert out == [Resume("a", 1)]
+    assert p.remove_member("b", 0.2) == []
+
+
+def test_connecting_makes_a_member_cooperative_and_resumes_it() -> None:
+    p = TurnPolicy()
+    p.set_member("a", "gpu", QosParams(0), 1, 0.0)
+    p.set_member("b", "gpu", QosParams(5), 2, 0.0)
+    assert p.members["a"].paused
+    assert Resume("a", 1) in p.connect(9, "a", "gpu", QosParams(0), 0.1)
+    assert not p.members["a"].transparent
+
+
+def test_live_changes_take_effect_at_once() -> None:
+    p = TurnPolicy(quantum=10 * MS)
+    p.connect(1, "a", "gpu", QosParams(0), 0.0)
+    p.connect(2, "b", "gpu", QosParams(0), 0.0)
+    assert grants(p.acquire(1, 0.0)) == [1]
+    assert grants(p.acquire(2, 0.001)) == []
+    # b is raised above a: a is asked to yield at once, not after its quantum
+    assert p.set_member("b", "gpu", QosParams(10), None, 0.002) == [AskYield("a")]
+    got = busy_loops(TurnPolicy(grace=2 * MS), {"a": QosParams(0, 1), "b": QosParams(0, 1)}, 10)
+    assert sum(got.values()) == 10
+
+
+def test_domains_are_independent() -> None:
+    p = TurnPolicy()
+    p.connect(1, "a", "gpu-0", QosParams(0), 0.0)
+    p.connect(2, "b", "gpu-1", QosParams(10), 0.0)
+    assert grants(p.acquire(1, 0.0)) == [1]
+    assert grants(p.acquire(2, 0.0)) == [2]  # another GPU (or MIG instance): no contention
+
+
+def test_an_idle_member_banks_at_most_one_quantum() -> None:
+    p = TurnPolicy(quantum=10 * MS, grace=2 * MS)
+    busy_loops(p, {"a": QosParams(0), "b": QosParams(0)}, 10)  # warms a and b
+    p.connect(5, "late", "gpu", QosParams(0), 0.02)
+    assert p.members["late"].vt >= min(p.members[k].vt for k in ("a", "b")) - 10 * MS
