@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -209,3 +210,46 @@ def test_an_agent_restart_leaves_no_workload_paused(agent: RunningAgent) -> None
     wait_for(lambda: proc_state(busy) != "T", what="busy running at its new priority")
     assert _child(agent, "busy") == busy  # the same process: applied live
     assert os.getpgid(busy) == busy
+
+
+def _raw(link: ArbiterLink) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(link.address)
+    s.settimeout(10)
+    return s
+
+
+def test_bad_lines_are_answered_and_workloads_cannot_give_agent_commands(link, spawn) -> None:  # type: ignore[no-untyped-def]
+    bg = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    try:
+        s = _raw(link)
+        for line in (
+            b'H {"qos": [1]}',
+            b"H not json",
+            b"Z",
+            b'S {"key": "x", "domain": "gpu-0", "pgid": %d}' % bg.pid,
+            b"Q",
+        ):
+            s.sendall(line + b"\n")
+            assert s.recv(4096).startswith(b"E "), line
+        time.sleep(0.2)
+        assert proc_state(bg.pid) != "T" and "x" not in link.stats()
+        s.sendall(b'H {"workload": "t/raw", "domain": "gpu-0"}\nA\n')
+        data = b""
+        while b"\nG\n" not in data:
+            data += s.recv(64)
+        assert data.startswith(b"K ")  # the arbiter survived all of it and still grants turns
+    finally:
+        bg.kill()
+        bg.wait(timeout=10)
+
+
+def test_an_idle_arbiter_stops_at_once_on_sigterm(link) -> None:  # type: ignore[no-untyped-def]
+    assert link.proc is not None
+    started = time.monotonic()
+    link.proc.terminate()
+    link.proc.wait(timeout=5)
+    assert time.monotonic() - started < 2
+    assert not Path(link.address).exists()

@@ -204,7 +204,7 @@ class Agent(GpuCare):
             members[st.key] = MemberSpec(_domain(d, st.env), qos_params(spec), status.child_pid)
         try:
             self.arbiter.sync(members)
-        except RuntimeError as e:
+        except (RuntimeError, OSError) as e:
             self.store.record_event("qos_error", "arbiter", str(e))
 
     def _resume_all(self) -> None:

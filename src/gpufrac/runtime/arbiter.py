@@ -81,6 +81,7 @@ class Member:
     paused: bool = False
     asked_to_yield: bool = False
     usage: deque[tuple[float, float]] = field(default_factory=deque)  # (end, seconds held)
+    usage_sum: float = 0.0  # the sum of ``usage``, kept as entries come and go
     reported: deque[tuple[float, float]] = field(default_factory=deque)  # (at, GPU seconds)
 
     @property
@@ -101,6 +102,7 @@ class Domain:
     accounted: float = 0.0  # the holder's time is accounted up to here
     reserved: str | None = None
     reserved_until: float = 0.0
+    kept_until: float = 0.0  # a turn given for a min share lasts a quantum at least
 
 
 class TurnPolicy:
@@ -118,17 +120,19 @@ class TurnPolicy:
         """Register a workload, or change its class, weight, min share or process group live."""
         out: list[Action] = []
         m = self.members.get(key)
-        if m is not None and m.domain != domain:
+        clients: set[int] = set()
+        if m is not None and m.domain != domain:  # moved: its clients come along, without a turn
             clients = set(m.clients)
-            out += self.remove_member(key, now)
+            out += self._drop(key, now)
             m = None
-            for c in clients:
-                self.client_member.pop(c, None)
         if m is None:
             m = Member(key, domain, qos, pgid)
             d = self.domains.setdefault(domain, Domain(domain))
             m.vt = self._floor_vt(d, exclude=key)
             self.members[key] = m
+            for c in clients:
+                m.clients.add(c)
+                self.client_member[c] = key
             if pgid is not None:
                 out.append(
                     Resume(key, pgid)
@@ -141,6 +145,20 @@ class TurnPolicy:
         return out + self._schedule(self.domains[domain], now)
 
     def remove_member(self, key: str, now: float) -> list[Action]:
+        """The agent no longer runs this workload here. A member whose SDK clients are still connected
+        stays (as if made by their hello), no longer paused by signals; the rest is forgotten."""
+        m = self.members.get(key)
+        if m is None:
+            return []
+        if m.clients:
+            out: list[Action] = []
+            if m.paused and m.pgid is not None:
+                out.append(Resume(key, m.pgid))
+            m.paused, m.pgid = False, None
+            return out + self._schedule(self.domains[m.domain], now)
+        return self._drop(key, now)
+
+    def _drop(self, key: str, now: float) -> list[Action]:
         m = self.members.pop(key, None)
         if m is None:
             return []
@@ -162,6 +180,8 @@ class TurnPolicy:
     ) -> list[Action]:
         """An SDK client says hello. A member the agent did not register is made from its own word."""
         out: list[Action] = []
+        if client in self.client_member:
+            return []  # a second hello on one connection changes nothing
         if key not in self.members:
             out += self.set_member(key, domain, qos, None, now)
         m = self.members[key]
@@ -192,8 +212,9 @@ class TurnPolicy:
         if d.client == client:
             self._account(d, now)
             d.holder, d.client = None, None
+            m.asked_to_yield = False
         if not m.clients and m.pgid is None:
-            return self.remove_member(m.key, now)
+            return self._drop(m.key, now)
         return self._schedule(d, now)
 
     # -- turns ----------------------------------------------------------------------------------
@@ -201,7 +222,7 @@ class TurnPolicy:
     def acquire(self, client: int, now: float) -> list[Action]:
         m = self._member_of(client)
         if m is None:
-            return []
+            return [Grant(client)]  # no hello (or forgotten): nothing to arbitrate, it runs free
         d = self.domains[m.domain]
         if d.client == client:
             return [Grant(client)]  # already holds it
@@ -252,6 +273,8 @@ class TurnPolicy:
         """Let time pass: account transparent holders, end quanta, expire reservations."""
         out: list[Action] = []
         for d in self.domains.values():
+            if d.reserved is not None and now >= d.reserved_until:
+                d.reserved = None
             if d.holder is not None:
                 self._account(d, now)
             out += self._schedule(d, now)
@@ -262,11 +285,12 @@ class TurnPolicy:
         times: list[float] = []
         for d in self.domains.values():
             if d.reserved is not None:
-                times.append(d.reserved_until)
+                times.append(max(now, d.reserved_until))
             if d.holder is not None and any(
                 m.wants and m.key != d.holder for m in self._in(d.name)
-            ):
-                times.append(max(now, d.since + self.quantum))
+            ):  # the quantum's end, then once a quantum (shares and starvation move with time)
+                end = d.since + self.quantum
+                times.append(end if end > now else now + self.quantum)
         return min(times) if times else None
 
     # -- what was given -------------------------------------------------------------------------
@@ -302,13 +326,15 @@ class TurnPolicy:
     def _trim(self, m: Member, now: float) -> None:
         horizon = now - self.window
         while m.usage and m.usage[0][0] < horizon:
-            m.usage.popleft()
+            m.usage_sum -= m.usage.popleft()[1]
+        if not m.usage:
+            m.usage_sum = 0.0  # no drift from float subtraction
         while m.reported and m.reported[0][0] < horizon:
             m.reported.popleft()
 
     def _recent(self, m: Member, now: float) -> float:
         self._trim(m, now)
-        return sum(s for _, s in m.usage)
+        return m.usage_sum
 
     def _starved(self, m: Member, now: float) -> bool:
         if m.qos.min_share_milli <= 0:
@@ -335,11 +361,14 @@ class TurnPolicy:
         m.held_s += dt
         m.vt += dt / m.qos.weight
         m.usage.append((now, dt))
+        m.usage_sum += dt
 
     def _grant(self, d: Domain, m: Member, now: float) -> list[Action]:
         out: list[Action] = []
         d.holder, d.since, d.accounted, d.reserved = m.key, now, now, None
+        d.kept_until = now + self.quantum if self._starved(m, now) else 0.0
         m.turns += 1
+        m.asked_to_yield = False
         if m.transparent:
             d.client = None
             if m.paused and m.pgid is not None:
@@ -374,15 +403,14 @@ class TurnPolicy:
                 return []  # kept for the member that just gave it back
             return self._grant(d, best, now)
         holder = self.members[d.holder]
-        if best.key == holder.key:
+        if best.key == holder.key or now < d.kept_until:
             return []
-        outranked = self._key(best, now)[:2] > self._key(holder, now)[:2]
-        expired = (
-            self._key(best, now)[:2] == self._key(holder, now)[:2]
-            and now - d.since >= self.quantum
-            and best.vt < holder.vt
-        )
-        if not (outranked or expired):
+        b, h = self._key(best, now), self._key(holder, now)
+        held_quantum = now - d.since >= self.quantum
+        outranked = b[1] > h[1] and b[0] >= h[0]  # a higher class: at once
+        starving = b[0] and not h[0] and held_quantum  # a min share: after the holder's quantum
+        expired = b[:2] == h[:2] and held_quantum and best.vt < holder.vt
+        if not (outranked or starving or expired):
             return []
         if holder.transparent:
             self._account(d, now)

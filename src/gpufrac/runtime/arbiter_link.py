@@ -1,9 +1,9 @@
 """The agent's side of the QoS arbiter: start its process, keep its members in step, read what it gave.
 
 The arbiter runs as a child process (``runtime/arbiter_server.py``), started the first time a GPU (or
-MIG instance) has two workloads to arbitrate between. The agent holds the write end of a pipe whose read
-end the arbiter watches: when the agent exits, however it exits, the arbiter resumes what it paused and
-stops. ``sync`` is called every reconcile pass with the members that should exist; it sends only what
+MIG instance) has two workloads to arbitrate between. The agent talks to it over its own end of a socket
+pair (workloads use the public socket, which takes no agent commands); when the agent exits, however it
+exits, that end closes, and the arbiter resumes what it paused and stops. ``sync`` is called every reconcile pass with the members that should exist; it sends only what
 changed, and sends everything again to an arbiter that was restarted.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import select
 import signal
 import socket
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufrac.model.qos import QosParams
-from gpufrac.runtime.arbiter_server import SOCKET, socket_path
+from gpufrac.runtime.arbiter_server import SOCKET
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +46,6 @@ class ArbiterLink:
         self.quantum_ms, self.grace_ms, self.window_s = quantum_ms, grace_ms, window_s
         self.trace = trace
         self.proc: subprocess.Popen[bytes] | None = None
-        self._parent_w: int | None = None
         self._sock: socket.socket | None = None
         self._sent: dict[str, MemberSpec] = {}
         self._lock = threading.Lock()
@@ -65,15 +63,15 @@ class ArbiterLink:
     def _start(self) -> None:
         self._close_process()
         self.dir.mkdir(parents=True, exist_ok=True)
-        r, w = os.pipe()
+        ours, theirs = socket.socketpair()
         cmd = [
             sys.executable,
             "-m",
             "gpufrac.runtime.arbiter_server",
             "--dir",
             str(self.dir),
-            "--parent-fd",
-            str(r),
+            "--admin-fd",
+            str(theirs.fileno()),
             "--quantum-ms",
             str(self.quantum_ms),
             "--grace-ms",
@@ -82,26 +80,27 @@ class ArbiterLink:
             str(self.window_s),
             *(["--trace", str(self.trace)] if self.trace else []),
         ]
-        with open(self.dir / "arbiter.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd, pass_fds=(r,), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL
-            )
-        os.close(r)
-        self._parent_w = w
+        try:
+            with open(self.dir / "arbiter.log", "ab") as log:
+                self.proc = subprocess.Popen(
+                    cmd,
+                    pass_fds=(theirs.fileno(),),
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                )
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.settimeout(10.0)
+        self._sock = ours
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], 15.0)
         if not ready or self.proc.stdout.readline().strip() != b"ready":
             self._close_process()
             raise RuntimeError(f"the QoS arbiter did not start; see {self.dir / 'arbiter.log'}")
-        address, dir_fd = socket_path(self.dir)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(address)
-        finally:
-            if dir_fd is not None:
-                os.close(dir_fd)
-        sock.settimeout(10.0)
-        self._sock = sock
         self._sent = {}
         self.restarts += 1
 
@@ -162,10 +161,7 @@ class ArbiterLink:
         if self._sock is not None:
             with contextlib.suppress(OSError):
                 self._sock.close()
-            self._sock = None
-        if self._parent_w is not None:
-            os.close(self._parent_w)  # the arbiter sees the pipe close: it resumes all and exits
-            self._parent_w = None
+            self._sock = None  # the arbiter sees its end close: it resumes all and exits
         if self.proc is not None:
             if self.proc.stdout is not None:
                 self.proc.stdout.close()

@@ -1,20 +1,22 @@
 """The arbiter process: one per node agent, carrying out ``TurnPolicy`` over a local socket and signals.
 
-``python -m gpufrac.runtime.arbiter_server --dir DIR [--parent-fd N] [--quantum-ms Q]`` listens on
+``python -m gpufrac.runtime.arbiter_server --dir DIR [--admin-fd N] [--quantum-ms Q]`` listens on
 ``DIR/arbiter.sock`` (a Unix stream socket; see ``socket_path`` for long paths) and keeps one byte per
 member in ``DIR/arbiter.flags``, which SDK clients map read-only: 1 means "yield at your next yield
 point". So a trainer checks for contention with a memory read, and talks to the arbiter only to take
 and give back turns.
 
-Messages are lines. A client: ``H {json}`` (hello: workload key, domain, its QoS) answered ``K {slot}``;
-``A`` (acquire) answered ``G`` when the turn is granted; ``R [gpu_seconds]`` (release, no answer). The
-agent: ``S {json}`` (set a member: key, domain, qos, pgid), ``D key`` (remove), ``T`` (stats), ``Q``
-(quit), each answered ``K ...``.
+Messages are lines. On the public socket, a client: ``H {json}`` (hello: workload key, domain, its
+QoS) answered ``K {slot}``; ``A`` (acquire) answered ``G`` when the turn is granted; ``R
+[gpu_seconds]`` (release, no answer). Only the agent, on its own connection (one end of a socket pair
+handed over as ``--admin-fd``), may also send ``S {json}`` (set a member: key, domain, qos, pgid),
+``D key`` (remove), ``T`` (stats), ``Q`` (quit), each answered ``K ...``: a workload cannot pause
+another's process group. A malformed line is answered ``E {error}`` and changes nothing.
 
 It runs in its own process, not a thread of the agent, so no other Python thread's GIL time delays a
-grant. When its parent (the agent) goes away, even by ``kill -9``, the pipe named by ``--parent-fd``
-closes; the arbiter then resumes every process group it paused and exits. A new arbiter resumes each
-member's group when it is registered, so a crash of the arbiter itself leaves nothing paused either.
+grant. When the agent goes away, even by ``kill -9``, its end of the pair closes; the arbiter then
+resumes every process group it paused and exits. A new arbiter resumes each member's group when it is
+registered, so a crash of the arbiter itself leaves nothing paused either.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from gpufrac.runtime.arbiter import (
 SOCKET = "arbiter.sock"
 FLAGS = "arbiter.flags"
 SLOTS = 4096
+REAP_SECONDS = 0.25
 _UNIX_PATH_MAX = 100
 
 
@@ -60,8 +63,8 @@ def socket_path(directory: Path) -> tuple[str, int | None]:
 
 
 class _Conn:
-    def __init__(self, sock: socket.socket, cid: int) -> None:
-        self.sock, self.cid = sock, cid
+    def __init__(self, sock: socket.socket, cid: int, *, admin: bool = False) -> None:
+        self.sock, self.cid, self.admin = sock, cid, admin
         self.buf = b""
         self.member: str | None = None
 
@@ -74,22 +77,24 @@ class ArbiterServer:
         quantum: float,
         grace: float,
         window: float,
-        parent_fd: int | None = None,
+        admin_fd: int | None = None,
         trace: Path | None = None,
     ) -> None:
         self.dir = directory
         self.policy = TurnPolicy(quantum=quantum, grace=grace, window=window)
-        self.parent_fd = parent_fd
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, _Conn] = {}
         self.next_cid = 1
         self.slots: dict[str, int] = {}
         self.trace = open(trace, "a") if trace else None  # noqa: SIM115 - for the process's life
         self.running = True
+        self._next_reap = 0.0
         directory.mkdir(parents=True, exist_ok=True)
         flags = directory / FLAGS
-        with open(flags, "wb") as f:
+        fresh = directory / f".{FLAGS}.{os.getpid()}"
+        with open(fresh, "wb") as f:
             f.write(b"\0" * SLOTS)
+        os.replace(fresh, flags)  # clients of an older arbiter keep their own mapping: no SIGBUS
         self._flags_file = open(flags, "r+b")  # noqa: SIM115
         self.flags = mmap.mmap(self._flags_file.fileno(), SLOTS)
         address, dir_fd = socket_path(directory)
@@ -100,31 +105,54 @@ class ArbiterServer:
         if dir_fd is not None:
             os.close(dir_fd)
         os.chmod(directory / SOCKET, 0o600)
+        self._inode = os.stat(directory / SOCKET).st_ino
         self.listener.listen(64)
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, "listen")
-        if parent_fd is not None:
-            self.sel.register(parent_fd, selectors.EVENT_READ, "parent")
-
-    def serve(self) -> None:
+        self.admin: _Conn | None = None
+        if admin_fd is not None:
+            sock = socket.socket(fileno=admin_fd)
+            sock.setblocking(False)
+            self.admin = _Conn(sock, 0, admin=True)
+            self.sel.register(sock, selectors.EVENT_READ, self.admin)
+        self._wake_r, self._wake_w = socket.socketpair()
+        for end in (self._wake_r, self._wake_w):
+            end.setblocking(False)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        signal.set_wakeup_fd(self._wake_w.fileno())  # a signal ends select() at once
         signal.signal(signal.SIGTERM, lambda *_: self._stop())
         signal.signal(signal.SIGINT, lambda *_: self._stop())
+
+    def serve(self) -> None:
         try:
             while self.running:
                 now = time.monotonic()
+                if now >= self._next_reap:
+                    self._reap(now)
                 deadline = self.policy.next_deadline(now)
+                if any(m.transparent for m in self.policy.members.values()):
+                    deadline = min(deadline or self._next_reap, self._next_reap)
                 timeout = None if deadline is None else max(0.0, deadline - now)
                 for key, _ in self.sel.select(timeout):
                     if key.data == "listen":
                         self._accept()
-                    elif key.data == "parent":
-                        if not os.read(self.parent_fd or 0, 64):
-                            self.running = False  # the agent is gone
+                    elif key.data == "wake":
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(64)
                     else:
                         self._read(key.data)
                 self._apply(self.policy.tick(time.monotonic()))
         finally:
             self.shutdown()
+
+    def _reap(self, now: float) -> None:
+        """Forget transparent members whose process group is gone (exited, or exiting when its
+        socket closed), so no one waits for a process that will never give the GPU back."""
+        self._next_reap = now + REAP_SECONDS
+        for m in list(self.policy.members.values()):
+            if m.transparent and m.pgid is not None and not _group_alive(m.pgid):
+                m.paused = False
+                self._apply(self.policy.remove_member(m.key, now))
 
     def _stop(self) -> None:
         self.running = False
@@ -136,7 +164,8 @@ class ArbiterServer:
                 _signal(m.pgid, signal.SIGCONT)
                 m.paused = False
         with contextlib.suppress(OSError):
-            (self.dir / SOCKET).unlink()
+            if os.stat(self.dir / SOCKET).st_ino == self._inode:  # not a newer arbiter's socket
+                (self.dir / SOCKET).unlink()
         self.listener.close()
 
     # -- connections ----------------------------------------------------------------------------
@@ -144,7 +173,7 @@ class ArbiterServer:
     def _accept(self) -> None:
         try:
             sock, _ = self.listener.accept()
-        except BlockingIOError:
+        except OSError:  # nothing to accept after all, or out of descriptors: try again later
             return
         sock.setblocking(False)
         conn = _Conn(sock, self.next_cid)
@@ -155,8 +184,14 @@ class ArbiterServer:
     def _close(self, conn: _Conn) -> None:
         self.sel.unregister(conn.sock)
         conn.sock.close()
+        if conn.admin:
+            self.running = False  # the agent is gone: resume everything and stop
+            return
         self.conns.pop(conn.cid, None)
         self._apply(self.policy.disconnect(conn.cid, time.monotonic()))
+        m = self.policy.members.get(conn.member or "")
+        if m is not None and m.pgid is not None and not m.clients and not _group_alive(m.pgid):
+            self._apply(self.policy.remove_member(m.key, time.monotonic()))  # its process is gone
 
     def _read(self, conn: _Conn) -> None:
         try:
@@ -173,8 +208,8 @@ class ArbiterServer:
             line, conn.buf = conn.buf.split(b"\n", 1)
             try:
                 self._handle(conn, line.decode())
-            except (ValueError, KeyError, TypeError) as e:
-                self._send(conn, "E " + json.dumps({"error": str(e)}))
+            except Exception as e:
+                self._send(conn, "E " + json.dumps({"error": f"{type(e).__name__}: {e}"}))
 
     def _send(self, conn: _Conn, text: str) -> None:
         with contextlib.suppress(OSError):  # its reader will see the close
@@ -189,21 +224,25 @@ class ArbiterServer:
             gpu = float(rest) if rest.strip() else None
             self._apply(self.policy.release(conn.cid, now, gpu))
         elif op == "H":
-            raw = json.loads(rest)
+            raw = _mapping(rest)
             key = str(raw["workload"])
-            qos = QosParams.from_json(raw.get("qos") or {})
+            qos = QosParams.from_json(_mapping(raw.get("qos") or {}))
             self._apply(self.policy.connect(conn.cid, key, str(raw["domain"]), qos, now))
             conn.member = key
             self._send(conn, "K " + json.dumps({"slot": self._slot(key), "flags": FLAGS}))
+        elif not conn.admin:
+            raise ValueError(f"{op!r} is not for workloads: send H, A or R")
         elif op == "S":
-            raw = json.loads(rest)
+            raw = _mapping(rest)
             pgid = raw.get("pgid")
+            if pgid is not None and (not isinstance(pgid, int) or pgid <= 1):
+                raise ValueError(f"pgid {pgid!r} is not a process group")
             self._apply(
                 self.policy.set_member(
                     str(raw["key"]),
                     str(raw["domain"]),
-                    QosParams.from_json(raw.get("qos") or {}),
-                    int(pgid) if pgid else None,
+                    QosParams.from_json(_mapping(raw.get("qos") or {})),
+                    pgid,
                     now,
                 )
             )
@@ -228,6 +267,7 @@ class ArbiterServer:
         return self.slots[key]
 
     def _apply(self, actions: list[Action]) -> None:
+        gone: list[str] = []
         for a in actions:
             if isinstance(a, Grant):
                 conn = self.conns.get(a.client)
@@ -239,15 +279,19 @@ class ArbiterServer:
                 self.flags[self._slot(a.member)] = 1
             elif isinstance(a, ClearYield):
                 self.flags[self._slot(a.member)] = 0
-            elif isinstance(a, Pause):
-                if not _signal(a.pgid, signal.SIGSTOP):
-                    self.policy.members[a.member].paused = False
-            elif isinstance(a, Resume):
-                _signal(a.pgid, signal.SIGCONT)
+            elif isinstance(a, Pause | Resume):
+                sig = signal.SIGSTOP if isinstance(a, Pause) else signal.SIGCONT
+                if not _signal(a.pgid, sig) and a.member in self.policy.members:
+                    gone.append(a.member)  # its process group is gone: so is the member
             if self.trace is not None:
                 self._trace(a)
         for key in [k for k in self.slots if k not in self.policy.members]:
             self.flags[self.slots.pop(key)] = 0
+        for key in gone:
+            m = self.policy.members.get(key)
+            if m is not None and m.pgid is not None and not _group_alive(m.pgid):
+                m.paused = False
+                self._apply(self.policy.remove_member(key, time.monotonic()))
 
     def _trace(self, a: Action) -> None:
         assert self.trace is not None
@@ -297,18 +341,37 @@ class ArbiterServer:
         }
 
 
+def _mapping(value: object) -> dict[str, Any]:
+    raw = json.loads(value) if isinstance(value, str) else value
+    if not isinstance(raw, dict):
+        raise ValueError("expected a JSON object")
+    return raw
+
+
 def _signal(pgid: int, sig: int) -> bool:
+    if pgid <= 1:
+        return False
     try:
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
+    except OSError:
         return False
     return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """Does the process group still hold a live process? Its leader as a zombie (exited, not yet
+    reaped) counts as gone; a group whose leader was reaped but whose children run on is alive."""
+    try:
+        state = Path(f"/proc/{pgid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return _signal(pgid, 0)
+    return state not in ("Z", "X")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpufrac.runtime.arbiter_server")
     p.add_argument("--dir", required=True, type=Path)
-    p.add_argument("--parent-fd", type=int)
+    p.add_argument("--admin-fd", type=int, help="the agent's end of a socket pair")
     p.add_argument("--quantum-ms", type=float, default=10.0)
     p.add_argument("--grace-ms", type=float, default=2.0)
     p.add_argument("--window-s", type=float, default=2.0)
@@ -319,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         quantum=args.quantum_ms / 1000,
         grace=args.grace_ms / 1000,
         window=args.window_s,
-        parent_fd=args.parent_fd,
+        admin_fd=args.admin_fd,
         trace=args.trace,
     )
     print("ready", flush=True)

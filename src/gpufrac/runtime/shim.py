@@ -144,6 +144,7 @@ def stop(run_dir: Path, *, grace: float = 10.0) -> None:
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
+            os.killpg(pgid, signal.SIGCONT)  # one the QoS arbiter paused must run to handle SIGTERM
         except ProcessLookupError:
             return
         deadline = time.monotonic() + wait

@@ -102,20 +102,22 @@ class TurnClient:
             sock.connect(path)
             hello = {"workload": self.workload, "domain": self.domain, "qos": self.qos}
             sock.sendall(b"H " + json.dumps(hello).encode() + b"\n")
-            reply = json.loads(_read_line(sock)[2:])
+            line = _read_line(sock)
+            if not line.startswith(b"K "):
+                raise ValueError(line.decode(errors="replace"))
+            reply = json.loads(line[2:])
             flags_path = Path(self.address).parent / str(reply.get("flags", FLAGS))
+            slot = int(reply["slot"])
             with open(flags_path, "rb") as f:
-                self._flags = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            self._slot = int(reply["slot"])
-        except (OSError, ValueError, KeyError):
+                flags = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError, KeyError, TypeError):
             sock.close()
             self._retry_at = time.monotonic() + RECONNECT_SECONDS
             return False
         finally:
             if dir_fd is not None:
                 os.close(dir_fd)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
-        self._sock = sock
+        self._sock, self._flags, self._slot = sock, flags, slot
         return True
 
     def acquire(self) -> bool:
@@ -127,8 +129,10 @@ class TurnClient:
             assert self._sock is not None
             try:
                 self._sock.sendall(b"A\n")
-                while _read_line(self._sock) != b"G":
-                    pass
+                if (
+                    _read_line(self._sock) != b"G"
+                ):  # an error answer: run free, as without an arbiter
+                    raise ValueError("the arbiter did not grant the turn")
             except (OSError, ValueError):
                 self._drop()
                 self.granted_free += 1
@@ -148,17 +152,21 @@ class TurnClient:
     def should_yield(self) -> bool:
         """Has the arbiter asked this workload to give its turn back? (A memory read, no system call.)"""
         flags = self._flags
-        return flags is not None and flags[self._slot] == 1
+        try:
+            return flags is not None and flags[self._slot] == 1
+        except (ValueError, IndexError):  # closed by another thread meanwhile
+            return False
 
 
 def _read_line(sock: socket.socket) -> bytes:
+    """One answer. A client has at most one request outstanding, so one answer is all there is."""
     data = b""
     while not data.endswith(b"\n"):
         chunk = sock.recv(4096)
         if not chunk:
             raise OSError("the arbiter closed the connection")
         data += chunk
-    return data.rstrip(b"\n").split(b"\n")[-1]
+    return data[:-1]
 
 
 class Turn:
@@ -222,6 +230,8 @@ def _cuda_torch() -> Any:
 _client: TurnClient | None = None
 _client_lock = threading.Lock()
 _current: Turn | None = None
+_holders = 0  # blocks (in any thread) inside the current turn
+_turn_lock = threading.Lock()
 
 
 def default_client() -> TurnClient:
@@ -238,17 +248,28 @@ def current_turn() -> Turn | None:
 
 
 @contextlib.contextmanager
-def gpu_turn(client: TurnClient | None = None, *, max_in_flight: int = 2) -> Iterator[Turn]:
-    """Hold the GPU turn for the block: one request, or one training step."""
-    global _current
-    if _current is not None:  # nested: the outer turn covers it
-        yield _current
-        return
-    turn = Turn(client or default_client(), max_in_flight=max_in_flight)
-    turn.begin()
-    _current = turn
+def gpu_turn(
+    client: TurnClient | None = None, *, max_in_flight: int | None = None
+) -> Iterator[Turn]:
+    """Hold the GPU turn for the block: one request, or one training step. ``max_in_flight``: how many
+    modules' work may be queued ahead of the GPU at a yield point (default 2, or
+    ``GPUFRAC_QOS_MAX_IN_FLIGHT``); fewer makes a yield quicker, more keeps the GPU fed better."""
+    global _current, _holders
+    if max_in_flight is None:
+        env = os.environ.get("GPUFRAC_QOS_MAX_IN_FLIGHT", "")
+        max_in_flight = int(env) if env.isdigit() else 2
+    with _turn_lock:  # the turn is the process's: another thread (or a nested block) joins it
+        if _current is None:
+            turn = Turn(client or default_client(), max_in_flight=max_in_flight)
+            turn.begin()
+            _current = turn
+        _holders += 1
+        turn = _current
     try:
         yield turn
     finally:
-        _current = None
-        turn.end()
+        with _turn_lock:
+            _holders -= 1
+            if _holders == 0:
+                _current = None
+                turn.end()

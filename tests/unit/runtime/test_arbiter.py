@@ -179,3 +179,65 @@ def test_an_idle_member_banks_at_most_one_quantum() -> None:
     busy_loops(p, {"a": QosParams(0), "b": QosParams(0)}, 10)  # warms a and b
     p.connect(5, "late", "gpu", QosParams(0), 0.02)
     assert p.members["late"].vt >= min(p.members[k].vt for k in ("a", "b")) - 10 * MS
+
+
+def test_the_next_deadline_is_always_ahead_so_the_arbiter_never_spins() -> None:
+    p = TurnPolicy(quantum=10 * MS)
+    p.set_member("svc", "gpu", QosParams(10), 100, 0.0)  # transparent: holds for good
+    p.connect(1, "low", "gpu", QosParams(0), 0.0)
+    p.acquire(1, 0.0)
+    now = 0.0
+    for _ in range(50):
+        deadline = p.next_deadline(now)
+        assert deadline is not None and deadline > now
+        now = deadline
+        assert grants(p.tick(now)) == []  # the lower class keeps waiting, a tick per quantum
+
+
+def test_an_expired_reservation_is_cleared() -> None:
+    p = TurnPolicy(quantum=10 * MS, grace=2 * MS)
+    busy_loops(p, {"a": QosParams(0), "b": QosParams(0)}, 20)
+    d = p.domains["gpu"]
+    if d.reserved is None:
+        d.reserved, d.reserved_until = "a", 1.0
+    p.tick(5.0)
+    assert d.reserved is None and (p.next_deadline(5.0) or 6.0) > 5.0
+
+
+def test_a_client_without_a_member_runs_free() -> None:
+    assert TurnPolicy().acquire(42, 0.0) == [Grant(42)]
+
+
+def test_an_unregistered_member_with_clients_stays_and_is_never_paused_again() -> None:
+    p = TurnPolicy()
+    p.set_member("a", "gpu", QosParams(0), 1, 0.0)
+    p.connect(3, "a", "gpu", QosParams(0), 0.0)
+    assert p.remove_member("a", 0.1) == []
+    assert "a" in p.members and p.members["a"].pgid is None
+    assert grants(p.acquire(3, 0.2)) == [3]
+
+
+def test_a_holder_that_went_away_after_being_asked_is_asked_again_next_time() -> None:
+    p = TurnPolicy()
+    p.connect(1, "lo", "gpu", QosParams(0), 0.0)
+    p.connect(2, "lo", "gpu", QosParams(0), 0.0)
+    p.connect(3, "hi", "gpu", QosParams(10), 0.0)
+    p.acquire(1, 0.0)
+    p.acquire(2, 0.0)
+    assert p.acquire(3, 0.001) == [AskYield("lo")]
+    assert grants(p.disconnect(1, 0.002)) == [3]  # gone without giving the turn back
+    assert grants(p.release(3, 0.003)) == [2]
+    assert p.acquire(3, 0.004) == [AskYield("lo")]  # asked again, not left waiting
+
+
+def test_min_share_preempts_a_higher_class_only_after_its_quantum() -> None:
+    p = TurnPolicy(quantum=10 * MS, window=1.0)
+    p.set_member("hi", "gpu", QosParams(10), 1, 0.0)
+    p.set_member("lo", "gpu", QosParams(0, 1, 100), 2, 0.0)
+    switches = 0
+    now = 0.0
+    while now < 2.0:
+        now += MS  # a tick every millisecond, ten per quantum
+        switches += sum(isinstance(a, Resume) for a in p.tick(now))
+    assert switches <= 2.0 / (10 * MS) / 2  # far fewer than one a tick: a turn is a quantum
+    assert p.share("lo", now) >= 0.09
