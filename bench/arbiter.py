@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -109,8 +110,9 @@ def contended_waits(address: str, n: int) -> list[float]:
     try:
         time.sleep(0.5)
         waits = []
+        rng = random.Random(7)
         for _ in range(n):
-            time.sleep(0.005)
+            time.sleep(rng.uniform(0.002, 0.008))  # not in step with the 1 ms modules
             t = time.perf_counter()
             high.acquire()
             waits.append(time.perf_counter() - t)

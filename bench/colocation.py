@@ -256,10 +256,16 @@ class Runner:
         cmd = [sys.executable, __file__, "--worker", *role, "--windows", str(windows)]
         cmd += ["--window", str(self.window), "--seed", str(self.args.seed)]
         cmd += ["--dry-run"] * self.args.dry_run + ["--periodic"] * self.args.periodic
-        cmd += ["--tail", "0.3" if self.args.dry_run else "1.0"]
+        cmd += ["--tail", "0.3" if self.args.dry_run else "0.5"]
         return subprocess.Popen(
             cmd,
-            env={**os.environ, "PYTHONPATH": str(SRC), **env},
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(SRC), os.environ.get("PYTHONPATH")])
+                ),
+                **env,
+            },
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -272,7 +278,7 @@ class Runner:
         from gpufrac.runtime.mps import MpsDaemons
 
         mps = MpsDaemons(self.tmp / "mps", enabled=True) if cell.mode.startswith("mps") else None
-        link = ArbiterLink(self.tmp / f"arbiter-{time.monotonic_ns()}")
+        link = ArbiterLink(self.tmp / f"arbiter-{time.monotonic_ns()}", preempt=self.args.preempt)
         if mps is not None and not mps.ensure("0"):
             cell.result = {"error": "nvidia-cuda-mps-control not found"}
             return
@@ -510,6 +516,12 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", type=Path, help="write rows, targets and raw results here")
     p.add_argument("--only", help="run only cells whose name contains this")
+    p.add_argument(
+        "--preempt",
+        choices=("overlap", "drain"),
+        default="overlap",
+        help="the arbiter's qos_preempt",
+    )
     p.add_argument(
         "--max-in-flight",
         type=int,

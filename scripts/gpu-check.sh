@@ -17,6 +17,9 @@ export PYTHONUNBUFFERED=1 GPUFRAC_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,uuid,mig.mode.current,memory.total --format=csv || true
 status=0
 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider || status=$?
+# the QoS co-location benchmark, quick mode (< 3 minutes on an H200); JSON next to the output
+echo "== bench/colocation.py --quick"
+python3 bench/colocation.py --quick --json "${OUT:-/tmp}/colocation.json" || status=$?
 for b in bench/gpu_*.py; do
   [ -e "$b" ] || continue
   echo "== $b"

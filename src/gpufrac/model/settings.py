@@ -25,7 +25,14 @@ from gpufrac.model.manifest_fields import (
 )
 
 SETTINGS_FILE = "gpufrac.yaml"
-SETTINGS_FIELDS = ("tenants", "mps_share_tenants", "placement_policy", "qos_quantum_ms")
+SETTINGS_FIELDS = (
+    "tenants",
+    "mps_share_tenants",
+    "placement_policy",
+    "qos_quantum_ms",
+    "qos_preempt",
+)
+QOS_PREEMPT = ("overlap", "drain")
 TENANT_FIELDS = ("gpu_memory", "gpus")
 PLACEMENT_POLICIES = ("binpack", "spread")
 
@@ -44,6 +51,7 @@ class OperatorSettings:
     mps_share_tenants: bool = False  # may workloads of different tenants share one GPU under MPS
     placement_policy: str = "binpack"  # binpack | spread
     qos_quantum_ms: int = 10  # the QoS arbiter's quantum: longest turn while others of a class wait
+    qos_preempt: str = "overlap"  # overlap | drain: how a higher class takes the GPU over
 
 
 def load_settings(data_dir: Path) -> OperatorSettings:
@@ -94,6 +102,7 @@ def parse_settings(text: str, *, source: str = SETTINGS_FILE) -> OperatorSetting
         qos_quantum_ms=read_int(
             raw.get("qos_quantum_ms", 10), "qos_quantum_ms", minimum=1, maximum=1000
         ),
+        qos_preempt=read_choice(raw.get("qos_preempt", "overlap"), "qos_preempt", QOS_PREEMPT),
     )
 
 

@@ -93,7 +93,9 @@ class Agent(GpuCare):
         self.store = Store(data_dir / "state.db")
         self.runs = data_dir / "runs"
         settings = settings or OperatorSettings()
-        self.arbiter = ArbiterLink(data_dir / "arbiter", quantum_ms=settings.qos_quantum_ms)
+        self.arbiter = ArbiterLink(
+            data_dir / "arbiter", quantum_ms=settings.qos_quantum_ms, preempt=settings.qos_preempt
+        )
         self._resume_all()  # whatever a crashed agent's arbiter paused runs again
         states = dev.gpus()
         models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}

@@ -15,9 +15,12 @@ Who is served next, among the members that want a turn:
 2. the highest ``rank`` (strict priority between classes), then
 3. the lowest virtual time (weighted fair share within a class: holding for ``dt`` adds ``dt/weight``).
 
-A holder that a better member outranks is asked to yield at once; one of the same class after it has
-held for a ``quantum``. A cooperative holder yields at its next yield point (the SDK checks a flag in
-shared memory) or when its turn ends; a transparent one is paused at once.
+A holder of a lower class is asked to yield at once; one of the same class after it has held for a
+``quantum`` (and a member served for its min share keeps its turn for a quantum). A cooperative holder
+yields at its next yield point (the SDK checks a flag in shared memory) or when its turn ends; a
+transparent one is paused at once. How a higher class takes over a cooperative holder is ``preempt``:
+``overlap`` (the default) grants the higher class at once, so its work starts while the holder's last
+queued work drains beside it; ``drain`` grants it once the holder has given the turn back.
 
 Anticipation: a cooperative member that gives its turn back unasked, while it still has more right to
 the GPU than anyone waiting, and that usually asks again within ``grace`` seconds (a training loop
@@ -105,9 +108,22 @@ class Domain:
     kept_until: float = 0.0  # a turn given for a min share lasts a quantum at least
 
 
+PREEMPT_MODES = ("overlap", "drain")
+
+
 class TurnPolicy:
-    def __init__(self, *, quantum: float = 0.01, grace: float = 0.002, window: float = 2.0) -> None:
+    def __init__(
+        self,
+        *,
+        quantum: float = 0.01,
+        grace: float = 0.002,
+        window: float = 2.0,
+        preempt: str = "overlap",
+    ) -> None:
         self.quantum, self.grace, self.window = quantum, grace, window
+        self.preempt = (
+            preempt  # overlap | drain: how a higher class takes over a cooperative holder
+        )
         self.members: dict[str, Member] = {}
         self.domains: dict[str, Domain] = {}
         self.client_member: dict[int, str] = {}
@@ -248,7 +264,11 @@ class TurnPolicy:
         if client in m.waiting:
             m.waiting.remove(client)
         if d.client != client:
-            return self._schedule(d, now)
+            out_: list[Action] = []
+            if m.asked_to_yield and d.holder != m.key:  # the end of a turn taken over (overlap)
+                m.asked_to_yield = False
+                out_.append(ClearYield(m.key))
+            return out_ + self._schedule(d, now)
         self._account(d, now)
         d.holder, d.client = None, None
         m.last_release = now
@@ -415,6 +435,13 @@ class TurnPolicy:
         if holder.transparent:
             self._account(d, now)
             return self._grant(d, best, now)
+        if outranked and self.preempt == "overlap":
+            # the higher class starts at once; the holder stops submitting at its next yield
+            # point, and the work it queued drains beside the new holder's
+            self._account(d, now)
+            holder.asked_to_yield = True
+            d.holder, d.client = None, None
+            return [AskYield(holder.key), *self._grant(d, best, now)]
         if holder.asked_to_yield:
             return []
         holder.asked_to_yield = True

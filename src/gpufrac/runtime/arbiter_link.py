@@ -40,8 +40,10 @@ class ArbiterLink:
         quantum_ms: float = 10.0,
         grace_ms: float = 2.0,
         window_s: float = 2.0,
+        preempt: str = "overlap",
         trace: Path | None = None,
     ) -> None:
+        self.preempt = preempt
         self.dir = directory
         self.quantum_ms, self.grace_ms, self.window_s = quantum_ms, grace_ms, window_s
         self.trace = trace
@@ -78,6 +80,8 @@ class ArbiterLink:
             str(self.grace_ms),
             "--window-s",
             str(self.window_s),
+            "--preempt",
+            self.preempt,
             *(["--trace", str(self.trace)] if self.trace else []),
         ]
         try:

@@ -36,6 +36,7 @@ from typing import Any
 
 from gpufrac.model.qos import QosParams
 from gpufrac.runtime.arbiter import (
+    PREEMPT_MODES,
     Action,
     AskYield,
     ClearYield,
@@ -77,11 +78,12 @@ class ArbiterServer:
         quantum: float,
         grace: float,
         window: float,
+        preempt: str = "overlap",
         admin_fd: int | None = None,
         trace: Path | None = None,
     ) -> None:
         self.dir = directory
-        self.policy = TurnPolicy(quantum=quantum, grace=grace, window=window)
+        self.policy = TurnPolicy(quantum=quantum, grace=grace, window=window, preempt=preempt)
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, _Conn] = {}
         self.next_cid = 1
@@ -375,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quantum-ms", type=float, default=10.0)
     p.add_argument("--grace-ms", type=float, default=2.0)
     p.add_argument("--window-s", type=float, default=2.0)
+    p.add_argument("--preempt", choices=PREEMPT_MODES, default="overlap")
     p.add_argument("--trace", type=Path)
     args = p.parse_args(argv)
     server = ArbiterServer(
@@ -382,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         quantum=args.quantum_ms / 1000,
         grace=args.grace_ms / 1000,
         window=args.window_s,
+        preempt=args.preempt,
         admin_fd=args.admin_fd,
         trace=args.trace,
     )

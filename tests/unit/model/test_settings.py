@@ -165,3 +165,11 @@ def test_the_qos_quantum_is_a_setting() -> None:
     with pytest.raises(InputError) as exc:
         parse_settings("qos_quantum_ms: 0")
     assert exc.value.field == "qos_quantum_ms"
+
+
+def test_the_qos_preempt_mode_is_a_setting() -> None:
+    assert parse_settings("").qos_preempt == "overlap"
+    assert parse_settings("qos_preempt: drain").qos_preempt == "drain"
+    with pytest.raises(InputError) as exc:
+        parse_settings("qos_preempt: never")
+    assert exc.value.field == "qos_preempt"
