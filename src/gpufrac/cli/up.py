@@ -55,6 +55,7 @@ def up_command(
         dev = devices_or_simulated(simulate, data_dir)
         agent = Agent(resolve_data_dir(data_dir), dev, cfg, stop_grace=5)
     started = time.monotonic()
+    since = time.time()  # the summary counts this run's events, not an earlier run's
     states: dict[str, WorkloadState] = {}
     # a SIGTERM stops `up` the way Ctrl-C does: its workloads are stopped on the way out
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -76,7 +77,7 @@ def up_command(
     except KeyboardInterrupt:
         console.print("interrupted")
     finally:
-        _summary(agent, specs, states)
+        _summary(agent, specs, states, since)
         if not keep:
             for spec in specs:
                 agent.delete(spec.tenant, spec.name)
@@ -141,16 +142,28 @@ def _view(
     return Group(gpus, t)
 
 
-def _summary(agent: Agent, specs: list[WorkloadSpec], states: dict[str, WorkloadState]) -> None:
+def _summary(
+    agent: Agent, specs: list[WorkloadSpec], states: dict[str, WorkloadState], since: float
+) -> None:
     t = Table(title="summary", title_justify="left")
-    for col in ("workload", "placed on", "phase", "restarts", "limit", "peak use", "events"):
+    cols = (
+        "workload",
+        "placed on",
+        "phase",
+        "restarts",
+        "limit",
+        "peak use",
+        "GPU turns",
+        "events",
+    )
+    for col in cols:
         t.add_column(col, overflow="fold")
     limits = 0
     index = {g.uuid: f"GPU {g.index}" for g in agent.dev.gpus()}
     for s in specs:
         key = f"{s.tenant}/{s.name}"
         st = states.get(key)
-        events = agent.store.events(key, limit=200)
+        events = [e for e in agent.store.events(key, limit=200) if e.at >= since]
         kinds = [e.kind for e in events]
         limits += kinds.count("memory_limit")
         placed = next((e.message for e in reversed(events) if e.kind == "started"), "")
@@ -158,6 +171,7 @@ def _summary(agent: Agent, specs: list[WorkloadSpec], states: dict[str, Workload
             placed = placed.replace(uuid, name)
         stored = agent.store.workload(s.tenant, s.name)
         usage: dict[str, object] = {}
+        run = None
         if stored is not None:
             run = agent.latest_run(s.tenant, s.name, stored.generation)
             for r in sorted(run.parent.glob(f"g{stored.generation}-*")) if run else []:
@@ -170,6 +184,12 @@ def _summary(agent: Agent, specs: list[WorkloadSpec], states: dict[str, Workload
             else "-"
         )
         limit = f"{usage.get('limit_mib')} MiB" if usage.get("limit_mib") else "-"
+        qos = read_json(run / "qos.json") if run is not None else {}
+        turns = (
+            f"{qos.get('mode')}, {float(str(qos.get('held_s', 0))):.1f}s in {qos.get('turns')} turns"
+            if qos
+            else "-"
+        )
         notes = ", ".join(
             sorted({k for k in kinds if k in ("restarted", "memory_limit", "evicted", "preempted")})
         )
@@ -180,6 +200,7 @@ def _summary(agent: Agent, specs: list[WorkloadSpec], states: dict[str, Workload
             str(max(0, (st.attempts if st else 0) - 1)),
             limit,
             peak,
+            turns,
             notes,
         )
     console.print(t)

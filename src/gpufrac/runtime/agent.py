@@ -190,6 +190,7 @@ class Agent(GpuCare):
     def _sync_arbiter(self, states: list[WorkloadState]) -> None:
         """Tell the arbiter which workloads share which GPU (or MIG instance), with their class."""
         members: dict[str, MemberSpec] = {}
+        runs: dict[str, Path] = {}
         for st in states:
             d = st.decision
             if d is None or d.outcome != "placed" or st.phase not in ("starting", "running"):
@@ -204,10 +205,14 @@ class Agent(GpuCare):
                 continue
             spec = spec_from_json(stored.spec)
             members[st.key] = MemberSpec(_domain(d, st.env), qos_params(spec), status.child_pid)
+            runs[st.key] = run
         try:
             self.arbiter.sync(members)
         except (RuntimeError, OSError) as e:
             self.store.record_event("qos_error", "arbiter", str(e))
+        for key, got in self.arbiter.stats().items():  # kept with the run, for summaries after it
+            if key in runs:
+                write_json(runs[key] / "qos.json", got)
 
     def _resume_all(self) -> None:
         """SIGCONT every workload's process group (harmless for one that runs)."""
