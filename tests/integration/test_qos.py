@@ -179,10 +179,14 @@ spec:
 """
 
 
-def _apply(agent: RunningAgent, name: str, kind: str, command: list[str], priority: str) -> None:
+def _apply(
+    agent: RunningAgent, name: str, kind: str, command: list[str], priority: str
+) -> dict[str, object]:
     body = MANIFEST.format(name=name, type=kind, command=json.dumps(command), priority=priority)
     r = httpx.post(agent.url + "/api/v1/workloads", content=body, timeout=30)
     assert r.status_code == 200, r.text
+    result: dict[str, object] = r.json()["results"][0]
+    return result
 
 
 def _child(agent: RunningAgent, name: str) -> int:
@@ -206,8 +210,17 @@ def test_an_agent_restart_leaves_no_workload_paused(agent: RunningAgent) -> None
     # the new agent's arbiter pauses it again while the latency service holds its turns ...
     wait_for(lambda: proc_state(busy) == "T", timeout=30, what="busy paused again")
     # ... and a live change (no restart) lifts the busy job above the service
-    _apply(agent, "busy", "job", [sys.executable, "-c", "while True: pass"], "1000")
+    result = _apply(agent, "busy", "job", [sys.executable, "-c", "while True: pass"], "1000")
+    assert result["result"] == "updated" and result["diff"] == ["priority: 0 -> 1000"]
     wait_for(lambda: proc_state(busy) != "T", what="busy running at its new priority")
+    shown = subprocess.run(
+        [sys.executable, "-m", "gpufrac.cli", "describe", "workload", "busy", "--server", agent.url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    assert "qos: class 2000 (priority 1000, throughput)" in shown and "share of its GPU" in shown
     assert _child(agent, "busy") == busy  # the same process: applied live
     assert os.getpgid(busy) == busy
 

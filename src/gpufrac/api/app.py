@@ -182,7 +182,7 @@ def create_app(
                 what, decision = service.agent.apply(spec)
                 diff = (
                     spec_diff(before.spec, spec_to_json(spec))
-                    if before and what == "replaced"
+                    if before and what in ("replaced", "updated")
                     else []
                 )
                 results.append(
