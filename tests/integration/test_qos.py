@@ -203,6 +203,11 @@ def test_an_agent_restart_leaves_no_workload_paused(agent: RunningAgent) -> None
     wait_for(lambda: proc_state(busy) == "T", timeout=30, what="busy paused by the arbiter")
     w = httpx.get(agent.url + "/api/v1/workloads/default/busy", timeout=10).json()
     assert w["qos"]["mode"] == "transparent" and w["qos"]["class"] == 0
+    metrics = httpx.get(agent.url + "/metrics", timeout=10).text
+    paused = [
+        line for line in metrics.splitlines() if line.startswith("gpufrac_workload_qos_paused{")
+    ]
+    assert any('workload="busy"' in line and line.endswith(" 1") for line in paused), paused
 
     agent.kill9()
     wait_for(lambda: proc_state(busy) != "T", what="busy resumed after the agent died")

@@ -55,6 +55,8 @@ def render(agent: Agent, states: dict[str, WorkloadState]) -> str:
     health = DeviceHealth(dev)
     sm_by_gpu = {g.uuid: health.process_utilization(g.uuid) for g in gpus if not g.mig_enabled}
     mem_used, mem_limit, sm, restarts, phase, pending = [], [], [], [], [], []
+    given, measured_sdk, paused = [], [], []
+    qos = agent.arbiter.stats()
     now = time.time()
     for key, st in sorted(states.items()):
         tenant, name = key.split("/", 1)
@@ -71,6 +73,12 @@ def render(agent: Agent, states: dict[str, WorkloadState]) -> str:
         alloc = agent.scheduler.allocations(key)
         if alloc:
             mem_limit.append((_labels(**lab), float(alloc[0].memory_mib * MIB)))
+        member = qos.get(key)
+        if member is not None:
+            given.append((_labels(**lab), float(member["share"])))
+            paused.append((_labels(**lab), 1.0 if member["paused"] else 0.0))
+            if member.get("gpu_share") is not None:
+                measured_sdk.append((_labels(**lab), float(member["gpu_share"])))
         d = st.decision
         if st.phase != "running" or d is None or not d.gpus:
             continue
@@ -101,6 +109,24 @@ def render(agent: Agent, states: dict[str, WorkloadState]) -> str:
         "gauge",
         "SM utilization of the workload's processes, where NVML reports it.",
         sm,
+    )
+    lines += _family(
+        "gpufrac_workload_qos_share",
+        "gauge",
+        "Part of its GPU's turn time the QoS arbiter gave the workload over the last window (0-1).",
+        given,
+    )
+    lines += _family(
+        "gpufrac_workload_qos_gpu_share",
+        "gauge",
+        "GPU time the SDK timed with CUDA events, as a part of the last window (0-1).",
+        measured_sdk,
+    )
+    lines += _family(
+        "gpufrac_workload_qos_paused",
+        "gauge",
+        "1 while the QoS arbiter holds the workload's process group stopped.",
+        paused,
     )
     lines += _family(
         "gpufrac_workload_restarts",
