@@ -219,7 +219,16 @@ def test_an_agent_restart_leaves_no_workload_paused(agent: RunningAgent) -> None
     assert result["result"] == "updated" and result["diff"] == ["priority: 0 -> 1000"]
     wait_for(lambda: proc_state(busy) != "T", what="busy running at its new priority")
     shown = subprocess.run(
-        [sys.executable, "-m", "gpufrac.cli", "describe", "workload", "busy", "--server", agent.url],
+        [
+            sys.executable,
+            "-m",
+            "gpufrac.cli",
+            "describe",
+            "workload",
+            "busy",
+            "--server",
+            agent.url,
+        ],
         capture_output=True,
         text=True,
         timeout=30,
