@@ -5,7 +5,8 @@
 2. gpufrac: acquire + release of a turn with the real arbiter process, uncontended; the same through
    ``gpu_turn()``; the yield-flag read (shared memory) that yield points do.
 3. Under contention: a low-priority client in a loop of 1 ms "modules" with a yield point between
-   them, and a high-priority client asking for turns: how long the high one waits for its grant.
+   them, and a high-priority client asking for turns: how long the high one waits for its grant, with
+   ``qos_preempt: overlap`` (granted at once) and ``drain`` (granted once the low one yields).
 
 Run: .venv/bin/python bench/arbiter.py [--quick]
 """
@@ -144,6 +145,12 @@ def main() -> int:
             waits = contended_waits(link.address, 100 if args.quick else 400)
         finally:
             link.close()
+        drain_link = ArbiterLink(tmp / "arbiter-drain", preempt="drain")
+        drain_link.sync({}, start=True)
+        try:
+            drain_waits = contended_waits(drain_link.address, 100 if args.quick else 400)
+        finally:
+            drain_link.close()
     us = 1e6
     print(f"arbiter turn cost on {os.cpu_count()} CPU cores, Python {sys.version.split()[0]}")
     print("what | p50 us | p99 us | mean us")
@@ -152,7 +159,8 @@ def main() -> int:
         ("baseline: bare Unix-socket round trip (echo)", echo),
         ("gpufrac: acquire + release, uncontended", plain),
         ("gpufrac: gpu_turn() block, uncontended", ctx),
-        ("gpufrac: high-priority wait beside a 1 ms-module trainer", waits),
+        ("gpufrac: high-priority wait beside a 1 ms-module trainer (overlap)", waits),
+        ("gpufrac: the same, qos_preempt: drain", drain_waits),
     ):
         print(
             f"{name} | {pct(values, 0.5) * us:.1f} | {pct(values, 0.99) * us:.1f} | "
