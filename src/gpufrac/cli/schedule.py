@@ -23,6 +23,7 @@ from gpufrac.cli.common import (
 )
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
+from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.manifest import load_manifest_file
 from gpufrac.model.manifest_fields import read_text_file
 from gpufrac.model.settings import OperatorSettings, load_settings, parse_settings
@@ -35,33 +36,60 @@ FilesArg = Annotated[
 ]
 
 
-def _load(files: list[Path]) -> list[WorkloadSpec]:
-    specs: list[WorkloadSpec] = []
-    seen: dict[tuple[str, str], Path] = {}
+def _load(files: list[Path]) -> list[WorkloadSpec | DeploymentSpec]:
+    specs: list[WorkloadSpec | DeploymentSpec] = []
+    seen: dict[tuple[str, str, str], Path] = {}
     for path in files:
         for spec in load_manifest_file(path):
-            key = (spec.tenant, spec.name)
+            kind = "workload" if isinstance(spec, WorkloadSpec) else "deployment"
+            key = (kind, spec.tenant, spec.name)
             if key in seen:
                 raise InputError(
-                    f"workload {spec.tenant}/{spec.name} is also in {seen[key]}",
+                    f"{kind} {spec.tenant}/{spec.name} is also in {seen[key]}",
                     field=str(path),
-                    fix="give each workload one name per tenant",
+                    fix=f"give each {kind} one name per tenant",
                 )
             seen[key] = path
             specs.append(spec)
     return specs
 
 
+def _only_workloads(objects: list[WorkloadSpec | DeploymentSpec]) -> list[WorkloadSpec]:
+    for o in objects:
+        if not isinstance(o, WorkloadSpec):
+            raise InputError(
+                f"deployment {o.tenant}/{o.name}: gpufrac up runs workloads",
+                field="FILE",
+                fix="run deployments under the agent: gpufrac agent, then gpufrac apply -f FILE",
+            )
+    return [o for o in objects if isinstance(o, WorkloadSpec)]
+
+
+def _workloads(objects: list[WorkloadSpec | DeploymentSpec]) -> list[WorkloadSpec]:
+    """Workloads as they are, and each deployment as the replicas it starts with."""
+    out: list[WorkloadSpec] = []
+    for o in objects:
+        if isinstance(o, WorkloadSpec):
+            out.append(o)
+            continue
+        count = o.replicas if o.autoscale is None else o.autoscale.min_replicas
+        out += [o.replica_spec(i, 0) for i in range(count or 0)]
+    return out
+
+
 def validate_command(files: FilesArg, json: JsonOpt = False) -> None:
     """Check manifests: strict schema, every error names the field. Exit 0 valid, 2 invalid."""
     with handled_errors():
-        specs = _load(files)
+        objects = _load(files)
+    specs = [f"{s.tenant}/{s.name}" for s in objects if isinstance(s, WorkloadSpec)]
+    deps = [f"{s.tenant}/{s.name}" for s in objects if not isinstance(s, WorkloadSpec)]
     if json:
-        print_json({"valid": True, "workloads": [f"{s.tenant}/{s.name}" for s in specs]})
+        print_json({"valid": True, "workloads": specs, "deployments": deps})
     else:
         console.print(
             f"[green]valid[/]: {len(specs)} workload(s): "
-            + ", ".join(f"{s.tenant}/{s.name}" for s in specs),
+            + ", ".join(specs)
+            + (f"; {len(deps)} deployment(s): {', '.join(deps)}" if deps else ""),
             highlight=False,
         )
 
@@ -93,7 +121,7 @@ def schedule_command(
 ) -> None:
     """Show where the scheduler would place each workload (a dry run: nothing is started)."""
     with handled_errors():
-        specs = _load(files)
+        specs = _workloads(_load(files))
         cfg = _settings(settings_file, data_dir)
         if policy is not None and policy not in ("binpack", "spread"):
             raise InputError(

@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.table import Table
 
 from gpufrac.cli.common import DataDirOpt, SimulateOpt, console, handled_errors
-from gpufrac.cli.schedule import _load, _settings
+from gpufrac.cli.schedule import _load, _only_workloads, _settings
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.workload import WorkloadSpec
@@ -50,7 +50,7 @@ def up_command(
     from gpufrac.cli.app import devices_or_simulated
 
     with handled_errors():
-        specs = _load(files)
+        specs = _only_workloads(_load(files))
         cfg = _settings(settings_file, data_dir)
         dev = devices_or_simulated(simulate, data_dir)
         agent = Agent(resolve_data_dir(data_dir), dev, cfg, stop_grace=5)

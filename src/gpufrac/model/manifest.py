@@ -14,6 +14,8 @@ from typing import Any
 
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import lookup_model
+from gpufrac.model.deployment import DeploymentSpec
+from gpufrac.model.deployment_manifest import DEPLOYMENT_FIELDS, parse_deployment
 from gpufrac.model.manifest_fields import (
     join,
     kind_of,
@@ -44,6 +46,7 @@ from gpufrac.model.workload import (
 
 API_VERSION = "gpufrac/v1"
 KIND = "Workload"
+KINDS = ("Workload", "Deployment")
 DOCUMENT_FIELDS = ("apiVersion", "kind", "metadata", "spec")
 METADATA_FIELDS = ("name", "tenant", "labels")
 SPEC_FIELDS = (
@@ -82,14 +85,29 @@ MAX_MIN_SHARE_MILLI = 900  # at most 90%: the rest of the GPU stays with the arb
 _EXAMPLE = "see docs/manifest.md for an example"
 
 
-def load_manifest_file(path: Path) -> list[WorkloadSpec]:
-    """Read and parse a manifest file (YAML or JSON, one or more documents)."""
+def load_manifest_file(path: Path) -> list[WorkloadSpec | DeploymentSpec]:
+    """Read and parse a manifest file (YAML or JSON, one or more documents of either kind)."""
     text = read_text_file(path, field=str(path), what="the manifest")
-    return parse_manifests(text, source=path.name)
+    return parse_objects(text, source=path.name)
 
 
 def parse_manifests(text: str, *, source: str = "manifest") -> list[WorkloadSpec]:
-    """Every workload of a manifest file, in file order; the first problem raises ``InputError``."""
+    """Every workload of a manifest text, in order; a Deployment is an error here."""
+    out: list[WorkloadSpec] = []
+    for obj in parse_objects(text, source=source):
+        if not isinstance(obj, WorkloadSpec):
+            raise InputError(
+                f"deployment {obj.name!r} is not a workload",
+                field=source,
+                fix="give deployments to gpufrac apply (or the /api/v1/deployments API)",
+            )
+        out.append(obj)
+    return out
+
+
+def parse_objects(text: str, *, source: str = "manifest") -> list[WorkloadSpec | DeploymentSpec]:
+    """Every workload and deployment of a manifest text, in order; the first problem raises
+    ``InputError`` (so a text is accepted whole or not at all)."""
     documents = load_documents(text, source=source)
     present = [(i, doc) for i, doc in enumerate(documents, start=1) if doc is not None]
     if not present:
@@ -99,29 +117,38 @@ def parse_manifests(text: str, *, source: str = "manifest") -> list[WorkloadSpec
             fix=f"write a document with apiVersion: {API_VERSION} and kind: {KIND}",
         )
     several = len(present) > 1
-    specs: list[WorkloadSpec] = []
-    seen: dict[tuple[str, str], int] = {}
+    specs: list[WorkloadSpec | DeploymentSpec] = []
+    seen: dict[tuple[str, str, str], int] = {}
     for position, doc in present:
         prefix = f"doc[{position}]" if several else ""
         try:
-            spec = parse_workload(doc)
+            spec = parse_document(doc)
         except InputError as exc:
             if prefix or not exc.field:
                 raise exc.at(prefix or source) from None
             raise
-        first = seen.setdefault((spec.tenant, spec.name), position)
+        kind = "workload" if isinstance(spec, WorkloadSpec) else "deployment"
+        first = seen.setdefault((kind, spec.tenant, spec.name), position)
         if first != position:
             raise InputError(
-                f"workload {spec.name!r} of tenant {spec.tenant!r} is already defined in doc[{first}]",
+                f"{kind} {spec.name!r} of tenant {spec.tenant!r} is already defined in doc[{first}]",
                 field=join(join(prefix, "metadata"), "name"),
-                fix="give each workload of a tenant its own name",
+                fix=f"give each {kind} of a tenant its own name",
             )
         specs.append(spec)
     return specs
 
 
 def parse_workload(raw: Any) -> WorkloadSpec:
-    """One document, already loaded, to a ``WorkloadSpec``; errors are located from the document root."""
+    """One ``kind: Workload`` document, already loaded; errors are located from the document root."""
+    spec = parse_document(raw)
+    if not isinstance(spec, WorkloadSpec):
+        raise InputError("is a Deployment", field="kind", fix=f"write kind: {KIND}")
+    return spec
+
+
+def parse_document(raw: Any) -> WorkloadSpec | DeploymentSpec:
+    """One document, already loaded, of either kind; errors are located from the document root."""
     doc = read_mapping(
         raw, "", DOCUMENT_FIELDS, what="a mapping with apiVersion, kind, metadata, spec"
     )
@@ -132,11 +159,12 @@ def parse_workload(raw: Any) -> WorkloadSpec:
             field="apiVersion",
             fix=fix_version,
         )
-    if require(doc, "kind", "", fix=f"write kind: {KIND}") != KIND:
+    kind = require(doc, "kind", "", fix=f"write kind: {KIND}")
+    if kind not in KINDS:
         raise InputError(
             f"unsupported kind: {kind_of(doc['kind'])}",
             field="kind",
-            fix=f"write kind: {KIND} (the only kind of {API_VERSION} so far)",
+            fix=f"write kind: {' or '.join(KINDS)}",
         )
     meta = read_mapping(
         require(doc, "metadata", "", fix="write metadata: {name: my-workload}"),
@@ -148,6 +176,15 @@ def parse_workload(raw: Any) -> WorkloadSpec:
     )
     tenant = read_dns_label(meta.get("tenant", "default"), "metadata.tenant")
     labels = read_str_map(meta.get("labels", {}), "metadata.labels")
+    if kind == "Deployment":
+        raw_spec = read_mapping(
+            require(
+                doc, "spec", "", fix="write spec: with template and replicas (docs/serving.md)"
+            ),
+            "spec",
+            DEPLOYMENT_FIELDS,
+        )
+        return parse_deployment(name, tenant, labels, raw_spec, _workload_spec, SPEC_FIELDS)
     spec = read_mapping(
         require(doc, "spec", "", fix=f"write spec: with command and resources ({_EXAMPLE})"),
         "spec",

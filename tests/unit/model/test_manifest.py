@@ -227,7 +227,7 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         # document
         ({"apiVersion": "gpufrac/v2"}, "apiVersion"),
         ({"apiVersion": DELETE}, "apiVersion"),
-        ({"kind": "Deployment"}, "kind"),
+        ({"kind": "Job"}, "kind"),
         ({"kind": DELETE}, "kind"),
         ({"metadata": DELETE}, "metadata"),
         ({"spec": DELETE}, "spec"),

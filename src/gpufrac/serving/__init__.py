@@ -1,0 +1,1 @@
+"""Serving models: the replica server, the request gateway, deployments and their autoscaler."""

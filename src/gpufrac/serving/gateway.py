@@ -1,0 +1,459 @@
+"""The request gateway: ``/serve/{deployment}/...`` spread over the deployment's replicas.
+
+A data path apart from the control API, in its own process (``python -m gpufrac.serving.gateway``),
+built on asyncio protocols with no framework on the request path:
+
+* **Routing**: least outstanding requests with power-of-two choices. Each replica has
+  ``max_concurrency`` slots; its score is its outstanding requests weighted by how busy its GPU is
+  (``busy``, 0..1, which the agent sends: SM utilization where NVML reports it).
+* **Waiting**: when every slot is taken, a request waits in the deployment's FIFO queue (at most
+  ``queue_limit``), and is woken when a slot frees or a replica is added, never by polling. Only a full
+  queue is answered ``429`` with ``Retry-After``. With no replica at all (scaled to zero) requests wait
+  the same way while one starts (``cold_start_timeout_s``).
+* **Retries**: a connection that fails before any response byte arrived is tried once more on another
+  replica (a stale keep-alive connection is first retried fresh on the same one); the failed replica is
+  skipped for a second.
+* **Streaming**: ``Content-Length`` and ``chunked`` responses pass through as they arrive.
+* **Timeouts**: ``timeout_s`` per request upstream (``504`` past it).
+
+The agent configures it over its own end of a socket pair (``--admin-fd``): ``C {json}`` sets a
+deployment's replicas and limits, ``X name`` removes one, ``T`` answers the statistics the autoscaler
+reads (in flight, queued, per replica outstanding, rate and p99 latency over the last window).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufrac.serving.http11 import HttpError, Request, error_response, parse_request
+
+MAX_BODY = 64 * 2**20
+DOWN_SECONDS = 1.0
+WINDOW_SECONDS = 10.0
+_HOP = (b"connection", b"keep-alive", b"proxy-connection", b"upgrade", b"te")
+
+
+class _Upstream:
+    __slots__ = ("reader", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+@dataclass(eq=False)
+class Replica:
+    id: str
+    host: str
+    port: int
+    busy: float = 0.0
+    outstanding: int = 0
+    down_until: float = 0.0
+    served: int = 0
+    idle: list[_Upstream] = field(default_factory=list)
+
+    async def connect(self, fresh: bool) -> tuple[_Upstream, bool]:
+        """A pooled keep-alive connection (unless ``fresh``), else a new one; and whether it is new."""
+        while self.idle and not fresh:
+            conn = self.idle.pop()
+            if not conn.writer.is_closing():
+                return conn, False
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return _Upstream(reader, writer), True
+
+
+@dataclass(eq=False)
+class Route:
+    name: str
+    replicas: dict[str, Replica] = field(default_factory=dict)
+    max_concurrency: int = 8
+    queue_limit: int = 256
+    timeout_s: float = 60.0
+    cold_start_timeout_s: float = 120.0
+    waiters: deque[asyncio.Future[Replica]] = field(default_factory=deque)
+    done: deque[tuple[float, float]] = field(default_factory=deque)  # (at, latency s)
+    rejected: int = 0
+    errors: int = 0
+    retries: int = 0
+
+    def pick(self, now: float, avoid: Replica | None = None) -> Replica | None:
+        """Power of two choices among replicas with a free slot, by outstanding x GPU busy."""
+        free = [
+            r
+            for r in self.replicas.values()
+            if r.outstanding < self.max_concurrency and r.down_until <= now and r is not avoid
+        ]
+        if not free:
+            return None
+        if len(free) == 1:
+            return free[0]
+        a, b = random.sample(free, 2)
+        return a if (a.outstanding + 1) * (1 + a.busy) <= (b.outstanding + 1) * (1 + b.busy) else b
+
+    def wake(self) -> None:
+        """Hand free slots to waiters, oldest first."""
+        now = time.monotonic()
+        while self.waiters:
+            fut = self.waiters[0]
+            if fut.done():
+                self.waiters.popleft()
+                continue
+            r = self.pick(now)
+            if r is None:
+                return
+            self.waiters.popleft()
+            r.outstanding += 1
+            fut.set_result(r)
+
+
+class Gateway:
+    def __init__(self) -> None:
+        self.routes: dict[str, Route] = {}
+
+    # -- configuration (from the agent) ---------------------------------------------------------
+
+    def configure(self, raw: dict[str, Any]) -> None:
+        name = str(raw["name"])
+        route = self.routes.setdefault(name, Route(name))
+        for key in ("max_concurrency", "queue_limit"):
+            if key in raw:
+                setattr(route, key, max(1, int(raw[key])))
+        for key in ("timeout_s", "cold_start_timeout_s"):
+            if key in raw:
+                setattr(route, key, float(raw[key]))
+        wanted = {str(r["id"]): r for r in raw.get("replicas", [])}
+        for rid in [k for k in route.replicas if k not in wanted]:
+            for conn in route.replicas.pop(rid).idle:
+                conn.close()  # in-flight requests on it finish on their own connections
+        for rid, r in wanted.items():
+            rep = route.replicas.get(rid)
+            if rep is None or (rep.host, rep.port) != (r.get("host", "127.0.0.1"), int(r["port"])):
+                rep = Replica(rid, str(r.get("host", "127.0.0.1")), int(r["port"]))
+                route.replicas[rid] = rep
+            rep.busy = float(r.get("busy", 0.0))
+        route.wake()
+
+    def remove(self, name: str) -> None:
+        route = self.routes.pop(name, None)
+        if route is None:
+            return
+        for fut in route.waiters:
+            if not fut.done():
+                fut.set_exception(HttpError(404, f"deployment {name} was deleted"))
+
+    def stats(self) -> dict[str, Any]:
+        now = time.monotonic()
+        out: dict[str, Any] = {}
+        for name, route in self.routes.items():
+            while route.done and route.done[0][0] < now - WINDOW_SECONDS:
+                route.done.popleft()
+            lat = sorted(s for _, s in route.done)
+            out[name] = {
+                "in_flight": sum(r.outstanding for r in route.replicas.values()),
+                "queued": sum(1 for f in route.waiters if not f.done()),
+                "rate": len(lat) / WINDOW_SECONDS,
+                "p99_ms": lat[int(0.99 * (len(lat) - 1))] * 1000 if lat else None,
+                "rejected": route.rejected,
+                "errors": route.errors,
+                "retries": route.retries,
+                "replicas": {
+                    r.id: {"outstanding": r.outstanding, "served": r.served}
+                    for r in route.replicas.values()
+                },
+            }
+        return out
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def serve(self, client: _Client, req: Request) -> None:
+        path = req.target
+        if not path.startswith("/serve/"):
+            client.send(error_response(404, "not found: use /serve/{deployment}/..."), req)
+            return
+        name, _, rest = path[7:].partition("/")
+        route = self.routes.get(name)
+        if route is None:
+            client.send(error_response(404, f"no deployment {name!r}"), req)
+            return
+        started = time.monotonic()
+        try:
+            replica = await self._slot(route)
+        except HttpError as e:
+            extra = [b"Retry-After: 1"] if e.status == 429 else None
+            client.send(error_response(e.status, str(e), extra=extra), req)
+            return
+        tried: Replica | None = None
+        try:
+            for attempt in range(2):
+                try:
+                    await asyncio.wait_for(
+                        self._forward(client, req, replica, "/" + rest), route.timeout_s
+                    )
+                    replica.served += 1
+                    route.done.append((time.monotonic(), time.monotonic() - started))
+                    return
+                except _NoResponse:
+                    replica.down_until = time.monotonic() + DOWN_SECONDS
+                    if attempt == 1:
+                        raise
+                    tried = replica
+                    other = route.pick(time.monotonic(), avoid=tried)
+                    if other is None:
+                        raise
+                    route.retries += 1
+                    other.outstanding += 1
+                    self._release(route, replica)
+                    replica = other
+        except _NoResponse:
+            route.errors += 1
+            client.send(error_response(502, "no replica answered"), req)
+        except TimeoutError:
+            route.errors += 1
+            client.send(error_response(504, f"no answer within {route.timeout_s:g}s"), req)
+            client.close()
+        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+            route.errors += 1  # the reply broke off midway: the client sees its connection close
+            client.close()
+        finally:
+            self._release(route, replica)
+
+    async def _slot(self, route: Route) -> Replica:
+        r = route.pick(time.monotonic())
+        if r is not None and not route.waiters:
+            r.outstanding += 1
+            return r
+        if len(route.waiters) >= route.queue_limit:
+            route.rejected += 1
+            raise HttpError(429, f"deployment {route.name} is at capacity; its queue is full")
+        fut: asyncio.Future[Replica] = asyncio.get_running_loop().create_future()
+        route.waiters.append(fut)
+        route.wake()
+        limit = route.cold_start_timeout_s if not route.replicas else route.timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), limit)
+        except TimeoutError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._release(route, fut.result())
+            fut.cancel()
+            raise HttpError(503, f"no replica of {route.name} free within {limit:g}s") from None
+
+    def _release(self, route: Route, replica: Replica) -> None:
+        replica.outstanding -= 1
+        route.wake()
+
+    async def _forward(self, client: _Client, req: Request, replica: Replica, path: str) -> None:
+        head = [f"{req.method} {path} HTTP/1.1".encode()]
+        head += [h for h in req.headers if h.partition(b":")[0].strip().lower() not in _HOP]
+        data = b"\r\n".join(head) + b"\r\n\r\n" + req.body
+        fresh = False
+        while True:
+            try:
+                conn, fresh = await replica.connect(fresh)
+            except OSError:
+                raise _NoResponse from None
+            try:
+                conn.writer.write(data)
+                status_head = await conn.reader.readuntil(b"\r\n\r\n")
+                break
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                conn.close()
+                if fresh:
+                    raise _NoResponse from None
+                fresh = True  # a stale pooled connection: once more on a new one
+        lines = status_head[:-4].split(b"\r\n")
+        length: int | None = None
+        chunked = False
+        upstream_keep = True
+        out = [lines[0]]
+        for line in lines[1:]:
+            name = line.partition(b":")[0].strip().lower()
+            if name == b"content-length":
+                length = int(line.partition(b":")[2])
+            elif name == b"transfer-encoding" and b"chunked" in line.lower():
+                chunked = True
+            elif name == b"connection":
+                upstream_keep = b"close" not in line.lower()
+                continue
+            elif name in _HOP:
+                continue
+            out.append(line)
+        if not req.keep_alive:
+            out.append(b"Connection: close")
+        head_out = b"\r\n".join(out) + b"\r\n\r\n"
+        reader = conn.reader
+        if length is not None:
+            client.write(head_out + (await reader.readexactly(length) if length else b""))
+        elif chunked:
+            client.write(head_out)
+            while True:
+                size_line = await reader.readuntil(b"\r\n")
+                size = int(size_line.split(b";")[0], 16)
+                chunk = await reader.readexactly(size + 2) if size else b""
+                client.write(size_line + chunk)
+                if size == 0:
+                    while (trailer := await reader.readuntil(b"\r\n")) != b"\r\n":
+                        client.write(trailer)
+                    client.write(b"\r\n")
+                    break
+        else:  # the body runs to the end of the connection
+            client.write(head_out)
+            while data := await reader.read(65536):
+                client.write(data)
+            upstream_keep = False
+            client.close()
+        if upstream_keep and len(replica.idle) < 64:
+            replica.idle.append(conn)
+        else:
+            conn.close()
+        if not req.keep_alive:
+            client.close()
+
+
+class _NoResponse(Exception):
+    """The replica gave no response byte (refused, reset, closed): safe to try another."""
+
+
+class _Client(asyncio.Protocol):
+    """One client connection: requests are answered in order, one at a time."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.busy = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.busy:
+            self._next()
+
+    def _next(self) -> None:
+        if self.transport is None:
+            return
+        try:
+            parsed = parse_request(self.buf, MAX_BODY)
+        except HttpError as e:
+            self.transport.write(error_response(e.status, str(e), keep_alive=False))
+            self.close()
+            return
+        if parsed is None:
+            return
+        req, used = parsed
+        del self.buf[:used]
+        self.busy = True
+        task = asyncio.ensure_future(self.gateway.serve(self, req))
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.busy = False
+        if not task.cancelled() and task.exception() is not None and self.transport is not None:
+            self.transport.write(error_response(500, "gateway error", keep_alive=False))
+            self.close()
+        self._next()
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def send(self, data: bytes, req: Request) -> None:
+        self.write(data)
+        if not req.keep_alive:
+            self.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+
+
+async def _admin(gateway: Gateway, fd: int, stop: asyncio.Event) -> None:
+    reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=fd))
+    while line := await reader.readline():
+        op, _, rest = line.decode().strip().partition(" ")
+        try:
+            if op == "C":
+                gateway.configure(json.loads(rest))
+                reply: Any = {}
+            elif op == "X":
+                gateway.remove(rest.strip())
+                reply = {}
+            elif op == "T":
+                reply = gateway.stats()
+            else:
+                raise ValueError(f"unknown message {op!r}")
+            writer.write(b"K " + json.dumps(reply).encode() + b"\n")
+        except Exception as e:
+            writer.write(b"E " + json.dumps({"error": str(e)}).encode() + b"\n")
+        await writer.drain()
+    stop.set()  # the agent is gone
+
+
+async def run(host: str, port: int, admin_fd: int | None, routes: list[dict[str, Any]]) -> None:
+    gateway = Gateway()
+    for raw in routes:
+        gateway.configure(raw)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _Client(gateway), host, port, backlog=1024)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    bound = server.sockets[0].getsockname()[1]
+    print(f"ready {bound}", flush=True)
+    admin = asyncio.ensure_future(_admin(gateway, admin_fd, stop)) if admin_fd is not None else None
+    async with server:
+        await stop.wait()
+    if admin is not None:
+        admin.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpufrac.serving.gateway")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8480)
+    p.add_argument("--admin-fd", type=int)
+    p.add_argument(
+        "--route",
+        action="append",
+        default=[],
+        help='a deployment as JSON: {"name": "m", "replicas": [{"id": "r1", "port": 9000}]}',
+    )
+    args = p.parse_args(argv)
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(run(args.host, args.port, args.admin_fd, [json.loads(r) for r in args.route]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

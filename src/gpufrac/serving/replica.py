@@ -1,0 +1,236 @@
+"""The replica server: serves ``model: package.module:factory`` as JSON over HTTP on ``$PORT``.
+
+``python -m gpufrac.serving.replica package.module:factory [--port P] [--max-batch-size N]
+[--max-wait-ms W]``. The factory is called once; what it returns is adapted:
+
+* a PyTorch ``nn.Module``: inputs become a tensor on the module's device (the GPU when there is one),
+  run under ``torch.inference_mode()``, outputs come back as lists;
+* an ONNX Runtime ``InferenceSession``: inputs become a float32 array fed to its first input;
+* any other callable: called with the inputs as they are.
+
+``POST /predict`` (or ``POST /``) takes ``{"inputs": X}`` and answers ``{"outputs": Y}``; ``GET
+/healthz`` answers 200 once the model is loaded. With ``--max-batch-size`` above 1, concurrent requests
+are batched: the first request of a batch waits at most ``--max-wait-ms`` for others, then the model is
+called once with the list of their inputs and must return one output per input; batches run in one
+worker thread, so the event loop keeps taking requests meanwhile. Without batching the model is called
+on the event loop, one request at a time, with no thread hop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import socket
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from gpufrac.serving.http11 import HttpError, error_response, json_response, parse_request
+
+Model = Callable[[Any], Any]
+_tasks: set[asyncio.Future[None]] = set()
+
+
+def _keep(task: asyncio.Future[None]) -> None:
+    """Hold a reference to a task until it is done (the loop keeps only weak ones)."""
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+def load_factory(ref: str) -> Any:
+    """``package.module:factory`` to what the factory returns."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{ref!r} is not package.module:factory")
+    sys.path.insert(0, os.getcwd())
+    target: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    return target()
+
+
+def adapt(obj: Any) -> Model:
+    """A callable from inputs (one, or a batch as a list) to outputs, whatever the factory gave."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.nn.Module):
+        try:
+            device = next(obj.parameters()).device
+        except StopIteration:
+            device = torch.device("cpu")
+        obj.eval()
+
+        def run_torch(inputs: Any) -> Any:
+            with torch.inference_mode():
+                out = obj(torch.as_tensor(inputs, device=device))
+            return out.tolist() if hasattr(out, "tolist") else out
+
+        return run_torch
+    ort = sys.modules.get("onnxruntime")
+    if ort is not None and isinstance(obj, ort.InferenceSession):
+        import numpy
+
+        name = obj.get_inputs()[0].name
+
+        def run_onnx(inputs: Any) -> Any:
+            return obj.run(None, {name: numpy.asarray(inputs, dtype=numpy.float32)})[0].tolist()
+
+        return run_onnx
+    if not callable(obj):
+        raise TypeError(f"the factory returned {type(obj).__name__}, which is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+class Batcher:
+    """Collects concurrent requests into one model call of up to ``size`` inputs."""
+
+    def __init__(self, model: Model, pool: ThreadPoolExecutor, size: int, wait_s: float) -> None:
+        self.model, self.pool, self.size, self.wait_s = model, pool, size, wait_s
+        self.pending: list[tuple[Any, asyncio.Future[Any]]] = []
+        self.flush_at: asyncio.TimerHandle | None = None
+
+    async def __call__(self, inputs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        if self.size <= 1:
+            return self.model(inputs)  # one at a time: no thread hop on the way
+        fut: asyncio.Future[Any] = loop.create_future()
+        self.pending.append((inputs, fut))
+        if len(self.pending) >= self.size:
+            self._flush()
+        elif self.flush_at is None:
+            self.flush_at = loop.call_later(self.wait_s, self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        if self.flush_at is not None:
+            self.flush_at.cancel()
+            self.flush_at = None
+        batch, self.pending = self.pending, []
+        if batch:
+            _keep(asyncio.ensure_future(self._run(batch)))
+
+    async def _run(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            outputs = await loop.run_in_executor(self.pool, self.model, [i for i, _ in batch])
+            if len(outputs) != len(batch):
+                raise ValueError(
+                    f"the model returned {len(outputs)} outputs for {len(batch)} inputs"
+                )
+        except Exception as e:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e)
+            return
+        for (_, fut), out in zip(batch, outputs, strict=True):
+            if not fut.done():
+                fut.set_result(out)
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self, batcher: Batcher) -> None:
+        self.batcher = batcher
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.busy = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.busy:
+            self._next()
+
+    def _next(self) -> None:
+        if self.transport is None:
+            return
+        try:
+            parsed = parse_request(self.buf, 64 * 2**20)
+        except HttpError as e:
+            self.transport.write(error_response(e.status, str(e), keep_alive=False))
+            self.transport.close()
+            return
+        if parsed is None:
+            return
+        req, used = parsed
+        del self.buf[:used]
+        if req.method == "GET" and req.target in ("/healthz", "/health"):
+            self._send(
+                json_response(200, {"status": "ok"}, keep_alive=req.keep_alive), req.keep_alive
+            )
+            return
+        if req.method != "POST" or req.target not in ("/", "/predict"):
+            self._send(error_response(404, 'POST /predict with {"inputs": ...}'), req.keep_alive)
+            return
+        self.busy = True
+        _keep(asyncio.ensure_future(self._predict(req.body, req.keep_alive)))
+
+    async def _predict(self, body: bytes, keep_alive: bool) -> None:
+        try:
+            payload = json.loads(body)
+            if not isinstance(payload, dict) or "inputs" not in payload:
+                raise HttpError(400, 'the body must be {"inputs": ...}')
+            out = json_response(200, {"outputs": await self.batcher(payload["inputs"])})
+        except HttpError as e:
+            out = error_response(e.status, str(e))
+        except ValueError as e:
+            out = error_response(400, f"bad JSON: {e}")
+        except Exception as e:
+            out = error_response(500, f"{type(e).__name__}: {e}")
+        self.busy = False
+        self._send(out, keep_alive)
+
+    def _send(self, data: bytes, keep_alive: bool) -> None:
+        if self.transport is None:
+            return
+        self.transport.write(data)
+        if not keep_alive:
+            self.transport.close()
+            return
+        self._next()
+
+
+async def serve(model: Model, port: int, max_batch_size: int, max_wait_ms: float) -> None:
+    pool = ThreadPoolExecutor(1, thread_name_prefix="model")
+    batcher = Batcher(model, pool, max_batch_size, max_wait_ms / 1000)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _Conn(batcher), "127.0.0.1", port, backlog=1024)
+    print(f"serving on 127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpufrac.serving.replica")
+    p.add_argument("model", help="package.module:factory")
+    p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    p.add_argument("--max-batch-size", type=int, default=1)
+    p.add_argument("--max-wait-ms", type=float, default=5.0)
+    args = p.parse_args(argv)
+    model = adapt(load_factory(args.model))
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        uvloop.install()
+    except ImportError:
+        pass
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(model, args.port, args.max_batch_size, args.max_wait_ms))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
