@@ -277,7 +277,8 @@ class Runner:
         from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec
         from gpufrac.runtime.mps import MpsDaemons
 
-        mps = MpsDaemons(self.tmp / "mps", enabled=True) if cell.mode.startswith("mps") else None
+        root = self.tmp / f"mps-{time.monotonic_ns()}"  # a fresh pipe directory per cell
+        mps = MpsDaemons(root, enabled=True) if cell.mode.startswith("mps") else None
         link = ArbiterLink(self.tmp / f"arbiter-{time.monotonic_ns()}", preempt=self.args.preempt)
         if mps is not None and not mps.ensure("0"):
             cell.result = {"error": "nvidia-cuda-mps-control not found"}
@@ -302,7 +303,7 @@ class Runner:
                 env = dict(env)
                 if mps is not None:
                     env["CUDA_MPS_PIPE_DIRECTORY"] = str(mps.pipe_dir("0"))
-                    env["CUDA_MPS_LOG_DIRECTORY"] = str(self.tmp / "mps" / "0" / "log")
+                    env["CUDA_MPS_LOG_DIRECTORY"] = str(root / "0" / "log")
                     if cell.mode == "mps-prio" and name.startswith("train"):
                         env["CUDA_MPS_CLIENT_PRIORITY"] = "1"
                 if cell.mode == "gpufrac":  # what the agent hands over
@@ -319,6 +320,8 @@ class Runner:
             for name, p, _ in procs:
                 if not _readline(p, 300).startswith("ready"):
                     raise RuntimeError(f"{name} did not warm up")
+            if mps is not None and not _mps_serving(mps.pipe_dir("0")):
+                raise RuntimeError("no MPS server is running: the cell would measure no MPS at all")
             if cell.mode == "gpufrac":  # registered as the agent registers them: key, class, group
                 link.sync({f"bench/{n}": MemberSpec("gpu0", q, p.pid) for n, p, q in procs})
             t0 = time.time() + 0.5
@@ -339,6 +342,28 @@ class Runner:
             link.close()
             if mps is not None:
                 mps.stop("0")
+                _wait_mps_gone()
+
+
+def _mps_serving(pipe: Path) -> bool:
+    """Does the control daemon behind ``pipe`` have a server (so the clients really run under MPS)?"""
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+    out = subprocess.run(
+        ["nvidia-cuda-mps-control"], input="get_server_list\n", env=env,
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    return bool(out.stdout.strip())
+
+
+def _wait_mps_gone(timeout: float = 15.0) -> None:
+    """``quit`` returns before the server has let go of the GPU: wait for it, so the next cell is clean."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if subprocess.run(
+            ["pgrep", "-f", "nvidia-cuda-mps-server"], capture_output=True, check=False
+        ).returncode:
+            return
+        time.sleep(0.2)
 
 
 def _readline(p: subprocess.Popen[str], timeout: float) -> str:

@@ -40,7 +40,14 @@ def kill_leftover_runs(data_dir: Path) -> None:
             args = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        ours = b"gpufrac.runtime.shim" in args or b"gpufrac.runtime.arbiter_server" in args
+        ours = any(
+            m in args
+            for m in (
+                b"gpufrac.runtime.shim",
+                b"gpufrac.runtime.arbiter_server",
+                b"gpufrac.serving.gateway",
+            )
+        )
         if ours and any(a.startswith(where) for a in args):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(proc.name), signal.SIGKILL)

@@ -44,6 +44,10 @@ class RunningAgent:
                 time.sleep(0.1)
         raise AssertionError("the agent did not come up")
 
+    @property
+    def gateway(self) -> str:
+        return f"http://127.0.0.1:{(self.data_dir / 'gateway.port').read_text()}"
+
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
@@ -51,8 +55,23 @@ class RunningAgent:
 
 def _spawn(port: int, data_dir: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "GPUFRAC_SIMULATE": FLEET, "GPUFRAC_DATA_DIR": str(data_dir)}
+    gateway = (
+        (data_dir / "gateway.port").read_text() if (data_dir / "gateway.port").exists() else ""
+    )
+    if not gateway:
+        gateway = str(free_port())
+        (data_dir / "gateway.port").write_text(gateway)
     return subprocess.Popen(
-        [sys.executable, "-m", "gpufrac.cli", "agent", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "gpufrac.cli",
+            "agent",
+            "--port",
+            str(port),
+            "--gateway-port",
+            gateway,
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=open(data_dir.parent / "agent.log", "ab"),

@@ -16,17 +16,20 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from gpufrac import __version__
+from gpufrac.api.deployments_api import add_deployment_routes
 from gpufrac.api.metrics import render
 from gpufrac.api.tokens import ADMIN, Caller
 from gpufrac.errors import InputError
-from gpufrac.model.manifest import parse_manifests
+from gpufrac.model.deployment import DeploymentSpec
+from gpufrac.model.manifest import parse_objects
 from gpufrac.model.mig import layout_from_json
-from gpufrac.model.workload import spec_diff, spec_from_json, spec_to_json
+from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.scheduler import decision_to_json
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.mig_apply import ApplyRefused
 from gpufrac.runtime.qos_view import workload_qos
 from gpufrac.runtime.shim import LOG
+from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT, Deployments, gateway_path
 
 RECONCILE_SECONDS = 0.5
 MIN_GAP_SECONDS = 0.1  # a burst of API calls wakes one pass, not one per call
@@ -35,8 +38,16 @@ MIN_GAP_SECONDS = 0.1  # a burst of API calls wakes one pass, not one per call
 class AgentService:
     """The agent behind a lock, with a background thread reconciling it."""
 
-    def __init__(self, agent: Agent, *, interval: float = RECONCILE_SECONDS) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        interval: float = RECONCILE_SECONDS,
+        gateway_port: int = DEFAULT_GATEWAY_PORT,
+        gateway_host: str = "127.0.0.1",
+    ) -> None:
         self.agent = agent
+        self.deployments = Deployments(agent, gateway_port=gateway_port, host=gateway_host)
         self.lock = threading.RLock()
         self.interval = interval
         self._stop = threading.Event()
@@ -47,6 +58,7 @@ class AgentService:
     def reconcile(self) -> None:
         with self.lock:
             self.states = {s.key: s for s in self.agent.reconcile()}
+            self.deployments.reconcile(self.states)
 
     def start(self) -> None:
         self.reconcile()
@@ -74,6 +86,7 @@ class AgentService:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.deployments.close()
 
 
 def _problem(e: InputError) -> JSONResponse:
@@ -165,10 +178,18 @@ def create_app(
         return {"status": "ok", "version": __version__}
 
     @app.post("/api/v1/workloads")
+    @app.post("/api/v1/deployments")
     async def apply(request: Request) -> dict[str, Any]:
         text = (await request.body()).decode("utf-8", "replace")
-        specs = parse_manifests(text, source="body")  # all or nothing: nothing stored on an error
+        objects = parse_objects(text, source="body")  # all or nothing: nothing stored on an error
+        specs = [o for o in objects if isinstance(o, WorkloadSpec)]
+        deployments = [o for o in objects if isinstance(o, DeploymentSpec)]
         who = caller(request)
+        for d in deployments:
+            if not who.may_see(d.tenant):
+                raise HTTPException(
+                    403, f"the manifest names tenant {d.tenant!r}; your token is for {who.tenant!r}"
+                )
         for spec in specs:
             if not who.may_see(spec.tenant):
                 raise HTTPException(
@@ -187,6 +208,7 @@ def create_app(
                 )
                 results.append(
                     {
+                        "kind": "Workload",
                         "workload": f"{spec.tenant}/{spec.name}",
                         "result": what,
                         "decision": None if decision is None else decision_to_json(decision),
@@ -194,8 +216,21 @@ def create_app(
                         "diff": diff,
                     }
                 )
+            for d in deployments:
+                results.append(
+                    {
+                        "kind": "Deployment",
+                        "deployment": d.key,
+                        "result": service.deployments.apply(d),
+                        "decision": None,
+                        "diff": [],
+                        "url": service.deployments.gateway_url + gateway_path(d),
+                    }
+                )
         service.wake()  # processes start on the next reconcile pass, right away
         return {"results": results}
+
+    add_deployment_routes(app, service, caller, own)
 
     @app.get("/api/v1/workloads")
     def list_workloads(request: Request) -> dict[str, Any]:

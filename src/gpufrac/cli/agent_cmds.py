@@ -56,10 +56,18 @@ def agent_command(
             "--settings", help="Operator settings (default: gpufrac.yaml in the data directory)."
         ),
     ] = None,
+    gateway_port: Annotated[
+        int,
+        typer.Option("--gateway-port", help="Port of the request gateway (/serve/DEPLOYMENT/...)."),
+    ] = 8480,
+    gateway_host: Annotated[
+        str, typer.Option("--gateway-host", help="Address the request gateway listens on.")
+    ] = "127.0.0.1",
     simulate: SimulateOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Run the node agent in the foreground: the control API, the scheduler, the reconcile loop."""
+    """Run the node agent in the foreground: the control API, the scheduler, the reconcile loop,
+    and (once there is a deployment) the request gateway."""
     import uvicorn
 
     from gpufrac.api.app import AgentService, create_app
@@ -86,7 +94,7 @@ def agent_command(
             )
         dev = open_devices(simulate_spec(simulate), data)
         agent = Agent(data, dev, _settings(settings_file, data_dir))
-    service = AgentService(agent)
+    service = AgentService(agent, gateway_port=gateway_port, gateway_host=gateway_host)
     auth = f", {len(tokens)} API token(s)" if tokens else ", no API tokens: loopback only"
     console.print(f"gpufrac agent on http://{host}:{port} (data: {data}{auth})", highlight=False)
     uvicorn.run(create_app(service, tokens=tokens), host=host, port=port, log_level="warning")
@@ -165,6 +173,11 @@ def apply_command(
         print_json({"results": results})
         return
     for r in results:
+        if r.get("kind") == "Deployment":
+            console.print(
+                f"deployment {r['deployment']} {r['result']}: {r['url']}", highlight=False
+            )
+            continue
         d = r["decision"] or {}
         detail = d.get("reason") or (
             f"{d.get('mode')} on {', '.join(d.get('gpus', []))}" if d.get("gpus") else ""
@@ -178,16 +191,21 @@ def apply_command(
 
 
 def get_command(
-    what: Annotated[str, typer.Argument(help="workloads or gpus")],
+    what: Annotated[str, typer.Argument(help="workloads, deployments or gpus")],
     server: ServerOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """List workloads or GPUs."""
-    if what not in ("workloads", "gpus"):
-        raise fail(f"cannot get {what!r}: use workloads or gpus", 2)
+    """List workloads, deployments or GPUs."""
+    if what not in ("workloads", "deployments", "gpus"):
+        raise fail(f"cannot get {what!r}: use workloads, deployments or gpus", 2)
     data = _call("GET", server, f"/api/v1/{what}")
     if json:
         print_json(data)
+        return
+    if what == "deployments":
+        from gpufrac.cli.serve_cmds import print_deployments
+
+        print_deployments(data)
         return
     if what == "gpus":
         from gpufrac.cli.gpus import render_gpu
@@ -220,16 +238,21 @@ def _gpu_from_json(g: dict[str, Any], cls: Any) -> Any:
 
 
 def describe_command(
-    kind: Annotated[str, typer.Argument(help="workload")],
+    kind: Annotated[str, typer.Argument(help="workload or deployment")],
     name: Annotated[str, typer.Argument(help="The workload's name.")],
     tenant: TenantOpt = "default",
     server: ServerOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Everything about one workload: placement, environment handed over, attempts, events."""
-    if kind != "workload":
-        raise fail(f"cannot describe {kind!r}: use workload", 2)
-    w = _call("GET", server, f"/api/v1/workloads/{tenant}/{name}")
+    if kind not in ("workload", "deployment"):
+        raise fail(f"cannot describe {kind!r}: use workload or deployment", 2)
+    w = _call("GET", server, f"/api/v1/{kind}s/{tenant}/{name}")
+    if kind == "deployment":
+        from gpufrac.cli.serve_cmds import print_deployment
+
+        print_json(w) if json else print_deployment(w)
+        return
     if json:
         print_json(w)
         return
@@ -347,3 +370,21 @@ def drain_command(gpu: GpuArg, server: ServerOpt = None, json: JsonOpt = False) 
             f"{d['workload']}: {d['outcome']} {d['reason'] or ' '.join(d['gpus'])}", highlight=False
         )
     console.print(f"drained {r['drained']}", highlight=False)
+
+
+def scale_command(
+    name: Annotated[str, typer.Argument(help="The deployment's name.")],
+    replicas: Annotated[int, typer.Option("--replicas", help="Replicas wanted (0 and up).")],
+    tenant: TenantOpt = "default",
+    server: ServerOpt = None,
+) -> None:
+    """Set a deployment's replica count (with autoscale, the autoscaler goes on from there)."""
+    if replicas < 0:
+        raise fail("--replicas: give 0 or more", 2)
+    _call(
+        "POST",
+        server,
+        f"/api/v1/deployments/{tenant}/{name}/scale",
+        json={"replicas": replicas},
+    )
+    console.print(f"{tenant}/{name}: {replicas} replica(s) wanted", highlight=False)

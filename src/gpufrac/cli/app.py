@@ -16,6 +16,7 @@ from gpufrac.cli.agent_cmds import (
     drain_command,
     get_command,
     logs_command,
+    scale_command,
     uncordon_command,
 )
 from gpufrac.cli.common import DataDirOpt, SimulateOpt, console, err_console, handled_errors
@@ -23,6 +24,7 @@ from gpufrac.cli.gpus import gpus_command, render_gpu
 from gpufrac.cli.mig import mig_app, profiles_table
 from gpufrac.cli.mig_plan import plan_gpu, render_plan
 from gpufrac.cli.schedule import schedule_command, validate_command
+from gpufrac.cli.serve_cmds import load_command
 from gpufrac.cli.up import up_command
 from gpufrac.config import DEMO_FLEET, data_dir, simulate_spec
 from gpufrac.devices import NvmlDevices, open_simulated
@@ -50,6 +52,8 @@ app.command("cordon")(cordon_command)
 app.command("uncordon")(uncordon_command)
 app.command("drain")(drain_command)
 app.command("schedule")(schedule_command)
+app.command("scale")(scale_command)
+app.command("load")(load_command)
 app.add_typer(mig_app, name="mig")
 
 

@@ -13,6 +13,7 @@ Decisions are values (``Decision`` with its ``SchedAction`` list) that the node 
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel
@@ -105,14 +106,25 @@ class Scheduler:
         self.state.relayout(g, mig, placements)
         self._fleet_views()
 
-    def update_live(self, spec: WorkloadSpec) -> None:
-        """Take a spec whose change needs no new placement (priority, QoS): the workload stays where it
-        is, and later decisions (preemption, the pending order) see its new priority."""
+    def update_live(self, spec: WorkloadSpec) -> list[Decision]:
+        """Take a spec whose change needs no new placement (priority, QoS): a placed workload stays
+        where it is, with its allocations carrying the new priority (so preemption sees it); a pending
+        one whose priority rose is tried again, with preemption, as a new submission would be."""
         key = workload_key(spec)
-        if key in self.specs:
-            self.specs[key] = spec
+        old = self.specs.get(key)
+        if old is None:
+            return []
+        self.specs[key] = spec
+        placed = self.state.allocs.get(key)
+        if placed and old.priority != spec.priority:
+            self.state.release(key)
+            self.state.allocate([replace(a, priority=spec.priority) for a in placed])
         if key in self.pending:
             self.pending[key] = (spec, self.pending[key][1])
+            if spec.priority > old.priority:
+                del self.pending[key]
+                return self._try(spec, preempt=True)
+        return []
 
     def refusal(self, spec: WorkloadSpec) -> str | None:
         """Why no GPU here could ever run ``spec`` (None if one could)."""

@@ -139,8 +139,9 @@ class Agent(GpuCare):
             self.store.update_spec_live(
                 spec.tenant, spec.name, raw, "; ".join(spec_diff(stored.spec, raw))
             )
-            self.scheduler.update_live(spec)
-            return "updated", None
+            decisions = self.scheduler.update_live(spec)
+            self._record(decisions)
+            return "updated", decisions[0] if decisions else None
         refusal = self.scheduler.refusal(spec)
         if refusal is not None:
             return "refused", Decision(key, "refused", refusal)

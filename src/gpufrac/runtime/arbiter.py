@@ -83,6 +83,8 @@ class Member:
     gap: float | None = None  # how soon it usually asks again after giving a turn back (EWMA)
     paused: bool = False
     asked_to_yield: bool = False
+    # clients whose turn a higher class took over (overlap), still draining: client -> since when
+    taken_over: dict[int, float] = field(default_factory=dict)
     usage: deque[tuple[float, float]] = field(default_factory=deque)  # (end, seconds held)
     usage_sum: float = 0.0  # the sum of ``usage``, kept as entries come and go
     reported: deque[tuple[float, float]] = field(default_factory=deque)  # (at, GPU seconds)
@@ -225,13 +227,29 @@ class TurnPolicy:
         if client in m.waiting:
             m.waiting.remove(client)
         d = self.domains[m.domain]
+        out = self._end_takeover(m, client, now)
         if d.client == client:
             self._account(d, now)
             d.holder, d.client = None, None
             m.asked_to_yield = False
         if not m.clients and m.pgid is None:
-            return self._drop(m.key, now)
-        return self._schedule(d, now)
+            return out + self._drop(m.key, now)
+        return out + self._schedule(d, now)
+
+    def _end_takeover(self, m: Member, client: int, now: float) -> list[Action]:
+        """A client whose turn was taken over gives it back: its draining time is charged to it, and
+        the yield flag cleared once none of the member's clients still has to yield."""
+        since = m.taken_over.pop(client, None)
+        if since is None:
+            return []
+        dt = max(0.0, now - since)
+        m.held_s += dt
+        m.vt += dt / m.qos.weight
+        m.usage.append((now, dt))
+        m.usage_sum += dt
+        m.last_release = now
+        holder_asked = self.domains[m.domain].holder == m.key and m.asked_to_yield
+        return [] if m.taken_over or holder_asked else [ClearYield(m.key)]
 
     # -- turns ----------------------------------------------------------------------------------
 
@@ -263,12 +281,8 @@ class TurnPolicy:
         d = self.domains[m.domain]
         if client in m.waiting:
             m.waiting.remove(client)
-        if d.client != client:
-            out_: list[Action] = []
-            if m.asked_to_yield and d.holder != m.key:  # the end of a turn taken over (overlap)
-                m.asked_to_yield = False
-                out_.append(ClearYield(m.key))
-            return out_ + self._schedule(d, now)
+        if d.client != client:  # the end of a turn taken over (overlap), or nothing held
+            return self._end_takeover(m, client, now) + self._schedule(d, now)
         self._account(d, now)
         d.holder, d.client = None, None
         m.last_release = now
@@ -369,8 +383,12 @@ class TurnPolicy:
         return self._key(a, now)[:2] == self._key(b, now)[:2]
 
     def _best(self, d: Domain, now: float) -> Member | None:
+        """The next holder: by class, then a cooperative workload before a transparent one (which
+        runs beside its class anyway), then the lowest virtual time."""
         wanting = [m for m in self._in(d.name) if m.wants]
-        return max(wanting, key=lambda m: self._key(m, now)) if wanting else None
+        if not wanting:
+            return None
+        return max(wanting, key=lambda m: (*self._key(m, now)[:2], not m.transparent, -m.vt))
 
     def _account(self, d: Domain, now: float) -> None:
         m = self.members.get(d.holder) if d.holder else None
@@ -401,11 +419,20 @@ class TurnPolicy:
 
     def _schedule(self, d: Domain, now: float) -> list[Action]:
         out = self._decide(d, now)
-        for m in self._in(d.name):  # while another holds, every transparent member waits stopped
-            if m.transparent and not m.paused and d.holder not in (None, m.key):
-                assert m.pgid is not None
+        holder = self.members.get(d.holder) if d.holder else None
+        for m in self._in(d.name):
+            if not m.transparent or m is holder:
+                continue
+            assert m.pgid is not None
+            # stopped while a higher class holds (or one served for its min share); a transparent
+            # workload of the same class shares the GPU natively, as without gpufrac
+            blocked = holder is not None and self._key(holder, now)[:2] > self._key(m, now)[:2]
+            if blocked and not m.paused:
                 m.paused = True
                 out.append(Pause(m.key, m.pgid))
+            elif not blocked and m.paused:
+                m.paused = False
+                out.append(Resume(m.key, m.pgid))
         return out
 
     def _decide(self, d: Domain, now: float) -> list[Action]:
@@ -430,6 +457,10 @@ class TurnPolicy:
         outranked = b[1] > h[1] and b[0] >= h[0]  # a higher class: at once
         starving = b[0] and not h[0] and held_quantum  # a min share: after the holder's quantum
         expired = b[:2] == h[:2] and held_quantum and best.vt < holder.vt
+        if best.transparent and b[:2] == h[:2]:
+            return []  # a transparent workload runs beside its class anyway: no turn to take
+        if holder.transparent and b[:2] == h[:2]:
+            expired = True  # a cooperative one need not wait for one of its class that runs anyway
         if not (outranked or starving or expired):
             return []
         if holder.transparent:
@@ -439,7 +470,8 @@ class TurnPolicy:
             # the higher class starts at once; the holder stops submitting at its next yield
             # point, and the work it queued drains beside the new holder's
             self._account(d, now)
-            holder.asked_to_yield = True
+            assert d.client is not None
+            holder.taken_over[d.client] = now
             d.holder, d.client = None, None
             return [AskYield(holder.key), *self._grant(d, best, now)]
         if holder.asked_to_yield:

@@ -56,6 +56,17 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             at REAL NOT NULL
         )""",
     ),
+    3: (
+        """CREATE TABLE deployments (
+            tenant TEXT NOT NULL,
+            name TEXT NOT NULL,
+            spec TEXT NOT NULL,           -- the DeploymentSpec as JSON
+            replicas INTEGER,             -- the replica count set by scale or the autoscaler
+            created REAL NOT NULL,
+            updated REAL NOT NULL,
+            PRIMARY KEY (tenant, name)
+        )""",
+    ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 
@@ -239,6 +250,60 @@ class Store:
             if gone:
                 self._event(db, "uncordoned", gpu, "schedulable again")
             return bool(gone)
+
+    # -- deployments ----------------------------------------------------------------------------
+
+    def put_deployment(
+        self, tenant: str, name: str, spec: dict[str, Any], *, reset_replicas: bool = False
+    ) -> bool:
+        """Store a deployment's spec; False if it was already stored exactly so. ``reset_replicas``
+        forgets a count set by scale (a new fixed ``replicas`` in the spec wins)."""
+        text = json.dumps(spec, sort_keys=True)
+        now = time.time()
+        with self.transaction() as db:
+            row = db.execute(
+                "SELECT spec FROM deployments WHERE tenant = ? AND name = ?", (tenant, name)
+            ).fetchone()
+            if row is not None and row[0] == text:
+                return False
+            if row is None:
+                db.execute(
+                    "INSERT INTO deployments VALUES (?, ?, ?, NULL, ?, ?)",
+                    (tenant, name, text, now, now),
+                )
+            else:
+                db.execute(
+                    "UPDATE deployments SET spec = ?, updated = ?,"
+                    " replicas = CASE WHEN ? THEN NULL ELSE replicas END"
+                    " WHERE tenant = ? AND name = ?",
+                    (text, now, reset_replicas, tenant, name),
+                )
+            self._event(db, "deployment_applied", f"{tenant}/{name}", "spec stored")
+            return True
+
+    def deployments(self) -> list[tuple[str, str, dict[str, Any], int | None]]:
+        """(tenant, name, spec, replica count set by scale or the autoscaler) for each deployment."""
+        rows = self.db.execute(
+            "SELECT tenant, name, spec, replicas FROM deployments ORDER BY tenant, name"
+        )
+        return [(r[0], r[1], json.loads(r[2]), r[3]) for r in rows]
+
+    def set_deployment_replicas(self, tenant: str, name: str, replicas: int, why: str) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE deployments SET replicas = ?, updated = ? WHERE tenant = ? AND name = ?",
+                (replicas, time.time(), tenant, name),
+            )
+            self._event(db, "scaled", f"{tenant}/{name}", f"{replicas} replica(s): {why}")
+
+    def delete_deployment(self, tenant: str, name: str) -> bool:
+        with self.transaction() as db:
+            found = db.execute(
+                "DELETE FROM deployments WHERE tenant = ? AND name = ?", (tenant, name)
+            ).rowcount
+            if found:
+                self._event(db, "deployment_deleted", f"{tenant}/{name}", "deleted")
+            return bool(found)
 
     def cordons(self) -> dict[str, str]:
         return {r[0]: r[1] for r in self.db.execute("SELECT gpu, reason FROM cordons")}

@@ -180,9 +180,12 @@ class Turn:
         self._start: Any = None
         self._in_flight: deque[Any] = deque()
         self._gpu_s = 0.0
+        self._epoch = 0  # turns begun: threads at one yield point give the turn back only once
+        self._yield_lock = threading.Lock()
 
     def begin(self) -> None:
         self.client.acquire()
+        self._epoch += 1
         self._gpu_s = 0.0
         if self._torch is not None:
             self._start = self._torch.cuda.Event(enable_timing=True)
@@ -205,7 +208,12 @@ class Turn:
             self._in_flight.append(mark)
             while len(self._in_flight) > self.max_in_flight:
                 self._in_flight.popleft().synchronize()
-        if self.client.should_yield():
+        if not self.client.should_yield():
+            return
+        seen = self._epoch
+        with self._yield_lock:
+            if self._epoch != seen or not self.client.should_yield():
+                return  # another thread of this process already yielded for this request
             self._finish_gpu_work()
             self.client.release(self._gpu_s)
             self.yields += 1

@@ -63,6 +63,7 @@ class Replica:
     outstanding: int = 0
     down_until: float = 0.0
     served: int = 0
+    retired: bool = False  # taken out of the route: its connections are closed, not pooled
     idle: list[_Upstream] = field(default_factory=list)
 
     async def connect(self, fresh: bool) -> tuple[_Upstream, bool]:
@@ -87,6 +88,7 @@ class Route:
     timeout_s: float = 60.0
     cold_start_timeout_s: float = 120.0
     waiters: deque[asyncio.Future[Replica]] = field(default_factory=deque)
+    retiring: dict[str, Replica] = field(default_factory=dict)  # removed, requests still on them
     done: deque[tuple[float, float]] = field(default_factory=deque)  # (at, latency s)
     rejected: int = 0
     errors: int = 0
@@ -139,8 +141,13 @@ class Gateway:
                 setattr(route, key, float(raw[key]))
         wanted = {str(r["id"]): r for r in raw.get("replicas", [])}
         for rid in [k for k in route.replicas if k not in wanted]:
-            for conn in route.replicas.pop(rid).idle:
+            gone = route.replicas.pop(rid)
+            gone.retired = True
+            for conn in gone.idle:
                 conn.close()  # in-flight requests on it finish on their own connections
+            gone.idle.clear()
+            if gone.outstanding:
+                route.retiring[rid] = gone  # reported until its last request is answered
         for rid, r in wanted.items():
             rep = route.replicas.get(rid)
             if rep is None or (rep.host, rep.port) != (r.get("host", "127.0.0.1"), int(r["port"])):
@@ -176,7 +183,10 @@ class Gateway:
                     r.id: {"outstanding": r.outstanding, "served": r.served}
                     for r in route.replicas.values()
                 },
+                "retiring": {r.id: {"outstanding": r.outstanding} for r in route.retiring.values()},
             }
+            for rid in [k for k, r in route.retiring.items() if r.outstanding <= 0]:
+                del route.retiring[rid]
         return out
 
     # -- requests -------------------------------------------------------------------------------
@@ -317,7 +327,7 @@ class Gateway:
                 client.write(data)
             upstream_keep = False
             client.close()
-        if upstream_keep and len(replica.idle) < 64:
+        if upstream_keep and not replica.retired and len(replica.idle) < 64:
             replica.idle.append(conn)
         else:
             conn.close()

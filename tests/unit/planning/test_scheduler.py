@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -339,3 +340,24 @@ def test_busy_mig_instances_from_a_snapshot_are_not_handed_out_until_their_workl
         Decision("a/mine", "placed", mode="mig", gpus=(uuid,), mig=MigPlacement(0, "7g.141gb")),
     )
     assert s2.allocations("a/mine") and s2.state.violations(False, {}) == []
+
+
+def test_a_live_priority_change_reaches_preemption() -> None:
+    s = Scheduler(fleet(plain=1))
+    a = w("a", priority=10, count=1)
+    assert s.submit(a)[0].outcome == "placed"
+    assert s.update_live(dataclasses.replace(a, priority=90)) == []
+    decided = s.submit(w("b", priority=50, count=1))
+    assert decided[0].outcome == "pending"  # a now outranks b: not evicted
+    lowered = s.update_live(dataclasses.replace(a, priority=0))
+    assert lowered == [] and s.state.min_priority() == 0
+
+
+def test_a_pending_workload_raised_live_is_placed_with_preemption() -> None:
+    s = Scheduler(fleet(plain=1))
+    s.submit(w("x", priority=50, count=1))
+    y = w("y", priority=10, count=1)
+    assert s.submit(y)[0].outcome == "pending"
+    decided = s.update_live(dataclasses.replace(y, priority=90))
+    assert decided[0].outcome == "placed" and decided[0].workload.endswith("/y")
+    assert [d.workload.split("/")[1] for d in decided[1:]] == ["x"]  # evicted for it

@@ -1,0 +1,106 @@
+"""``/api/v1/deployments``: list, read, scale and delete deployments (applying one goes through the
+same manifest endpoint as workloads, ``POST /api/v1/deployments`` or ``/api/v1/workloads``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, HTTPException, Request
+
+from gpufrac.model.deployment import DeploymentSpec, deployment_to_json
+from gpufrac.serving.deployments import gateway_path, route_name
+
+if TYPE_CHECKING:
+    from gpufrac.api.app import AgentService
+    from gpufrac.api.tokens import Caller
+
+
+def deployment_view(service: AgentService, d: DeploymentSpec, scaled: int | None) -> dict[str, Any]:
+    deps = service.deployments
+    traffic = deps.traffic.get(route_name(d), {})
+    per_replica = traffic.get("replicas", {})
+    replicas = []
+    for r in deps.views(d, service.states):
+        st = service.states.get(f"{d.tenant}/{r.name}")
+        where = st.decision.gpus if st and st.decision else []
+        replicas.append(
+            {
+                **asdict(r),
+                "current": r.template == d.template_hash,
+                "gpus": list(where),
+                "mode": st.decision.mode if st and st.decision else None,
+                "outstanding": per_replica.get(r.name, {}).get("outstanding", 0),
+                "served": per_replica.get(r.name, {}).get("served", 0),
+            }
+        )
+    wanted = scaled if scaled is not None else d.replicas
+    return {
+        "tenant": d.tenant,
+        "name": d.name,
+        "url": deps.gateway_url + gateway_path(d),
+        "template": d.template_hash,
+        "replicas_wanted": wanted,
+        "replicas_ready": sum(1 for r in replicas if r["ready"] and not r["draining"]),
+        "replicas": replicas,
+        "traffic": {k: v for k, v in traffic.items() if k != "replicas"},
+        "spec": deployment_to_json(d),
+    }
+
+
+def add_deployment_routes(
+    app: FastAPI,
+    service: AgentService,
+    caller: Callable[[Request], Caller],
+    own: Callable[[Request, str, str], None],
+) -> None:
+    def find(tenant: str, name: str) -> tuple[DeploymentSpec, int | None]:
+        for d, scaled in service.deployments.specs():
+            if (d.tenant, d.name) == (tenant, name):
+                return d, scaled
+        raise HTTPException(404, f"no deployment {tenant}/{name}")
+
+    @app.get("/api/v1/deployments")
+    def list_deployments(request: Request) -> dict[str, Any]:
+        who = caller(request)
+        with service.lock:
+            return {
+                "deployments": [
+                    deployment_view(service, d, scaled)
+                    for d, scaled in service.deployments.specs()
+                    if who.may_see(d.tenant)
+                ]
+            }
+
+    @app.get("/api/v1/deployments/{tenant}/{name}")
+    def get_deployment(request: Request, tenant: str, name: str) -> dict[str, Any]:
+        own(request, tenant, name)
+        with service.lock:
+            out = deployment_view(service, *find(tenant, name))
+            out["events"] = [
+                asdict(e) for e in service.agent.store.events(f"{tenant}/{name}", limit=100)
+            ]
+            return out
+
+    @app.post("/api/v1/deployments/{tenant}/{name}/scale")
+    async def scale(request: Request, tenant: str, name: str) -> dict[str, Any]:
+        own(request, tenant, name)
+        body = await request.json()
+        replicas = body.get("replicas") if isinstance(body, dict) else None
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or not 0 <= replicas <= 1000:
+            raise HTTPException(422, "replicas: give a whole number from 0 to 1000")
+        with service.lock:
+            find(tenant, name)
+            service.deployments.scale(tenant, name, replicas)
+        service.wake()
+        return {"deployment": f"{tenant}/{name}", "replicas": replicas}
+
+    @app.delete("/api/v1/deployments/{tenant}/{name}")
+    def delete_deployment(request: Request, tenant: str, name: str) -> dict[str, Any]:
+        own(request, tenant, name)
+        with service.lock:
+            if not service.deployments.delete(tenant, name):
+                raise HTTPException(404, f"no deployment {tenant}/{name}")
+        service.wake()
+        return {"deleted": f"{tenant}/{name}"}

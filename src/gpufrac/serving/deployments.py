@@ -1,0 +1,332 @@
+"""Deployments under the agent: replicas as workloads, the gateway kept in step, the autoscaler run.
+
+Every reconcile pass, for each deployment: the replica count wanted (fixed ``replicas``, a ``scale``,
+or the autoscaler's), replica workloads of the current template created up to it (each a service with
+its own ``$PORT`` and a readiness check, placed by the scheduler like any workload), ready replicas
+given to the gateway, and replicas that should go (surplus, or of an old template once enough new ones
+are ready) taken out of the gateway first and deleted only once the gateway has no request left on them.
+So a rolling update starts new replicas before old ones drain, and scaling down loses no request.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from gpufrac.model.deployment import (
+    LABEL,
+    TEMPLATE_LABEL,
+    DeploymentSpec,
+    deployment_from_json,
+    deployment_to_json,
+)
+from gpufrac.model.workload import WorkloadSpec, spec_from_json
+from gpufrac.runtime.child_link import ChildLink
+from gpufrac.serving.autoscaler import BOOST, ScaleState, decide
+
+if TYPE_CHECKING:
+    from gpufrac.runtime.agent import Agent, WorkloadState
+
+DEFAULT_GATEWAY_PORT = 8480
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    name: str
+    template: str
+    port: int
+    phase: str
+    ready: bool
+    draining: bool
+
+
+class Deployments:
+    def __init__(
+        self, agent: Agent, *, gateway_port: int = DEFAULT_GATEWAY_PORT, host: str = "127.0.0.1"
+    ) -> None:
+        self.agent = agent
+        self.gateway_port, self.host = gateway_port, host
+        self.gateway = ChildLink(
+            "request gateway", "gpufrac.serving.gateway", agent.data_dir / "gateway.log"
+        )
+        self.scaling: dict[str, ScaleState] = {}
+        self.draining: dict[str, float] = {}  # replica key -> since
+        self.traffic: dict[str, Any] = {}  # the gateway's last reading, per deployment
+        self._sent: dict[str, str] = {}
+
+    # -- desired state --------------------------------------------------------------------------
+
+    def apply(self, spec: DeploymentSpec) -> str:
+        stored = {(t, n): s for t, n, s, _ in self.agent.store.deployments()}
+        before = stored.get((spec.tenant, spec.name))
+        changed = self.agent.store.put_deployment(
+            spec.tenant,
+            spec.name,
+            deployment_to_json(spec),
+            reset_replicas=before is not None
+            and spec.autoscale is None
+            and before.get("replicas") != spec.replicas,
+        )
+        if not changed:
+            return "unchanged"
+        return "created" if before is None else "updated"
+
+    def delete(self, tenant: str, name: str) -> bool:
+        if not self.agent.store.delete_deployment(tenant, name):
+            return False
+        for w in self._replicas(tenant, name):
+            self.agent.delete(w.tenant, w.name)
+        self._configure_gone(f"{tenant}/{name}")
+        return True
+
+    def scale(self, tenant: str, name: str, replicas: int) -> bool:
+        if not any((t, n) == (tenant, name) for t, n, _, _ in self.agent.store.deployments()):
+            return False
+        self.agent.store.set_deployment_replicas(tenant, name, replicas, "set by gpufrac scale")
+        return True
+
+    def specs(self) -> list[tuple[DeploymentSpec, int | None]]:
+        return [(deployment_from_json(s), r) for _, _, s, r in self.agent.store.deployments()]
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.host}:{self.gateway_port}"
+
+    # -- reconcile ------------------------------------------------------------------------------
+
+    def reconcile(self, states: dict[str, WorkloadState]) -> None:
+        deployments = self.specs()
+        if not deployments and not self.gateway.running:
+            return
+        self._ensure_gateway()
+        self.traffic = self._stats()
+        for spec, scaled in deployments:
+            self._reconcile_one(spec, scaled, states)
+        known = {d.key for d, _ in deployments}
+        for key in [k for k in self._sent if k not in known]:
+            self._configure_gone(key)
+
+    def _reconcile_one(
+        self, d: DeploymentSpec, scaled: int | None, states: dict[str, WorkloadState]
+    ) -> None:
+        now = time.monotonic()
+        traffic = self.traffic.get(route_name(d), {})
+        replicas = self.views(d, states)
+        current = [r for r in replicas if r.template == d.template_hash and not r.draining]
+        want = self._wanted(d, scaled, current, traffic, now)
+        have = {int(r.name.rsplit("-", 1)[1]) for r in current}
+        for index in [i for i in range(want * 2 + 1) if i not in have][
+            : max(0, want - len(current))
+        ]:
+            self.agent.apply(d.replica_spec(index, self._free_port()))
+        # surplus replicas of this template: those not ready first, then the highest indexes
+        surplus = sorted(current, key=lambda r: (r.ready, -int(r.name.rsplit("-", 1)[1])))
+        retire = [r.name for r in surplus[: max(0, len(current) - want)]]
+        # replicas of an old template: one not ready serves nothing and goes at once; a ready one goes
+        # only while the ready replicas left still number at least ``want`` (new before old)
+        old = [r for r in replicas if r.template != d.template_hash and not r.draining]
+        retire += [r.name for r in old if not r.ready]
+        ready_old = [r for r in old if r.ready]
+        ready_new = sum(1 for r in current if r.ready and r.name not in retire)
+        spare = len(ready_old) if want == 0 else max(0, ready_new + len(ready_old) - want)
+        retire += [r.name for r in ready_old[:spare]]
+        for name in retire:
+            self.draining.setdefault(f"{d.tenant}/{name}", now)
+        serving = [r for r in replicas if r.ready and f"{d.tenant}/{r.name}" not in self.draining]
+        self._configure(d, serving, states)
+        self._finish_draining(d, traffic, now)
+
+    def _wanted(
+        self,
+        d: DeploymentSpec,
+        scaled: int | None,
+        current: list[ReplicaView],
+        traffic: dict[str, Any],
+        now: float,
+    ) -> int:
+        if d.autoscale is None:
+            return scaled if scaled is not None else (d.replicas or 0)
+        state = self.scaling.setdefault(d.key, ScaleState())
+        count = scaled if scaled is not None else len(current)
+        decision = decide(
+            d.autoscale,
+            state,
+            now,
+            count,
+            int(traffic.get("in_flight", 0)),
+            int(traffic.get("queued", 0)),
+            traffic.get("p99_ms"),
+            can_boost=bool(current),
+        )
+        if decision.why:
+            self.agent.store.record_event("autoscaler", d.key, decision.why)
+        if decision.boosted != self._boosted(d, current):
+            weight = d.template.weight * (BOOST if decision.boosted else 1)
+            for r in current:
+                stored = self.agent.store.workload(d.tenant, r.name)
+                if stored is not None:  # a QoS change: applied live, no restart
+                    self.agent.apply(replace(spec_from_json(stored.spec), weight=weight))
+        if decision.replicas != scaled:
+            self.agent.store.set_deployment_replicas(
+                d.tenant, d.name, decision.replicas, decision.why or "autoscaler"
+            )
+        return decision.replicas
+
+    def _boosted(self, d: DeploymentSpec, current: list[ReplicaView]) -> bool:
+        for r in current:
+            stored = self.agent.store.workload(d.tenant, r.name)
+            if stored is not None:
+                return int(stored.spec.get("weight", 1)) > d.template.weight
+        return False
+
+    def _finish_draining(self, d: DeploymentSpec, traffic: dict[str, Any], now: float) -> None:
+        """Delete a retired replica once the gateway holds no request on it (or after the timeout)."""
+        busy = {**traffic.get("retiring", {}), **traffic.get("replicas", {})}
+        for key in [k for k in self.draining if k.split("/", 1)[0] == d.tenant]:
+            name = key.split("/", 1)[1]
+            if not name.startswith(f"{d.name}-"):
+                continue
+            outstanding = int(busy.get(name, {}).get("outstanding", 0))
+            if outstanding and now - self.draining[key] < d.timeout_seconds:
+                continue
+            self.agent.delete(d.tenant, name)
+            self.agent.store.record_event("replica_removed", d.key, f"{name} drained and deleted")
+            del self.draining[key]
+
+    # -- replicas -------------------------------------------------------------------------------
+
+    def _replicas(self, tenant: str, name: str) -> list[WorkloadSpec]:
+        out = []
+        for w in self.agent.store.workloads():
+            if w.tenant == tenant and (w.spec.get("labels") or {}).get(LABEL) == name:
+                out.append(spec_from_json(w.spec))
+        return out
+
+    def views(self, d: DeploymentSpec, states: dict[str, WorkloadState]) -> list[ReplicaView]:
+        out = []
+        for w in self._replicas(d.tenant, d.name):
+            key = f"{w.tenant}/{w.name}"
+            st = states.get(key)
+            phase = st.phase if st else "pending"
+            out.append(
+                ReplicaView(
+                    name=w.name,
+                    template=w.labels.get(TEMPLATE_LABEL, ""),
+                    port=int(w.env.get("PORT", "0")),
+                    phase=phase,
+                    ready=phase == "running",
+                    draining=key in self.draining,
+                )
+            )
+        return sorted(out, key=lambda r: r.name)
+
+    def _free_port(self) -> int:
+        used = {
+            int(w.spec.get("env", {}).get("PORT", 0))
+            for w in self.agent.store.workloads()
+            if (w.spec.get("labels") or {}).get(LABEL)
+        }
+        for _ in range(100):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in used and port != self.gateway_port:
+                return port
+        raise RuntimeError("no free port for a replica")
+
+    # -- the gateway ----------------------------------------------------------------------------
+
+    def _ensure_gateway(self) -> None:
+        if self.gateway.running:
+            return
+        try:
+            self.gateway.start(["--host", self.host, "--port", str(self.gateway_port)])
+        except RuntimeError as e:
+            self.agent.store.record_event("gateway_error", "gateway", str(e))
+            return
+        self._sent = {}
+        self.agent.store.record_event("gateway_started", "gateway", self.gateway_url)
+
+    def _stats(self) -> dict[str, Any]:
+        if not self.gateway.running:
+            return {}
+        try:
+            return self.gateway.call("T")
+        except OSError:
+            self.gateway.close()
+            return {}
+
+    def _configure(
+        self, d: DeploymentSpec, serving: list[ReplicaView], states: dict[str, WorkloadState]
+    ) -> None:
+        busy = self._gpu_busy(d, serving, states)
+        msg = {
+            "name": route_name(d),
+            "replicas": [
+                {"id": r.name, "port": r.port, "busy": busy.get(r.name, 0.0)} for r in serving
+            ],
+            "max_concurrency": d.max_concurrency,
+            "queue_limit": d.queue_limit,
+            "timeout_s": d.timeout_seconds,
+            "cold_start_timeout_s": max(d.timeout_seconds, 120.0),
+        }
+        line = "C " + _json(msg)
+        if self._sent.get(d.key) == line or not self.gateway.running:
+            return
+        try:
+            self.gateway.call(line)
+            self._sent[d.key] = line
+        except OSError:
+            self.gateway.close()
+
+    def _configure_gone(self, key: str) -> None:
+        tenant, name = key.split("/", 1)
+        self._sent.pop(key, None)
+        if self.gateway.running:
+            try:
+                self.gateway.call(f"X {route_name_of(tenant, name)}")
+            except OSError:
+                self.gateway.close()
+
+    def _gpu_busy(
+        self, d: DeploymentSpec, serving: list[ReplicaView], states: dict[str, WorkloadState]
+    ) -> dict[str, float]:
+        """Each replica's SM utilization (0..1) where NVML reports it per process (time-sliced GPUs)."""
+        from gpufrac.runtime.agent import workload_memory_mib
+
+        out: dict[str, float] = {}
+        for r in serving:
+            st = states.get(f"{d.tenant}/{r.name}")
+            dec = st.decision if st else None
+            if dec is None or dec.mode != "timeslice" or not dec.gpus or dec.mig:
+                continue
+            use = workload_memory_mib(self.agent, d.tenant, r.name)
+            by_pid = self.agent.health.process_utilization(dec.gpus[0])
+            if use is not None and by_pid:
+                out[r.name] = min(1.0, sum(by_pid.get(p, 0) for p in use.pids) / 100)
+        return out
+
+    def close(self) -> None:
+        self.gateway.close()
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def route_name_of(tenant: str, name: str) -> str:
+    """The gateway's name for a deployment: ``NAME``, or ``TENANT.NAME`` outside the default tenant
+    (a DNS label has no dot, so the two cannot clash)."""
+    return name if tenant == "default" else f"{tenant}.{name}"
+
+
+def route_name(d: DeploymentSpec) -> str:
+    return route_name_of(d.tenant, d.name)
+
+
+def gateway_path(d: DeploymentSpec) -> str:
+    """Where the deployment is served: ``/serve/NAME`` (``/serve/TENANT.NAME`` outside default)."""
+    return f"/serve/{route_name(d)}"
