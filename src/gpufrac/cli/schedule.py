@@ -54,17 +54,6 @@ def _load(files: list[Path]) -> list[WorkloadSpec | DeploymentSpec]:
     return specs
 
 
-def _only_workloads(objects: list[WorkloadSpec | DeploymentSpec]) -> list[WorkloadSpec]:
-    for o in objects:
-        if not isinstance(o, WorkloadSpec):
-            raise InputError(
-                f"deployment {o.tenant}/{o.name}: gpufrac up runs workloads",
-                field="FILE",
-                fix="run deployments under the agent: gpufrac agent, then gpufrac apply -f FILE",
-            )
-    return [o for o in objects if isinstance(o, WorkloadSpec)]
-
-
 def _workloads(objects: list[WorkloadSpec | DeploymentSpec]) -> list[WorkloadSpec]:
     """Workloads as they are, and each deployment as the replicas it starts with."""
     out: list[WorkloadSpec] = []

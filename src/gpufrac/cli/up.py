@@ -19,9 +19,12 @@ from rich.live import Live
 from rich.table import Table
 
 from gpufrac.cli.common import DataDirOpt, SimulateOpt, console, handled_errors
-from gpufrac.cli.schedule import _load, _only_workloads, _settings
+from gpufrac.cli.schedule import _load, _settings
+from gpufrac.cli.up_serving import ServingRun
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.devices.nvml import NvmlDevices
+from gpufrac.errors import InputError
+from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.runs import read_json
@@ -43,17 +46,39 @@ def up_command(
     settings_file: Annotated[
         Path | None, typer.Option("--settings", help="Operator settings file.")
     ] = None,
+    load: Annotated[
+        str | None,
+        typer.Option(
+            "--load",
+            help="Send traffic to the (first) deployment: concurrent clients per step, e.g. 1,12,1.",
+        ),
+    ] = None,
+    load_step: Annotated[float, typer.Option("--load-step", help="Seconds per load step.")] = 5.0,
+    gateway_port: Annotated[
+        int, typer.Option("--gateway-port", help="Port of the request gateway for deployments.")
+    ] = 8480,
     simulate: SimulateOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Run manifests on this machine with a live view (the agent in the foreground)."""
+    """Run manifests on this machine with a live view (the agent in the foreground). Deployments get
+    the request gateway and the autoscaler; --load drives traffic to show them working."""
     from gpufrac.cli.app import devices_or_simulated
 
     with handled_errors():
-        specs = _only_workloads(_load(files))
+        objects = _load(files)
+        specs = [o for o in objects if isinstance(o, WorkloadSpec)]
+        deployments = [o for o in objects if isinstance(o, DeploymentSpec)]
+        steps = _load_steps(load, deployments)
         cfg = _settings(settings_file, data_dir)
         dev = devices_or_simulated(simulate, data_dir)
         agent = Agent(resolve_data_dir(data_dir), dev, cfg, stop_grace=5)
+    serving = (
+        ServingRun(
+            agent, deployments, gateway_port=gateway_port, load=steps, step_seconds=load_step
+        )
+        if deployments
+        else None
+    )
     started = time.monotonic()
     since = time.time()  # the summary counts this run's events, not an earlier run's
     states: dict[str, WorkloadState] = {}
@@ -67,17 +92,25 @@ def up_command(
         keys = {f"{s.tenant}/{s.name}" for s in specs}
         with Live(console=console, refresh_per_second=4, transient=False) as live:
             while True:
-                states = {s.key: s for s in agent.reconcile() if s.key in keys}
-                live.update(_view(dev, specs, states, time.monotonic() - started))
+                every = {s.key: s for s in agent.reconcile()}
+                states = {k: s for k, s in every.items() if k in keys}
+                view = _view(dev, specs, states, time.monotonic() - started)
+                if serving is not None:
+                    serving.reconcile(every)
+                    view = Group(view, serving.table())
+                live.update(view)
                 if duration is not None and time.monotonic() - started >= duration:
                     break
-                if until_done and _done(specs, states):
+                if until_done and _done(specs, states) and (serving is None or serving.done):
                     break
                 time.sleep(0.5)
     except KeyboardInterrupt:
         console.print("interrupted")
     finally:
         _summary(agent, specs, states, since)
+        if serving is not None:
+            serving.summary()
+            serving.close(keep=keep)
         if not keep:
             for spec in specs:
                 agent.delete(spec.tenant, spec.name)
@@ -85,6 +118,22 @@ def up_command(
         agent.close()
         dev.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _load_steps(text: str | None, deployments: list[DeploymentSpec]) -> list[int]:
+    if text is None:
+        return []
+    if not deployments:
+        raise InputError("there is no deployment to send traffic to", field="--load")
+    try:
+        steps = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        steps = []
+    if not steps or min(steps) < 0:
+        raise InputError(
+            f"{text!r} is not a list of client counts", field="--load", fix="like 1,12,1"
+        )
+    return steps
 
 
 def _done(specs: list[WorkloadSpec], states: dict[str, WorkloadState]) -> bool:

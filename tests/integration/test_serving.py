@@ -1,0 +1,176 @@
+"""Deployments end to end: a real agent (simulated GPUs), real replica processes, real HTTP through the
+gateway. Traffic comes from the project's own load generator (``gpufrac load``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpufrac.cli.serve_cmds import run_load
+from tests.integration.conftest import RunningAgent
+
+ROOT = Path(__file__).resolve().parents[2]
+BODY = b'{"inputs": [1, 2, 3]}'
+
+
+def deployment(name: str, model: str, extra: str, *, env: str = "") -> str:
+    return f"""
+apiVersion: gpufrac/v1
+kind: Deployment
+metadata: {{name: {name}}}
+spec:
+  template:
+    model: examples.serving.models:{model}
+    workdir: {ROOT}
+    resources: {{gpu: {{fraction: 0.2}}}}
+    sharing: timeslice
+    env: {{MARK: "{env}"}}
+{extra}
+"""
+
+
+def apply(agent: RunningAgent, text: str) -> dict[str, Any]:
+    r = httpx.post(agent.url + "/api/v1/deployments", content=text, timeout=30)
+    assert r.status_code == 200, r.text
+    result: dict[str, Any] = r.json()["results"][0]
+    return result
+
+
+def view(agent: RunningAgent, name: str) -> dict[str, Any]:
+    r = httpx.get(f"{agent.url}/api/v1/deployments/default/{name}", timeout=10)
+    assert r.status_code == 200, r.text
+    data: dict[str, Any] = r.json()
+    return data
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def ready(agent: RunningAgent, name: str) -> int:
+    return int(view(agent, name)["replicas_ready"])
+
+
+def load(url: str, steps: list[int], seconds: float) -> list[dict[str, Any]]:
+    return asyncio.run(run_load(url, BODY, steps, seconds, lambda n, got: None))
+
+
+def test_requests_are_spread_and_a_dying_replica_costs_no_request(agent: RunningAgent) -> None:
+    apply(agent, deployment("spread", "echo_sum", "  replicas: 3"))
+    wait_for(lambda: ready(agent, "spread") == 3, what="3 ready replicas")
+    url = f"{agent.gateway}/serve/spread/predict"
+    r = httpx.post(url, content=BODY, timeout=10)
+    assert r.status_code == 200 and r.json() == {"outputs": 6}
+    rows = load(url, [6], 2.0)
+    assert rows[0]["non_2xx"] == 0 and rows[0]["requests"] > 100
+    served = [r["served"] for r in view(agent, "spread")["replicas"]]
+    assert len(served) == 3 and min(served) > 0.15 * sum(served), (
+        served
+    )  # every replica took a share
+    # kill one replica's process group while 6 clients keep sending: the gateway retries elsewhere
+    victim = view(agent, "spread")["replicas"][0]["name"]
+    runs = sorted((agent.data_dir / "runs" / "default" / victim).glob("g*-*"))
+    pid = int((runs[-1] / "child.json").read_text().split('"pid": ')[1].split(",")[0])
+    result: list[list[dict[str, Any]]] = []
+    t = threading.Thread(target=lambda: result.append(load(url, [6], 3.0)))
+    t.start()
+    time.sleep(1.0)
+    os.killpg(pid, signal.SIGKILL)
+    t.join(timeout=30)
+    assert result and result[0][0]["non_2xx"] == 0 and result[0][0]["requests"] > 100
+    assert view(agent, "spread")["traffic"]["errors"] == 0
+
+
+def test_429_comes_only_when_the_queue_is_full(agent: RunningAgent) -> None:
+    extra = "  replicas: 1\n  max_concurrency: 1\n  queue_limit: 4"
+    apply(agent, deployment("narrow", "slow_sum", extra))
+    wait_for(lambda: ready(agent, "narrow") == 1, what="a ready replica")
+    url = f"{agent.gateway}/serve/narrow/predict"
+    within = load(url, [5], 1.5)[0]  # 1 in the replica + 4 waiting: the queue holds them all
+    assert within["non_2xx"] == 0 and within["requests"] > 20
+    over = load(url, [12], 1.5)[0]
+    assert over["non_2xx"] > 0
+    r = httpx.post(url, content=BODY, timeout=10)  # and after the burst, all is well again
+    assert r.status_code == 200
+    with httpx.Client(timeout=10) as c:
+        burst: list[httpx.Response] = []
+        threads = [
+            threading.Thread(target=lambda: burst.append(c.post(url, content=BODY)))
+            for _ in range(12)
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    rejected = [r for r in burst if r.status_code == 429]
+    assert rejected and all(r.headers.get("retry-after") == "1" for r in rejected)
+    assert all(r.status_code in (200, 429) for r in burst)
+
+
+def test_autoscaling_up_down_and_to_zero_with_a_cold_start(agent: RunningAgent) -> None:
+    extra = (
+        "  autoscale: {min_replicas: 0, max_replicas: 3, target_in_flight: 1,"
+        " scale_up_delay_seconds: 0.5, scale_down_delay_seconds: 1,"
+        " scale_to_zero_delay_seconds: 2, traffic_history_seconds: 1}\n"
+        "  max_concurrency: 2"
+    )
+    apply(agent, deployment("elastic", "slow_sum", extra))
+    time.sleep(1.5)
+    assert view(agent, "elastic")["replicas"] == []  # min 0: nothing runs before traffic
+    url = f"{agent.gateway}/serve/elastic/predict"
+    started = time.monotonic()
+    r = httpx.post(url, content=BODY, timeout=60)  # held by the gateway while a replica starts
+    assert r.status_code == 200 and r.json() == {"outputs": 6}
+    cold = time.monotonic() - started
+    rows = load(url, [4, 4, 4], 2.0)
+    assert all(row["non_2xx"] == 0 for row in rows)
+    assert max(int(r["replicas_wanted"] or 0) for r in [view(agent, "elastic")]) >= 2
+    wait_for(lambda: ready(agent, "elastic") >= 2, timeout=30, what="a second replica")
+    wait_for(lambda: not view(agent, "elastic")["replicas"], timeout=60, what="scale to zero")
+    kinds = [e["message"] for e in view(agent, "elastic")["events"] if e["kind"] == "scaled"]
+    assert any("cold start" in k for k in kinds) and kinds[-1].startswith("0 replica")
+    assert cold < 30
+
+
+def test_a_rolling_update_drops_no_request(agent: RunningAgent) -> None:
+    apply(agent, deployment("rolling", "echo_sum", "  replicas: 2", env="one"))
+    wait_for(lambda: ready(agent, "rolling") == 2, what="2 ready replicas")
+    old = view(agent, "rolling")["template"]
+    url = f"{agent.gateway}/serve/rolling/predict"
+    result: list[list[dict[str, Any]]] = []
+    t = threading.Thread(target=lambda: result.append(load(url, [4, 4, 4, 4, 4], 2.0)))
+    t.start()
+    time.sleep(1.0)
+    assert (
+        apply(agent, deployment("rolling", "echo_sum", "  replicas: 2", env="two"))["result"]
+        == "updated"
+    )
+
+    def rolled() -> bool:
+        v = view(agent, "rolling")
+        return v["template"] != old and all(r["template"] == v["template"] for r in v["replicas"])
+
+    wait_for(rolled, timeout=60, what="only new replicas left")
+    t.join(timeout=60)
+    assert result and all(row["non_2xx"] == 0 and row["requests"] > 0 for row in result[0])
+    assert ready(agent, "rolling") == 2
+
+
+@pytest.fixture(autouse=True)
+def _kill_gateway_children(agent: RunningAgent) -> Any:
+    yield
+    agent.proc.kill()  # the gateway and the arbiter follow their agent out
