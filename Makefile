@@ -13,9 +13,11 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 # The main job: small real workloads under the agent, on the local GPUs or (without a driver) the
-# simulated fleet; `python` in the manifests is this venv's.
+# simulated fleet; `python` in the manifests is this venv's. Then a model deployment under a burst
+# of traffic from the built-in load generator: replicas scale up, then down.
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(BIN)/gpufrac up examples/quickstart.yaml --until-done
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(BIN)/gpufrac up examples/serving/deployment.yaml --until-done --load 1,12,12,12,1,1,1 --load-step 4
 
 test: $(STAMP) lint typecheck unit
 

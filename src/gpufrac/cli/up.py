@@ -194,6 +194,8 @@ def _view(
 def _summary(
     agent: Agent, specs: list[WorkloadSpec], states: dict[str, WorkloadState], since: float
 ) -> None:
+    if not specs:
+        return  # deployments only: their own summary follows
     t = Table(title="summary", title_justify="left")
     cols = (
         "workload",
