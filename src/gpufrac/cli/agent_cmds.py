@@ -294,12 +294,16 @@ def _share_text(q: dict[str, Any]) -> str:
 
 
 def delete_command(
-    name: Annotated[str, typer.Argument(help="The workload's name.")],
+    name: Annotated[str, typer.Argument(help="The workload's (or deployment's) name.")],
     tenant: TenantOpt = "default",
+    deployment: Annotated[
+        bool, typer.Option("--deployment", help="Delete the deployment NAME and its replicas.")
+    ] = False,
     server: ServerOpt = None,
 ) -> None:
-    """Delete a workload (its processes are stopped)."""
-    _call("DELETE", server, f"/api/v1/workloads/{tenant}/{name}")
+    """Delete a workload (its processes are stopped), or with --deployment a deployment."""
+    kind = "deployments" if deployment else "workloads"
+    _call("DELETE", server, f"/api/v1/{kind}/{tenant}/{name}")
     console.print(f"{tenant}/{name} deleted")
 
 
