@@ -23,7 +23,7 @@ Targets (the issue): the gateway adds no more latency at p50 than the aiohttp ba
 at least its throughput; a new replica serves within 10 s of sustained overload; zero non-2xx below
 capacity, and no request lost during scale-down.
 
-Run: .venv/bin/python bench/gateway.py [--quick]   (about 3 minutes; --quick about 1.5)
+Run: .venv/bin/python bench/gateway.py [--quick]   (about 2 minutes; --quick about 1.5)
 """
 
 from __future__ import annotations
@@ -175,10 +175,14 @@ def ensure_wrk() -> str | None:
     if os.geteuid() == 0 and shutil.which("apt-get"):
         print("wrk is missing: apt-get install -y wrk", flush=True)
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
-        if subprocess.run(["apt-get", "install", "-y", "wrk"], **quiet).returncode != 0:  # type: ignore[call-overload]
-            subprocess.run(["apt-get", "update"], **quiet)  # type: ignore[call-overload]
-            subprocess.run(["apt-get", "install", "-y", "wrk"], **quiet)  # type: ignore[call-overload]
+
+        def apt(*args: str) -> int:
+            done = subprocess.run(["apt-get", *args], env=env, capture_output=True, check=False)
+            return done.returncode
+
+        if apt("install", "-y", "wrk") != 0:
+            apt("update")  # an image without package lists
+            apt("install", "-y", "wrk")
         return shutil.which("wrk")
     print(
         "wrk is not installed and this is not root: install it with `sudo apt-get install -y wrk`"
@@ -375,13 +379,14 @@ async def drive(
 
     poller = asyncio.ensure_future(poll())
     t0 = time.monotonic()
+    wall = time.time() - t0  # to place the agent's events (wall clock) on this timeline
     last[0] = t0
     try:
         rows = await run_load(url, BODY, steps, step_s, on_second)
     finally:
         done.set()
         await poller
-    return rows, ticks, [records, step_starts], polls, t0
+    return rows, ticks, [records, step_starts, wall], polls, t0
 
 
 def autoscaling(quick: bool, tmp: Path) -> dict[str, Any]:
@@ -429,7 +434,7 @@ def autoscaling(quick: bool, tmp: Path) -> dict[str, Any]:
                     raise RuntimeError(f"no replica ready in 90 s: {d}")
                 time.sleep(0.2)
             first_ready_s = time.monotonic() - t_apply
-        rows, ticks, (records, step_starts), polls, t0 = asyncio.run(
+        rows, ticks, (records, step_starts, wall), polls, t0 = asyncio.run(
             drive(api, name, url, steps, step_s)
         )
         with httpx.Client(timeout=30) as client:
@@ -451,6 +456,7 @@ def autoscaling(quick: bool, tmp: Path) -> dict[str, Any]:
         "step_starts": step_starts,
         "polls": polls,
         "t0": t0,
+        "wall": wall,
         "first_ready_s": first_ready_s,
         "final": final,
     }
@@ -567,6 +573,12 @@ def report_autoscaling(a: dict[str, Any]) -> list[bool]:
         )
     else:
         print("scale-down: did not start within the load")
+    if overload is not None:
+        print("autoscaler events (seconds from the start of the overload):")
+        for e in sorted(a["final"].get("events", []), key=lambda e: e["at"]):
+            at = e["at"] - a["wall"] - overload
+            if e["kind"] in ("autoscaler", "scaled", "replica_removed") and at > -1:
+                print(f"  {at:+6.1f} s  {e['kind']}: {e['message']}")
     tr = a["final"].get("traffic") or {}
     print(
         f"gateway counters: {tr.get('rejected', 0)} rejected (429), {tr.get('errors', 0)} errors, "

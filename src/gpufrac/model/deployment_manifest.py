@@ -34,7 +34,7 @@ DEPLOYMENT_FIELDS = (
 )
 MODEL_FIELDS = ("model", "max_batch_size", "max_wait_ms")
 # A replica is always a service that the agent health-checks on $PORT: these workload fields do not apply.
-NOT_IN_TEMPLATE = ("type", "health", "backoff_limit", "deadline_seconds")
+NOT_IN_TEMPLATE = ("type", "health", "backoff_limit", "deadline_seconds", "restart")
 AUTOSCALE_FIELDS = (
     "min_replicas",
     "max_replicas",
@@ -102,6 +102,12 @@ def parse_deployment(
                 field=join(where, key),
                 fix="batch inside your own server, or use model:",
             )
+    if isinstance(raw.get("env"), dict) and "PORT" in raw["env"]:
+        raise InputError(
+            "sets PORT",
+            field=join(join(where, "env"), "PORT"),
+            fix="remove it: gpufrac gives each replica its own $PORT",
+        )
     workload = {k: v for k, v in raw.items() if k not in MODEL_FIELDS}
     workload["type"] = "service"
     if model is not None:

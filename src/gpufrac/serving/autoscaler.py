@@ -13,8 +13,8 @@ use (docs/serving.md):
   the weight goes back down when the load is below target for ``scale_down_delay_seconds``.
 * **down**: when the load averaged over ``traffic_history_seconds`` needs fewer replicas for
   ``scale_down_delay_seconds``, to that many (at least ``min_replicas``, and at least 1 while there is
-  any traffic); to zero only after ``scale_to_zero_delay_seconds`` without any request, and only if
-  ``min_replicas`` is 0.
+  any traffic); to zero only after ``scale_to_zero_delay_seconds`` (and at least
+  ``scale_down_delay_seconds``) without any request, and only if ``min_replicas`` is 0.
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ def decide(
     floor = policy.min_replicas
     if current < floor:
         return ScaleDecision(floor, state.boosted, f"below min_replicas {floor}")
+    if current > policy.max_replicas:
+        return ScaleDecision(
+            policy.max_replicas, state.boosted, f"above max_replicas {policy.max_replicas}"
+        )
     if current == 0:
         if queued or in_flight:
             return ScaleDecision(1, state.boosted, "a request is waiting: cold start")
@@ -91,7 +95,15 @@ def decide(
         why = f"p99 {p99_ms:.0f} ms over {policy.p99_latency_ms:g} ms" if slow else f"load {load:g}"
         return ScaleDecision(min(want, policy.max_replicas), state.boosted, why)
     state.above_since = None
-    wanted = max(floor, math.ceil(average / policy.target_in_flight))
+    if slow:  # at max_replicas and still missing the objective: nothing to give back
+        state.below_since = None
+        return ScaleDecision(current, state.boosted, "")
+    quiet = max(policy.scale_to_zero_delay_seconds, policy.scale_down_delay_seconds)
+    idle = state.idle_since is not None and now - state.idle_since >= quiet
+    if current == 1 and floor == 0 and idle and not state.boosted:
+        state.below_since = None  # the last replica goes on the idle clock alone
+        return ScaleDecision(0, False, f"no request for {quiet:g}s")
+    wanted = max(floor, 1, math.ceil(average / policy.target_in_flight))
     if wanted < current or (state.boosted and load <= policy.target_in_flight * current / 2):
         if state.below_since is None:
             state.below_since = now
@@ -101,13 +113,6 @@ def decide(
         if state.boosted:
             state.boosted = False
             return ScaleDecision(current, False, "load fell: QoS weight back")
-        if wanted == 0:
-            idle = (
-                state.idle_since is not None
-                and now - state.idle_since >= policy.scale_to_zero_delay_seconds
-            )
-            if not idle:
-                wanted = 1
         if wanted < current:
             return ScaleDecision(
                 wanted, False, f"load averaged {average:g} over {policy.traffic_history_seconds:g}s"

@@ -133,9 +133,10 @@ class Gateway:
     def configure(self, raw: dict[str, Any]) -> None:
         name = str(raw["name"])
         route = self.routes.setdefault(name, Route(name))
-        for key in ("max_concurrency", "queue_limit"):
-            if key in raw:
-                setattr(route, key, max(1, int(raw[key])))
+        if "max_concurrency" in raw:
+            route.max_concurrency = max(1, int(raw["max_concurrency"]))
+        if "queue_limit" in raw:
+            route.queue_limit = max(0, int(raw["queue_limit"]))  # 0: a 429 as soon as all are busy
         for key in ("timeout_s", "cold_start_timeout_s"):
             if key in raw:
                 setattr(route, key, float(raw[key]))

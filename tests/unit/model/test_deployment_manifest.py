@@ -268,11 +268,6 @@ def test_replicas_differ_only_by_index_and_port() -> None:
     assert (a.command, a.gpu, a.priority) == (b.command, b.gpu, b.priority)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="deployment_manifest accepts spec.template.restart but DeploymentSpec.replica_spec "
-    "always overwrites it with 'always': the field is silently ignored",
-)
 def test_template_restart_is_honoured_or_rejected() -> None:
     changes = {"spec.template.restart": "never"}
     try:
