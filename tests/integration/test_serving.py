@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -174,3 +175,56 @@ def test_a_rolling_update_drops_no_request(agent: RunningAgent) -> None:
 def _kill_gateway_children(agent: RunningAgent) -> Any:
     yield
     agent.proc.kill()  # the gateway and the arbiter follow their agent out
+
+
+def test_a_model_replica_batches_concurrent_requests(agent: RunningAgent) -> None:
+    text = (
+        deployment("batched", "echo_sum", "  replicas: 1")
+        .replace(
+            "examples.serving.models:echo_sum", "tests.integration.serving_fixtures:batch_sizes"
+        )
+        .replace("    workdir:", "    max_batch_size: 4\n    max_wait_ms: 50\n    workdir:")
+    )
+    apply(agent, text)
+    wait_for(lambda: ready(agent, "batched") == 1, what="a ready replica")
+    url = f"{agent.gateway}/serve/batched/predict"
+    sizes: list[int] = []
+    with httpx.Client(timeout=30) as c:
+        threads = [
+            threading.Thread(
+                target=lambda: sizes.append(c.post(url, content=BODY).json()["outputs"])
+            )
+            for _ in range(8)
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    assert len(sizes) == 8 and max(sizes) > 1 and max(sizes) <= 4, sizes
+
+
+def test_a_command_server_on_port_streams_through_the_gateway(agent: RunningAgent) -> None:
+    text = f"""
+apiVersion: gpufrac/v1
+kind: Deployment
+metadata: {{name: streamer}}
+spec:
+  template:
+    command: [python, -m, tests.integration.serving_fixtures, chunked]
+    workdir: {ROOT}
+    resources: {{gpu: {{fraction: 0.2}}}}
+    sharing: timeslice
+  replicas: 1
+"""
+    apply(agent, text.replace("[python,", f"[{sys.executable},"))
+    wait_for(lambda: ready(agent, "streamer") == 1, what="the server listening on $PORT")
+    arrived: list[float] = []
+    chunks: list[bytes] = []
+    with httpx.stream("GET", f"{agent.gateway}/serve/streamer/stream", timeout=30) as r:
+        assert r.status_code == 200 and r.headers.get("transfer-encoding") == "chunked"
+        for chunk in r.iter_raw():
+            arrived.append(time.monotonic())
+            chunks.append(chunk)
+    body = b"".join(chunks).decode()
+    assert [line.split(" at ")[0] for line in body.splitlines()] == ["part 0", "part 1", "part 2"]
+    assert arrived[-1] - arrived[0] > 0.4  # passed on as they came, not all at the end

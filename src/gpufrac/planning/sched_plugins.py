@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpufrac.model.catalog import GpuModel
+from gpufrac.model.deployment import LABEL as DEPLOYMENT_LABEL
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.units import format_mib
 from gpufrac.model.workload import MILLI, WorkloadSpec
@@ -156,4 +157,21 @@ def mig_fit(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> int:
     return -max(0, c.need.memory_mib - asked) * MILLI // max(1, g.total_mib)
 
 
-SCORES: tuple[Score, ...] = (packing, tenant_isolation, mig_fit)
+def replica_spread(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> int:
+    """Replicas of one deployment go to different GPUs where they fit: a new replica should add GPU
+    time, not split a GPU its siblings already keep busy. Outweighs packing; never a filter."""
+    group = spec.labels.get(DEPLOYMENT_LABEL)
+    if group is None:
+        return 0
+    g = s.state.gpus[c.gpu]
+    siblings = sum(
+        1
+        for key in g.allocs
+        if key in s.specs
+        and s.specs[key].tenant == spec.tenant
+        and s.specs[key].labels.get(DEPLOYMENT_LABEL) == group
+    )
+    return -4 * MILLI * siblings
+
+
+SCORES: tuple[Score, ...] = (packing, tenant_isolation, mig_fit, replica_spread)

@@ -187,8 +187,8 @@ class Deployments:
         busy = {**traffic.get("retiring", {}), **traffic.get("replicas", {})}
         for key in [k for k in self.draining if k.split("/", 1)[0] == d.tenant]:
             name = key.split("/", 1)[1]
-            if not name.startswith(f"{d.name}-"):
-                continue
+            if not name.startswith(f"{d.name}-") or self.draining[key] >= now:
+                continue  # taken out of the gateway this pass: judged on the next pass's reading
             outstanding = int(busy.get(name, {}).get("outstanding", 0))
             if outstanding and now - self.draining[key] < d.timeout_seconds:
                 continue

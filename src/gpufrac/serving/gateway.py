@@ -262,6 +262,10 @@ class Gateway:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self._release(route, fut.result())
             fut.cancel()
+            with contextlib.suppress(ValueError):
+                route.waiters.remove(
+                    fut
+                )  # a waiter that gave up no longer counts against the limit
             raise HttpError(503, f"no replica of {route.name} free within {limit:g}s") from None
 
     def _release(self, route: Route, replica: Replica) -> None:

@@ -361,3 +361,21 @@ def test_a_pending_workload_raised_live_is_placed_with_preemption() -> None:
     decided = s.update_live(dataclasses.replace(y, priority=90))
     assert decided[0].outcome == "placed" and decided[0].workload.endswith("/y")
     assert [d.workload.split("/")[1] for d in decided[1:]] == ["x"]  # evicted for it
+
+
+def test_replicas_of_one_deployment_spread_over_gpus_while_others_pack() -> None:
+    s = Scheduler(fleet(plain=2))
+    label = {"gpufrac.io/deployment": "m"}
+
+    def replica(i: int) -> WorkloadSpec:
+        spec = w(f"m-{i}", sharing="timeslice", fraction_milli=200)
+        return dataclasses.replace(spec, labels=label)
+
+    gpus = [one(s.submit(replica(i))).gpus[0] for i in range(3)]
+    assert gpus[0] != gpus[1]  # the second replica goes to the other GPU
+    assert len(set(gpus)) == 2  # with two GPUs, the third shares one (a preference, not a rule)
+    plain = [
+        one(s.submit(w(f"p-{i}", sharing="timeslice", fraction_milli=100))).gpus[0]
+        for i in range(2)
+    ]
+    assert plain[0] == plain[1]  # workloads that are not replicas still pack
