@@ -91,6 +91,7 @@ class ServingRun:
         return t
 
     def summary(self) -> None:
+        console.print()
         for d in self.specs:
             changes = []
             last = None
