@@ -70,6 +70,20 @@ def print_deployment(d: dict[str, Any]) -> None:
 # -- the load generator -----------------------------------------------------------------------------
 
 
+def load_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """One row per step of the load: clients, requests, rate, p50, p99, non-2xx answers."""
+    t = Table(title=title, title_justify="left")
+    for col in ("clients", "requests", "req/s", "p50 ms", "p99 ms", "non-2xx"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(
+            str(r["clients"]), str(r["requests"]), f"{r['rate']:.0f}",
+            "-" if r["p50_ms"] is None else f"{r['p50_ms']:.1f}",
+            "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f}", str(r["non_2xx"]),
+        )  # fmt: skip
+    return t
+
+
 async def _client(
     host: str,
     port: int,
@@ -188,13 +202,4 @@ def load_command(
     if json:
         print_json({"steps": rows})
         return
-    t = Table(title="load", title_justify="left")
-    for col in ("clients", "requests", "req/s", "p50 ms", "p99 ms", "non-2xx"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(
-            str(r["clients"]), str(r["requests"]), f"{r['rate']:.0f}",
-            "-" if r["p50_ms"] is None else f"{r['p50_ms']:.1f}",
-            "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f}", str(r["non_2xx"]),
-        )  # fmt: skip
-    console.print(t)
+    console.print(load_table(rows, "load"))

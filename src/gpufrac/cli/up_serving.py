@@ -12,7 +12,7 @@ from typing import Any
 from rich.table import Table
 
 from gpufrac.cli.common import console
-from gpufrac.cli.serve_cmds import run_load
+from gpufrac.cli.serve_cmds import load_table, run_load
 from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.serving.deployments import Deployments, gateway_path, route_name
@@ -103,16 +103,7 @@ class ServingRun:
                 f"{d.key}: replicas ready over time: {', '.join(changes)}", highlight=False
             )
         if self.rows:
-            t = Table(title="traffic from the load generator", title_justify="left")
-            for col in ("clients", "requests", "req/s", "p50 ms", "p99 ms", "non-2xx"):
-                t.add_column(col)
-            for r in self.rows:
-                t.add_row(
-                    str(r["clients"]), str(r["requests"]), f"{r['rate']:.0f}",
-                    "-" if r["p50_ms"] is None else f"{r['p50_ms']:.1f}",
-                    "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f}", str(r["non_2xx"]),
-                )  # fmt: skip
-            console.print(t)
+            console.print(load_table(self.rows, "traffic from the load generator"))
 
     def close(self, *, keep: bool) -> None:
         if not keep:

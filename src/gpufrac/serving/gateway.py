@@ -33,10 +33,11 @@ import socket
 import sys
 import time
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufrac.serving.http11 import HttpError, Request, error_response, parse_request
+from gpufrac.serving.http11 import HttpConnection, HttpError, Request, error_response
 
 MAX_BODY = 64 * 2**20
 DOWN_SECONDS = 1.0
@@ -344,68 +345,17 @@ class _NoResponse(Exception):
     """The replica gave no response byte (refused, reset, closed): safe to try another."""
 
 
-class _Client(asyncio.Protocol):
-    """One client connection: requests are answered in order, one at a time."""
+class _Client(HttpConnection):
+    """One client connection of the gateway."""
+
+    max_body = MAX_BODY
 
     def __init__(self, gateway: Gateway) -> None:
+        super().__init__()
         self.gateway = gateway
-        self.buf = bytearray()
-        self.transport: asyncio.Transport | None = None
-        self.busy = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        if not self.busy:
-            self._next()
-
-    def _next(self) -> None:
-        if self.transport is None:
-            return
-        try:
-            parsed = parse_request(self.buf, MAX_BODY)
-        except HttpError as e:
-            self.transport.write(error_response(e.status, str(e), keep_alive=False))
-            self.close()
-            return
-        if parsed is None:
-            return
-        req, used = parsed
-        del self.buf[:used]
-        self.busy = True
-        task = asyncio.ensure_future(self.gateway.serve(self, req))
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self.busy = False
-        if not task.cancelled() and task.exception() is not None and self.transport is not None:
-            self.transport.write(error_response(500, "gateway error", keep_alive=False))
-            self.close()
-        self._next()
-
-    def write(self, data: bytes) -> None:
-        if self.transport is not None:
-            self.transport.write(data)
-
-    def send(self, data: bytes, req: Request) -> None:
-        self.write(data)
-        if not req.keep_alive:
-            self.close()
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-            self.transport = None
+    def handle(self, req: Request) -> Awaitable[None]:
+        return self.gateway.serve(self, req)
 
 
 async def _admin(gateway: Gateway, fd: int, stop: asyncio.Event) -> None:

@@ -8,9 +8,13 @@ through as it arrives. Connections are kept alive unless either side says ``Conn
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import socket
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 MAX_HEAD = 64 * 1024
 REASONS = {
@@ -106,3 +110,78 @@ def json_response(status: int, value: Any, **kw: Any) -> bytes:
 
 def error_response(status: int, message: str, **kw: Any) -> bytes:
     return json_response(status, {"error": message}, **kw)
+
+
+class HttpConnection(asyncio.Protocol):
+    """One server-side connection: requests are read from the stream and answered in order, one at
+    a time. A subclass answers in ``handle``: at once (it writes, and returns None), or later (it
+    returns an awaitable, run as a task; an exception there is answered 500 and closes)."""
+
+    max_body = 64 * 2**20
+    _tasks: ClassVar[set[asyncio.Task[None]]] = set()  # the loop keeps only weak refs to tasks
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.busy = False
+
+    def handle(self, req: Request) -> Awaitable[None] | None:
+        raise NotImplementedError
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.busy:
+            self._next()
+
+    def _next(self) -> None:
+        while self.transport is not None and not self.busy:
+            try:
+                parsed = parse_request(self.buf, self.max_body)
+            except HttpError as e:
+                self.transport.write(error_response(e.status, str(e), keep_alive=False))
+                self.close()
+                return
+            if parsed is None:
+                return
+            req, used = parsed
+            del self.buf[:used]
+            later = self.handle(req)
+            if later is not None:
+                self.busy = True
+                task = asyncio.ensure_future(later)
+                self._tasks.add(task)
+                task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self.busy = False
+        if not task.cancelled() and task.exception() is not None and self.transport is not None:
+            self.transport.write(error_response(500, "internal error", keep_alive=False))
+            self.close()
+        self._next()
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def send(self, data: bytes, req: Request) -> None:
+        """A whole answer; the connection closes after it if the request asked so."""
+        self.write(data)
+        if not req.keep_alive:
+            self.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None

@@ -24,13 +24,18 @@ import contextlib
 import importlib
 import json
 import os
-import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from gpufrac.serving.http11 import HttpError, error_response, json_response, parse_request
+from gpufrac.serving.http11 import (
+    HttpConnection,
+    HttpError,
+    Request,
+    error_response,
+    json_response,
+)
 
 Model = Callable[[Any], Any]
 _tasks: set[asyncio.Future[None]] = set()
@@ -131,56 +136,23 @@ class Batcher:
                 fut.set_result(out)
 
 
-class _Conn(asyncio.Protocol):
+class _Conn(HttpConnection):
     def __init__(self, batcher: Batcher) -> None:
+        super().__init__()
         self.batcher = batcher
-        self.buf = bytearray()
-        self.transport: asyncio.Transport | None = None
-        self.busy = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        if not self.busy:
-            self._next()
-
-    def _next(self) -> None:
-        if self.transport is None:
-            return
-        try:
-            parsed = parse_request(self.buf, 64 * 2**20)
-        except HttpError as e:
-            self.transport.write(error_response(e.status, str(e), keep_alive=False))
-            self.transport.close()
-            return
-        if parsed is None:
-            return
-        req, used = parsed
-        del self.buf[:used]
+    def handle(self, req: Request) -> Awaitable[None] | None:
         if req.method == "GET" and req.target in ("/healthz", "/health"):
-            self._send(
-                json_response(200, {"status": "ok"}, keep_alive=req.keep_alive), req.keep_alive
-            )
-            return
+            self.send(json_response(200, {"status": "ok"}, keep_alive=req.keep_alive), req)
+            return None
         if req.method != "POST" or req.target not in ("/", "/predict"):
-            self._send(error_response(404, 'POST /predict with {"inputs": ...}'), req.keep_alive)
-            return
-        self.busy = True
-        _keep(asyncio.ensure_future(self._predict(req.body, req.keep_alive)))
+            self.send(error_response(404, 'POST /predict with {"inputs": ...}'), req)
+            return None
+        return self._predict(req)
 
-    async def _predict(self, body: bytes, keep_alive: bool) -> None:
+    async def _predict(self, req: Request) -> None:
         try:
-            payload = json.loads(body)
+            payload = json.loads(req.body)
             if not isinstance(payload, dict) or "inputs" not in payload:
                 raise HttpError(400, 'the body must be {"inputs": ...}')
             out = json_response(200, {"outputs": await self.batcher(payload["inputs"])})
@@ -190,17 +162,7 @@ class _Conn(asyncio.Protocol):
             out = error_response(400, f"bad JSON: {e}")
         except Exception as e:
             out = error_response(500, f"{type(e).__name__}: {e}")
-        self.busy = False
-        self._send(out, keep_alive)
-
-    def _send(self, data: bytes, keep_alive: bool) -> None:
-        if self.transport is None:
-            return
-        self.transport.write(data)
-        if not keep_alive:
-            self.transport.close()
-            return
-        self._next()
+        self.send(out, req)
 
 
 async def serve(model: Model, port: int, max_batch_size: int, max_wait_ms: float) -> None:

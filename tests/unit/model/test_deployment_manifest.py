@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,9 @@ from gpufrac.model.deployment import (
 from gpufrac.model.manifest import load_manifest_file, parse_manifests, parse_objects
 from gpufrac.model.manifest_fields import read_dns_label
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
+from tests.unit.model.test_manifest import DELETE, changed
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "serving" / "deployment.yaml"
-DELETE = object()
 MODEL = "my_models.text:make"
 BASE: dict[str, Any] = {
     "apiVersion": "gpufrac/v1",
@@ -47,17 +46,7 @@ def dump(data: Any) -> str:
 
 def doc(changes: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
     """BASE with dotted paths set (``{"spec.replicas": 2}``) or removed (``DELETE``)."""
-    out = copy.deepcopy(BASE)
-    for path, value in {**(changes or {}), **kw}.items():
-        *parents, last = path.split(".")
-        node = out
-        for key in parents:
-            node = node.setdefault(key, {})
-        if value is DELETE:
-            del node[last]
-        else:
-            node[last] = value
-    return out
+    return changed(BASE, {**(changes or {}), **kw})
 
 
 def parse_one(changes: dict[str, Any] | None = None) -> DeploymentSpec:

@@ -35,8 +35,13 @@ def dump_all(documents: list[Any]) -> str:
 
 def doc(changes: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
     """BASE with dotted paths set (``{"spec.resources.gpu": {...}}``) or removed (``DELETE``)."""
-    out = copy.deepcopy(BASE)
-    for path, value in {**(changes or {}), **kw}.items():
+    return changed(BASE, {**(changes or {}), **kw})
+
+
+def changed(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``base`` with dotted paths set, or removed where the value is ``DELETE``."""
+    out = copy.deepcopy(base)
+    for path, value in changes.items():
         *parents, last = path.split(".")
         node = out
         for key in parents:
