@@ -4,8 +4,10 @@ gateway. Traffic comes from the project's own load generator (``gpufrac load``).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -228,3 +230,53 @@ spec:
     body = b"".join(chunks).decode()
     assert [line.split(" at ")[0] for line in body.splitlines()] == ["part 0", "part 1", "part 2"]
     assert arrived[-1] - arrived[0] > 0.4  # passed on as they came, not all at the end
+
+
+def test_the_cli_verbs_for_deployments(agent: RunningAgent, tmp_path: Path) -> None:
+    env = {**os.environ, "GPUFRAC_SERVER": agent.url, "COLUMNS": "200"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gpufrac.cli", *args],
+            capture_output=True, text=True, env=env, timeout=60, cwd=ROOT,
+        )  # fmt: skip
+
+    f = tmp_path / "d.yaml"
+    f.write_text(deployment("verbs", "echo_sum", "  replicas: 1"))
+    assert "deployment default/verbs created" in cli("apply", "-f", str(f)).stdout
+    wait_for(lambda: ready(agent, "verbs") == 1, what="a ready replica")
+    assert "verbs" in cli("get", "deployments").stdout
+    assert cli("scale", "verbs", "--replicas", "2").returncode == 0
+    wait_for(lambda: ready(agent, "verbs") == 2, what="2 ready replicas")
+    shown = cli("describe", "deployment", "verbs").stdout
+    assert "2 ready of 2 wanted" in shown and "set by gpufrac scale" in shown
+    url = f"{agent.gateway}/serve/verbs/predict"
+    loaded = cli("load", url, "--clients", "2,2", "--step", "1", "--json")
+    steps = json.loads(loaded.stdout)["steps"]
+    assert [s["clients"] for s in steps] == [2, 2] and all(s["non_2xx"] == 0 for s in steps)
+    assert cli("delete", "verbs", "--deployment").returncode == 0
+    wait_for(
+        lambda: not httpx.get(agent.url + "/api/v1/workloads").json()["workloads"],
+        what="no replica",
+    )
+    assert cli("describe", "deployment", "verbs").returncode == 1
+
+
+def test_an_agent_restart_keeps_a_deployment_serving(agent: RunningAgent) -> None:
+    apply(agent, deployment("durable", "echo_sum", "  replicas: 2"))
+    wait_for(lambda: ready(agent, "durable") == 2, what="2 ready replicas")
+    before = {r["name"] for r in view(agent, "durable")["replicas"]}
+    agent.kill9()  # the gateway follows it out; the replicas run on under their shims
+    agent.start()
+    wait_for(lambda: ready(agent, "durable") == 2, what="the replicas taken back")
+    assert {r["name"] for r in view(agent, "durable")["replicas"]} == before  # not started again
+    url = f"{agent.gateway}/serve/durable/predict"
+
+    def serving() -> bool:
+        try:
+            return httpx.post(url, content=BODY, timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False  # the new gateway is not listening yet
+
+    wait_for(serving, what="the new gateway serving")
+    assert load(url, [4], 1.0)[0]["non_2xx"] == 0
