@@ -42,7 +42,8 @@ from gpufrac.serving.http11 import HttpConnection, HttpError, Request, error_res
 MAX_BODY = 64 * 2**20
 DOWN_SECONDS = 1.0
 WINDOW_SECONDS = 10.0
-_HOP = (b"connection", b"keep-alive", b"proxy-connection", b"upgrade", b"te")
+# hop-by-hop headers, and Expect (the gateway already holds the whole body)
+_HOP = (b"connection", b"keep-alive", b"proxy-connection", b"upgrade", b"te", b"expect")
 
 
 class _Upstream:
@@ -313,7 +314,11 @@ class Gateway:
             out.append(b"Connection: close")
         head_out = b"\r\n".join(out) + b"\r\n\r\n"
         reader = conn.reader
-        if length is not None:
+        status = int(lines[0].split(b" ", 2)[1])
+        if req.method == "HEAD" or status in (204, 304) or status < 200:
+            client.write(head_out)  # no body, whatever Content-Length says
+            upstream_keep = False  # in case the replica sent one anyway: never reuse the connection
+        elif length is not None:
             client.write(head_out + (await reader.readexactly(length) if length else b""))
         elif chunked:
             client.write(head_out)

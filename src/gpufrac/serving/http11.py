@@ -124,6 +124,7 @@ class HttpConnection(asyncio.Protocol):
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
         self.busy = False
+        self._continued = False
 
     def handle(self, req: Request) -> Awaitable[None] | None:
         raise NotImplementedError
@@ -153,8 +154,10 @@ class HttpConnection(asyncio.Protocol):
                 self.close()
                 return
             if parsed is None:
+                self._continue()
                 return
             req, used = parsed
+            self._continued = False
             del self.buf[:used]
             later = self.handle(req)
             if later is not None:
@@ -162,6 +165,15 @@ class HttpConnection(asyncio.Protocol):
                 task = asyncio.ensure_future(later)
                 self._tasks.add(task)
                 task.add_done_callback(self._done)
+
+    def _continue(self) -> None:
+        """A client that sent ``Expect: 100-continue`` waits for this before sending its body."""
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0 or self._continued or self.transport is None:
+            return
+        if b"\r\nexpect: 100-continue" in bytes(self.buf[:end]).lower():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self._continued = True
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -176,7 +188,10 @@ class HttpConnection(asyncio.Protocol):
             self.transport.write(data)
 
     def send(self, data: bytes, req: Request) -> None:
-        """A whole answer; the connection closes after it if the request asked so."""
+        """A whole answer; the connection closes after it if the request asked so. A HEAD request
+        gets the head alone."""
+        if req.method == "HEAD":
+            data = data[: data.find(b"\r\n\r\n") + 4]
         self.write(data)
         if not req.keep_alive:
             self.close()
