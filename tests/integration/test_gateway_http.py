@@ -1,0 +1,124 @@
+"""The gateway's HTTP/1.1 handling, with a real replica server and raw sockets (no agent)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def gateway() -> Iterator[int]:
+    replica_port, port = free_port(), free_port()
+    route = {"name": "m", "replicas": [{"id": "r1", "port": replica_port}]}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gpufrac.serving.replica", "examples.serving.models:echo_sum",
+             "--port", str(replica_port)],
+            cwd=ROOT, stdout=subprocess.PIPE,
+        ),
+        subprocess.Popen(
+            [sys.executable, "-m", "gpufrac.serving.gateway", "--port", str(port),
+             "--route", json.dumps(route)],
+            cwd=ROOT, stdout=subprocess.PIPE,
+        ),
+    ]  # fmt: skip
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline()  # serving / ready
+    yield port
+    for p in procs:
+        p.kill()
+        p.wait(timeout=10)
+
+
+def connect(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def read_response(s: socket.socket, buf: bytearray) -> tuple[int, bytes]:
+    """One response from ``s`` (``buf`` keeps what arrived beyond it)."""
+    while b"\r\n\r\n" not in buf:
+        buf += s.recv(65536)
+    end = buf.index(b"\r\n\r\n")
+    head = bytes(buf[:end]).decode()
+    status = int(head.split(" ", 2)[1])
+    length = next(
+        (
+            int(line.split(":")[1])
+            for line in head.split("\r\n")
+            if line.lower().startswith("content-length")
+        ),
+        0,
+    )
+    if head.startswith("HTTP/1.1 100"):
+        length = 0
+    while len(buf) < end + 4 + length:
+        buf += s.recv(65536)
+    body = bytes(buf[end + 4 : end + 4 + length])
+    del buf[: end + 4 + length]
+    return status, body
+
+
+def post(body: bytes, extra: str = "") -> bytes:
+    return (
+        f"POST /serve/m/predict HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+    ).encode() + body
+
+
+def test_pipelined_and_fragmented_requests_are_answered_in_order(gateway: int) -> None:
+    s, buf = connect(gateway), bytearray()
+    s.sendall(post(b'{"inputs": [1]}') + post(b'{"inputs": [1, 2]}'))  # two at once
+    assert read_response(s, buf) == (200, b'{"outputs": 1}')
+    assert read_response(s, buf) == (200, b'{"outputs": 3}')
+    for byte in post(b'{"inputs": [4, 5]}'):  # one byte a packet
+        s.sendall(bytes([byte]))
+        time.sleep(0.0005)
+    assert read_response(s, buf) == (200, b'{"outputs": 9}')
+
+
+def test_expect_100_continue_is_answered_before_the_body(gateway: int) -> None:
+    s, buf = connect(gateway), bytearray()
+    body = b'{"inputs": [7]}'
+    s.sendall(
+        post(b"", "Expect: 100-continue\r\n").replace(b"Length: 0", f"Length: {len(body)}".encode())
+    )
+    assert read_response(s, buf)[0] == 100  # at once, not after the client's own wait
+    s.sendall(body)
+    assert read_response(s, buf) == (200, b'{"outputs": 7}')
+
+
+def test_a_head_answer_has_no_body_and_the_connection_goes_on(gateway: int) -> None:
+    s, buf = connect(gateway), bytearray()
+    s.sendall(b"HEAD /serve/m/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    while b"\r\n\r\n" not in buf:
+        buf += s.recv(65536)
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 ") and rest == b""
+    buf.clear()
+    time.sleep(0.2)
+    s.sendall(post(b'{"inputs": [2, 2]}'))
+    assert read_response(s, buf) == (200, b'{"outputs": 4}')  # nothing left over from the HEAD
+
+
+def test_bad_requests_get_an_error_not_a_hang(gateway: int) -> None:
+    s, buf = connect(gateway), bytearray()
+    s.sendall(b"NONSENSE\r\n\r\n")
+    assert read_response(s, buf)[0] == 400
+    s2, buf2 = connect(gateway), bytearray()
+    s2.sendall(b"POST /serve/m/predict HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert read_response(s2, buf2)[0] == 411
+    s3, buf3 = connect(gateway), bytearray()
+    s3.sendall(post(b'{"inputs": [1]}').replace(b"/serve/m/", b"/serve/nope/"))
+    assert read_response(s3, buf3)[0] == 404
