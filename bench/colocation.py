@@ -222,7 +222,7 @@ class Cell:
     result: dict[str, Any] = field(default_factory=dict)
 
 
-def cells(quick: bool, dry: bool) -> list[Cell]:
+def cells(quick: bool, dry: bool, mps_gpufrac: bool = False) -> list[Cell]:
     full = 1 if quick else 3
     out = [
         Cell("trainer solo", None, 1, "solo", full),
@@ -244,6 +244,8 @@ def cells(quick: bool, dry: bool) -> list[Cell]:
                 Cell(f"infer-{m} + trainer, MPS", m, 1, "mps", 1),
                 Cell(f"infer-{m} + trainer, MPS, trainer priority 1", m, 1, "mps-prio", 1),
             ]
+        if mps_gpufrac and not dry:
+            out.append(Cell(f"infer-{m} + trainer, gpufrac over MPS", m, 1, "mps-gpufrac", 1))
     return out
 
 
@@ -273,7 +275,7 @@ class Runner:
         )
 
     def run(self, cell: Cell) -> None:
-        from gpufrac.model.qos import QosParams, arbiter_rank
+        from gpufrac.model.qos import QosParams, arbiter_rank, mps_client_priority
         from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec
         from gpufrac.runtime.mps import MpsDaemons
 
@@ -297,7 +299,7 @@ class Runner:
             roles.append((f"train{i}", ["train"], {}, q))
         procs = []
         try:
-            if cell.mode == "gpufrac":
+            if cell.mode.endswith("gpufrac"):
                 link.sync({}, start=True)
             for name, role, env, q in roles:
                 env = dict(env)
@@ -306,7 +308,10 @@ class Runner:
                     env["CUDA_MPS_LOG_DIRECTORY"] = str(root / "0" / "log")
                     if cell.mode == "mps-prio" and name.startswith("train"):
                         env["CUDA_MPS_CLIENT_PRIORITY"] = "1"
-                if cell.mode == "gpufrac":  # what the agent hands over
+                    if cell.mode == "mps-gpufrac":  # as the agent maps qos to MPS client priority
+                        qos = "latency" if name == "infer" else "throughput"
+                        env["CUDA_MPS_CLIENT_PRIORITY"] = str(mps_client_priority(qos))
+                if cell.mode.endswith("gpufrac"):  # what the agent hands over
                     env |= {
                         "GPUFRAC_ARBITER": link.address,
                         "GPUFRAC_TENANT": "bench",
@@ -322,7 +327,9 @@ class Runner:
                     raise RuntimeError(f"{name} did not warm up")
             if mps is not None and not _mps_serving(mps.pipe_dir("0")):
                 raise RuntimeError("no MPS server is running: the cell would measure no MPS at all")
-            if cell.mode == "gpufrac":  # registered as the agent registers them: key, class, group
+            if cell.mode.endswith(
+                "gpufrac"
+            ):  # registered as the agent registers them: key, class, group
                 link.sync({f"bench/{n}": MemberSpec("gpu0", q, p.pid) for n, p, q in procs})
             t0 = time.time() + 0.5
             for _, p, _ in procs:
@@ -331,7 +338,7 @@ class Runner:
                 p.stdin.flush()
             timeout = cell.repeats * self.window + 120
             cell.result = {name: json.loads(_readline(p, timeout)) for name, p, _ in procs}
-            if cell.mode == "gpufrac":
+            if cell.mode.endswith("gpufrac"):
                 cell.result["arbiter"] = link.stats()
         except (RuntimeError, ValueError) as e:
             cell.result = {"error": str(e)}
@@ -542,6 +549,11 @@ def main() -> int:
     p.add_argument("--json", type=Path, help="write rows, targets and raw results here")
     p.add_argument("--only", help="run only cells whose name contains this")
     p.add_argument(
+        "--mps-gpufrac",
+        action="store_true",
+        help="add cells with the arbiter over MPS (1 window each)",
+    )
+    p.add_argument(
         "--preempt",
         choices=("overlap", "drain"),
         default="overlap",
@@ -563,7 +575,11 @@ def main() -> int:
     if not args.dry_run and not _have_gpu():
         print("no CUDA GPU here (or no PyTorch): running --dry-run on the CPU")
         args.dry_run = True
-    todo = [c for c in cells(args.quick, args.dry_run) if not args.only or args.only in c.name]
+    todo = [
+        c
+        for c in cells(args.quick, args.dry_run, args.mps_gpufrac)
+        if not args.only or args.only in c.name
+    ]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpufrac-coloc-") as tmp:
         if args.max_in_flight is not None:
