@@ -6,8 +6,10 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -122,3 +124,88 @@ def test_bad_requests_get_an_error_not_a_hang(gateway: int) -> None:
     s3, buf3 = connect(gateway), bytearray()
     s3.sendall(post(b'{"inputs": [1]}').replace(b"/serve/m/", b"/serve/nope/"))
     assert read_response(s3, buf3)[0] == 404
+
+
+class _Upstream(BaseHTTPRequestHandler):
+    """``/slow`` answers after 2 s, ``/fast`` at once, ``/stream`` in 3 chunks 0.6 s apart."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == "/stream":
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(3):
+                part = f"chunk {i}\n".encode()
+                self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+                self.wfile.flush()
+                time.sleep(0.6)
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        if self.path == "/slow":
+            time.sleep(2.0)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def narrow_gateway() -> Iterator[int]:
+    """A gateway with one slot (max_concurrency 1) and a 1 s timeout, over a scripted upstream."""
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = free_port()
+    route = {
+        "name": "n", "replicas": [{"id": "u", "port": upstream.server_address[1]}],
+        "max_concurrency": 1, "queue_limit": 8, "timeout_s": 1.0,
+    }  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufrac.serving.gateway", "--port", str(port), "--route", json.dumps(route)],
+        cwd=ROOT, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline()
+    yield port
+    proc.kill()
+    proc.wait(timeout=10)
+    upstream.shutdown()
+
+
+def test_a_client_that_goes_away_gives_its_slot_back(narrow_gateway: int) -> None:
+    gone = connect(narrow_gateway)
+    gone.sendall(post(b"{}").replace(b"/serve/m/predict", b"/serve/n/slow"))
+    time.sleep(0.2)
+    gone.close()  # while its request holds the only slot
+    time.sleep(0.2)
+    s, buf = connect(narrow_gateway), bytearray()
+    started = time.monotonic()
+    s.sendall(post(b"{}").replace(b"/serve/m/predict", b"/serve/n/fast"))
+    assert read_response(s, buf) == (200, b"ok")
+    # at once, not when the abandoned request would have freed the slot (its 1 s timeout, 0.6 s on)
+    assert time.monotonic() - started < 0.3
+
+
+def test_a_stream_longer_than_the_timeout_is_not_cut_while_it_flows(narrow_gateway: int) -> None:
+    s = connect(narrow_gateway)
+    s.sendall(post(b"{}").replace(b"/serve/m/predict", b"/serve/n/stream"))
+    data = b""
+    while not data.endswith(b"0\r\n\r\n"):
+        chunk = s.recv(65536)
+        assert chunk, data
+        data += chunk
+    assert b"chunk 2" in data and b"504" not in data
+
+
+def test_a_bad_content_length_is_refused(gateway: int) -> None:
+    for value in (b"-40", b"+5", b"1_0"):
+        s, buf = connect(gateway), bytearray()
+        s.sendall(b"GET /serve/m/healthz HTTP/1.1\r\nContent-Length: " + value + b"\r\n\r\n")
+        assert read_response(s, buf)[0] == 400, value
+    s, buf = connect(gateway), bytearray()
+    s.sendall(post(b'{"inputs": [3]}'))  # and the gateway and its replica still serve
+    assert read_response(s, buf) == (200, b'{"outputs": 3}')

@@ -20,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 
+class ChildRefused(OSError):
+    """The helper answered ``E``: it is alive and refused one command (nothing to restart)."""
+
+
 class ChildLink:
     def __init__(self, what: str, module: str, log: Path) -> None:
         self.what, self.module, self.log = what, module, log
@@ -78,7 +82,7 @@ class ChildLink:
                 data += chunk
         reply = data.decode().strip()
         if not reply.startswith("K"):
-            raise OSError(f"the {self.what} refused {line[:40]!r}: {reply}")
+            raise ChildRefused(f"the {self.what} refused {line[:40]!r}: {reply}")
         value = json.loads(reply[2:] or "{}")
         return value if isinstance(value, dict) else {}
 

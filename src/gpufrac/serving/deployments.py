@@ -24,7 +24,7 @@ from gpufrac.model.deployment import (
     deployment_to_json,
 )
 from gpufrac.model.workload import WorkloadSpec, spec_from_json
-from gpufrac.runtime.child_link import ChildLink
+from gpufrac.runtime.child_link import ChildLink, ChildRefused
 from gpufrac.serving.autoscaler import BOOST, ScaleState, decide
 
 if TYPE_CHECKING:
@@ -278,6 +278,9 @@ class Deployments:
             return
         try:
             self.gateway.call(line)
+            self._sent[d.key] = line
+        except ChildRefused as e:  # alive, and serving the rest: record it, keep it running
+            self.agent.store.record_event("gateway_error", d.key, str(e))
             self._sent[d.key] = line
         except OSError:
             self.gateway.close()

@@ -133,16 +133,29 @@ class Gateway:
     # -- configuration (from the agent) ---------------------------------------------------------
 
     def configure(self, raw: dict[str, Any]) -> None:
+        """Set a deployment's replicas and limits; a bad message changes nothing."""
         name = str(raw["name"])
+        wanted = {
+            str(r["id"]): (
+                str(r.get("host", "127.0.0.1")),
+                int(r["port"]),
+                float(r.get("busy", 0.0)),
+            )
+            for r in raw.get("replicas", [])
+        }  # read whole before anything changes
+        numbers = {
+            k: float(raw[k])
+            for k in ("max_concurrency", "queue_limit", "timeout_s", "cold_start_timeout_s")
+            if k in raw
+        }
         route = self.routes.setdefault(name, Route(name))
-        if "max_concurrency" in raw:
-            route.max_concurrency = max(1, int(raw["max_concurrency"]))
-        if "queue_limit" in raw:
-            route.queue_limit = max(0, int(raw["queue_limit"]))  # 0: a 429 as soon as all are busy
+        if "max_concurrency" in numbers:
+            route.max_concurrency = max(1, int(numbers["max_concurrency"]))
+        if "queue_limit" in numbers:
+            route.queue_limit = max(0, int(numbers["queue_limit"]))  # 0: 429 once all are busy
         for key in ("timeout_s", "cold_start_timeout_s"):
-            if key in raw:
-                setattr(route, key, float(raw[key]))
-        wanted = {str(r["id"]): r for r in raw.get("replicas", [])}
+            if key in numbers:
+                setattr(route, key, numbers[key])
         for rid in [k for k in route.replicas if k not in wanted]:
             gone = route.replicas.pop(rid)
             gone.retired = True
@@ -151,18 +164,23 @@ class Gateway:
             gone.idle.clear()
             if gone.outstanding:
                 route.retiring[rid] = gone  # reported until its last request is answered
-        for rid, r in wanted.items():
+        for rid, (host, port, busy) in wanted.items():
             rep = route.replicas.get(rid)
-            if rep is None or (rep.host, rep.port) != (r.get("host", "127.0.0.1"), int(r["port"])):
-                rep = Replica(rid, str(r.get("host", "127.0.0.1")), int(r["port"]))
+            if rep is None or (rep.host, rep.port) != (host, port):
+                rep = Replica(rid, host, port)
                 route.replicas[rid] = rep
-            rep.busy = float(r.get("busy", 0.0))
+            rep.busy = busy
         route.wake()
 
     def remove(self, name: str) -> None:
         route = self.routes.pop(name, None)
         if route is None:
             return
+        for rep in route.replicas.values():
+            rep.retired = True
+            for conn in rep.idle:
+                conn.close()
+            rep.idle.clear()
         for fut in route.waiters:
             if not fut.done():
                 fut.set_exception(HttpError(404, f"deployment {name} was deleted"))
@@ -211,36 +229,44 @@ class Gateway:
             extra = [b"Retry-After: 1"] if e.status == 429 else None
             client.send(error_response(e.status, str(e), extra=extra), req)
             return
-        tried: Replica | None = None
         try:
+            # phase 1, up to the response head: retried once elsewhere, 504 past the timeout
             for attempt in range(2):
                 try:
-                    await asyncio.wait_for(
-                        self._forward(client, req, replica, "/" + rest), route.timeout_s
+                    conn, status_head = await asyncio.wait_for(
+                        self._request(req, replica, "/" + rest), route.timeout_s
                     )
-                    replica.served += 1
-                    route.done.append((time.monotonic(), time.monotonic() - started))
-                    return
+                    break
                 except _NoResponse:
                     replica.down_until = time.monotonic() + DOWN_SECONDS
-                    if attempt == 1:
-                        raise
-                    tried = replica
-                    other = route.pick(time.monotonic(), avoid=tried)
+                    other = route.pick(time.monotonic(), avoid=replica) if attempt == 0 else None
                     if other is None:
                         raise
                     route.retries += 1
                     other.outstanding += 1
                     self._release(route, replica)
                     replica = other
+            # phase 2, the body as it comes: a stall or a lost client just ends the connection
+            await self._relay(client, req, replica, conn, status_head, route.timeout_s)
+            replica.served += 1
+            route.done.append((time.monotonic(), time.monotonic() - started))
         except _NoResponse:
             route.errors += 1
             client.send(error_response(502, "no replica answered"), req)
         except TimeoutError:
             route.errors += 1
-            client.send(error_response(504, f"no answer within {route.timeout_s:g}s"), req)
-            client.close()
-        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+            if client.answered:
+                client.close()  # the answer had begun: it cannot turn into a 504 now
+            else:
+                client.send(error_response(504, f"no answer within {route.timeout_s:g}s"), req)
+                client.close()
+        except (
+            ConnectionError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            OSError,
+            ValueError,
+        ):
             route.errors += 1  # the reply broke off midway: the client sees its connection close
             client.close()
         finally:
@@ -260,21 +286,23 @@ class Gateway:
         limit = route.cold_start_timeout_s if not route.replicas else route.timeout_s
         try:
             return await asyncio.wait_for(asyncio.shield(fut), limit)
-        except TimeoutError:
+        except (TimeoutError, asyncio.CancelledError) as e:
+            # gave up (or the client went away): a slot it was handed meanwhile goes back
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self._release(route, fut.result())
             fut.cancel()
             with contextlib.suppress(ValueError):
-                route.waiters.remove(
-                    fut
-                )  # a waiter that gave up no longer counts against the limit
+                route.waiters.remove(fut)  # no longer counts against the queue limit
+            if isinstance(e, asyncio.CancelledError):
+                raise
             raise HttpError(503, f"no replica of {route.name} free within {limit:g}s") from None
 
     def _release(self, route: Route, replica: Replica) -> None:
         replica.outstanding -= 1
         route.wake()
 
-    async def _forward(self, client: _Client, req: Request, replica: Replica, path: str) -> None:
+    async def _request(self, req: Request, replica: Replica, path: str) -> tuple[_Upstream, bytes]:
+        """Send the request and read the final response head (interim 1xx heads are skipped)."""
         head = [f"{req.method} {path} HTTP/1.1".encode()]
         head += [h for h in req.headers if h.partition(b":")[0].strip().lower() not in _HOP]
         data = b"\r\n".join(head) + b"\r\n\r\n" + req.body
@@ -287,12 +315,44 @@ class Gateway:
             try:
                 conn.writer.write(data)
                 status_head = await conn.reader.readuntil(b"\r\n\r\n")
-                break
+                while 100 <= _status(status_head) < 200:  # 100 Continue, 103 Early Hints
+                    status_head = await conn.reader.readuntil(b"\r\n\r\n")
+                return conn, status_head
             except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                 conn.close()
                 if fresh:
                     raise _NoResponse from None
                 fresh = True  # a stale pooled connection: once more on a new one
+            except BaseException:
+                conn.close()  # timed out or cancelled: the connection is in an unknown state
+                raise
+
+    async def _relay(
+        self,
+        client: _Client,
+        req: Request,
+        replica: Replica,
+        conn: _Upstream,
+        status_head: bytes,
+        idle_s: float,
+    ) -> None:
+        """Pass the response on as it arrives, with flow control toward the client."""
+        try:
+            keep = await self._relay_body(client, req, conn, status_head, idle_s)
+        except BaseException:
+            conn.close()
+            raise
+        if keep and not replica.retired and len(replica.idle) < 64:
+            replica.idle.append(conn)
+        else:
+            conn.close()
+        if not req.keep_alive:
+            client.close()
+
+    async def _relay_body(
+        self, client: _Client, req: Request, conn: _Upstream, status_head: bytes, idle_s: float
+    ) -> bool:
+        """Returns whether the upstream connection may be reused."""
         lines = status_head[:-4].split(b"\r\n")
         length: int | None = None
         chunked = False
@@ -301,7 +361,7 @@ class Gateway:
         for line in lines[1:]:
             name = line.partition(b":")[0].strip().lower()
             if name == b"content-length":
-                length = int(line.partition(b":")[2])
+                length = _length(line.partition(b":")[2])
             elif name == b"transfer-encoding" and b"chunked" in line.lower():
                 chunked = True
             elif name == b"connection":
@@ -314,36 +374,51 @@ class Gateway:
             out.append(b"Connection: close")
         head_out = b"\r\n".join(out) + b"\r\n\r\n"
         reader = conn.reader
-        status = int(lines[0].split(b" ", 2)[1])
-        if req.method == "HEAD" or status in (204, 304) or status < 200:
+
+        async def read(coro: Any) -> bytes:
+            data: bytes = await asyncio.wait_for(coro, idle_s)
+            return data
+
+        status = _status(status_head)
+        if req.method == "HEAD" or status in (204, 304):
             client.write(head_out)  # no body, whatever Content-Length says
-            upstream_keep = False  # in case the replica sent one anyway: never reuse the connection
-        elif length is not None:
-            client.write(head_out + (await reader.readexactly(length) if length else b""))
-        elif chunked:
-            client.write(head_out)
+            return False  # in case the replica sent one anyway: never reuse the connection
+        if length is not None:
+            body = await read(reader.readexactly(length)) if length else b""
+            client.write(head_out + body)
+            return upstream_keep
+        client.write(head_out)
+        if chunked:
             while True:
-                size_line = await reader.readuntil(b"\r\n")
+                size_line = await read(reader.readuntil(b"\r\n"))
                 size = int(size_line.split(b";")[0], 16)
-                chunk = await reader.readexactly(size + 2) if size else b""
+                chunk = await read(reader.readexactly(size + 2)) if size else b""
                 client.write(size_line + chunk)
+                await client.drain()
                 if size == 0:
-                    while (trailer := await reader.readuntil(b"\r\n")) != b"\r\n":
+                    while (trailer := await read(reader.readuntil(b"\r\n"))) != b"\r\n":
                         client.write(trailer)
                     client.write(b"\r\n")
-                    break
-        else:  # the body runs to the end of the connection
-            client.write(head_out)
-            while data := await reader.read(65536):
-                client.write(data)
-            upstream_keep = False
-            client.close()
-        if upstream_keep and not replica.retired and len(replica.idle) < 64:
-            replica.idle.append(conn)
-        else:
-            conn.close()
-        if not req.keep_alive:
-            client.close()
+                    return upstream_keep
+        while data := await read(reader.read(65536)):  # the body runs to the end of the connection
+            client.write(data)
+            await client.drain()
+        client.close()
+        return False
+
+
+def _status(head: bytes) -> int:
+    try:
+        return int(head.split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        raise ValueError("a malformed response head from the replica") from None
+
+
+def _length(value: bytes) -> int:
+    v = value.strip()
+    if not v.isdigit():
+        raise ValueError("a bad Content-Length from the replica")
+    return int(v)
 
 
 class _NoResponse(Exception):
@@ -364,10 +439,10 @@ class _Client(HttpConnection):
 
 
 async def _admin(gateway: Gateway, fd: int, stop: asyncio.Event) -> None:
-    reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=fd))
+    reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=fd), limit=2**26)
     while line := await reader.readline():
-        op, _, rest = line.decode().strip().partition(" ")
         try:
+            op, _, rest = line.decode().strip().partition(" ")
             if op == "C":
                 gateway.configure(json.loads(rest))
                 reply: Any = {}

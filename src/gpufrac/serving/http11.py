@@ -62,16 +62,17 @@ def parse_request(buf: bytearray, max_body: int) -> tuple[Request, int] | None:
     except ValueError:
         raise HttpError(400, "malformed request line") from None
     length = 0
+    seen_length = False
     keep_alive = version == "HTTP/1.1"
     headers = lines[1:]
     for line in headers:
         name, _, value = line.partition(b":")
         lname = name.strip().lower()
         if lname == b"content-length":
-            try:
-                length = int(value.strip())
-            except ValueError:
-                raise HttpError(400, "bad Content-Length") from None
+            v = value.strip()
+            if not v.isdigit() or (seen_length and int(v) != length):
+                raise HttpError(400, "bad Content-Length: give one length, in digits")
+            length, seen_length = int(v), True
         elif lname == b"transfer-encoding" and b"chunked" in value.lower():
             raise HttpError(411, "a request body needs Content-Length")
         elif lname == b"connection":
@@ -124,7 +125,12 @@ class HttpConnection(asyncio.Protocol):
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
         self.busy = False
+        self.answered = False  # some of the current answer has been written
         self._continued = False
+        self._task: asyncio.Task[None] | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._reading_paused = False
 
     def handle(self, req: Request) -> Awaitable[None] | None:
         raise NotImplementedError
@@ -139,11 +145,29 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self._writable.set()  # a writer waiting in drain() wakes up and finds the client gone
+        if self._task is not None:
+            self._task.cancel()  # the client went away: its slot and its replica are let go
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    async def drain(self) -> None:
+        """Wait while the client reads slower than the answer comes (flow control)."""
+        await self._writable.wait()
+        if self.transport is None:
+            raise ConnectionError("the client went away")
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
         if not self.busy:
             self._next()
+        elif len(self.buf) > MAX_HEAD + self.max_body and self.transport is not None:
+            self.transport.pause_reading()  # a pipelining client waits until this answer is out
+            self._reading_paused = True
 
     def _next(self) -> None:
         while self.transport is not None and not self.busy:
@@ -158,11 +182,13 @@ class HttpConnection(asyncio.Protocol):
                 return
             req, used = parsed
             self._continued = False
+            self.answered = False
             del self.buf[:used]
             later = self.handle(req)
             if later is not None:
                 self.busy = True
                 task = asyncio.ensure_future(later)
+                self._task = task
                 self._tasks.add(task)
                 task.add_done_callback(self._done)
 
@@ -171,20 +197,26 @@ class HttpConnection(asyncio.Protocol):
         end = self.buf.find(b"\r\n\r\n")
         if end < 0 or self._continued or self.transport is None:
             return
-        if b"\r\nexpect: 100-continue" in bytes(self.buf[:end]).lower():
+        if b"\r\nexpect:100-continue" in bytes(self.buf[:end]).lower().replace(b" ", b""):
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             self._continued = True
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self._task = None
         self.busy = False
+        if self._reading_paused and self.transport is not None:
+            self.transport.resume_reading()
+            self._reading_paused = False
         if not task.cancelled() and task.exception() is not None and self.transport is not None:
-            self.transport.write(error_response(500, "internal error", keep_alive=False))
+            if not self.answered:
+                self.transport.write(error_response(500, "internal error", keep_alive=False))
             self.close()
         self._next()
 
     def write(self, data: bytes) -> None:
         if self.transport is not None:
+            self.answered = True
             self.transport.write(data)
 
     def send(self, data: bytes, req: Request) -> None:

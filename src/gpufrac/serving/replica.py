@@ -142,7 +142,7 @@ class _Conn(HttpConnection):
         self.batcher = batcher
 
     def handle(self, req: Request) -> Awaitable[None] | None:
-        if req.method == "GET" and req.target in ("/healthz", "/health"):
+        if req.method in ("GET", "HEAD") and req.target in ("/healthz", "/health"):
             self.send(json_response(200, {"status": "ok"}, keep_alive=req.keep_alive), req)
             return None
         if req.method != "POST" or req.target not in ("/", "/predict"):
