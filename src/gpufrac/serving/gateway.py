@@ -233,9 +233,8 @@ class Gateway:
             # phase 1, up to the response head: retried once elsewhere, 504 past the timeout
             for attempt in range(2):
                 try:
-                    conn, status_head = await asyncio.wait_for(
-                        self._request(req, replica, "/" + rest), route.timeout_s
-                    )
+                    async with asyncio.timeout(route.timeout_s):  # cheaper than wait_for: no task
+                        conn, status_head = await self._request(req, replica, "/" + rest)
                     break
                 except _NoResponse:
                     replica.down_until = time.monotonic() + DOWN_SECONDS
@@ -376,7 +375,8 @@ class Gateway:
         reader = conn.reader
 
         async def read(coro: Any) -> bytes:
-            data: bytes = await asyncio.wait_for(coro, idle_s)
+            async with asyncio.timeout(idle_s):
+                data: bytes = await coro
             return data
 
         status = _status(status_head)
