@@ -11,6 +11,7 @@ So a rolling update starts new replicas before old ones drain, and scaling down 
 from __future__ import annotations
 
 import json
+import random
 import socket
 import time
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from gpufrac.runtime.agent import Agent, WorkloadState
 
 DEFAULT_GATEWAY_PORT = 8480
+REPLICA_PORTS = (20000, 32768)  # below the ephemeral range
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,17 +226,22 @@ class Deployments:
         return sorted(out, key=lambda r: r.name)
 
     def _free_port(self) -> int:
+        """A port no replica has and nothing listens on, below Linux's ephemeral range (32768 and
+        up), so no outgoing connection (the gateway's own, say) takes it before the replica binds."""
         used = {
             int(w.spec.get("env", {}).get("PORT", 0))
             for w in self.agent.store.workloads()
-            if (w.spec.get("labels") or {}).get(LABEL)
+            if (w.spec.get("env") or {}).get("PORT")
         }
-        for _ in range(100):
+        for port in random.sample(range(REPLICA_PORTS[0], REPLICA_PORTS[1]), 200):
+            if port in used or port == self.gateway_port:
+                continue
             with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = int(s.getsockname()[1])
-            if port not in used and port != self.gateway_port:
-                return port
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            return port
         raise RuntimeError("no free port for a replica")
 
     # -- the gateway ----------------------------------------------------------------------------
