@@ -23,6 +23,19 @@ def batch_sizes() -> Callable[[list[object]], list[int]]:
     return run
 
 
+def stream_chunks(handler: BaseHTTPRequestHandler, part: Callable[[int], str], gap: float) -> None:
+    """Answer 200 in three chunks, ``gap`` seconds apart."""
+    handler.send_response(200)
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    for i in range(3):
+        data = part(i).encode()
+        handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        handler.wfile.flush()
+        time.sleep(gap)
+    handler.wfile.write(b"0\r\n\r\n")
+
+
 class _Chunked(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -32,15 +45,7 @@ class _Chunked(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        self.send_response(200)
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for i in range(3):
-            part = f"part {i} at {time.time():.3f}\n".encode()
-            self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
-            self.wfile.flush()
-            time.sleep(0.3)
-        self.wfile.write(b"0\r\n\r\n")
+        stream_chunks(self, lambda i: f"part {i} at {time.time():.3f}\n", 0.3)
 
     def log_message(self, *args: object) -> None:
         pass

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import free_port
+from tests.integration.serving_fixtures import stream_chunks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,15 +135,7 @@ class _Upstream(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.path == "/stream":
-            self.send_response(200)
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for i in range(3):
-                part = f"chunk {i}\n".encode()
-                self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
-                self.wfile.flush()
-                time.sleep(0.6)
-            self.wfile.write(b"0\r\n\r\n")
+            stream_chunks(self, lambda i: f"chunk {i}\n", 0.6)
             return
         if self.path == "/slow":
             time.sleep(2.0)
