@@ -252,27 +252,45 @@ def cells(quick: bool, dry: bool, mps_gpufrac: bool = False) -> list[Cell]:
 class Runner:
     def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
         self.args, self.tmp = args, tmp
+        self.spares: list[subprocess.Popen[str]] = []
         self.window = args.window or (2.0 if args.dry_run else 4.0 if args.quick else 8.0)
 
-    def _spawn(self, role: list[str], env: dict[str, str], windows: int) -> subprocess.Popen[str]:
-        cmd = [sys.executable, __file__, "--worker", *role, "--windows", str(windows)]
+    def _start_spare(self) -> subprocess.Popen[str]:
+        """A worker that imports PyTorch (the slow part of a start) and waits to be told its role."""
+        cmd = [sys.executable, __file__, "--worker", "pool"]
         cmd += ["--window", str(self.window), "--seed", str(self.args.seed)]
         cmd += ["--dry-run"] * self.args.dry_run + ["--periodic"] * self.args.periodic
         cmd += ["--tail", "0.3" if self.args.dry_run else "0.5"]
+        path = os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))
         return subprocess.Popen(
             cmd,
-            env={
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join(
-                    filter(None, [str(SRC), os.environ.get("PYTHONPATH")])
-                ),
-                **env,
-            },
+            env={**os.environ, "PYTHONPATH": path},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,  # its own process group, as under the agent
         )
+
+    def prefetch(self, count: int = 2) -> None:
+        """Start the next cell's workers now: they import PyTorch while this cell measures (CPU
+        only; no CUDA context is made before they are told their role)."""
+        while len(self.spares) < count:
+            self.spares.append(self._start_spare())
+
+    def _spawn(self, role: list[str], env: dict[str, str], windows: int) -> subprocess.Popen[str]:
+        p = self.spares.pop(0) if self.spares else self._start_spare()
+        if not _readline(p, 300).startswith("loaded"):
+            raise RuntimeError("a worker did not start")
+        assert p.stdin is not None
+        p.stdin.write("build " + json.dumps({"role": role, "env": env, "windows": windows}) + "\n")
+        p.stdin.flush()
+        return p
+
+    def close(self) -> None:
+        for p in self.spares:
+            p.kill()
+            p.wait()
+        self.spares = []
 
     def run(self, cell: Cell) -> None:
         from gpufrac.model.qos import QosParams, arbiter_rank, mps_client_priority
@@ -336,6 +354,7 @@ class Runner:
                 assert p.stdin is not None
                 p.stdin.write(f"go {t0}\n")
                 p.stdin.flush()
+            self.prefetch()
             timeout = cell.repeats * self.window + 120
             cell.result = {name: json.loads(_readline(p, timeout)) for name, p, _ in procs}
             if cell.mode.endswith("gpufrac"):
@@ -564,11 +583,22 @@ def main() -> int:
         type=int,
         help="modules queued ahead of the GPU at a yield point (SDK default 2)",
     )
-    p.add_argument("--worker", choices=("infer", "train"), help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=("pool", "infer", "train"), help=argparse.SUPPRESS)
     p.add_argument("--model", choices=("R", "T"), default="R", help=argparse.SUPPRESS)
     p.add_argument("--windows", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--tail", type=float, default=1.0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.worker == "pool":
+        if not args.dry_run:
+            import torch  # noqa: F401 - the slow part of a start, done before the role is known
+        print("loaded", flush=True)
+        spec = json.loads(sys.stdin.readline().split(" ", 1)[1])
+        os.environ.update(spec["env"])  # before anything makes a CUDA context
+        role = spec["role"]
+        args.worker = role[0]
+        if "--model" in role:
+            args.model = role[role.index("--model") + 1]
+        args.windows = int(spec["windows"])
     if args.worker:
         worker(args)
         return 0
@@ -585,11 +615,15 @@ def main() -> int:
         if args.max_in_flight is not None:
             os.environ["GPUFRAC_QOS_MAX_IN_FLIGHT"] = str(args.max_in_flight)
         runner = Runner(args, Path(tmp))
-        for i, c in enumerate(todo, 1):
-            print(
-                f"[{i}/{len(todo)}] {c.name} ({c.repeats} x {runner.window:.0f} s) ...", flush=True
-            )
-            runner.run(c)
+        try:
+            for i, c in enumerate(todo, 1):
+                print(
+                    f"[{i}/{len(todo)}] {c.name} ({c.repeats} x {runner.window:.0f} s) ...",
+                    flush=True,
+                )
+                runner.run(c)
+        finally:
+            runner.close()
     rows, targets = summarize(todo)
     machine = _machine(args.dry_run)
     print_table(rows, targets, machine)
