@@ -146,6 +146,8 @@ def test_autoscaling_up_down_and_to_zero_with_a_cold_start(agent: RunningAgent) 
     wait_for(lambda: not view(agent, "elastic")["replicas"], timeout=60, what="scale to zero")
     kinds = [e["message"] for e in view(agent, "elastic")["events"] if e["kind"] == "scaled"]
     assert any("cold start" in k for k in kinds) and kinds[-1].startswith("0 replica")
+    notes = [e["message"] for e in view(agent, "elastic")["events"] if e["kind"] == "autoscaler"]
+    assert not any("QoS weight" in m for m in notes)  # alone on its GPUs: straight to more replicas
     assert cold < 30
 
 
@@ -280,3 +282,35 @@ def test_an_agent_restart_keeps_a_deployment_serving(agent: RunningAgent) -> Non
 
     wait_for(serving, what="the new gateway serving")
     assert load(url, [4], 1.0)[0]["non_2xx"] == 0
+
+
+def test_the_weight_is_raised_first_only_where_a_replica_shares_its_gpu(
+    agent: RunningAgent,
+) -> None:
+    neighbour = f"""
+apiVersion: gpufrac/v1
+kind: Workload
+metadata: {{name: neighbour}}
+spec:
+  type: service
+  command: [{sys.executable}, -c, "import time; time.sleep(600)"]
+  resources: {{gpu: {{fraction: 0.5}}}}
+  sharing: timeslice
+"""
+    r = httpx.post(agent.url + "/api/v1/workloads", content=neighbour, timeout=30)
+    assert r.status_code == 200, r.text
+    extra = (
+        "  autoscale: {min_replicas: 1, max_replicas: 2, target_in_flight: 1,"
+        " scale_up_delay_seconds: 0.5, scale_down_delay_seconds: 30}\n  max_concurrency: 2"
+    )
+    apply(agent, deployment("shared", "slow_sum", extra))
+    wait_for(lambda: ready(agent, "shared") == 1, what="a ready replica")
+    replica = view(agent, "shared")["replicas"][0]
+    placed = httpx.get(agent.url + "/api/v1/workloads/default/neighbour", timeout=10).json()
+    assert replica["gpus"] == placed["placement"]["gpus"]  # packed beside the neighbour
+    load(f"{agent.gateway}/serve/shared/predict", [4, 4, 4], 2.0)
+    events = [e["message"] for e in view(agent, "shared")["events"] if e["kind"] == "autoscaler"]
+    assert any("QoS weight x2 first" in m for m in events), events
+    replicas = httpx.get(agent.url + "/api/v1/workloads", timeout=10).json()["workloads"]
+    weights = [w["spec"]["weight"] for w in replicas if w["name"].startswith("shared-")]
+    assert 2 in weights or len(weights) == 2  # boosted live (or already a second replica)

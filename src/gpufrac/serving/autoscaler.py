@@ -9,7 +9,8 @@ use (docs/serving.md):
   most ``max_replicas``). From zero replicas, a waiting request starts one at once (a cold start; the
   gateway holds the request meanwhile).
 * **boost first**: before adding a replica, it first raises the replicas' QoS weight on their GPU
-  (``BOOST`` times), so a busy deployment takes more of a GPU it shares before it takes another slice;
+  (``BOOST`` times) where they share it with other workloads (``can_boost``), so a busy deployment
+  takes more of a GPU it shares before it takes another slice;
   the weight goes back down when the load is below target for ``scale_down_delay_seconds``.
 * **down**: when the load averaged over ``traffic_history_seconds`` needs fewer replicas for
   ``scale_down_delay_seconds``, to that many (at least ``min_replicas``, and at least 1 while there is

@@ -161,7 +161,7 @@ class Deployments:
             int(traffic.get("in_flight", 0)),
             int(traffic.get("queued", 0)),
             traffic.get("p99_ms"),
-            can_boost=bool(current),
+            can_boost=self._shares_a_gpu(d, current),
         )
         if decision.why:
             self.agent.store.record_event("autoscaler", d.key, decision.why)
@@ -176,6 +176,14 @@ class Deployments:
                 d.tenant, d.name, decision.replicas, decision.why or "autoscaler"
             )
         return decision.replicas
+
+    def _shares_a_gpu(self, d: DeploymentSpec, current: list[ReplicaView]) -> bool:
+        """Does a replica share its GPU (or MIG instance) with another workload? Only then can a
+        higher QoS weight give the deployment more of it; alone on a GPU, it has it all already."""
+        members = self.agent.arbiter.stats()
+        ours = {f"{d.tenant}/{r.name}" for r in current}
+        domains = {m["domain"] for key, m in members.items() if key in ours}
+        return any(m["domain"] in domains and key not in ours for key, m in members.items())
 
     def _boosted(self, d: DeploymentSpec, current: list[ReplicaView]) -> bool:
         for r in current:
