@@ -8,7 +8,8 @@ import time
 from collections.abc import Iterable
 
 from gpufrac.devices.health import DeviceHealth
-from gpufrac.runtime.agent import Agent, WorkloadState, workload_memory_mib
+from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.memory_watch import workload_memory_mib
 
 MIB = 2**20
 

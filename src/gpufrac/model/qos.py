@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpufrac.model.workload import WorkloadSpec
+
 QOS_MODES = ("latency", "throughput")
 DEFAULT_QOS = {"service": "latency", "job": "throughput"}
 MAX_WEIGHT = 1000
@@ -54,3 +56,12 @@ def arbiter_rank(priority: int, qos: str) -> int:
 def mps_client_priority(qos: str) -> int:
     """``CUDA_MPS_CLIENT_PRIORITY``: 0 is normal (latency), 1 is below normal (throughput)."""
     return 0 if qos == "latency" else 1
+
+
+def qos_params(spec: WorkloadSpec) -> QosParams:
+    """What the arbiter is told about a workload."""
+    return QosParams(
+        rank=arbiter_rank(spec.priority, spec.qos),
+        weight=spec.weight,
+        min_share_milli=spec.min_share_milli,
+    )

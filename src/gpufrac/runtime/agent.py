@@ -14,11 +14,9 @@ while it was down.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from pathlib import Path
 from gpufrac.devices.health import DeviceHealth
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
-from gpufrac.model.qos import QosParams, arbiter_rank, mps_client_priority
+from gpufrac.model.qos import mps_client_priority, qos_params
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.sched_state import sched_gpus_from_states
@@ -38,10 +36,12 @@ from gpufrac.planning.scheduler import (
     decision_to_json,
     workload_key,
 )
-from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec
+from gpufrac.runtime.arbiter_link import ArbiterLink
 from gpufrac.runtime.gpu_care import GpuCare
+from gpufrac.runtime.memory_watch import MemoryWatch
 from gpufrac.runtime.mps import MpsDaemons
-from gpufrac.runtime.runs import handed_env, probe, process_group, read_json, write_json
+from gpufrac.runtime.qos_care import QosCare, qos_domain
+from gpufrac.runtime.runs import handed_env, probe, read_json, write_json
 from gpufrac.runtime.shim import ShimStatus, launch, read_status, stop
 from gpufrac.runtime.store import Store
 
@@ -65,7 +65,7 @@ class WorkloadState:
     env: dict[str, str]
 
 
-class Agent(GpuCare):
+class Agent(GpuCare, QosCare, MemoryWatch):
     def __init__(
         self,
         data_dir: Path,
@@ -96,6 +96,7 @@ class Agent(GpuCare):
         self.arbiter = ArbiterLink(
             data_dir / "arbiter", quantum_ms=settings.qos_quantum_ms, preempt=settings.qos_preempt
         )
+        self._qos_written = {}
         self._resume_all()  # whatever a crashed agent's arbiter paused runs again
         states = dev.gpus()
         models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}
@@ -185,44 +186,6 @@ class Agent(GpuCare):
         states = [self._reconcile_one(w.tenant, w.name) for w in self.store.workloads()]
         self._sync_arbiter(states)
         return states
-
-    # -- QoS ------------------------------------------------------------------------------------
-
-    def _sync_arbiter(self, states: list[WorkloadState]) -> None:
-        """Tell the arbiter which workloads share which GPU (or MIG instance), with their class."""
-        members: dict[str, MemberSpec] = {}
-        runs: dict[str, Path] = {}
-        for st in states:
-            d = st.decision
-            if d is None or d.outcome != "placed" or st.phase not in ("starting", "running"):
-                continue
-            tenant, name = st.key.split("/", 1)
-            stored = self.store.workload(tenant, name)
-            run = self._latest(tenant, name, st.generation)
-            if stored is None or run is None:
-                continue
-            status = read_status(run)
-            if status.done or not status.shim_alive or status.child_pid is None:
-                continue
-            spec = spec_from_json(stored.spec)
-            members[st.key] = MemberSpec(_domain(d, st.env), qos_params(spec), status.child_pid)
-            runs[st.key] = run
-        try:
-            self.arbiter.sync(members)
-        except (RuntimeError, OSError) as e:
-            self.store.record_event("qos_error", "arbiter", str(e))
-        for key, got in self.arbiter.stats().items():  # kept with the run, for summaries after it
-            if key in runs:
-                write_json(runs[key] / "qos.json", got)
-
-    def _resume_all(self) -> None:
-        """SIGCONT every workload's process group (harmless for one that runs)."""
-        for w in self.store.workloads():
-            for run in self._attempts(w.tenant, w.name, w.generation):
-                status = read_status(run)
-                if status.child_pid is not None and not status.done:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(status.child_pid, signal.SIGCONT)
 
     def _reconcile_one(self, tenant: str, name: str) -> WorkloadState:
         key = f"{tenant}/{name}"
@@ -387,34 +350,6 @@ class Agent(GpuCare):
         )
         return True
 
-    # -- memory limits --------------------------------------------------------------------------
-
-    def _memory_watchdog(self, spec: WorkloadSpec, decision: Decision, run_dir: Path) -> str:
-        """Stop a workload whose processes hold more GPU memory than it was given (where nothing else
-        enforces it: MIG instances are hard limits). Returns the reason if it was stopped."""
-        if decision.mode not in ("timeslice", "mps") or not decision.gpus:
-            return ""
-        alloc = self.scheduler.allocations(workload_key(spec))
-        child = read_status(run_dir).child_pid
-        if not alloc or child is None:
-            return ""
-        limit = alloc[0].memory_mib
-        used = sum(
-            p.used_memory_mib or 0
-            for p in self.dev.gpu(decision.gpus[0]).processes
-            if process_group(p.pid) == child
-        )
-        usage = read_json(run_dir / "usage.json")
-        if used > int(str(usage.get("peak_mib", 0))):
-            write_json(run_dir / "usage.json", {"peak_mib": used, "limit_mib": limit})
-        if used <= limit:
-            return ""
-        why = f"stopped: it used {used} MiB of GPU memory, over its {limit} MiB limit"
-        write_json(run_dir / "killed.json", {"reason": why})
-        self.store.record_event("memory_limit", workload_key(spec), why)
-        stop(run_dir, grace=self.stop_grace)
-        return why
-
     # -- processes ------------------------------------------------------------------------------
 
     def _run_root(self, tenant: str, name: str) -> Path:
@@ -512,7 +447,7 @@ class Agent(GpuCare):
         env.update(
             {
                 "GPUFRAC_ARBITER": self.arbiter.address,
-                "GPUFRAC_QOS_DOMAIN": _domain(decision, env),
+                "GPUFRAC_QOS_DOMAIN": qos_domain(decision, env),
                 "GPUFRAC_QOS_RANK": str(qos.rank),
                 "GPUFRAC_QOS_WEIGHT": str(qos.weight),
                 "GPUFRAC_QOS_MIN_SHARE_MILLI": str(qos.min_share_milli),
@@ -535,45 +470,6 @@ class Agent(GpuCare):
             )
             env["CUDA_MPS_CLIENT_PRIORITY"] = str(mps_client_priority(spec.qos))
         return env
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryUse:
-    mib: int
-    pids: tuple[int, ...]
-
-
-def workload_memory_mib(agent: Agent, tenant: str, name: str) -> MemoryUse | None:
-    """GPU memory held now by a running workload's processes (its process group), as NVML reports it."""
-    stored = agent.store.workload(tenant, name)
-    placed = agent.store.placement(tenant, name)
-    if stored is None or placed is None or not placed[1].get("gpus"):
-        return None
-    run = agent.latest_run(tenant, name, stored.generation)
-    child = read_status(run).child_pid if run else None
-    if child is None:
-        return None
-    procs = [
-        p
-        for p in agent.dev.gpu(str(placed[1]["gpus"][0])).processes
-        if process_group(p.pid) == child
-    ]
-    return MemoryUse(sum(p.used_memory_mib or 0 for p in procs), tuple(p.pid for p in procs))
-
-
-def qos_params(spec: WorkloadSpec) -> QosParams:
-    return QosParams(
-        rank=arbiter_rank(spec.priority, spec.qos),
-        weight=spec.weight,
-        min_share_milli=spec.min_share_milli,
-    )
-
-
-def _domain(d: Decision, env: dict[str, str]) -> str:
-    """What the arbiter arbitrates: the MIG instance, else the (first) GPU."""
-    if d.mig is not None and env.get("CUDA_VISIBLE_DEVICES"):
-        return env["CUDA_VISIBLE_DEVICES"].split(",")[0]
-    return d.gpus[0] if d.gpus else ""
 
 
 def _changed(old: dict[str, object], new: dict[str, object]) -> set[str]:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufrac.model.qos import qos_params
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.scheduler import Decision
-from gpufrac.runtime.agent import Agent, qos_params, workload_memory_mib
+from gpufrac.runtime.agent import Agent
+from gpufrac.runtime.memory_watch import workload_memory_mib
 
 
 def workload_qos(

@@ -313,7 +313,7 @@ class Deployments:
         self, d: DeploymentSpec, serving: list[ReplicaView], states: dict[str, WorkloadState]
     ) -> dict[str, float]:
         """Each replica's SM utilization (0..1) where NVML reports it per process (time-sliced GPUs)."""
-        from gpufrac.runtime.agent import workload_memory_mib
+        from gpufrac.runtime.memory_watch import workload_memory_mib
 
         out: dict[str, float] = {}
         for r in serving:
