@@ -162,7 +162,7 @@ def create_app(
                 service.agent,
                 spec_from_json(stored.spec),
                 state.decision if state else None,
-                service.agent.arbiter.stats(),
+                service.agent.arbiter.latest,  # read by the last reconcile pass
             ),
         }
 

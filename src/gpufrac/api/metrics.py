@@ -57,7 +57,7 @@ def render(agent: Agent, states: dict[str, WorkloadState]) -> str:
     sm_by_gpu = {g.uuid: health.process_utilization(g.uuid) for g in gpus if not g.mig_enabled}
     mem_used, mem_limit, sm, restarts, phase, pending = [], [], [], [], [], []
     given, measured_sdk, paused = [], [], []
-    qos = agent.arbiter.stats()
+    qos = agent.arbiter.latest  # read by the last reconcile pass
     now = time.time()
     for key, st in sorted(states.items()):
         tenant, name = key.split("/", 1)

@@ -49,6 +49,7 @@ class ArbiterLink:
             "QoS arbiter", "gpufrac.runtime.arbiter_server", directory / "arbiter.log"
         )
         self._sent: dict[str, MemberSpec] = {}
+        self.latest: dict[str, Any] = {}  # the last stats read (each reconcile pass reads them)
 
     @property
     def address(self) -> str:
@@ -93,12 +94,14 @@ class ArbiterLink:
     def stats(self) -> dict[str, Any]:
         """Per member: mode, paused, turns, held share, GPU share the SDK measured. Empty if not running."""
         if not self.running:
+            self.latest = {}
             return {}
         try:
-            return dict(self.child.call("T").get("members") or {})
+            self.latest = dict(self.child.call("T").get("members") or {})
         except OSError:
             self.child.close()
-            return {}
+            self.latest = {}
+        return self.latest
 
     def close(self) -> None:
         self.child.close()

@@ -21,7 +21,7 @@ from gpufrac.runtime.memory_watch import workload_memory_mib
 def workload_qos(
     agent: Agent, spec: WorkloadSpec, decision: Decision | None, stats: dict[str, Any]
 ) -> dict[str, Any]:
-    """``stats`` is the arbiter's (``agent.arbiter.stats()``), read once for all workloads."""
+    """``stats`` is the arbiter's, as the last reconcile pass read them (``agent.arbiter.latest``)."""
     key = f"{spec.tenant}/{spec.name}"
     member = stats.get(key) or {}
     measured: float | None = None

@@ -180,7 +180,7 @@ class Deployments:
     def _shares_a_gpu(self, d: DeploymentSpec, current: list[ReplicaView]) -> bool:
         """Does a replica share its GPU (or MIG instance) with another workload? Only then can a
         higher QoS weight give the deployment more of it; alone on a GPU, it has it all already."""
-        members = self.agent.arbiter.stats()
+        members = self.agent.arbiter.latest  # read by this pass's agent reconcile
         ours = {f"{d.tenant}/{r.name}" for r in current}
         domains = {m["domain"] for key, m in members.items() if key in ours}
         return any(m["domain"] in domains and key not in ours for key, m in members.items())
