@@ -27,103 +27,21 @@ import argparse
 import asyncio
 import contextlib
 import json
-import random
 import signal
 import socket
 import sys
 import time
-from collections import deque
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpufrac.serving.http11 import HttpConnection, HttpError, Request, error_response
+from gpufrac.serving.routing import Replica, Route, Upstream
 
 MAX_BODY = 64 * 2**20
-DOWN_SECONDS = 1.0
+DOWN_SECONDS = 1.0  # a replica that failed to answer is skipped this long
 WINDOW_SECONDS = 10.0
 # hop-by-hop headers, and Expect (the gateway already holds the whole body)
 _HOP = (b"connection", b"keep-alive", b"proxy-connection", b"upgrade", b"te", b"expect")
-
-
-class _Upstream:
-    __slots__ = ("reader", "writer")
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-@dataclass(eq=False)
-class Replica:
-    id: str
-    host: str
-    port: int
-    busy: float = 0.0
-    outstanding: int = 0
-    down_until: float = 0.0
-    served: int = 0
-    retired: bool = False  # taken out of the route: its connections are closed, not pooled
-    idle: list[_Upstream] = field(default_factory=list)
-
-    async def connect(self, fresh: bool) -> tuple[_Upstream, bool]:
-        """A pooled keep-alive connection (unless ``fresh``), else a new one; and whether it is new."""
-        while self.idle and not fresh:
-            conn = self.idle.pop()
-            if not conn.writer.is_closing():
-                return conn, False
-        reader, writer = await asyncio.open_connection(self.host, self.port)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _Upstream(reader, writer), True
-
-
-@dataclass(eq=False)
-class Route:
-    name: str
-    replicas: dict[str, Replica] = field(default_factory=dict)
-    max_concurrency: int = 8
-    queue_limit: int = 256
-    timeout_s: float = 60.0
-    cold_start_timeout_s: float = 120.0
-    waiters: deque[asyncio.Future[Replica]] = field(default_factory=deque)
-    retiring: dict[str, Replica] = field(default_factory=dict)  # removed, requests still on them
-    done: deque[tuple[float, float]] = field(default_factory=deque)  # (at, latency s)
-    rejected: int = 0
-    errors: int = 0
-    retries: int = 0
-
-    def pick(self, now: float, avoid: Replica | None = None) -> Replica | None:
-        """Power of two choices among replicas with a free slot, by outstanding x GPU busy."""
-        free = [
-            r
-            for r in self.replicas.values()
-            if r.outstanding < self.max_concurrency and r.down_until <= now and r is not avoid
-        ]
-        if not free:
-            return None
-        if len(free) == 1:
-            return free[0]
-        a, b = random.sample(free, 2)
-        return a if (a.outstanding + 1) * (1 + a.busy) <= (b.outstanding + 1) * (1 + b.busy) else b
-
-    def wake(self) -> None:
-        """Hand free slots to waiters, oldest first."""
-        now = time.monotonic()
-        while self.waiters:
-            fut = self.waiters[0]
-            if fut.done():
-                self.waiters.popleft()
-                continue
-            r = self.pick(now)
-            if r is None:
-                return
-            self.waiters.popleft()
-            r.outstanding += 1
-            fut.set_result(r)
 
 
 class Gateway:
@@ -300,7 +218,7 @@ class Gateway:
         replica.outstanding -= 1
         route.wake()
 
-    async def _request(self, req: Request, replica: Replica, path: str) -> tuple[_Upstream, bytes]:
+    async def _request(self, req: Request, replica: Replica, path: str) -> tuple[Upstream, bytes]:
         """Send the request and read the final response head (interim 1xx heads are skipped)."""
         head = [f"{req.method} {path} HTTP/1.1".encode()]
         head += [h for h in req.headers if h.partition(b":")[0].strip().lower() not in _HOP]
@@ -331,7 +249,7 @@ class Gateway:
         client: _Client,
         req: Request,
         replica: Replica,
-        conn: _Upstream,
+        conn: Upstream,
         status_head: bytes,
         idle_s: float,
     ) -> None:
@@ -349,7 +267,7 @@ class Gateway:
             client.close()
 
     async def _relay_body(
-        self, client: _Client, req: Request, conn: _Upstream, status_head: bytes, idle_s: float
+        self, client: _Client, req: Request, conn: Upstream, status_head: bytes, idle_s: float
     ) -> bool:
         """Returns whether the upstream connection may be reused."""
         lines = status_head[:-4].split(b"\r\n")

@@ -1,0 +1,92 @@
+"""The gateway's routing state: replicas with their pooled upstream connections, and per deployment
+the route that picks one (least outstanding requests, power of two choices, weighted by how busy the
+replica's GPU is) and the FIFO of requests waiting for a free slot."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+
+class Upstream:
+    __slots__ = ("reader", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+@dataclass(eq=False)
+class Replica:
+    id: str
+    host: str
+    port: int
+    busy: float = 0.0
+    outstanding: int = 0
+    down_until: float = 0.0
+    served: int = 0
+    retired: bool = False  # taken out of the route: its connections are closed, not pooled
+    idle: list[Upstream] = field(default_factory=list)
+
+    async def connect(self, fresh: bool) -> tuple[Upstream, bool]:
+        """A pooled keep-alive connection (unless ``fresh``), else a new one; and whether it is new."""
+        while self.idle and not fresh:
+            conn = self.idle.pop()
+            if not conn.writer.is_closing():
+                return conn, False
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return Upstream(reader, writer), True
+
+
+@dataclass(eq=False)
+class Route:
+    name: str
+    replicas: dict[str, Replica] = field(default_factory=dict)
+    max_concurrency: int = 8
+    queue_limit: int = 256
+    timeout_s: float = 60.0
+    cold_start_timeout_s: float = 120.0
+    waiters: deque[asyncio.Future[Replica]] = field(default_factory=deque)
+    retiring: dict[str, Replica] = field(default_factory=dict)  # removed, requests still on them
+    done: deque[tuple[float, float]] = field(default_factory=deque)  # (at, latency s)
+    rejected: int = 0
+    errors: int = 0
+    retries: int = 0
+
+    def pick(self, now: float, avoid: Replica | None = None) -> Replica | None:
+        """Power of two choices among replicas with a free slot, by outstanding x GPU busy."""
+        free = [
+            r
+            for r in self.replicas.values()
+            if r.outstanding < self.max_concurrency and r.down_until <= now and r is not avoid
+        ]
+        if not free:
+            return None
+        if len(free) == 1:
+            return free[0]
+        a, b = random.sample(free, 2)
+        return a if (a.outstanding + 1) * (1 + a.busy) <= (b.outstanding + 1) * (1 + b.busy) else b
+
+    def wake(self) -> None:
+        """Hand free slots to waiters, oldest first."""
+        now = time.monotonic()
+        while self.waiters:
+            fut = self.waiters[0]
+            if fut.done():
+                self.waiters.popleft()
+                continue
+            r = self.pick(now)
+            if r is None:
+                return
+            self.waiters.popleft()
+            r.outstanding += 1
+            fut.set_result(r)
