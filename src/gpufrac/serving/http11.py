@@ -14,7 +14,7 @@ import json
 import socket
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 MAX_HEAD = 64 * 1024
 REASONS = {
@@ -113,13 +113,21 @@ def error_response(status: int, message: str, **kw: Any) -> bytes:
     return json_response(status, {"error": message}, **kw)
 
 
+_tasks: set[asyncio.Future[None]] = set()
+
+
+def keep_task(task: asyncio.Future[None]) -> None:
+    """Hold a reference to a task until it is done (the event loop keeps only weak ones)."""
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
 class HttpConnection(asyncio.Protocol):
     """One server-side connection: requests are read from the stream and answered in order, one at
     a time. A subclass answers in ``handle``: at once (it writes, and returns None), or later (it
     returns an awaitable, run as a task; an exception there is answered 500 and closes)."""
 
     max_body = 64 * 2**20
-    _tasks: ClassVar[set[asyncio.Task[None]]] = set()  # the loop keeps only weak refs to tasks
 
     def __init__(self) -> None:
         self.buf = bytearray()
@@ -189,7 +197,7 @@ class HttpConnection(asyncio.Protocol):
                 self.busy = True
                 task = asyncio.ensure_future(later)
                 self._task = task
-                self._tasks.add(task)
+                keep_task(task)
                 task.add_done_callback(self._done)
 
     def _continue(self) -> None:
@@ -202,7 +210,6 @@ class HttpConnection(asyncio.Protocol):
             self._continued = True
 
     def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
         self._task = None
         self.busy = False
         if self._reading_paused and self.transport is not None:

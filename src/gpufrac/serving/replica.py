@@ -35,16 +35,10 @@ from gpufrac.serving.http11 import (
     Request,
     error_response,
     json_response,
+    keep_task,
 )
 
 Model = Callable[[Any], Any]
-_tasks: set[asyncio.Future[None]] = set()
-
-
-def _keep(task: asyncio.Future[None]) -> None:
-    """Hold a reference to a task until it is done (the loop keeps only weak ones)."""
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
 
 
 def load_factory(ref: str) -> Any:
@@ -116,7 +110,7 @@ class Batcher:
             self.flush_at = None
         batch, self.pending = self.pending, []
         if batch:
-            _keep(asyncio.ensure_future(self._run(batch)))
+            keep_task(asyncio.ensure_future(self._run(batch)))
 
     async def _run(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> None:
         loop = asyncio.get_running_loop()
