@@ -7,6 +7,7 @@ read them with the very same strict parser: a body is accepted whole or not at a
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -48,7 +49,7 @@ class AgentService:
     ) -> None:
         self.agent = agent
         self.deployments = Deployments(agent, gateway_port=gateway_port, host=gateway_host)
-        self.lock = threading.RLock()
+        self.lock = agent.lock  # the agent's own: its reconcile pass releases it for device calls
         self.interval = interval
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -56,8 +57,9 @@ class AgentService:
         self.states: dict[str, WorkloadState] = {}
 
     def reconcile(self) -> None:
+        states = {s.key: s for s in self.agent.reconcile()}
         with self.lock:
-            self.states = {s.key: s for s in self.agent.reconcile()}
+            self.states = states
             self.deployments.reconcile(self.states)
 
     def start(self) -> None:
@@ -77,9 +79,12 @@ class AgentService:
             self._wake.clear()
             try:
                 self.reconcile()
-            except Exception as e:  # one bad pass must not stop the loop; it is recorded
-                with self.lock:
-                    self.agent.store.record_event("reconcile_error", "agent", repr(e))
+            except Exception as e:  # one bad pass must not stop the loop; it is recorded once
+                with contextlib.suppress(Exception), self.lock:
+                    self.agent.failures.failed("agent", "reconcile pass", e)
+            else:
+                with contextlib.suppress(Exception), self.lock:
+                    self.agent.failures.succeeded("agent", "reconcile pass")
 
     def stop(self) -> None:
         self._stop.set()
@@ -318,7 +323,9 @@ def create_app(
     @app.post("/api/v1/gpus/{gpu}/mig")
     async def mig(request: Request, gpu: str) -> dict[str, Any]:
         """Body: {"mig_enabled": bool, "instances": [{"profile", "start"}], "drain": bool,
-        "allow_mode_change": bool}. Refused with a 409 (nothing changed) when not allowed."""
+        "allow_mode_change": bool, "pin": bool}. A GPU already as asked is left alone ("unchanged");
+        with ``pin`` (the default) the layout is kept as set until released. Refused with a 409
+        (nothing changed) when not allowed."""
         admin_only(request)
         raw = await request.json()
         if not isinstance(raw, dict):
@@ -335,11 +342,28 @@ def create_app(
                     list(layout),
                     drain=bool(raw.get("drain", False)),
                     allow_mode_change=bool(raw.get("allow_mode_change", False)),
+                    pin=bool(raw.get("pin", True)),
                 )
+                pinned = uuid in service.agent.store.mig_pins()
         except ApplyRefused as e:
             raise HTTPException(409, str(e)) from None
         service.wake()
-        return {"gpu": uuid, "actions": [a.to_json() for a in done]}
+        return {
+            "gpu": uuid,
+            "result": "changed" if done else "unchanged",
+            "pinned": pinned,
+            "actions": [a.to_json() for a in done],
+        }
+
+    @app.delete("/api/v1/gpus/{gpu}/mig/pin")
+    def release_mig(request: Request, gpu: str) -> dict[str, Any]:
+        """Let the agent re-cut this GPU's MIG layout for waiting workloads again."""
+        admin_only(request)
+        with service.lock:
+            uuid = _gpu_uuid(gpu)
+            placed = service.agent.release_mig(uuid)
+        service.wake()
+        return {"released": uuid, "placed": [d.workload for d in placed if d.outcome == "placed"]}
 
     @app.get("/api/v1/events")
     def events(request: Request, limit: int = 100) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from collections.abc import Iterable
 
 from gpufrac.devices.health import DeviceHealth
 from gpufrac.runtime.agent import Agent, WorkloadState
-from gpufrac.runtime.memory_watch import workload_memory_mib
 
 MIB = 2**20
 
@@ -83,7 +82,7 @@ def render(agent: Agent, states: dict[str, WorkloadState]) -> str:
         d = st.decision
         if st.phase != "running" or d is None or not d.gpus:
             continue
-        use = workload_memory_mib(agent, tenant, name)
+        use = agent.memory_use(tenant, name)
         if use is not None:
             source = (
                 {"source": "simulated"} if dev.simulated else {}

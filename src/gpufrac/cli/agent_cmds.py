@@ -123,16 +123,37 @@ def _server(server: str | None) -> str:
     ).rstrip("/")
 
 
-def _call(method: str, server: str | None, path: str, **kw: Any) -> Any:
+def request(method: str, server: str | None, path: str, **kw: Any) -> httpx.Response:
+    """One call to the agent, with the caller's token; an agent that cannot be reached is exit 2."""
     url = _server(server) + path
     token = os.environ.get("GPUFRAC_TOKEN")
     headers = {**kw.pop("headers", {}), **({"authorization": f"Bearer {token}"} if token else {})}
     try:
-        r = httpx.request(method, url, timeout=30, headers=headers, **kw)
+        return httpx.request(method, url, timeout=30, headers=headers, **kw)
     except httpx.HTTPError as e:
         raise fail(
             f"cannot reach the agent at {_server(server)} ({e})", 2, "start it with: gpufrac agent"
         ) from None
+
+
+def answer_detail(r: httpx.Response) -> str:
+    """The agent's explanation of a refusal, as one line."""
+    try:
+        detail = r.json().get("detail", r.text)
+    except ValueError:
+        return r.text
+    if isinstance(detail, list):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}"
+            + (f" ({d['fix']})" if d.get("fix") else "")
+            for d in detail
+            if isinstance(d, dict)
+        )
+    return str(detail)
+
+
+def _call(method: str, server: str | None, path: str, **kw: Any) -> Any:
+    r = request(method, server, path, **kw)
     if r.status_code == 422:
         detail = r.json().get("detail", [])
         msgs = [

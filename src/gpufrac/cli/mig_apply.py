@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json as jsonlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from gpufrac.cli.agent_cmds import ServerOpt, find_agent
+from gpufrac.cli.agent_cmds import ServerOpt, answer_detail, find_agent
 from gpufrac.cli.agent_cmds import _call as agent_call
+from gpufrac.cli.agent_cmds import request as agent_request
 from gpufrac.cli.common import (
     DataDirOpt,
     JsonOpt,
@@ -102,22 +104,20 @@ def apply_command(
     with handled_errors(), devices(simulate, data_dir) as dev:
         targets = _targets(dev, plan, config_file, selected_config)
         field = "--plan" if plan is not None else "--config-file"
+        # simulated GPUs are never handed to an agent found by chance on the default port
+        agent = None if dry_run else find_agent(server, probe=dev.simulated is False)
+        if agent is not None:  # the agent owns MIG changes on its GPUs: it keeps its scheduler true
+            outcomes = _through_agent(
+                agent, dev, targets, drain=drain, allow_mode_change=allow_mode_change
+            )
+            _report_per_gpu(outcomes, json)
+            raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
         try:
             actions = diff_actions(
                 dev, targets, drain=drain, allow_mode_change=allow_mode_change, field=field
             )
             if dry_run:
                 _report(actions, json, dry=True)
-                return
-            # simulated GPUs are never handed to an agent found by chance on the default port
-            agent = find_agent(server, probe=dev.simulated is False)
-            if (
-                agent is not None
-            ):  # the agent owns MIG changes on its GPUs: it keeps its scheduler true
-                done = _through_agent(
-                    agent, targets, drain=drain, allow_mode_change=allow_mode_change
-                )
-                _report(done, json, dry=False)
                 return
             with Progress(
                 TextColumn("{task.description}"),
@@ -141,22 +141,90 @@ def apply_command(
         _report(done, json, dry=False)
 
 
+@dataclass(frozen=True, slots=True)
+class GpuOutcome:
+    """What the agent did with one GPU of a plan."""
+
+    uuid: str
+    index: int
+    result: str  # changed | unchanged | refused | failed
+    reason: str = ""
+    pinned: bool = False
+    actions: tuple[MigAction, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("changed", "unchanged")
+
+
 def _through_agent(
-    server: str, targets: list[GpuTarget], *, drain: bool, allow_mode_change: bool
-) -> list[MigAction]:
-    done: list[MigAction] = []
+    server: str,
+    dev: NvmlDevices,
+    targets: list[GpuTarget],
+    *,
+    drain: bool,
+    allow_mode_change: bool,
+) -> list[GpuOutcome]:
+    """Each GPU of the plan through the agent, one at a time: a GPU already as asked is left alone, a
+    refusal or failure on one GPU is reported and the others still go."""
+    index = {g.uuid: g.index for g in dev.gpus()}
+    out: list[GpuOutcome] = []
     for t in targets:
         body = {
             "mig_enabled": t.mig_enabled,
             "instances": [p.to_json() for p in t.layout],
             "drain": drain,
             "allow_mode_change": allow_mode_change,
+            "pin": True,
         }
-        r = agent_call("POST", server, f"/api/v1/gpus/{t.uuid}/mig", json=body)
-        done += [
-            MigAction(**{k: v for k, v in a.items() if k != "nvidia_smi"}) for a in r["actions"]
-        ]
-    return done
+        where = index.get(t.uuid, -1)
+        r = agent_request("POST", server, f"/api/v1/gpus/{t.uuid}/mig", json=body)
+        if r.status_code != 200:
+            result = "refused" if r.status_code in (409, 422) else "failed"
+            why = answer_detail(r)
+            out.append(
+                GpuOutcome(t.uuid, where, result, why or f"the agent answered {r.status_code}")
+            )
+            continue
+        got = r.json()
+        actions = tuple(
+            MigAction(**{k: v for k, v in a.items() if k != "nvidia_smi"}) for a in got["actions"]
+        )
+        out.append(GpuOutcome(t.uuid, where, got["result"], "", bool(got.get("pinned")), actions))
+    return out
+
+
+def _report_per_gpu(outcomes: list[GpuOutcome], json: bool) -> None:
+    if json:
+        print_json(
+            {
+                "dry_run": False,
+                "changed": any(o.result == "changed" for o in outcomes),
+                "gpus": [
+                    {
+                        "uuid": o.uuid,
+                        "index": o.index,
+                        "result": o.result,
+                        "reason": o.reason,
+                        "pinned": o.pinned,
+                        "actions": [a.to_json() for a in o.actions],
+                    }
+                    for o in outcomes
+                ],
+                "actions": [a.to_json() for o in outcomes for a in o.actions],
+            }
+        )
+        return
+    style = {"changed": "green", "unchanged": "dim", "refused": "yellow", "failed": "red"}
+    for o in outcomes:
+        extra = f" ({len(o.actions)} action(s))" if o.actions else ""
+        pin = "; layout pinned (gpufrac mig release lets the agent re-cut it)" if o.pinned else ""
+        why = f": {o.reason}" if o.reason else ""
+        console.print(
+            f"GPU {o.index}: [{style[o.result]}]{o.result}[/]{extra}{pin}{why}", highlight=False
+        )
+        for a in o.actions:
+            console.print(f"  {a.describe()}", highlight=False)
 
 
 def _report(actions: list[MigAction], json: bool, *, dry: bool) -> None:
@@ -278,7 +346,12 @@ def _set_mode(
                     "POST",
                     agent,
                     f"/api/v1/gpus/{g.uuid}/mig",
-                    json={"mig_enabled": enabled, "instances": [], "allow_mode_change": True},
+                    json={
+                        "mig_enabled": enabled,
+                        "instances": [],
+                        "allow_mode_change": True,
+                        "pin": False,  # a mode alone: the agent may cut the GPU for its workloads
+                    },
                 )
             change = dev.set_mig_mode(g.uuid, enabled)  # a no-op when the agent already did it
             results.append((g, change))

@@ -25,8 +25,13 @@ from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.manifest import load_manifest_file
-from gpufrac.model.manifest_fields import read_text_file
-from gpufrac.model.settings import OperatorSettings, load_settings, parse_settings
+from gpufrac.model.manifest_fields import read_choice, read_text_file
+from gpufrac.model.settings import (
+    PLACEMENT_POLICIES,
+    OperatorSettings,
+    load_settings,
+    parse_settings,
+)
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
 from gpufrac.planning.scheduler import Decision, Scheduler, decision_to_json
@@ -112,12 +117,9 @@ def schedule_command(
     with handled_errors():
         specs = _workloads(_load(files))
         cfg = _settings(settings_file, data_dir)
-        if policy is not None and policy not in ("binpack", "spread"):
-            raise InputError(
-                f"unknown policy {policy!r}", field="--policy", fix="binpack or spread"
-            )
+        chosen = None if policy is None else read_choice(policy, "--policy", PLACEMENT_POLICIES)
         fleet = _fleet(gpus, simulate, data_dir)
-        sched = Scheduler(fleet, cfg, policy=policy)
+        sched = Scheduler(fleet, cfg, policy=chosen)
         decisions: list[Decision] = []
         for spec in specs:
             decisions.extend(sched.submit(spec))

@@ -7,15 +7,17 @@ These readings are what the node agent's health checks and metrics use; they go 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from gpufrac.devices.nvml import NvmlDevices, text
+
+DeviceEventKind = Literal["xid", "ecc_double_bit", "ecc_single_bit", "other"]
 
 
 @dataclass(frozen=True, slots=True)
 class DeviceEvent:
     gpu_uuid: str
-    kind: str  # xid | ecc_double_bit | ecc_single_bit
+    kind: DeviceEventKind
     data: int
 
 
@@ -73,10 +75,11 @@ class DeviceHealth:
             if e.value == lib.NVML_ERROR_TIMEOUT:
                 return None
             raise self.dev.translate(e, "nvmlEventSetWait") from None
-        kind = {
+        kinds: dict[int, DeviceEventKind] = {
             lib.nvmlEventTypeXidCriticalError: "xid",
             lib.nvmlEventTypeDoubleBitEccError: "ecc_double_bit",
             lib.nvmlEventTypeSingleBitEccError: "ecc_single_bit",
-        }.get(int(data.eventType), "other")
+        }
+        kind = kinds.get(int(data.eventType), "other")
         uuid = text(self.dev.call(lib.nvmlDeviceGetUUID, data.device))
         return DeviceEvent(gpu_uuid=uuid, kind=kind, data=int(data.eventData))

@@ -36,6 +36,7 @@ from gpufrac.model.gpu import (
     MIG_UNSUPPORTED,
     GpuState,
     MigInstanceState,
+    MigMode,
     ProcessState,
 )
 
@@ -52,8 +53,8 @@ NO_DRIVER_HINT = (
 class MigModeChange:
     """What a MIG mode change did: ``activated`` False means it is pending (``reason`` says why)."""
 
-    current: str
-    pending: str
+    current: MigMode
+    pending: MigMode
     activated: bool
     reason: str | None
 
@@ -483,7 +484,7 @@ class NvmlDevices:
         self.destroy_gpu_instance(uuid, gi_id)
 
 
-def _mode(value: Any) -> str:
+def _mode(value: Any) -> MigMode:
     return MIG_ENABLED if int(value) == 1 else MIG_DISABLED
 
 

@@ -6,13 +6,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gpufrac.model.mig import MigPlacement
 
-MIG_ENABLED = "enabled"
-MIG_DISABLED = "disabled"
-MIG_UNSUPPORTED = "unsupported"
+MigMode = Literal["enabled", "disabled", "unsupported"]
+Health = Literal["ok", "lost"]
+MIG_ENABLED: MigMode = "enabled"
+MIG_DISABLED: MigMode = "disabled"
+MIG_UNSUPPORTED: MigMode = "unsupported"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +69,12 @@ class GpuState:
     memory_total_mib: int
     memory_used_mib: int
     utilization_gpu: int | None
-    mig_current: str
-    mig_pending: str
+    mig_current: MigMode
+    mig_pending: MigMode
     instances: tuple[MigInstanceState, ...] = ()
     processes: tuple[ProcessState, ...] = ()
     simulated: bool = False
-    health: str = "ok"  # ok | lost
+    health: Health = "ok"
     warnings: tuple[str, ...] = field(default=())
 
     @classmethod
@@ -100,6 +102,13 @@ class GpuState:
     @property
     def layout(self) -> tuple[MigPlacement, ...]:
         return tuple(sorted(i.placement for i in self.instances))
+
+    def instance_at(self, placement: MigPlacement) -> MigInstanceState | None:
+        """The MIG instance at ``placement`` (its profile and start), if it exists."""
+        for inst in self.instances:
+            if inst.start == placement.start and inst.profile == placement.profile:
+                return inst
+        return None
 
     def to_json(self) -> dict[str, Any]:
         return {

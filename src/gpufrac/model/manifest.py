@@ -41,7 +41,9 @@ from gpufrac.model.workload import (
     WORKLOAD_TYPES,
     GpuRequest,
     HealthCheck,
+    RestartPolicy,
     WorkloadSpec,
+    WorkloadType,
 )
 
 API_VERSION = "gpufrac/v1"
@@ -76,7 +78,7 @@ GPU_ALIASES = {
     "gpu-memory": "memory",
 }
 GPU_FIELDS = (*REQUEST_KINDS, "compute", *GPU_ALIASES)
-DEFAULT_RESTART = {"service": "always", "job": "on-failure"}
+DEFAULT_RESTART: dict[WorkloadType, RestartPolicy] = {"service": "always", "job": "on-failure"}
 DEFAULT_BACKOFF_LIMIT = 6
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")

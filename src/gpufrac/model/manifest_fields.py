@@ -14,12 +14,14 @@ import re
 from collections.abc import Mapping
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from gpufrac.errors import InputError
 from gpufrac.model.units import parse_size_mib
+
+C = TypeVar("C", bound=str)
 
 _DNS_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_/-]+$")
@@ -175,11 +177,13 @@ def read_str(value: object, field: str, *, fix: str | None = None) -> str:
     return value
 
 
-def read_choice(value: object, field: str, choices: tuple[str, ...]) -> str:
+def read_choice(value: object, field: str, choices: tuple[C, ...]) -> C:
+    """One of a closed set of words (``choices``, the ``get_args`` of a ``Literal``)."""
     fix = f"use one of: {', '.join(choices)}"
-    if not isinstance(value, str) or value not in choices:
-        raise InputError(f"{kind_of(value)} is not a valid choice", field=field, fix=fix)
-    return value
+    for choice in choices:
+        if value == choice:
+            return choice
+    raise InputError(f"{kind_of(value)} is not a valid choice", field=field, fix=fix)
 
 
 def read_int(

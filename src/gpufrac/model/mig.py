@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel
@@ -147,11 +147,16 @@ def _instance_profile(text: str, *, field: str) -> str:
     return str(name)
 
 
+LayoutRule = Literal[
+    "unknown_profile", "placement", "overlap", "compute", "max_instances", "media_extensions"
+]
+
+
 @dataclass(frozen=True, slots=True)
 class LayoutProblem:
     """Why a layout is invalid: the rule broken and the instances that break it."""
 
-    rule: str  # unknown_profile | placement | overlap | compute | max_instances | media_extensions
+    rule: LayoutRule
     message: str
     instances: tuple[MigPlacement, ...]
 

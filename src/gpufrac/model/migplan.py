@@ -8,21 +8,24 @@ See docs/json.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, assert_never, get_args
 
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel
 from gpufrac.model.gpu import MigInstanceState
 from gpufrac.model.mig import MigPlacement, layout_from_json
 
-ACTION_KINDS = ("enable_mig", "destroy_ci", "destroy_gi", "create_gi", "create_ci", "disable_mig")
+MigActionKind = Literal[
+    "enable_mig", "destroy_ci", "destroy_gi", "create_gi", "create_ci", "disable_mig"
+]
+ACTION_KINDS: tuple[MigActionKind, ...] = get_args(MigActionKind)
 
 
 @dataclass(frozen=True, slots=True)
 class MigAction:
     """One step. GPU and instance identity: ``gpu_uuid`` plus (``profile``, ``start``)."""
 
-    kind: str  # one of ACTION_KINDS
+    kind: MigActionKind
     gpu_uuid: str
     gpu_index: int
     profile: str | None = None
@@ -34,31 +37,40 @@ class MigAction:
     def nvidia_smi(self) -> str:
         """The equivalent nvidia-smi command."""
         i = self.gpu_index
-        if self.kind == "enable_mig":
-            return f"nvidia-smi -i {i} -mig 1"
-        if self.kind == "disable_mig":
-            return f"nvidia-smi -i {i} -mig 0"
-        if self.kind == "destroy_ci":
-            return f"nvidia-smi mig -i {i} -gi {self.gi_id} -ci {self.ci_id} -dci"
-        if self.kind == "destroy_gi":
-            return f"nvidia-smi mig -i {i} -gi {self.gi_id} -dgi"
-        if self.kind == "create_gi":
-            return f"nvidia-smi mig -i {i} -cgi {self.profile_id}:{self.start} -C"
-        if self.gi_id is None:
-            return "# made by -C above"
-        return f"nvidia-smi mig -i {i} -gi {self.gi_id} -cci  # the compute instance filling it"
+        match self.kind:
+            case "enable_mig":
+                return f"nvidia-smi -i {i} -mig 1"
+            case "disable_mig":
+                return f"nvidia-smi -i {i} -mig 0"
+            case "destroy_ci":
+                return f"nvidia-smi mig -i {i} -gi {self.gi_id} -ci {self.ci_id} -dci"
+            case "destroy_gi":
+                return f"nvidia-smi mig -i {i} -gi {self.gi_id} -dgi"
+            case "create_gi":
+                return f"nvidia-smi mig -i {i} -cgi {self.profile_id}:{self.start} -C"
+            case "create_ci":
+                if self.gi_id is None:
+                    return "# made by -C above"
+                return f"nvidia-smi mig -i {i} -gi {self.gi_id} -cci  # the compute instance filling it"
+            case _:
+                assert_never(self.kind)
 
     def describe(self) -> str:
         where = f"GPU {self.gpu_index}"
-        if self.kind in ("enable_mig", "disable_mig"):
-            return f"{where}: {self.kind.split('_')[0]} MIG mode"
         what = f"{self.profile}@{self.start}"
-        return {
-            "destroy_ci": f"{where}: destroy compute instance {self.ci_id} of {what} (GI {self.gi_id})",
-            "destroy_gi": f"{where}: destroy GPU instance {what} (GI {self.gi_id})",
-            "create_gi": f"{where}: create GPU instance {what}",
-            "create_ci": f"{where}: create compute instance in {what}",
-        }[self.kind]
+        match self.kind:
+            case "enable_mig" | "disable_mig":
+                return f"{where}: {self.kind.split('_')[0]} MIG mode"
+            case "destroy_ci":
+                return f"{where}: destroy compute instance {self.ci_id} of {what} (GI {self.gi_id})"
+            case "destroy_gi":
+                return f"{where}: destroy GPU instance {what} (GI {self.gi_id})"
+            case "create_gi":
+                return f"{where}: create GPU instance {what}"
+            case "create_ci":
+                return f"{where}: create compute instance in {what}"
+            case _:
+                assert_never(self.kind)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -90,7 +102,10 @@ def actions_between(
     """
 
     def act(
-        kind: str, pl: MigPlacement | MigInstanceState, gi: int | None = None, ci: int | None = None
+        kind: MigActionKind,
+        pl: MigPlacement | MigInstanceState,
+        gi: int | None = None,
+        ci: int | None = None,
     ) -> MigAction:
         pid = model.profile(pl.profile).profile_id if model.has_profile(pl.profile) else None
         return MigAction(kind, uuid, index, pl.profile, pl.start, pid, gi, ci)

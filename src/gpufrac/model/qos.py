@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufrac.model.workload import WorkloadSpec
+from gpufrac.model.workload import QOS_MODES, QosMode, WorkloadSpec, WorkloadType
 
-QOS_MODES = ("latency", "throughput")
-DEFAULT_QOS = {"service": "latency", "job": "throughput"}
+__all__ = ["DEFAULT_QOS", "QOS_MODES", "QosParams", "mps_client_priority", "qos_params"]
+
+DEFAULT_QOS: dict[WorkloadType, QosMode] = {"service": "latency", "job": "throughput"}
 MAX_WEIGHT = 1000
 MILLI = 1000
 
@@ -53,7 +54,7 @@ def arbiter_rank(priority: int, qos: str) -> int:
     return 2 * priority + (1 if qos == "latency" else 0)
 
 
-def mps_client_priority(qos: str) -> int:
+def mps_client_priority(qos: QosMode) -> int:
     """``CUDA_MPS_CLIENT_PRIORITY``: 0 is normal (latency), 1 is below normal (throughput)."""
     return 0 if qos == "latency" else 1
 

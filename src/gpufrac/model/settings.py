@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 from gpufrac.errors import InputError
 from gpufrac.model.manifest_fields import (
@@ -31,10 +32,17 @@ SETTINGS_FIELDS = (
     "placement_policy",
     "qos_quantum_ms",
     "qos_preempt",
+    "mig_reconfigure",
 )
-QOS_PREEMPT = ("overlap", "drain")
+QosPreempt = Literal["overlap", "drain"]  # how a higher QoS class takes the GPU over
+PlacementPolicy = Literal["binpack", "spread"]
+# when the agent may re-cut MIG GPUs for waiting workloads: never; idle instances and free space only;
+# or also by evicting lower-priority MIG work (the preemption rules). MIG mode itself never changes.
+MigReconfigure = Literal["never", "idle", "drain"]
+QOS_PREEMPT: tuple[QosPreempt, ...] = get_args(QosPreempt)
+PLACEMENT_POLICIES: tuple[PlacementPolicy, ...] = get_args(PlacementPolicy)
+MIG_RECONFIGURE: tuple[MigReconfigure, ...] = get_args(MigReconfigure)
 TENANT_FIELDS = ("gpu_memory", "gpus")
-PLACEMENT_POLICIES = ("binpack", "spread")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +57,10 @@ class TenantQuota:
 class OperatorSettings:
     tenants: dict[str, TenantQuota] = field(default_factory=dict)
     mps_share_tenants: bool = False  # may workloads of different tenants share one GPU under MPS
-    placement_policy: str = "binpack"  # binpack | spread
+    placement_policy: PlacementPolicy = "binpack"
     qos_quantum_ms: int = 10  # the QoS arbiter's quantum: longest turn while others of a class wait
-    qos_preempt: str = "overlap"  # overlap | drain: how a higher class takes the GPU over
+    qos_preempt: QosPreempt = "overlap"
+    mig_reconfigure: MigReconfigure = "idle"
 
 
 def load_settings(data_dir: Path) -> OperatorSettings:
@@ -103,6 +112,9 @@ def parse_settings(text: str, *, source: str = SETTINGS_FILE) -> OperatorSetting
             raw.get("qos_quantum_ms", 10), "qos_quantum_ms", minimum=1, maximum=1000
         ),
         qos_preempt=read_choice(raw.get("qos_preempt", "overlap"), "qos_preempt", QOS_PREEMPT),
+        mig_reconfigure=read_choice(
+            raw.get("mig_reconfigure", "idle"), "mig_reconfigure", MIG_RECONFIGURE
+        ),
     )
 
 

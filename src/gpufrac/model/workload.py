@@ -8,12 +8,21 @@ memory in MiB, GPU shares in milli-GPU (1000 = one whole GPU), compute in percen
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 PRIORITY_NAMES = {"low": 0, "normal": 50, "high": 100}
-SHARING_MODES = ("auto", "mig", "mps", "timeslice", "exclusive")
-WORKLOAD_TYPES = ("job", "service")
-RESTART_POLICIES = ("always", "on-failure", "never")
+Mode = Literal["exclusive", "timeslice", "mps", "mig"]  # how a placed workload shares its GPU
+Sharing = Literal["auto", "mig", "mps", "timeslice", "exclusive"]  # what a manifest may ask for
+WorkloadType = Literal["job", "service"]
+RestartPolicy = Literal["always", "on-failure", "never"]
+ProbeKind = Literal["http", "tcp"]
+QosMode = Literal["latency", "throughput"]
+RequestKind = Literal["count", "fraction", "mig", "memory"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+SHARING_MODES: tuple[Sharing, ...] = get_args(Sharing)
+WORKLOAD_TYPES: tuple[WorkloadType, ...] = get_args(WorkloadType)
+RESTART_POLICIES: tuple[RestartPolicy, ...] = get_args(RestartPolicy)
+QOS_MODES: tuple[QosMode, ...] = get_args(QosMode)
 MILLI = 1000
 
 
@@ -30,7 +39,7 @@ class GpuRequest:
     mig_model: str | None = None  # catalog key, where the profile name alone is ambiguous
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> RequestKind:
         if self.count is not None:
             return "count"
         if self.fraction_milli is not None:
@@ -44,7 +53,7 @@ class GpuRequest:
 class HealthCheck:
     """A service's readiness check: HTTP GET ``path`` on ``port`` (2xx/3xx), or a TCP connect to ``port``."""
 
-    kind: str  # http | tcp
+    kind: ProbeKind
     port: int
     path: str = "/"
     period_seconds: int = 5
@@ -57,20 +66,18 @@ class WorkloadSpec:
     gpu: GpuRequest
     command: tuple[str, ...]
     tenant: str = "default"
-    type: str = "job"  # job | service
+    type: WorkloadType = "job"
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
     user: str | None = None
     health: HealthCheck | None = None
-    sharing: str = "auto"  # auto | mig | mps | timeslice | exclusive
+    sharing: Sharing = "auto"
     priority: int = PRIORITY_NAMES["normal"]  # higher is more important
-    restart: str = "on-failure"  # always | on-failure | never
+    restart: RestartPolicy = "on-failure"
     backoff_limit: int = 6  # jobs: restarts before the job is failed
     deadline_seconds: int | None = None  # jobs: stopped and failed after this long
-    qos: str = (
-        "throughput"  # latency | throughput (model/qos.py maps it, with priority, to a class)
-    )
+    qos: QosMode = "throughput"  # model/qos.py maps it, with priority, to an arbiter class
     weight: int = 1  # share of its GPU within its class, relative to the others'
     min_share_milli: int = 0  # thousandths of its GPU's busy time guaranteed while it wants a turn
 

@@ -1,64 +1,128 @@
 """Where a request could go: candidate GPUs per model, best first, taken from the state's indexes (the
-filters and scores then decide)."""
+filters and scores then decide).
+
+On MIG GPUs, in order: a free instance of the profile; a new instance in free space; a re-cut that
+destroys the fewest idle instances in the way (``mig_recut``). How far that may go is the ``RecutScope``:
+``none`` uses existing instances only (static layouts), ``whole_gpu`` also cuts a GPU again once all its
+instances are idle (the old behaviour, kept as the benchmark's baseline), ``idle`` and ``drain`` re-cut
+around busy instances (``drain`` lets preemption take busy ones too; see ``sched_preempt``).
+"""
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Literal
 
-from gpufrac.model.workload import MILLI, WorkloadSpec
-from gpufrac.planning.sched_plugins import FILTERS, Candidate, need_on
-from gpufrac.planning.sched_state import additions
-
-if TYPE_CHECKING:
-    from gpufrac.planning.scheduler import Scheduler
+from gpufrac.model.settings import MigReconfigure
+from gpufrac.model.workload import MILLI, Mode
+from gpufrac.planning.mig_recut import best_recut
+from gpufrac.planning.sched_plugins import Candidate, PluginContext, Policy, first_refusal
+from gpufrac.planning.sched_request import Need, SchedRequest
+from gpufrac.planning.sched_state import ClusterState, SchedGpu, additions
 
 CANDIDATES_PER_MODEL = 4  # candidates that pass the filters, scored per model
 SCAN_LIMIT = 64  # GPUs looked at per model and pool before giving up on it
 
+RecutScope = Literal["none", "whole_gpu", "idle", "drain"]
+
+
+def recut_scope(setting: MigReconfigure) -> RecutScope:
+    match setting:
+        case "never":
+            return "none"
+        case "idle" | "drain":
+            return setting
+
+
+def mig_candidates_on(
+    st: ClusterState, req: SchedRequest, g: SchedGpu, scope: RecutScope
+) -> Iterator[Candidate]:
+    """The MIG candidates on one GPU, best first: a free instance, a new one, a re-cut."""
+    profile = req.mig_profile(g.model)
+    if profile is None or not g.mig:
+        return
+    need = req.need(g.model, "mig", profile)
+    free = [pl for pl, owner in g.instances.items() if owner is None and pl.profile == profile]
+    if free:
+        yield Candidate(g.index, "mig", need, min(free), False)
+        return
+    if scope == "none" or g.pinned:
+        return
+    new = st.addition(g, profile)
+    if new is not None:
+        yield Candidate(g.index, "mig", need, new, True)
+        return
+    recut = _recut_on(g, profile, need, scope)
+    if recut is not None:
+        yield recut
+
+
+def _recut_on(g: SchedGpu, profile: str, need: Need, scope: RecutScope) -> Candidate | None:
+    """A re-cut of ``g`` that makes room for ``profile`` by destroying idle instances."""
+    if scope == "whole_gpu":
+        if not g.instances or any(o is not None for o in g.instances.values()):
+            return None
+        fresh = additions(g.model, ()).get(profile)
+        if fresh is None:
+            return None
+        return Candidate(g.index, "mig", need, fresh, True, tuple(sorted(g.instances)))
+    found = best_recut(g.model, g.instances, profile)
+    if found is None:
+        return None
+    return Candidate(g.index, "mig", need, found.create, True, found.destroy)
+
+
+def _recuts(
+    st: ClusterState, model_key: str, profile: str, need: Need, scope: RecutScope
+) -> Iterator[Candidate]:
+    """Re-cuts on the model's MIG GPUs with idle instances, fewest instances destroyed first."""
+    if scope == "none":
+        return
+    pool = st.idle_mig if scope == "whole_gpu" else st.with_idle
+    found = [
+        c
+        for gi in sorted(pool.get(model_key, ()))[:SCAN_LIMIT]
+        if (c := _recut_on(st.gpus[gi], profile, need, scope)) is not None
+    ]
+    found.sort(key=lambda c: (len(c.destroy), c.gpu))
+    yield from found[:CANDIDATES_PER_MODEL]
+
 
 def candidates_on(
-    s: Scheduler, spec: WorkloadSpec, mode: str, only: set[int]
+    st: ClusterState, req: SchedRequest, mode: Mode, only: set[int], scope: RecutScope
 ) -> Iterator[Candidate]:
     """Candidates on the given GPUs only (the filters still decide)."""
     for gi in sorted(only):
-        g = s.state.gpus[gi]
+        g = st.gpus[gi]
         if mode == "mig":
-            if not g.mig:
-                continue
-            profile = s._mig_profile(spec, g.model)
-            if profile is None:
-                continue
-            need = need_on(spec, g.model, "mig", profile)
-            free = [
-                pl for pl, owner in g.instances.items() if owner is None and pl.profile == profile
-            ]
-            if free:
-                yield Candidate(gi, mode, need, min(free), False)
-            elif (new := s.state.addition(g, profile)) is not None:
-                yield Candidate(gi, mode, need, new, True)
+            yield from mig_candidates_on(st, req, g, scope)
         elif not g.mig:
-            yield Candidate(gi, mode, need_on(spec, g.model, mode))
+            yield Candidate(gi, mode, req.need(g.model, mode))
 
 
 def candidates(
-    s: Scheduler, spec: WorkloadSpec, mode: str, passed: dict[str, int] | None = None
+    st: ClusterState,
+    ctx: PluginContext,
+    req: SchedRequest,
+    mode: Mode,
+    policy: Policy,
+    scope: RecutScope,
+    passed: dict[str, int] | None = None,
 ) -> Iterator[Candidate]:
     """Candidates per GPU model, best first by the state's indexes; a model is left as soon as
     ``passed`` says enough of its candidates got through the filters."""
     done = passed if passed is not None else {}
-    st = s.state
-    spread = s.policy == "spread"
-    first_fit = s.policy == "first-fit"
-    for model in s.models:
+    spread = policy == "spread"
+    first_fit = policy == "first-fit"
+    for model in st.models:
         key = model.key
         n = 0
         if mode == "mig":
-            profile = s._mig_profile(spec, model)
+            profile = req.mig_profile(model)
             if profile is None:
                 continue
-            need = need_on(spec, model, "mig", profile)
+            need = req.need(model, "mig", profile)
             free = st.free_instances.get((key, profile), set())
             order = (
                 (lambda x: x[0])
@@ -68,7 +132,7 @@ def candidates(
             for gi, pl in sorted(free, key=order)[:CANDIDATES_PER_MODEL]:
                 yield Candidate(gi, mode, need, pl, False)
                 n += 1
-            if n:
+            if n or scope == "none":
                 continue
             addable = st.addable.get((key, profile), set())
             order2 = (
@@ -83,13 +147,9 @@ def candidates(
                     yield Candidate(gi, mode, need, new, True)
             if n:
                 continue
-            # a MIG GPU whose instances are all idle can be cut again from scratch
-            fresh = additions(model, ()).get(profile)
-            for gi in sorted(st.idle_mig.get(key, ()))[:1] if fresh is not None else ():
-                g = st.gpus[gi]
-                yield Candidate(gi, mode, need, fresh, True, tuple(sorted(g.instances)))
+            yield from _recuts(st, model.key, profile, need, scope)
             continue
-        need = need_on(spec, model, mode)
+        need = req.need(model, mode)
         if need.memory_mib > model.memory_total_mib:
             continue
         shared = st.shared.get((key, mode), [])
@@ -98,7 +158,7 @@ def candidates(
             pool = sorted([i for _, i in shared] + empty)
             for gi in pool:
                 cand = Candidate(gi, mode, need)
-                if not any(f(s, spec, cand) for f in FILTERS):
+                if first_refusal(ctx, req, cand) is None:
                     yield cand
                     n += 1
                     if n >= CANDIDATES_PER_MODEL:

@@ -1,32 +1,84 @@
-"""The scheduler's output as values: decisions and the actions the node agent carries out."""
+"""The scheduler's output as values: decisions, and the closed set of actions the node agent carries out.
+
+A ``Decision`` says where one workload runs (or why it waits, or why it is refused) and lists the
+``SchedAction`` values that make it so, in order: evictions first, then MIG instances destroyed, then the
+instance created, then the start. The agent carries each kind out in one ``match`` with ``assert_never``
+(``runtime/carry_out.py``), so a kind added here and left out there fails mypy. Decisions are stored as
+JSON with the placement; docs/json.md has the shape.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar, assert_never, get_args
 
 from gpufrac.model.mig import MigPlacement
-from gpufrac.model.workload import WorkloadSpec
+from gpufrac.model.workload import MODES, Mode, WorkloadSpec
+
+T = TypeVar("T", bound=str)
+
+ActionKind = Literal[
+    "evict",  # stop a placed workload that lost its place (preempted, drained); it waits again
+    "destroy_mig_instance",  # an idle MIG instance goes, to make room (a re-cut)
+    "create_mig_instance",  # the MIG instance a workload was given is created
+    "start",  # the workload's process is started on its GPU (or instance)
+    "stop",  # the workload's process is stopped (deleted, deadline passed, over its memory)
+]
+ACTION_KINDS: tuple[ActionKind, ...] = get_args(ActionKind)
+Outcome = Literal["placed", "pending", "refused"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+MIG_ACTIONS: frozenset[ActionKind] = frozenset({"destroy_mig_instance", "create_mig_instance"})
 
 
 @dataclass(frozen=True, slots=True)
 class SchedAction:
-    kind: str  # create_mig_instance | evict | start
-    workload: str
+    kind: ActionKind
+    workload: str  # tenant/name: the workload the action is for (an eviction: the one evicted)
     gpu_uuid: str | None = None
     mig: MigPlacement | None = None
+    reason: str = ""
+
+    def describe(self) -> str:
+        where = f" {self.mig}" if self.mig is not None else ""
+        on = f" on {self.gpu_uuid}" if self.gpu_uuid else ""
+        match self.kind:
+            case "evict":
+                return f"evict {self.workload}" + (f": {self.reason}" if self.reason else "")
+            case "destroy_mig_instance":
+                return f"destroy MIG instance{where}{on}"
+            case "create_mig_instance":
+                return f"create MIG instance{where}{on}"
+            case "start":
+                return f"start {self.workload}{on}"
+            case "stop":
+                return f"stop {self.workload}" + (f": {self.reason}" if self.reason else "")
+            case _:
+                assert_never(self.kind)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "workload": self.workload,
+            "gpu_uuid": self.gpu_uuid,
+            "mig": None if self.mig is None else self.mig.to_json(),
+            "reason": self.reason,
+        }
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     workload: str
-    outcome: str  # placed | pending | refused
+    outcome: Outcome
     reason: str = ""
-    mode: str | None = None
+    mode: Mode | None = None
     gpus: tuple[str, ...] = ()
     mig: MigPlacement | None = None
     evicted: tuple[str, ...] = ()
     actions: tuple[SchedAction, ...] = ()
+
+    def mig_actions(self) -> tuple[SchedAction, ...]:
+        """The MIG changes (destroys, then the create) this placement needs before its start."""
+        return tuple(a for a in self.actions if a.kind in MIG_ACTIONS)
 
 
 def decision_to_json(d: Decision) -> dict[str, object]:
@@ -38,34 +90,42 @@ def decision_to_json(d: Decision) -> dict[str, object]:
         "gpus": list(d.gpus),
         "mig": None if d.mig is None else d.mig.to_json(),
         "evicted": list(d.evicted),
-        "actions": [
-            {
-                "kind": a.kind,
-                "workload": a.workload,
-                "gpu_uuid": a.gpu_uuid,
-                "mig": None if a.mig is None else a.mig.to_json(),
-            }
-            for a in d.actions
-        ],
+        "actions": [a.to_json() for a in d.actions],
     }
 
 
-def decision_from_json(raw: dict[str, Any]) -> Decision:
-    def pl(x: Any) -> MigPlacement | None:
-        return None if x is None else MigPlacement(int(x["start"]), str(x["profile"]))
+def _placement(x: Any) -> MigPlacement | None:
+    return None if x is None else MigPlacement(int(x["start"]), str(x["profile"]))
 
+
+def _choice(value: Any, choices: tuple[T, ...], what: str) -> T:
+    for c in choices:
+        if value == c:
+            return c
+    raise ValueError(f"unknown {what} {value!r} in a stored decision")
+
+
+def action_from_json(raw: dict[str, Any]) -> SchedAction:
+    return SchedAction(
+        _choice(raw["kind"], ACTION_KINDS, "action"),
+        raw["workload"],
+        raw.get("gpu_uuid"),
+        _placement(raw.get("mig")),
+        str(raw.get("reason", "")),
+    )
+
+
+def decision_from_json(raw: dict[str, Any]) -> Decision:
+    mode = raw.get("mode")
     return Decision(
         workload=raw["workload"],
-        outcome=raw["outcome"],
+        outcome=_choice(raw["outcome"], OUTCOMES, "outcome"),
         reason=raw.get("reason", ""),
-        mode=raw.get("mode"),
+        mode=None if mode is None else _choice(mode, MODES, "mode"),
         gpus=tuple(raw.get("gpus", ())),
-        mig=pl(raw.get("mig")),
+        mig=_placement(raw.get("mig")),
         evicted=tuple(raw.get("evicted", ())),
-        actions=tuple(
-            SchedAction(a["kind"], a["workload"], a.get("gpu_uuid"), pl(a.get("mig")))
-            for a in raw.get("actions", ())
-        ),
+        actions=tuple(action_from_json(a) for a in raw.get("actions", ())),
     )
 
 

@@ -1,177 +1,250 @@
-"""The scheduler's plugins: what a workload needs on a GPU, filters that rule a GPU out (returning the
-reason), and scores that rank the GPUs left. Each plugin is one small function."""
+"""The scheduler's plugins, as in the Kubernetes scheduler framework: small functions that get a narrow,
+read-only view of the fleet (``PluginContext``), the request (``SchedRequest``, its needs worked out
+once) and one candidate placement.
+
+* pre-filters run once per request and GPU model: they rule out every GPU of the model at once (a
+  tenant's quota);
+* filters rule one GPU out, returning a ``Status``: ``unschedulable`` (taken now; room may come back, or
+  be made by preemption) or ``unresolvable`` (nothing on that GPU can change the answer: cordoned, the
+  wrong mode); ``None`` means the GPU passes;
+* scores rank the GPUs that passed (higher is better).
+
+Plugins never change anything: the context offers no way to.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Literal, Protocol
 
 from gpufrac.model.catalog import GpuModel
 from gpufrac.model.deployment import LABEL as DEPLOYMENT_LABEL
 from gpufrac.model.mig import MigPlacement
+from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.units import format_mib
-from gpufrac.model.workload import MILLI, WorkloadSpec
+from gpufrac.model.workload import MILLI, Mode
+from gpufrac.planning.sched_request import Need, SchedRequest
+from gpufrac.planning.sched_state import Allocation
 
-if TYPE_CHECKING:
-    from gpufrac.planning.scheduler import Scheduler
+Policy = Literal["binpack", "spread", "first-fit"]  # first-fit: the benchmark's baseline
+StatusCode = Literal["unschedulable", "unresolvable"]
 
 
 @dataclass(frozen=True, slots=True)
-class Need:
-    memory_mib: int
-    milli: int  # share of one GPU (quota and capacity accounting)
-    compute_pct: int | None = None  # MPS active-thread percentage
+class Status:
+    code: StatusCode
+    reason: str
+    plugin: str
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
     gpu: int
-    mode: str  # exclusive | timeslice | mps | mig
+    mode: Mode
     need: Need
     mig: MigPlacement | None = None
     create: bool = False  # the MIG instance must be created first
-    destroy: tuple[MigPlacement, ...] = ()  # idle MIG instances to destroy before (a re-cut)
+    destroy: tuple[MigPlacement, ...] = ()  # MIG instances to destroy before (a re-cut)
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+class GpuInfo(Protocol):
+    """One GPU, read-only."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def model(self) -> GpuModel: ...
+    @property
+    def mig(self) -> bool: ...
+    @property
+    def schedulable(self) -> bool: ...
+    @property
+    def mode(self) -> Mode | None: ...
+    @property
+    def total_mib(self) -> int: ...
+    @property
+    def free_mib(self) -> int: ...
+    @property
+    def milli_used(self) -> int: ...
+    @property
+    def compute_used(self) -> int: ...
+    @property
+    def tenants(self) -> Mapping[str, int]: ...
+    @property
+    def allocs(self) -> Mapping[str, Allocation]: ...
+    @property
+    def instances(self) -> Mapping[MigPlacement, str | None]: ...
 
 
-def need_on(spec: WorkloadSpec, model: GpuModel, mode: str, profile: str | None = None) -> Need:
-    """What ``spec`` takes on one GPU of ``model`` under ``mode`` (on a MIG ``profile``, if given)."""
-    req = spec.gpu
-    total = model.memory_total_mib
-    if req.count is not None or mode == "exclusive":
-        return Need(total, MILLI)
-    if profile is not None:
-        prof = model.profile(profile)
-        memory = prof.memory_mib or total * prof.memory_slots // max(1, model.memory_slots)
-        return Need(memory, _ceil_div(prof.compute_slices * MILLI, max(1, model.compute_slices)))
-    if req.fraction_milli is not None:
-        compute = _ceil_div(req.fraction_milli, 10) if mode == "mps" else None
-        return Need(total * req.fraction_milli // MILLI, req.fraction_milli, compute)
-    memory = req.memory_mib or 0
-    milli = (
-        memory * MILLI // total
-    )  # rounded down: memory itself is checked exactly, and shares must add up
-    if req.compute_pct is not None:
-        milli = max(milli, req.compute_pct * 10)
-    return Need(memory, min(MILLI, milli), req.compute_pct if mode == "mps" else None)
+class PluginContext(Protocol):
+    """What a plugin may read of the scheduler: the GPUs, the settings, usage per tenant."""
+
+    @property
+    def gpus(self) -> Sequence[GpuInfo]: ...
+    @property
+    def settings(self) -> OperatorSettings: ...
+    @property
+    def policy(self) -> Policy: ...
+    @property
+    def largest_gpu_mib(self) -> int: ...
+    def tenant_use(self, tenant: str) -> tuple[int, int]:
+        """(GPU memory in MiB, milli-GPU) the tenant holds now."""
+        ...
+
+    def labels_of(self, workload: str) -> Mapping[str, str]:
+        """The labels of a placed workload (empty for one the scheduler does not know)."""
+        ...
 
 
-# -- filters: None means the GPU passes; otherwise the reason it does not ----------------------------
+# -- pre-filters: once per request and GPU model --------------------------------------------------
 
-Filter = Callable[["Scheduler", WorkloadSpec, Candidate], str | None]
-
-
-def schedulable(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> str | None:
-    g = s.state.gpus[c.gpu]
-    return None if g.schedulable else f"GPU {g.index} is cordoned or unhealthy"
+PreFilter = Callable[[PluginContext, SchedRequest, Need, int], Status | None]
 
 
-def capacity(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> str | None:
-    g = s.state.gpus[c.gpu]
-    if c.mode == "mig":
-        if c.mig is None or (not c.create and g.instances.get(c.mig, "") is not None):
-            return f"GPU {g.index}: MIG instance taken"
-        return None
-    if c.mode == "exclusive":
-        return None if not g.allocs and not g.mig else f"GPU {g.index} is not free"
-    if g.mig or g.mode not in (None, c.mode):
-        return f"GPU {g.index} is in {g.mode or 'MIG'} mode"
-    if g.free_mib < c.need.memory_mib:
-        return f"GPU {g.index} has {format_mib(g.free_mib)} free"
-    if g.milli_used + c.need.milli > MILLI:
-        return f"GPU {g.index}: its compute shares are taken"
-    if c.mode == "mps" and g.compute_used + (c.need.compute_pct or 0) > 100:
-        return f"GPU {g.index}: MPS compute is {g.compute_used}% taken"
-    return None
-
-
-def mps_tenants(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> str | None:
-    """One MPS client's fatal fault reaches every client: tenants do not share an MPS GPU unless allowed."""
-    g = s.state.gpus[c.gpu]
-    if c.mode != "mps" or s.settings.mps_share_tenants:
-        return None
-    others = [t for t in g.tenants if t != spec.tenant]
-    return f"GPU {g.index} runs MPS clients of another tenant" if others else None
-
-
-def quota(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> str | None:
-    q = s.settings.tenants.get(spec.tenant)
+def quota(ctx: PluginContext, req: SchedRequest, need: Need, count: int) -> Status | None:
+    """The tenant's quota: what it holds plus ``count`` times ``need`` (a whole-GPU request takes
+    ``need`` on each of its GPUs)."""
+    q = ctx.settings.tenants.get(req.tenant)
     if q is None:
         return None
-    used_mem, used_milli = s.state.tenant_mem[spec.tenant], s.state.tenant_milli[spec.tenant]
-    n = spec.gpu.count or 1  # a whole-GPU request takes this much on each of its GPUs
-    need_mem, need_milli = c.need.memory_mib * n, c.need.milli * n
-    if q.gpu_memory_mib is not None and used_mem + need_mem > q.gpu_memory_mib:
-        return f"tenant {spec.tenant} quota: {format_mib(used_mem)} of {format_mib(q.gpu_memory_mib)} GPU memory used"
-    if q.gpus_milli is not None and used_milli + need_milli > q.gpus_milli:
-        return f"tenant {spec.tenant} quota: {used_milli / MILLI:g} of {q.gpus_milli / MILLI:g} GPUs used"
+    used_mem, used_milli = ctx.tenant_use(req.tenant)
+    if q.gpu_memory_mib is not None and used_mem + need.memory_mib * count > q.gpu_memory_mib:
+        why = f"tenant {req.tenant} quota: {format_mib(used_mem)} of {format_mib(q.gpu_memory_mib)} GPU memory used"
+        return Status("unschedulable", why, "quota")
+    if q.gpus_milli is not None and used_milli + need.milli * count > q.gpus_milli:
+        why = f"tenant {req.tenant} quota: {used_milli / MILLI:g} of {q.gpus_milli / MILLI:g} GPUs used"
+        return Status("unschedulable", why, "quota")
     return None
 
 
-FILTERS: tuple[Filter, ...] = (schedulable, capacity, mps_tenants, quota)
+PREFILTERS: tuple[PreFilter, ...] = (quota,)
 
-# -- scores: higher is better ---------------------------------------------------------------------
+# -- filters: one GPU -------------------------------------------------------------------------------
 
-Score = Callable[["Scheduler", WorkloadSpec, Candidate], int]
+Filter = Callable[[PluginContext, SchedRequest, Candidate], Status | None]
 
 
-def packing(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> int:
+def schedulable(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:
+    g = ctx.gpus[c.gpu]
+    if g.schedulable:
+        return None
+    return Status("unresolvable", f"GPU {g.index} is cordoned or unhealthy", "schedulable")
+
+
+def capacity(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:
+    g = ctx.gpus[c.gpu]
+
+    def taken(why: str) -> Status:
+        return Status("unschedulable", why, "capacity")
+
+    if c.mode == "mig":
+        if not g.mig:
+            return Status("unresolvable", f"GPU {g.index} is not in MIG mode", "capacity")
+        if c.mig is None or (not c.create and g.instances.get(c.mig, "") is not None):
+            return taken(f"GPU {g.index}: MIG instance taken")
+        return None
+    if g.mig:
+        return Status("unresolvable", f"GPU {g.index} is in MIG mode", "capacity")
+    if c.mode == "exclusive":
+        return None if not g.allocs else taken(f"GPU {g.index} is not free")
+    if g.mode not in (None, c.mode):
+        return taken(f"GPU {g.index} is in {g.mode} mode")
+    if g.free_mib < c.need.memory_mib:
+        return taken(f"GPU {g.index} has {format_mib(g.free_mib)} free")
+    if g.milli_used + c.need.milli > MILLI:
+        return taken(f"GPU {g.index}: its compute shares are taken")
+    if c.mode == "mps" and g.compute_used + (c.need.compute_pct or 0) > 100:
+        return taken(f"GPU {g.index}: MPS compute is {g.compute_used}% taken")
+    return None
+
+
+def mps_tenants(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:
+    """One MPS client's fatal fault reaches every client: tenants do not share an MPS GPU unless allowed."""
+    g = ctx.gpus[c.gpu]
+    if c.mode != "mps" or ctx.settings.mps_share_tenants:
+        return None
+    if any(t != req.tenant for t in g.tenants):
+        why = f"GPU {g.index} runs MPS clients of another tenant"
+        return Status("unschedulable", why, "mps_tenants")
+    return None
+
+
+FILTERS: tuple[Filter, ...] = (schedulable, capacity, mps_tenants)
+
+
+def first_refusal(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:
+    """The first filter that rules the candidate out, or None if every filter passes it."""
+    for f in FILTERS:
+        status = f(ctx, req, c)
+        if status is not None:
+            return status
+    return None
+
+
+# -- scores: higher is better -----------------------------------------------------------------------
+
+Score = Callable[[PluginContext, SchedRequest, Candidate], int]
+
+
+def packing(ctx: PluginContext, req: SchedRequest, c: Candidate) -> int:
     """binpack: the less of the GPU is left after placing, the better; spread: the more; first-fit: the
     lowest index."""
-    g = s.state.gpus[c.gpu]
-    if s.policy == "first-fit":
+    g = ctx.gpus[c.gpu]
+    if ctx.policy == "first-fit":
         return -c.gpu
     # starting on an unused GPU costs a whole GPU, a small one a little more (it will hold less)
-    opens = (
-        0 if g.allocs else MILLI + (s.largest_gpu_mib - g.total_mib) * MILLI // s.largest_gpu_mib
-    )
+    largest = ctx.largest_gpu_mib
+    opens = 0 if g.allocs else MILLI + (largest - g.total_mib) * MILLI // largest
     if c.mode == "mig":
         used = sum(1 for owner in g.instances.values() if owner is not None) - (
             2 if c.create else 0
         )
-        return used * 100 - opens if s.policy != "spread" else -used * 100
+        return used * 100 - opens if ctx.policy != "spread" else -used * 100
     # what is left of the GPU afterwards: the scarcer of memory and shares, in milli-GPU
     left = min(
         (g.free_mib - c.need.memory_mib) * MILLI // max(1, g.total_mib),
         MILLI - g.milli_used - c.need.milli,
     )
-    return -left - opens if s.policy != "spread" else left
+    return -left - opens if ctx.policy != "spread" else left
 
 
-def tenant_isolation(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> int:
+def recut_cost(ctx: PluginContext, req: SchedRequest, c: Candidate) -> int:
+    """Each MIG instance destroyed for a re-cut costs as much as one created: an existing layout is
+    cut again only where it must be."""
+    return -200 * len(c.destroy)
+
+
+def tenant_isolation(ctx: PluginContext, req: SchedRequest, c: Candidate) -> int:
     """A little preference for GPUs not shared with other tenants."""
-    g = s.state.gpus[c.gpu]
-    return -10 if any(t != spec.tenant for t in g.tenants) else 0
+    return -10 if any(t != req.tenant for t in ctx.gpus[c.gpu].tenants) else 0
 
 
-def mig_fit(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> int:
+def mig_fit(ctx: PluginContext, req: SchedRequest, c: Candidate) -> int:
     """On MIG, the instance that wastes the least memory beyond what was asked for."""
-    if c.mode != "mig" or spec.gpu.mig_profile is not None:
+    if c.mode != "mig" or req.spec.gpu.mig_profile is not None:
         return 0
-    g = s.state.gpus[c.gpu]
-    asked = need_on(spec, g.model, "mig").memory_mib
+    g = ctx.gpus[c.gpu]
+    asked = req.need(g.model, "mig").memory_mib
     return -max(0, c.need.memory_mib - asked) * MILLI // max(1, g.total_mib)
 
 
-def replica_spread(s: Scheduler, spec: WorkloadSpec, c: Candidate) -> int:
+def replica_spread(ctx: PluginContext, req: SchedRequest, c: Candidate) -> int:
     """Replicas of one deployment go to different GPUs where they fit: a new replica should add GPU
     time, not split a GPU its siblings already keep busy. Outweighs packing; never a filter."""
-    group = spec.labels.get(DEPLOYMENT_LABEL)
+    group = req.spec.labels.get(DEPLOYMENT_LABEL)
     if group is None:
         return 0
-    g = s.state.gpus[c.gpu]
     siblings = sum(
         1
-        for key in g.allocs
-        if key in s.specs
-        and s.specs[key].tenant == spec.tenant
-        and s.specs[key].labels.get(DEPLOYMENT_LABEL) == group
+        for key in ctx.gpus[c.gpu].allocs
+        if key.startswith(f"{req.tenant}/") and ctx.labels_of(key).get(DEPLOYMENT_LABEL) == group
     )
     return -4 * MILLI * siblings
 
 
-SCORES: tuple[Score, ...] = (packing, tenant_isolation, mig_fit, replica_spread)
+SCORES: tuple[Score, ...] = (packing, recut_cost, tenant_isolation, mig_fit, replica_spread)
+
+
+def score(ctx: PluginContext, req: SchedRequest, c: Candidate) -> int:
+    return sum(s(ctx, req, c) for s in SCORES)

@@ -1,27 +1,41 @@
 """Priority preemption: the fewest, lowest-priority workloads whose eviction makes room. Never one of
-equal or higher priority, never past the requester's quota."""
+equal or higher priority, never past the requester's quota.
+
+What it can take, by mode:
+
+* whole GPUs and shared (time-sliced, MPS) GPUs: any lower-priority workloads on one GPU whose going
+  leaves room for the request there (the GPU's other work must be of the request's mode);
+* MIG: with ``mig_reconfigure: idle`` (or ``never``), only an instance of exactly the profile asked for
+  whose owner has a lower priority; with ``drain``, instances of any profile on one GPU, as few and as
+  low as possible, destroyed with the GPU's idle instances in the way (``mig_recut``) to create the
+  profile asked for.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
-from gpufrac.model.workload import MILLI, WorkloadSpec
-from gpufrac.planning.sched_plugins import Candidate, Need, need_on
-from gpufrac.planning.sched_state import Allocation, SchedGpu
+from gpufrac.model.settings import OperatorSettings
+from gpufrac.model.workload import MILLI, Mode
+from gpufrac.planning.mig_recut import best_recut
+from gpufrac.planning.sched_candidates import RecutScope
+from gpufrac.planning.sched_plugins import Candidate
+from gpufrac.planning.sched_request import Need, SchedRequest
+from gpufrac.planning.sched_state import Allocation, ClusterState, SchedGpu
 
-if TYPE_CHECKING:
-    from gpufrac.planning.scheduler import Scheduler
+Option = tuple[list[str], list[Candidate]]
 
 
-def preemption(s: Scheduler, spec: WorkloadSpec) -> tuple[list[str], list[Candidate]] | None:
+def preemption(
+    st: ClusterState, req: SchedRequest, settings: OperatorSettings, scope: RecutScope
+) -> Option | None:
     """The cheapest set of lower-priority workloads whose eviction makes room, and where it goes."""
     best: tuple[tuple[int, int, int], list[str], list[Candidate]] | None = None
-    lowest = s.state.min_priority()
+    lowest = st.min_priority()
     floor = (1, lowest, lowest)  # one victim of the lowest priority there is: nothing beats it
-    for mode in s._modes(spec):
-        for victims, cands in _preemption_options(s, spec, mode):
-            prios = [s.specs[v].priority for v in victims]
+    for mode in req.modes:
+        for victims, cands in _options(st, req, mode, settings, scope):
+            prios = [_priority(st, v) for v in victims]
             cost = (len(victims), max(prios, default=-(10**9)), sum(prios))
             if best is None or cost < best[0]:
                 best = (cost, victims, cands)
@@ -30,89 +44,119 @@ def preemption(s: Scheduler, spec: WorkloadSpec) -> tuple[list[str], list[Candid
     return None if best is None else (best[1], best[2])
 
 
-def _quota_after(s: Scheduler, spec: WorkloadSpec, victims: list[str], total: Need) -> bool:
-    """Would ``spec``, taking ``total`` in all, fit its tenant's quota once ``victims`` are gone?"""
-    q = s.settings.tenants.get(spec.tenant)
+def _priority(st: ClusterState, key: str) -> int:
+    return st.allocs[key][0].priority
+
+
+def _quota_after(
+    st: ClusterState, req: SchedRequest, settings: OperatorSettings, victims: list[str], total: Need
+) -> bool:
+    """Would the request, taking ``total`` in all, fit its tenant's quota once ``victims`` are gone?"""
+    q = settings.tenants.get(req.tenant)
     if q is None:
         return True
-    freed = [a for v in victims for a in s.state.allocs.get(v, []) if a.tenant == spec.tenant]
-    mem = s.state.tenant_mem[spec.tenant] - sum(a.memory_mib for a in freed)
-    milli = s.state.tenant_milli[spec.tenant] - sum(a.milli for a in freed)
+    freed = [a for v in victims for a in st.allocs.get(v, []) if a.tenant == req.tenant]
+    mem = st.tenant_mem[req.tenant] - sum(a.memory_mib for a in freed)
+    milli = st.tenant_milli[req.tenant] - sum(a.milli for a in freed)
     if q.gpu_memory_mib is not None and mem + total.memory_mib > q.gpu_memory_mib:
         return False
     return q.gpus_milli is None or milli + total.milli <= q.gpus_milli
 
 
-def _preemption_options(
-    s: Scheduler, spec: WorkloadSpec, mode: str
-) -> Iterator[tuple[list[str], list[Candidate]]]:
-    st = s.state
-    prio = spec.priority
+def _options(
+    st: ClusterState, req: SchedRequest, mode: Mode, settings: OperatorSettings, scope: RecutScope
+) -> Iterator[Option]:
+    prio = req.priority
     if st.min_priority() >= prio:
         return
 
-    class _Lower:  # membership by the allocation's own priority: no scan of every workload
-        def __contains__(self, key: object) -> bool:
-            allocs = st.allocs.get(key) if isinstance(key, str) else None
-            return allocs is not None and bool(allocs) and allocs[0].priority < prio
+    def lower(key: str) -> bool:  # by the allocation's own priority: no scan of every workload
+        allocs = st.allocs.get(key)
+        return allocs is not None and bool(allocs) and allocs[0].priority < prio
 
-    lower = _Lower()
     if mode == "exclusive":
-        count = spec.gpu.count or 1
-        options = []
-        for g in s._plain_gpus:
-            if not g.schedulable or not all(a.priority < prio for a in g.allocs.values()):
-                continue
-            options.append((len(g.allocs), g.index, sorted(g.allocs)))
-        if len(options) >= count:
-            options.sort()
-            chosen = options[:count]
-            gone = sorted({v for _, _, vs in chosen for v in vs})
-            cands = [
-                Candidate(gi, "exclusive", need_on(spec, st.gpus[gi].model, "exclusive"))
-                for _, gi, _ in chosen
-            ]
-            total = Need(sum(c.need.memory_mib for c in cands), sum(c.need.milli for c in cands))
-            if gone and _quota_after(s, spec, gone, total):
-                yield gone, cands
+        yield from _whole_gpus(st, req, settings)
         return
-    for g in s._mig_gpus if mode == "mig" else s._plain_gpus:
+    for g in st.mig_gpus if mode == "mig" else st.plain_gpus:
         if not g.schedulable or not any(a.priority < prio for a in g.allocs.values()):
             continue
         if mode == "mig":
-            profile = s._mig_profile(spec, g.model)
-            for pl, owner in g.instances.items():
-                if owner is not None and owner in lower and pl.profile == profile:
-                    need = need_on(spec, g.model, mode, profile)
-                    if _quota_after(s, spec, [owner], need):
-                        yield [owner], [Candidate(g.index, mode, need, pl, False)]
+            yield from _mig(st, req, g, settings, scope, lower)
             continue
-        need = need_on(spec, g.model, mode)
+        need = req.need(g.model, mode)
         victims: list[str] = []
-        keep = [a for a in g.allocs.values() if a.workload not in lower]
+        keep = [a for a in g.allocs.values() if not lower(a.workload)]
         if any(a.mode != mode for a in keep):
             continue
         evictable = sorted(
-            (a for a in g.allocs.values() if a.workload in lower),
-            key=lambda a: (s.specs[a.workload].priority, -a.memory_mib),
+            (a for a in g.allocs.values() if lower(a.workload)),
+            key=lambda a: (a.priority, -a.memory_mib),
         )
         remaining = list(g.allocs.values())
         for a in [None, *evictable]:
             if a is not None:
                 victims.append(a.workload)
                 remaining = [r for r in remaining if r.workload != a.workload]
-            if _room(g, remaining, need, mode, spec, s.settings.mps_share_tenants):
-                if victims and _quota_after(s, spec, victims, need):
+            if _room(g, remaining, need, mode, req.tenant, settings.mps_share_tenants):
+                if victims and _quota_after(st, req, settings, victims, need):
                     yield list(victims), [Candidate(g.index, mode, need)]
                 break
+
+
+def _whole_gpus(
+    st: ClusterState, req: SchedRequest, settings: OperatorSettings
+) -> Iterator[Option]:
+    count = req.spec.gpu.count or 1
+    options = []
+    for g in st.plain_gpus:
+        if not g.schedulable or not all(a.priority < req.priority for a in g.allocs.values()):
+            continue
+        options.append((len(g.allocs), g.index, sorted(g.allocs)))
+    if len(options) < count:
+        return
+    options.sort()
+    chosen = options[:count]
+    gone = sorted({v for _, _, vs in chosen for v in vs})
+    cands = [
+        Candidate(gi, "exclusive", req.need(st.gpus[gi].model, "exclusive")) for _, gi, _ in chosen
+    ]
+    total = Need(sum(c.need.memory_mib for c in cands), sum(c.need.milli for c in cands))
+    if gone and _quota_after(st, req, settings, gone, total):
+        yield gone, cands
+
+
+def _mig(
+    st: ClusterState,
+    req: SchedRequest,
+    g: SchedGpu,
+    settings: OperatorSettings,
+    scope: RecutScope,
+    lower: Callable[[str], bool],
+) -> Iterator[Option]:
+    profile = req.mig_profile(g.model)
+    if profile is None:
+        return
+    need = req.need(g.model, "mig", profile)
+    for pl, owner in sorted(g.instances.items()):
+        same = owner is not None and lower(owner) and pl.profile == profile
+        if same and owner is not None and _quota_after(st, req, settings, [owner], need):
+            yield [owner], [Candidate(g.index, "mig", need, pl, False)]
+    if scope != "drain" or g.pinned:
+        return
+    evictable = frozenset(o for o in g.instances.values() if o is not None and lower(o))
+    recut = best_recut(g.model, g.instances, profile, evictable)
+    if recut is not None and recut.evict:
+        victims = list(recut.evict)
+        if _quota_after(st, req, settings, victims, need):
+            yield victims, [Candidate(g.index, "mig", need, recut.create, True, recut.destroy)]
 
 
 def _room(
     g: SchedGpu,
     remaining: list[Allocation],
     need: Need,
-    mode: str,
-    spec: WorkloadSpec,
+    mode: Mode,
+    tenant: str,
     mps_share: bool,
 ) -> bool:
     if any(a.mode != mode for a in remaining):
@@ -124,6 +168,6 @@ def _room(
     if mode == "mps":
         if sum(a.compute_pct or 0 for a in remaining) + (need.compute_pct or 0) > 100:
             return False
-        if not mps_share and any(a.tenant != spec.tenant for a in remaining):
+        if not mps_share and any(a.tenant != tenant for a in remaining):
             return False
     return True

@@ -7,7 +7,11 @@ Every change goes through ``allocate`` and ``release``, which keep the accountin
   bisection, not by scanning 1,000 GPUs;
 * per model the empty whole GPUs;
 * per (model, profile) the free MIG instances, and the MIG GPUs where an instance of that profile could
-  still be created (looked up in the model's enumerated layouts, cached per layout).
+  still be created (looked up in the model's enumerated layouts, cached per layout);
+* per model the MIG GPUs with an idle instance (where a re-cut could make room).
+
+Trial changes go through a ``Statement`` (KAI-Scheduler's): every change made through it is undone by
+``rollback``, in reverse order, and kept by ``commit``.
 
 ``violations`` recomputes everything from the allocations alone: what the property tests check.
 """
@@ -16,16 +20,17 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 
 from gpufrac.model.catalog import GpuModel
 from gpufrac.model.gpu import GpuState
 from gpufrac.model.mig import MigPlacement, check_layout
-from gpufrac.model.workload import MILLI
+from gpufrac.model.workload import MILLI, Mode
 from gpufrac.planning.patterns import geometry
 
-SHARED_MODES = ("timeslice", "mps")
+SHARED_MODES: tuple[Mode, ...] = ("timeslice", "mps")
 EXTERNAL = (
     "(in use outside gpufrac)"  # the owner of a MIG instance busy with a process nobody placed
 )
@@ -39,7 +44,7 @@ class Allocation:
     tenant: str
     priority: int
     gpu: int  # GPU index in the state
-    mode: str  # exclusive | timeslice | mps | mig
+    mode: Mode
     memory_mib: int
     milli: int  # share of the GPU, for quotas and for capacity (1000 = whole)
     compute_pct: int | None = None  # MPS active-thread percentage
@@ -53,7 +58,7 @@ class SchedGpu:
     model: GpuModel
     mig: bool
     schedulable: bool = True
-    mode: str | None = None  # for non-MIG GPUs: None (empty) | exclusive | timeslice | mps
+    mode: Mode | None = None  # for non-MIG GPUs: None while empty
     mem_used: int = 0
     milli_used: int = 0
     compute_used: int = 0
@@ -62,7 +67,7 @@ class SchedGpu:
     instances: dict[MigPlacement, str | None] = field(
         default_factory=dict
     )  # MIG: instance -> workload
-    recut: bool = True  # may the scheduler cut it again when all its instances are idle
+    pinned: bool = False  # an operator set its MIG layout: no instance is created or destroyed
 
     @property
     def total_mib(self) -> int:
@@ -113,17 +118,35 @@ class ClusterState:
         self.free_instances: dict[tuple[str, str], set[tuple[int, MigPlacement]]] = defaultdict(set)
         self.addable: dict[tuple[str, str], set[int]] = defaultdict(set)
         self.idle_mig: dict[str, set[int]] = defaultdict(set)  # MIG GPUs with instances, all unused
+        self.with_idle: dict[str, set[int]] = defaultdict(set)  # MIG GPUs with an unused instance
         for g in gpus:
             if g.mig:
                 self._index_mig(g)
             elif g.schedulable:
                 bisect.insort(self.empty[g.model.key], g.index)
+        self._fleet_views()
+
+    def _fleet_views(self) -> None:
+        """What the fleet offers by mode (recomputed when a GPU's MIG mode changes)."""
+        gpus = self.gpus
+        self.models = sorted({g.model.key: g.model for g in gpus}.values(), key=lambda m: m.key)
+        self.plain_models = sorted(
+            {g.model.key: g.model for g in gpus if not g.mig}.values(), key=lambda m: m.key
+        )
+        self.mig_models = sorted(
+            {g.model.key: g.model for g in gpus if g.mig}.values(), key=lambda m: m.key
+        )
+        self.plain_count = sum(1 for g in gpus if not g.mig)
+        self.largest_gpu_mib = max((g.total_mib for g in gpus), default=1)
+        self.mig_gpus = [g for g in gpus if g.mig]
+        self.plain_gpus = [g for g in gpus if not g.mig]
 
     # -- indexes -------------------------------------------------------------------------------
 
     def _unindex(self, g: SchedGpu) -> None:
         if g.mig:
             self.idle_mig[g.model.key].discard(g.index)
+            self.with_idle[g.model.key].discard(g.index)
             for name in g.model.profiles:
                 self.addable[(g.model.key, name.name)].discard(g.index)
             for pl in g.instances:
@@ -153,35 +176,62 @@ class ClusterState:
     def _index_mig(self, g: SchedGpu) -> None:
         if not g.schedulable:
             return
-        if g.recut and g.instances and all(owner is None for owner in g.instances.values()):
-            self.idle_mig[g.model.key].add(g.index)
         for pl, owner in g.instances.items():
             if owner is None:
                 self.free_instances[(g.model.key, pl.profile)].add((g.index, pl))
+        if g.pinned:
+            return
+        if g.instances and all(owner is None for owner in g.instances.values()):
+            self.idle_mig[g.model.key].add(g.index)
+        if any(owner is None for owner in g.instances.values()):
+            self.with_idle[g.model.key].add(g.index)
         for name in additions(g.model, tuple(sorted(g.instances))):
             self.addable[(g.model.key, name)].add(g.index)
 
     def addition(self, g: SchedGpu, profile: str) -> MigPlacement | None:
         return additions(g.model, tuple(sorted(g.instances))).get(profile)
 
-    def relayout(self, g: SchedGpu, mig: bool, placements: list[MigPlacement]) -> None:
-        """Take a GPU's new MIG mode and instances (instances kept keep their owners)."""
-        assert not any(a.mig is None for a in g.allocs.values()), (
-            "a GPU with shared work cannot change"
-        )
+    def relayout(
+        self, g: SchedGpu, mig: bool, placements: list[MigPlacement], *, pinned: bool
+    ) -> None:
+        """Take a GPU's new MIG mode and instances (instances kept keep their owners). A GPU that
+        holds work outside MIG keeps its mode: the caller moves that work first."""
+        if g.mig == mig and not mig:
+            self.set_pinned(g, pinned)
+            return
+        if any(a.mig is None for a in g.allocs.values()):
+            raise ValueError(f"GPU {g.index} holds work outside MIG; its MIG mode cannot change")
         self._unindex(g)
         g.mig = mig
         g.instances = {pl: g.instances.get(pl) for pl in placements} if mig else {}
-        g.recut = False  # a layout an operator chose is not cut again behind their back
+        g.pinned = pinned
         g.mode = None
         self._index(g)
+        self._fleet_views()
 
-    def claim_external(self, g: SchedGpu, pl: MigPlacement) -> None:
-        """An instance marked busy from outside becomes free again (its workload is being restored)."""
-        if g.instances.get(pl) == EXTERNAL:
-            self._unindex(g)
-            g.instances[pl] = None
-            self._index(g)
+    def set_pinned(self, g: SchedGpu, pinned: bool) -> None:
+        self._unindex(g)
+        g.pinned = pinned
+        self._index(g)
+
+    def claim_external(self, g: SchedGpu, pl: MigPlacement) -> bool:
+        """An instance marked busy from outside becomes free again (its workload is being restored).
+        True if it was so marked."""
+        if g.instances.get(pl) != EXTERNAL:
+            return False
+        self._unindex(g)
+        g.instances[pl] = None
+        self._index(g)
+        return True
+
+    def mark_external(self, g: SchedGpu, pl: MigPlacement) -> None:
+        """The inverse of ``claim_external``."""
+        self._unindex(g)
+        g.instances[pl] = EXTERNAL
+        self._index(g)
+
+    def statement(self) -> Statement:
+        return Statement(self)
 
     def set_schedulable(self, g: SchedGpu, schedulable: bool) -> None:
         self._unindex(g)
@@ -225,6 +275,26 @@ class ClusterState:
             self._index(g)
         self.allocs[key] = list(allocs)
         self.priorities[allocs[0].priority] += 1
+
+    def unallocate(
+        self,
+        workload: str,
+        create: tuple[tuple[int, MigPlacement], ...] = (),
+        destroy: tuple[tuple[int, MigPlacement], ...] = (),
+    ) -> None:
+        """The inverse of ``allocate``: release, remove the instances it created, bring back the idle
+        ones it destroyed."""
+        self.release(workload)
+        for gpu_index, pl in create:
+            g = self.gpus[gpu_index]
+            self._unindex(g)
+            del g.instances[pl]
+            self._index(g)
+        for gpu_index, pl in destroy:
+            g = self.gpus[gpu_index]
+            self._unindex(g)
+            g.instances[pl] = None
+            self._index(g)
 
     def release(self, workload: str) -> list[Allocation]:
         allocs = self.allocs.pop(workload, [])
@@ -301,17 +371,68 @@ class ClusterState:
         return out
 
 
-def sched_gpus_from_states(states: list[GpuState], models: dict[str, GpuModel]) -> list[SchedGpu]:
+class Statement:
+    """Trial changes to a ``ClusterState``: made at once, undone in reverse order by ``rollback``.
+
+    Used as a context manager, a block that raises is rolled back; ``commit`` keeps what was done."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self._undo: list[Callable[[], None]] = []
+
+    def __enter__(self) -> Statement:
+        return self
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        if kind is not None:
+            self.rollback()
+
+    def allocate(
+        self,
+        allocs: list[Allocation],
+        create: tuple[tuple[int, MigPlacement], ...] = (),
+        destroy: tuple[tuple[int, MigPlacement], ...] = (),
+    ) -> None:
+        self.state.allocate(allocs, create, destroy)
+        key = allocs[0].workload
+        self._undo.append(lambda: self.state.unallocate(key, create, destroy))
+
+    def release(self, workload: str) -> list[Allocation]:
+        allocs = self.state.release(workload)
+        if allocs:
+            self._undo.append(lambda: self.state.allocate(allocs))
+        return allocs
+
+    def claim_external(self, g: SchedGpu, pl: MigPlacement) -> None:
+        if self.state.claim_external(g, pl):
+            self._undo.append(lambda: self.state.mark_external(g, pl))
+
+    def on_rollback(self, undo: Callable[[], None]) -> None:
+        """Something outside the state (the scheduler's queue) to put back on rollback."""
+        self._undo.append(undo)
+
+    def commit(self) -> None:
+        self._undo.clear()
+
+    def rollback(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def sched_gpus_from_states(
+    states: list[GpuState], models: dict[str, GpuModel], pinned: frozenset[str] = frozenset()
+) -> list[SchedGpu]:
     """The scheduler's GPUs from a device snapshot: healthy GPUs with a known model (``models`` maps UUID
     to the driver's table). Existing MIG instances become free instances, except busy ones, which count
     as taken (``EXTERNAL``) until a restored workload claims its own. Processes outside MIG are not
-    accounted here: the agent restores its own placements, and memory it did not place is not known."""
+    accounted here: the agent restores its own placements, and memory it did not place is not known.
+    GPUs in ``pinned`` (UUIDs) keep the MIG layout an operator set."""
     out: list[SchedGpu] = []
     for g in states:
         model = models.get(g.uuid)
         if g.health != "ok" or model is None:
             continue
-        sg = SchedGpu(g.uuid, len(out), model, mig=g.mig_enabled)
+        sg = SchedGpu(g.uuid, len(out), model, mig=g.mig_enabled, pinned=g.uuid in pinned)
         sg.instances = {i.placement: (EXTERNAL if i.busy else None) for i in g.instances}
         out.append(sg)
     return out

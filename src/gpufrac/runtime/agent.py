@@ -1,11 +1,24 @@
 """The node agent's core: desired state in, running supervised workloads out. No HTTP here.
 
 ``apply`` and ``delete`` store the desired state first (SQLite, all or nothing) and let the scheduler
-decide; ``reconcile`` makes the machine match: it creates MIG instances the decisions ask for, starts each
-placed workload under a shim with its GPU handed over in the environment, restarts by policy with
-exponential backoff, enforces job deadlines, and stops what should not run.
+decide; ``reconcile`` makes the machine match. The agent is built from parts, each owning its state and
+given what it needs when it is made:
 
-Every step is idempotent and reads the truth from disk: a workload's attempts are run directories
+* ``Runs``: the run directories, one per attempt, with the shim's record of how it went;
+* ``Executor``: carries out the closed set of actions (evict, destroy and create MIG instances, start,
+  stop), and ``Failures``: a failed action recorded once per condition and retried with backoff;
+* ``GpuCare`` (cordon, drain, health, MIG layouts an operator sets), ``MemoryWatch`` (memory limits
+  where nothing else enforces them), ``QosCare`` (the QoS arbiter kept in step), ``Handover`` (the
+  environment a workload gets).
+
+A reconcile pass has three phases. Under the agent's lock, each workload is observed (its placement,
+its attempts, its process) and its next step decided: wait, keep running, stop, complete, or start
+(after the MIG changes its placement needs). Then, outside the lock, the MIG changes of every starting
+workload are carried out in one batch (so the API answers while a GPU is re-cut). Then, under the lock
+again, the workloads start. A step that raises is one workload's failure, shown as its reason and
+retried with backoff; the rest of the pass goes on.
+
+Every step reads the truth from disk: a workload's attempts are run directories
 ``runs/<tenant>/<name>/g<generation>-<attempt>``, each with the shim's record of how it ended. So a
 restarted agent (even after ``kill -9``) re-attaches to the shims still running, counts the attempts
 already made, never starts a workload twice, and still applies ``on-failure`` to a workload that failed
@@ -15,57 +28,114 @@ while it was down.
 from __future__ import annotations
 
 import fcntl
-import os
-import shutil
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal, get_args
 
 from gpufrac.devices.health import DeviceHealth
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
-from gpufrac.model.qos import mps_client_priority, qos_params
+from gpufrac.model.mig import MigPlacement
+from gpufrac.model.migplan import MigAction
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
+from gpufrac.planning.sched_decision import Decision, SchedAction, decision_from_json
 from gpufrac.planning.sched_state import sched_gpus_from_states
-from gpufrac.planning.scheduler import (
-    Decision,
-    Scheduler,
-    decision_from_json,
-    decision_to_json,
-    workload_key,
-)
+from gpufrac.planning.scheduler import Scheduler, workload_key
 from gpufrac.runtime.arbiter_link import ArbiterLink
+from gpufrac.runtime.executor import EVICTED, Executor, MigWork
+from gpufrac.runtime.failures import BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS, Failures
 from gpufrac.runtime.gpu_care import GpuCare
-from gpufrac.runtime.memory_watch import MemoryWatch
+from gpufrac.runtime.handover import Handover
+from gpufrac.runtime.memory_watch import MemoryUse, MemoryWatch
 from gpufrac.runtime.mps import MpsDaemons
-from gpufrac.runtime.qos_care import QosCare, qos_domain
-from gpufrac.runtime.runs import handed_env, probe, read_json, write_json
-from gpufrac.runtime.shim import ShimStatus, launch, read_status, stop
-from gpufrac.runtime.store import Store
+from gpufrac.runtime.qos_care import QosCare, Running
+from gpufrac.runtime.runs import Runs, handed_env, probe, read_json, write_json
+from gpufrac.runtime.shim import ShimStatus, read_status, stop
+from gpufrac.runtime.store import Store, StoredWorkload
 
-BACKOFF_BASE_SECONDS = 1.0
-BACKOFF_MAX_SECONDS = 60.0
+__all__ = [
+    "BACKOFF_BASE_SECONDS",
+    "BACKOFF_MAX_SECONDS",
+    "PHASES",
+    "Agent",
+    "Phase",
+    "WorkloadState",
+]
+
 # Fields whose change applies to a running workload at once, without a restart (the QoS arbiter's).
 LIVE_FIELDS = frozenset({"priority", "qos", "weight", "min_share_milli"})
+Phase = Literal["pending", "starting", "running", "backoff", "succeeded", "failed"]
+PHASES: tuple[Phase, ...] = get_args(Phase)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadState:
     """What a workload is doing, as the agent sees it."""
 
     key: str
     generation: int
-    phase: str  # pending | starting | running | backoff | succeeded | failed
-    reason: str
-    decision: Decision | None
-    attempts: int
-    exit_code: int | None
-    env: dict[str, str]
+    phase: Phase
+    reason: str = ""
+    decision: Decision | None = None
+    attempts: int = 0
+    exit_code: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
 
-class Agent(GpuCare, QosCare, MemoryWatch):
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What one pass observed of one workload."""
+
+    stored: StoredWorkload
+    spec: WorkloadSpec
+    decision: Decision | None  # its placement (None: not scheduled yet, or completed)
+    completed: dict[str, object] | None  # how it ended, once it has
+    attempts: list[Path]
+    status: ShimStatus | None  # of the newest attempt
+
+    @property
+    def key(self) -> str:
+        return self.stored.key
+
+    @property
+    def latest(self) -> Path | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def state(
+        self,
+        phase: Phase,
+        reason: str = "",
+        *,
+        exit_code: int | None = None,
+        attempts: int | None = None,
+        placed: bool = True,
+    ) -> WorkloadState:
+        return WorkloadState(
+            key=self.key,
+            generation=self.stored.generation,
+            phase=phase,
+            reason=reason,
+            decision=self.decision if placed else None,
+            attempts=len(self.attempts) if attempts is None else attempts,
+            exit_code=exit_code,
+            env=handed_env(self.latest) if placed or phase != "pending" else {},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The pass's decision for one workload: its state, and a start (after its MIG changes)."""
+
+    state: WorkloadState
+    start: SchedAction | None = None
+    mig: tuple[SchedAction, ...] = ()
+
+
+class Agent:
     def __init__(
         self,
         data_dir: Path,
@@ -79,32 +149,43 @@ class Agent(GpuCare, QosCare, MemoryWatch):
         self.dev = dev
         self.clock = clock
         self.stop_grace = stop_grace
+        self.lock = threading.RLock()  # the agent's state: held by the API and the reconcile pass
         data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = open(data_dir / "agent.lock", "a+")  # noqa: SIM115 - held for the agent's life
+        self._flock = open(data_dir / "agent.lock", "a+")  # noqa: SIM115 - held for the agent's life
         try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self._flock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self._lock.close()
+            self._flock.close()
             raise InputError(
                 f"another gpufrac agent already uses {data_dir}",
                 field="--data-dir",
                 fix="talk to it (gpufrac apply, get, ...), or give another --data-dir",
             ) from None
-        self.store = Store(data_dir / "state.db")
-        self.runs = data_dir / "runs"
         settings = settings or OperatorSettings()
+        self.settings = settings
+        self.store = Store(data_dir / "state.db")
+        self.runs = Runs(data_dir / "runs", stop_grace=stop_grace)
+        self.failures = Failures(self.store, clock)
         self.arbiter = ArbiterLink(
             data_dir / "arbiter", quantum_ms=settings.qos_quantum_ms, preempt=settings.qos_preempt
         )
-        self._qos_written = {}
-        self._resume_all()  # whatever a crashed agent's arbiter paused runs again
+        self.qos = QosCare(self.store, self.arbiter, self.runs, self.failures)
+        self.qos.resume_all()  # whatever a crashed agent's arbiter paused runs again
         states = dev.gpus()
         models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}
-        self.scheduler = Scheduler(sched_gpus_from_states(states, models), settings)
+        self.scheduler = Scheduler(
+            sched_gpus_from_states(states, models, self.store.mig_pins()), settings
+        )
         self.health = DeviceHealth(dev)
-        self.mps = MpsDaemons(
-            data_dir / "mps", enabled=not dev.simulated
-        )  # no daemon for a simulated GPU
+        self.mps = MpsDaemons(data_dir / "mps", enabled=not dev.simulated)
+        self.memory = MemoryWatch(dev)
+        self.handover = Handover(dev, self.mps, self.arbiter.address)
+        self.executor = Executor(
+            self.store, dev, self.scheduler, self.runs, self.handover, self.mps, self.failures
+        )
+        self.gpu_care = GpuCare(
+            self.store, self.scheduler, dev, self.health, self.mps, self.executor
+        )
         for uuid in self.store.cordons():
             g = self.scheduler.state.by_uuid.get(uuid)
             if g is not None:
@@ -117,20 +198,20 @@ class Agent(GpuCare, QosCare, MemoryWatch):
             if placed is not None and placed[0] == w.generation:
                 self.scheduler.restore(spec, decision_from_json(placed[1]))
             else:
-                self._record(self.scheduler.submit(spec))
+                self.executor.record(self.scheduler.submit(spec))
 
     def close(self) -> None:
         self.arbiter.close()
         self.store.close()
-        fcntl.flock(self._lock, fcntl.LOCK_UN)
-        self._lock.close()
+        fcntl.flock(self._flock, fcntl.LOCK_UN)
+        self._flock.close()
 
     # -- desired state --------------------------------------------------------------------------
 
     def apply(self, spec: WorkloadSpec) -> tuple[str, Decision | None]:
         """Store ``spec`` and schedule it. Returns (what happened, the decision):
-        ``unchanged`` (nothing done), ``created``, ``replaced`` (the old one is stopped), or ``refused``
-        (nothing stored: no GPU here could ever run it)."""
+        ``unchanged`` (nothing done), ``created``, ``replaced`` (the old one is stopped), ``updated``
+        (a live change), or ``refused`` (nothing stored: no GPU here could ever run it)."""
         key = workload_key(spec)
         stored = self.store.workload(spec.tenant, spec.name)
         raw = spec_to_json(spec)
@@ -141,193 +222,248 @@ class Agent(GpuCare, QosCare, MemoryWatch):
                 spec.tenant, spec.name, raw, "; ".join(spec_diff(stored.spec, raw))
             )
             decisions = self.scheduler.update_live(spec)
-            self._record(decisions)
+            self.executor.record(decisions)
             return "updated", decisions[0] if decisions else None
         refusal = self.scheduler.refusal(spec)
         if refusal is not None:
             return "refused", Decision(key, "refused", refusal)
         if stored is not None:
-            self._stop_runs(spec.tenant, spec.name)
-            if key in self.scheduler.specs:
-                self._record(self.scheduler.delete(spec.tenant, spec.name))
+            self.runs.remove(spec.tenant, spec.name)
+            self.failures.forget(key)
+            if self.scheduler.knows(key):
+                self.executor.record(self.scheduler.delete(spec.tenant, spec.name))
         self.store.put_workload(spec.tenant, spec.name, raw)
         decisions = self.scheduler.submit(spec)
-        self._record(decisions)
+        self.executor.record(decisions)
         return ("replaced" if stored is not None else "created"), decisions[0]
 
     def delete(self, tenant: str, name: str) -> bool:
         if self.store.workload(tenant, name) is None:
             return False
-        self._stop_runs(tenant, name)
+        key = f"{tenant}/{name}"
+        self.runs.remove(tenant, name)
         self.store.delete_workload(tenant, name)
-        if f"{tenant}/{name}" in self.scheduler.specs:
-            self._record(self.scheduler.delete(tenant, name))
+        self.failures.forget(key)
+        if self.scheduler.knows(key):
+            self.executor.record(self.scheduler.delete(tenant, name))
         return True
 
-    def _record(self, decisions: list[Decision]) -> None:
-        """Persist decisions; stop workloads that were evicted."""
-        for d in decisions:
-            tenant, name = d.workload.split("/", 1)
-            stored = self.store.workload(tenant, name)
-            if stored is None:
-                continue
-            if d.outcome == "pending" and self._latest(tenant, name, stored.generation) is not None:
-                self._stop_runs(tenant, name)
-                self.store.record_event("evicted", d.workload, d.reason)
-            self.store.set_placement(tenant, name, stored.generation, decision_to_json(d))
-            self.store.record_event(d.outcome, d.workload, d.reason or _where(d))
+    # -- views ----------------------------------------------------------------------------------
+
+    def latest_run(self, tenant: str, name: str, generation: int) -> Path | None:
+        """The run directory of the newest attempt (its output.log is the workload's log)."""
+        return self.runs.latest(tenant, name, generation)
+
+    def memory_use(self, tenant: str, name: str) -> MemoryUse | None:
+        """GPU memory held now by a running workload's processes, as NVML reports it."""
+        stored = self.store.workload(tenant, name)
+        placed = self.store.placement(tenant, name)
+        if stored is None or placed is None or not placed[1].get("gpus"):
+            return None
+        run = self.runs.latest(tenant, name, stored.generation)
+        child = read_status(run).child_pid if run else None
+        if child is None:
+            return None
+        return self.memory.use(str(placed[1]["gpus"][0]), child)
+
+    # -- GPUs (GpuCare does the work) -------------------------------------------------------------
+
+    def cordon(self, uuid: str, reason: str = "cordoned by hand") -> None:
+        self.gpu_care.cordon(uuid, reason)
+
+    def uncordon(self, uuid: str) -> list[Decision]:
+        return self.gpu_care.uncordon(uuid)
+
+    def drain(self, uuid: str, reason: str = "drained by hand") -> list[Decision]:
+        return self.gpu_care.drain(uuid, reason)
+
+    def apply_mig(
+        self,
+        uuid: str,
+        mig_enabled: bool,
+        layout: list[MigPlacement],
+        *,
+        drain: bool = False,
+        allow_mode_change: bool = False,
+        pin: bool = True,
+    ) -> list[MigAction]:
+        return self.gpu_care.apply_mig(
+            uuid, mig_enabled, layout, drain=drain, allow_mode_change=allow_mode_change, pin=pin
+        )
+
+    def release_mig(self, uuid: str) -> list[Decision]:
+        return self.gpu_care.release_mig(uuid)
 
     # -- reconcile ------------------------------------------------------------------------------
 
     def reconcile(self) -> list[WorkloadState]:
         """One pass: make the machine match the desired state. Safe to run any number of times."""
-        self._watch_health()
-        self._stop_idle_mps()
-        states = [self._reconcile_one(w.tenant, w.name) for w in self.store.workloads()]
-        self._sync_arbiter(states)
+        with self.lock:
+            self._care_for_gpus()
+            steps = [self._step(w) for w in self.store.workloads()]
+        work = [MigWork(s.state.key, s.mig) for s in steps if s.start is not None and s.mig]
+        ready = self.executor.run_mig(work) if work else set()  # device calls: not under the lock
+        with self.lock:
+            states = [self._finish(s, ready) for s in steps]
+            self.qos.sync(
+                [
+                    Running(s.key, s.generation, s.decision, s.env)
+                    for s in states
+                    if s.decision is not None
+                    and s.decision.outcome == "placed"
+                    and s.phase in ("starting", "running")
+                ]
+            )
         return states
 
-    def _reconcile_one(self, tenant: str, name: str) -> WorkloadState:
-        key = f"{tenant}/{name}"
-        stored = self.store.workload(tenant, name)
-        assert stored is not None
-        spec = spec_from_json(stored.spec)
-        placed = self.store.placement(tenant, name)
-        decision = (
-            decision_from_json(placed[1])
-            if placed and placed[1].get("outcome") != "completed"
-            else None
-        )
-        attempts = self._attempts(tenant, name, stored.generation)
-        latest = attempts[-1] if attempts else None
-        status = read_status(latest) if latest else None
-        if placed is not None and placed[1].get("outcome") == "completed":
-            phase = str(placed[1].get("phase", "failed"))
-            code = status.exit_code if status else None
-            why = str(placed[1].get("reason", ""))
-            return WorkloadState(
-                key, stored.generation, phase, why, None, len(attempts), code, handed_env(latest)
-            )
-        if decision is None or decision.outcome != "placed":
-            why = decision.reason if decision else "not scheduled yet"
-            return WorkloadState(
-                key, stored.generation, "pending", why, decision, len(attempts), None, {}
-            )
-        env = self._environment(spec, decision)
+    def _care_for_gpus(self) -> None:
+        for what, fn in (
+            ("watching GPU health", self.gpu_care.watch_health),
+            ("stopping idle MPS daemons", self.gpu_care.stop_idle_mps),
+        ):
+            if self.failures.waiting("agent", what) is not None:
+                continue
+            try:
+                fn()
+            except Exception as e:
+                self.failures.failed("agent", what, e)
+            else:
+                self.failures.succeeded("agent", what)
+
+    def _step(self, w: StoredWorkload) -> Step:
+        """Observe one workload and decide its next step; a step that raises is its failure alone."""
+        waiting = self.failures.waiting(w.key, "reconcile")
+        if waiting is not None:
+            return Step(self._trouble(w, waiting.reason(self.clock())))
+        try:
+            step = self._decide(self._observe(w))
+        except Exception as e:
+            failure = self.failures.failed(w.key, "reconcile", e)
+            return Step(self._trouble(w, failure.reason(self.clock())))
+        self.failures.succeeded(w.key, "reconcile")
+        return step
+
+    def _trouble(self, w: StoredWorkload, reason: str) -> WorkloadState:
+        return WorkloadState(key=w.key, generation=w.generation, phase="backoff", reason=reason)
+
+    def _observe(self, w: StoredWorkload) -> Seen:
+        placed = self.store.placement(w.tenant, w.name)
+        completed = placed[1] if placed and placed[1].get("outcome") == "completed" else None
+        decision = decision_from_json(placed[1]) if placed and completed is None else None
+        attempts = self.runs.attempts(w.tenant, w.name, w.generation)
+        status = read_status(attempts[-1]) if attempts else None
+        return Seen(w, spec_from_json(w.spec), decision, completed, attempts, status)
+
+    def _decide(self, s: Seen) -> Step:
+        if s.completed is not None:
+            phase: Phase = "succeeded" if s.completed.get("phase") == "succeeded" else "failed"
+            code = s.status.exit_code if s.status else None
+            return Step(s.state(phase, str(s.completed.get("reason", "")), exit_code=code))
+        if s.decision is None or s.decision.outcome != "placed":
+            why = s.decision.reason if s.decision else "not scheduled yet"
+            return Step(s.state("pending", why, placed=False))
+        failure = self.failures.waiting(s.key)
+        if failure is not None:  # an action of its start failed: wait for the retry
+            return Step(s.state("backoff", failure.reason(self.clock())))
+        status = s.status
         if status is not None and not status.done:
             if status.shim_alive:
-                assert latest is not None
-                over = self._memory_watchdog(spec, decision, latest)
-                if over:
-                    return WorkloadState(
-                        key, stored.generation, "running", over, decision, len(attempts), None, env
-                    )
-                if not self._ready(spec, latest, status):
-                    why = "waiting for its health check"
-                    return WorkloadState(
-                        key, stored.generation, "starting", why, decision, len(attempts), None, env
-                    )
-                return self._check_deadline(
-                    spec, stored.generation, decision, attempts, status, env
-                )
+                return self._running(s, status)
             # the shim vanished without a record (the machine rebooted): count it as a failure
             status = ShimStatus(
                 status.shim_pid, status.child_pid, status.started, None, None, self.clock(), False
             )
         if status is None:
-            self._start(spec, stored.generation, decision, 1, env)
-            return WorkloadState(key, stored.generation, "starting", "", decision, 1, None, env)
+            return self._start_step(s)
+        assert s.latest is not None
+        killed = read_json(s.latest / "killed.json")
+        if killed.get(EVICTED):  # it was stopped to make room: it starts again where it is now
+            return self._start_step(s)
+        return self._after_exit(s, status, killed)
+
+    def _running(self, s: Seen, status: ShimStatus) -> Step:
+        assert s.decision is not None and s.latest is not None and status.child_pid is not None
+        alloc = self.scheduler.allocations(s.key)
+        limit = alloc[0].memory_mib if alloc else None
+        over = self.memory.over_limit(s.decision, limit, s.latest, status.child_pid)
+        if over:
+            self.store.record_event("memory_limit", s.key, over)
+            self.executor.carry_out(SchedAction("stop", s.key, reason=over))
+            return Step(s.state("running", over))
+        if not self._ready(s.spec, s.latest, status):
+            return Step(s.state("starting", "waiting for its health check"))
+        first = read_status(s.attempts[0]).started or status.started or self.clock()
+        deadline = s.spec.deadline_seconds
+        if s.spec.type == "job" and deadline is not None and self.clock() > first + deadline:
+            why = f"deadline of {deadline}s passed"
+            stop(s.latest, grace=self.stop_grace)
+            return Step(self._complete(s, "failed", None, why))
+        return Step(s.state("running"))
+
+    def _after_exit(self, s: Seen, status: ShimStatus, killed: dict[str, object]) -> Step:
+        spec, attempts = s.spec, len(s.attempts)
         ok = status.exit_code == 0
         if spec.type == "job" and ok:
-            return self._complete(spec, stored.generation, "succeeded", len(attempts), 0)
+            return Step(self._complete(s, "succeeded", 0))
         restart = spec.restart == "always" or (spec.restart == "on-failure" and not ok)
         limit = spec.backoff_limit if spec.type == "job" else None
-        killed = read_json(latest / "killed.json") if latest else {}
-        if not restart or (limit is not None and len(attempts) > limit):
-            why = (
-                str(killed.get("reason") or "")
-                or f"exited with {status.exit_code if status.exit_code is not None else f'signal {status.signal}'}"
+        if not restart or (limit is not None and attempts > limit):
+            code = status.exit_code
+            why = str(killed.get("reason") or "") or (
+                f"exited with {code}" if code is not None else f"exited with signal {status.signal}"
             )
-            return self._complete(
-                spec, stored.generation, "failed", len(attempts), status.exit_code, why
-            )
-        delay = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (len(attempts) - 1))
+            return Step(self._complete(s, "failed", code, why))
+        delay = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (attempts - 1))
         if self.clock() < (status.finished or 0) + delay:
-            return WorkloadState(
-                key,
-                stored.generation,
-                "backoff",
-                f"restart {len(attempts)} in {delay:.0f}s",
-                decision,
-                len(attempts),
-                status.exit_code,
-                env,
-            )
-        self.store.record_event(
-            "restarted", key, f"attempt {len(attempts) + 1} after exit {status.exit_code}"
-        )
-        self._start(spec, stored.generation, decision, len(attempts) + 1, env)
-        return WorkloadState(
-            key, stored.generation, "starting", "", decision, len(attempts) + 1, None, env
+            why = f"restart {attempts} in {delay:.0f}s"
+            return Step(s.state("backoff", why, exit_code=status.exit_code))
+        return self._start_step(s)
+
+    def _start_step(self, s: Seen) -> Step:
+        """Start the next attempt, after the MIG changes its placement still needs."""
+        d = s.decision
+        assert d is not None and d.gpus
+        mig = self.executor.mig_needed(d)
+        why = "; ".join(a.describe() for a in mig)
+        return Step(
+            s.state("starting", why, attempts=len(s.attempts) + 1),
+            SchedAction("start", s.key, d.gpus[0], d.mig),
+            mig,
         )
 
-    def _check_deadline(
-        self,
-        spec: WorkloadSpec,
-        generation: int,
-        decision: Decision,
-        attempts: list[Path],
-        status: ShimStatus,
-        env: dict[str, str],
-    ) -> WorkloadState:
-        key = workload_key(spec)
-        first = read_status(attempts[0]).started or status.started or self.clock()
-        if (
-            spec.type == "job"
-            and spec.deadline_seconds is not None
-            and self.clock() > first + spec.deadline_seconds
-        ):
-            stop(attempts[-1], grace=self.stop_grace)
-            return self._complete(
-                spec,
-                generation,
-                "failed",
-                len(attempts),
-                None,
-                f"deadline of {spec.deadline_seconds}s passed",
-            )
-        return WorkloadState(key, generation, "running", "", decision, len(attempts), None, env)
+    def _finish(self, step: Step, ready: set[str]) -> WorkloadState:
+        """The second half of a pass for one workload: start it if its MIG changes went through."""
+        st = step.state
+        if step.start is None:
+            return st
+        if step.mig and st.key not in ready:
+            failure = self.failures.latest(st.key)
+            why = failure.reason(self.clock()) if failure else "waiting for its MIG instance"
+            return replace(st, phase="backoff", reason=why)
+        try:
+            self.executor.carry_out(step.start)
+        except Exception as e:
+            failure = self.failures.failed(st.key, "start", e)
+            return replace(st, phase="backoff", reason=failure.reason(self.clock()))
+        self.failures.succeeded(st.key, "start")
+        tenant, name = st.key.split("/", 1)
+        return replace(st, reason="", env=handed_env(self.runs.latest(tenant, name, st.generation)))
 
     def _complete(
-        self,
-        spec: WorkloadSpec,
-        generation: int,
-        phase: str,
-        attempts: int,
-        code: int | None,
-        why: str = "",
+        self, s: Seen, phase: Literal["succeeded", "failed"], code: int | None, why: str = ""
     ) -> WorkloadState:
         """A job that is done (or a workload that will not be restarted) gives its GPU back."""
-        key = workload_key(spec)
-        if key in self.scheduler.specs:
-            self._record(self.scheduler.delete(spec.tenant, spec.name))
+        spec = s.spec
+        if self.scheduler.knows(s.key):
+            self.executor.record(self.scheduler.delete(spec.tenant, spec.name))
         self.store.set_placement(
             spec.tenant,
             spec.name,
-            generation,
-            {"outcome": "completed", "phase": phase, "reason": why},
+            s.stored.generation,
+            {"outcome": "completed", "phase": phase, "reason": why, "where": _where_json(s)},
         )
-        self.store.record_event(phase, key, why or "exited with 0")
-        return WorkloadState(
-            key,
-            generation,
-            phase,
-            why,
-            None,
-            attempts,
-            code,
-            handed_env(self._latest(spec.tenant, spec.name, generation)),
-        )
+        self.store.record_event(phase, s.key, why or "exited with 0")
+        return s.state(phase, why, exit_code=code, placed=False)
 
     # -- readiness ------------------------------------------------------------------------------
 
@@ -350,134 +486,15 @@ class Agent(GpuCare, QosCare, MemoryWatch):
         )
         return True
 
-    # -- processes ------------------------------------------------------------------------------
 
-    def _run_root(self, tenant: str, name: str) -> Path:
-        return self.runs / tenant / name
-
-    def _attempts(self, tenant: str, name: str, generation: int) -> list[Path]:
-        root = self._run_root(tenant, name)
-        found = (
-            [p for p in root.glob(f"g{generation}-*") if p.name.split("-")[-1].isdigit()]
-            if root.exists()
-            else []
-        )
-        return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
-
-    def latest_run(self, tenant: str, name: str, generation: int) -> Path | None:
-        """The run directory of the newest attempt (its output.log is the workload's log)."""
-        return self._latest(tenant, name, generation)
-
-    def _latest(self, tenant: str, name: str, generation: int) -> Path | None:
-        attempts = self._attempts(tenant, name, generation)
-        return attempts[-1] if attempts else None
-
-    def _start(
-        self,
-        spec: WorkloadSpec,
-        generation: int,
-        decision: Decision,
-        attempt: int,
-        env: dict[str, str],
-    ) -> None:
-        self._create_instances(decision)
-        if decision.mode == "mps" and decision.gpus and self.mps.ensure(decision.gpus[0]):
-            self.store.record_event("mps_started", decision.gpus[0], "MPS control daemon started")
-        env = {**env, **self._environment(spec, decision)}  # MIG UUIDs exist only once created
-        env["GPUFRAC_ATTEMPT"] = str(attempt)
-        run_dir = self._run_root(spec.tenant, spec.name) / f"g{generation}-{attempt}"
-        launch(
-            run_dir,
-            spec.command,
-            env={**os.environ, **spec.env, **env},
-            workdir=spec.workdir,
-            user=spec.user,
-        )
-        self.store.record_event(
-            "started", workload_key(spec), f"attempt {attempt} on {_where(decision)}"
-        )
-
-    def _stop_runs(self, tenant: str, name: str) -> None:
-        root = self._run_root(tenant, name)
-        if not root.exists():
-            return
-        for run_dir in root.iterdir():
-            if run_dir.is_dir() and not read_status(run_dir).done:
-                stop(run_dir, grace=self.stop_grace)
-        shutil.rmtree(root, ignore_errors=True)
-
-    def _create_instances(self, decision: Decision) -> None:
-        for action in decision.actions:
-            if (
-                action.kind != "create_mig_instance"
-                or action.mig is None
-                or action.gpu_uuid is None
-            ):
-                continue
-            existing = {i.placement for i in self.dev.gpu(action.gpu_uuid).instances}
-            if action.mig not in existing:
-                self.dev.create_instance(action.gpu_uuid, action.mig.profile, action.mig.start)
-                self.store.record_event("mig_created", action.gpu_uuid, f"{action.mig}")
-
-    def _environment(self, spec: WorkloadSpec, decision: Decision) -> dict[str, str]:
-        devices = list(decision.gpus)
-        if decision.mig is not None and decision.gpus:
-            inst = next(
-                (
-                    i
-                    for i in self.dev.gpu(decision.gpus[0]).instances
-                    if i.placement == decision.mig
-                ),
-                None,
-            )
-            devices = [inst.uuid] if inst is not None and inst.uuid else []
-        alloc = self.scheduler.allocations(workload_key(spec))
-        visible = ",".join(devices)
-        env = {
-            "CUDA_VISIBLE_DEVICES": visible,
-            "NVIDIA_VISIBLE_DEVICES": visible,
-            "GPUFRAC_WORKLOAD": spec.name,
-            "GPUFRAC_TENANT": spec.tenant,
-            "GPUFRAC_SHARING": decision.mode or "",
-            "GPUFRAC_GPU_MEMORY_LIMIT_MIB": str(alloc[0].memory_mib) if alloc else "",
-            "GPUFRAC_GPU_UUID": decision.gpus[0] if decision.gpus else "",
-            **self.dev.sdk_env,
-        }
-        qos = qos_params(spec)
-        env.update(
-            {
-                "GPUFRAC_ARBITER": self.arbiter.address,
-                "GPUFRAC_QOS_DOMAIN": qos_domain(decision, env),
-                "GPUFRAC_QOS_RANK": str(qos.rank),
-                "GPUFRAC_QOS_WEIGHT": str(qos.weight),
-                "GPUFRAC_QOS_MIN_SHARE_MILLI": str(qos.min_share_milli),
-            }
-        )
-        if decision.mig is not None and decision.gpus:
-            inst = next(
-                (
-                    i
-                    for i in self.dev.gpu(decision.gpus[0]).instances
-                    if i.placement == decision.mig
-                ),
-                None,
-            )
-            if inst is not None:
-                env["GPUFRAC_GI_ID"] = str(inst.gi_id)
-        if decision.mode == "mps" and decision.gpus and alloc:
-            env.update(
-                self.mps.client_env(decision.gpus[0], alloc[0].memory_mib, alloc[0].compute_pct)
-            )
-            env["CUDA_MPS_CLIENT_PRIORITY"] = str(mps_client_priority(spec.qos))
-        return env
+def _where_json(s: Seen) -> dict[str, object] | None:
+    """Where a finished workload ran (kept after its placement is given back)."""
+    d = s.decision
+    if d is None or not d.gpus:
+        return None
+    return {"mode": d.mode, "gpus": list(d.gpus), "mig": None if d.mig is None else d.mig.to_json()}
 
 
 def _changed(old: dict[str, object], new: dict[str, object]) -> set[str]:
     """Top-level fields that differ between two stored specs."""
     return {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
-
-
-def _where(d: Decision) -> str:
-    if not d.gpus:
-        return ""
-    return f"{d.mode} on {', '.join(d.gpus)}" + (f" ({d.mig})" if d.mig else "")

@@ -1,4 +1,5 @@
-"""The agent's care of GPUs: cordon, uncordon, drain; Xid/ECC events and lost GPUs; idle MPS daemons."""
+"""The agent's care of GPUs as a whole: cordon, uncordon, drain; Xid/ECC events and lost GPUs; idle MPS
+daemons; MIG layouts an operator sets (pinned until released)."""
 
 from __future__ import annotations
 
@@ -7,29 +8,41 @@ from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
-from gpufrac.planning.sched_state import EXTERNAL
-from gpufrac.planning.scheduler import Decision, Scheduler
+from gpufrac.planning.sched_decision import Decision, SchedAction
+from gpufrac.planning.sched_state import EXTERNAL, SchedGpu
+from gpufrac.planning.scheduler import Scheduler
+from gpufrac.runtime.executor import Executor
 from gpufrac.runtime.mig_apply import ApplyRefused, GpuTarget, apply_targets
 from gpufrac.runtime.mps import MpsDaemons
 from gpufrac.runtime.store import Store
 
 
 class GpuCare:
-    """Mixed into ``Agent``: what it does to GPUs as a whole."""
+    def __init__(
+        self,
+        store: Store,
+        scheduler: Scheduler,
+        dev: NvmlDevices,
+        health: DeviceHealth,
+        mps: MpsDaemons,
+        executor: Executor,
+    ) -> None:
+        self.store = store
+        self.scheduler = scheduler
+        self.dev = dev
+        self.health = health
+        self.mps = mps
+        self.executor = executor
 
-    store: Store
-    scheduler: Scheduler
-    dev: NvmlDevices
-    health: DeviceHealth
-    mps: MpsDaemons
+    def gpu(self, uuid: str) -> SchedGpu:
+        g = self.scheduler.state.by_uuid.get(uuid)
+        if g is None:
+            raise InputError(
+                f"no schedulable GPU {uuid}", field="gpu", fix="gpufrac get gpus lists them"
+            )
+        return g
 
-    def _stop_runs(self, tenant: str, name: str) -> None:  # provided by Agent
-        raise NotImplementedError
-
-    def _record(self, decisions: list[Decision]) -> None:  # provided by Agent
-        raise NotImplementedError
-
-    def _stop_idle_mps(self) -> None:
+    def stop_idle_mps(self) -> None:
         """An MPS daemon whose GPU has no MPS workload left is stopped."""
         if not self.mps.enabled:
             return
@@ -38,51 +51,45 @@ class GpuCare:
                 self.mps.stop(g.uuid)
                 self.store.record_event("mps_stopped", g.uuid, "no MPS workload left")
 
-    # -- GPUs: cordon, drain, health -------------------------------------------------------------
+    # -- cordon, drain, health ------------------------------------------------------------------
 
     def cordon(self, uuid: str, reason: str = "cordoned by hand") -> None:
         """No new work on this GPU; what runs there stays."""
-        g = self.scheduler.state.by_uuid.get(uuid)
-        if g is None:
-            raise InputError(
-                f"no schedulable GPU {uuid}", field="gpu", fix="gpufrac get gpus lists them"
-            )
+        g = self.gpu(uuid)
         self.store.cordon(uuid, reason)
         self.scheduler.state.set_schedulable(g, False)
 
     def uncordon(self, uuid: str) -> list[Decision]:
-        g = self.scheduler.state.by_uuid.get(uuid)
-        if g is None:
-            raise InputError(
-                f"no schedulable GPU {uuid}", field="gpu", fix="gpufrac get gpus lists them"
-            )
+        g = self.gpu(uuid)
         self.store.uncordon(uuid)
         self.scheduler.state.set_schedulable(g, True)
         decisions = self.scheduler.retry_pending()
-        self._record(decisions)
+        self.executor.record(decisions)
         return decisions
 
     def drain(self, uuid: str, reason: str = "drained by hand") -> list[Decision]:
         """Cordon the GPU and move its workloads elsewhere (stopped here, placed again, or pending)."""
         self.cordon(uuid, reason)
         g = self.scheduler.state.by_uuid[uuid]
+        owners = {a.workload for a in g.allocs.values()}
+        owners |= {o for o in g.instances.values() if o and o != EXTERNAL}
+        return self._move(sorted(owners), f"moved off GPU {g.index}: {reason}")
+
+    def _move(self, keys: list[str], why: str) -> list[Decision]:
+        """Evict each workload and place it again (elsewhere, or it waits)."""
         moved: list[Decision] = []
-        for key in sorted(
-            {a.workload for a in g.allocs.values()}
-            | {o for o in g.instances.values() if o and "/" in o}
-        ):
-            spec = self.scheduler.specs.get(key)
+        for key in keys:
+            spec = self.scheduler.spec(key)
             if spec is None:
                 continue
-            self._stop_runs(spec.tenant, spec.name)
-            self.store.record_event("moved", key, f"off GPU {g.index}: {reason}")
-            self._record(self.scheduler.delete(spec.tenant, spec.name))
+            self.executor.carry_out(SchedAction("evict", key, reason=why))
+            self.executor.record(self.scheduler.delete(spec.tenant, spec.name))
             decisions = self.scheduler.submit(spec)
-            self._record(decisions)
+            self.executor.record(decisions)
             moved.extend(decisions)
         return moved
 
-    def _watch_health(self) -> None:
+    def watch_health(self) -> None:
         """An Xid or ECC error, or a GPU that is lost, drains the GPU."""
         while (event := self.health.wait_event(0)) is not None:
             if event.gpu_uuid not in self.store.cordons():
@@ -93,6 +100,8 @@ class GpuCare:
         for uuid in lost - set(self.store.cordons()):
             self.drain(uuid, "the GPU is lost")
 
+    # -- MIG layouts set by an operator ------------------------------------------------------------
+
     def apply_mig(
         self,
         uuid: str,
@@ -101,15 +110,23 @@ class GpuCare:
         *,
         drain: bool = False,
         allow_mode_change: bool = False,
+        pin: bool = True,
     ) -> list[MigAction]:
-        """Change a GPU's MIG mode or instances through the agent, so its scheduler stays true.
+        """Change a GPU's MIG mode or instances for an operator, so the scheduler stays true. With
+        ``pin`` the layout is kept as set (also across restarts) until ``release_mig``; without it (a
+        mode change alone) the agent may cut the GPU for its workloads.
 
-        Workloads on instances that go (or on a GPU whose mode changes) are moved elsewhere with
-        ``drain``; without it the change is refused and nothing happens."""
-        g = self.scheduler.state.by_uuid.get(uuid)
-        if g is None:
-            raise InputError(f"no GPU {uuid}", field="gpu", fix="gpufrac get gpus lists them")
-        wanted = set(layout) if mig_enabled else set()
+        A GPU already as asked is left alone (only pinned). Workloads on instances that go (or on a
+        GPU whose mode changes) are moved elsewhere with ``drain``; without it the change is refused
+        and nothing happens."""
+        g = self.gpu(uuid)
+        now = self.dev.gpu(uuid)
+        wanted = tuple(sorted(layout)) if mig_enabled else ()
+        if now.mig_enabled == mig_enabled and (not mig_enabled or now.layout == wanted):
+            if mig_enabled and pin:
+                self.store.pin_mig(uuid)
+                self.scheduler.set_pinned(uuid, True)
+            return []
         owners = {o for pl, o in g.instances.items() if o and o != EXTERNAL and pl not in wanted}
         if mig_enabled != g.mig:
             owners |= {a.workload for a in g.allocs.values()}
@@ -118,22 +135,41 @@ class GpuCare:
                 f"GPU {g.index}: the change would remove the GPU from under {', '.join(sorted(owners))} "
                 "(pass drain to move them elsewhere first)"
             )
-        moved = [self.scheduler.specs[k] for k in sorted(owners) if k in self.scheduler.specs]
+        moved = [s for k in sorted(owners) if (s := self.scheduler.spec(k)) is not None]
         for spec in moved:
-            self._stop_runs(spec.tenant, spec.name)
-            self._record(self.scheduler.delete(spec.tenant, spec.name))
-        done = apply_targets(
-            self.dev,
-            [GpuTarget(uuid, mig_enabled, tuple(sorted(layout)))],
-            drain=drain,
-            allow_mode_change=allow_mode_change,
-        )
-        now = self.dev.gpu(uuid)
-        self.scheduler.relayout(uuid, now.mig_enabled, list(now.layout))
+            key = f"{spec.tenant}/{spec.name}"
+            why = f"moved off GPU {g.index}: its MIG layout is changed by the operator"
+            self.executor.carry_out(SchedAction("evict", key, reason=why))
+            self.executor.record(self.scheduler.delete(spec.tenant, spec.name))
+        with self.executor.device_lock:
+            done = apply_targets(
+                self.dev,
+                [GpuTarget(uuid, mig_enabled, wanted)],
+                drain=drain,
+                allow_mode_change=allow_mode_change,
+            )
+        after = self.dev.gpu(uuid)
+        pinned = pin and after.mig_enabled
+        self.scheduler.relayout(uuid, after.mig_enabled, list(after.layout), pinned=pinned)
+        if pinned:
+            self.store.pin_mig(uuid)
+        else:
+            self.store.unpin_mig(uuid)
         self.store.record_event(
-            "mig_changed", uuid, f"{len(done)} action(s); MIG {now.mig_current}"
+            "mig_changed",
+            uuid,
+            f"{len(done)} action(s); MIG {after.mig_current}"
+            + ("; layout pinned" if pinned else ""),
         )
         for spec in moved:
-            self._record(self.scheduler.submit(spec))
-        self._record(self.scheduler.retry_pending())
+            self.executor.record(self.scheduler.submit(spec))
+        self.executor.record(self.scheduler.retry_pending())
         return done
+
+    def release_mig(self, uuid: str) -> list[Decision]:
+        """Let the agent re-cut this GPU's MIG layout for waiting workloads again."""
+        g = self.gpu(uuid)
+        self.store.unpin_mig(uuid)
+        decisions = self.scheduler.set_pinned(g.uuid, False)
+        self.executor.record(decisions)
+        return decisions

@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import assert_never
 
 from gpufrac.devices.errors import DeviceError
 from gpufrac.devices.nvml import NvmlDevices
@@ -119,30 +120,31 @@ def run_action(
 ) -> None:
     """Carry out one action. ``created`` maps (GPU, start, profile) to the GI id of instances made here."""
     a = action
-    if a.kind in ("enable_mig", "disable_mig"):
-        change = dev.set_mig_mode(a.gpu_uuid, a.kind == "enable_mig")
-        if not change.activated:
-            raise ApplyRefused(
-                f"GPU {a.gpu_index}: MIG mode change is pending ({change.reason}); "
-                "idle the GPU and run this again"
+    match a.kind:
+        case "enable_mig" | "disable_mig":
+            change = dev.set_mig_mode(a.gpu_uuid, a.kind == "enable_mig")
+            if not change.activated:
+                raise ApplyRefused(
+                    f"GPU {a.gpu_index}: MIG mode change is pending ({change.reason}); "
+                    "idle the GPU and run this again"
+                )
+        case "destroy_ci":
+            assert a.gi_id is not None
+            dev.destroy_compute_instances(a.gpu_uuid, a.gi_id)
+        case "destroy_gi":
+            assert a.gi_id is not None
+            dev.destroy_gpu_instance(a.gpu_uuid, a.gi_id)
+        case "create_gi":
+            assert a.profile is not None and a.start is not None
+            created[(a.gpu_uuid, a.start, a.profile)] = dev.create_gpu_instance(
+                a.gpu_uuid, a.profile, a.start
             )
-        return
-    assert a.profile is not None and a.start is not None
-    if a.kind == "destroy_ci":
-        assert a.gi_id is not None
-        dev.destroy_compute_instances(a.gpu_uuid, a.gi_id)
-    elif a.kind == "destroy_gi":
-        assert a.gi_id is not None
-        dev.destroy_gpu_instance(a.gpu_uuid, a.gi_id)
-    elif a.kind == "create_gi":
-        created[(a.gpu_uuid, a.start, a.profile)] = dev.create_gpu_instance(
-            a.gpu_uuid, a.profile, a.start
-        )
-    elif a.kind == "create_ci":
-        gi_id = a.gi_id if a.gi_id is not None else created[(a.gpu_uuid, a.start, a.profile)]
-        dev.create_compute_instance(a.gpu_uuid, gi_id)
-    else:  # pragma: no cover - ACTION_KINDS is closed
-        raise ValueError(a.kind)
+        case "create_ci":
+            assert a.profile is not None and a.start is not None
+            gi_id = a.gi_id if a.gi_id is not None else created[(a.gpu_uuid, a.start, a.profile)]
+            dev.create_compute_instance(a.gpu_uuid, gi_id)
+        case _:
+            assert_never(a.kind)
 
 
 def _holders(gpu: GpuState, instances: list[MigInstanceState]) -> list[int]:

@@ -1,4 +1,4 @@
-"""Mixed into ``Agent``: keeping the QoS arbiter told which workloads share which GPU.
+"""Keeping the QoS arbiter told which workloads share which GPU.
 
 Each reconcile pass sends the arbiter (``runtime/arbiter_link.py``) the workloads running on each
 domain (a GPU, or a MIG instance) with their class, weight, min share and process group, and keeps
@@ -12,43 +12,49 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpufrac.model.qos import qos_params
 from gpufrac.model.workload import spec_from_json
-from gpufrac.planning.scheduler import Decision
+from gpufrac.planning.sched_decision import Decision
 from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec
-from gpufrac.runtime.runs import write_json
+from gpufrac.runtime.failures import Failures
+from gpufrac.runtime.handover import qos_domain
+from gpufrac.runtime.runs import Runs, write_json
 from gpufrac.runtime.shim import read_status
 from gpufrac.runtime.store import Store
 
-if TYPE_CHECKING:
-    from gpufrac.runtime.agent import WorkloadState
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A workload the arbiter may need to know about: its key, generation, placement and env."""
+
+    key: str
+    generation: int
+    decision: Decision
+    env: dict[str, str]
 
 
 class QosCare:
-    store: Store
-    arbiter: ArbiterLink
-    _qos_written: dict[str, Any]  # what each run's qos.json holds, so it is written on change only
+    def __init__(self, store: Store, arbiter: ArbiterLink, runs: Runs, failures: Failures) -> None:
+        self.store = store
+        self.arbiter = arbiter
+        self.runs = runs
+        self.failures = failures
+        self._written: dict[str, Any] = {}  # what each run's qos.json holds: written on change only
 
-    def _latest(self, tenant: str, name: str, generation: int) -> Path | None:  # by Agent
-        raise NotImplementedError
-
-    def _attempts(self, tenant: str, name: str, generation: int) -> list[Path]:  # by Agent
-        raise NotImplementedError
-
-    def _sync_arbiter(self, states: list[WorkloadState]) -> None:
+    def sync(self, running: Sequence[Running]) -> None:
         """Tell the arbiter which workloads share which GPU (or MIG instance), with their class."""
         members: dict[str, MemberSpec] = {}
         runs: dict[str, Path] = {}
-        for st in states:
+        for st in running:
             d = st.decision
-            if d is None or d.outcome != "placed" or st.phase not in ("starting", "running"):
-                continue
             tenant, name = st.key.split("/", 1)
             stored = self.store.workload(tenant, name)
-            run = self._latest(tenant, name, st.generation)
+            run = self.runs.latest(tenant, name, st.generation)
             if stored is None or run is None:
                 continue
             status = read_status(run)
@@ -60,8 +66,10 @@ class QosCare:
         try:
             self.arbiter.sync(members)
         except (RuntimeError, OSError) as e:
-            self.store.record_event("qos_error", "arbiter", str(e))
-        written = self._qos_written
+            self.failures.failed("arbiter", "keeping the QoS arbiter in step", e)
+        else:
+            self.failures.succeeded("arbiter", "keeping the QoS arbiter in step")
+        written = self._written
         for key, got in self.arbiter.stats().items():  # kept with the run, for summaries after it
             if key in runs and written.get(key) != got:
                 write_json(runs[key] / "qos.json", got)
@@ -69,18 +77,11 @@ class QosCare:
         for key in [k for k in written if k not in runs]:
             del written[key]
 
-    def _resume_all(self) -> None:
+    def resume_all(self) -> None:
         """SIGCONT every workload's process group (harmless for one that runs)."""
         for w in self.store.workloads():
-            for run in self._attempts(w.tenant, w.name, w.generation):
+            for run in self.runs.attempts(w.tenant, w.name, w.generation):
                 status = read_status(run)
                 if status.child_pid is not None and not status.done:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(status.child_pid, signal.SIGCONT)
-
-
-def qos_domain(d: Decision, env: dict[str, str]) -> str:
-    """What the arbiter arbitrates: the MIG instance, else the (first) GPU."""
-    if d.mig is not None and env.get("CUDA_VISIBLE_DEVICES"):
-        return env["CUDA_VISIBLE_DEVICES"].split(",")[0]
-    return d.gpus[0] if d.gpus else ""

@@ -15,7 +15,6 @@ from gpufrac.model.qos import qos_params
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.scheduler import Decision
 from gpufrac.runtime.agent import Agent
-from gpufrac.runtime.memory_watch import workload_memory_mib
 
 
 def workload_qos(
@@ -27,7 +26,7 @@ def workload_qos(
     measured: float | None = None
     source: str | None = None
     if decision is not None and decision.gpus and decision.mode == "timeslice" and not decision.mig:
-        use = workload_memory_mib(agent, spec.tenant, spec.name)
+        use = agent.memory_use(spec.tenant, spec.name)
         by_pid = agent.health.process_utilization(decision.gpus[0])
         if use is not None and use.pids and by_pid is not None:
             measured = sum(by_pid.get(pid, 0) for pid in use.pids) / 100

@@ -1,14 +1,81 @@
-"""Run directories and the processes in them: small helpers the agent shares with the CLI and metrics."""
+"""Run directories and the processes in them.
+
+``Runs`` owns ``runs/<tenant>/<name>/g<generation>-<attempt>``: one directory per attempt, each with the
+shim's record of how it went (``runtime/shim.py``). The agent reads the truth from these directories, so
+a restarted agent knows what ran. The small helpers below are shared with the CLI and metrics.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gpufrac.runtime.shim import launch, read_status, stop
+
 HANDED_OVER = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_", "GPUFRAC_")
+
+
+class Runs:
+    def __init__(self, root: Path, *, stop_grace: float = 10.0) -> None:
+        self.root = root
+        self.stop_grace = stop_grace
+
+    def of(self, tenant: str, name: str) -> Path:
+        return self.root / tenant / name
+
+    def attempts(self, tenant: str, name: str, generation: int) -> list[Path]:
+        """The attempts of one generation, oldest first."""
+        root = self.of(tenant, name)
+        if not root.exists():
+            return []
+        found = [p for p in root.glob(f"g{generation}-*") if p.name.split("-")[-1].isdigit()]
+        return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
+
+    def latest(self, tenant: str, name: str, generation: int) -> Path | None:
+        """The newest attempt (its output.log is the workload's log)."""
+        attempts = self.attempts(tenant, name, generation)
+        return attempts[-1] if attempts else None
+
+    def launch(
+        self,
+        tenant: str,
+        name: str,
+        generation: int,
+        attempt: int,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        workdir: str | None,
+        user: str | None,
+    ) -> Path:
+        run_dir = self.of(tenant, name) / f"g{generation}-{attempt}"
+        launch(run_dir, command, env=env, workdir=workdir, user=user)
+        return run_dir
+
+    def stop_live(self, tenant: str, name: str, reason: str = "") -> bool:
+        """Stop every attempt still running (SIGTERM, SIGKILL after the grace); ``reason`` is kept in
+        the run as why it was stopped. True if one was running."""
+        root = self.of(tenant, name)
+        stopped = False
+        if not root.exists():
+            return False
+        for run_dir in root.iterdir():
+            if run_dir.is_dir() and not read_status(run_dir).done:
+                if reason:
+                    write_json(run_dir / "killed.json", {"reason": reason})
+                stop(run_dir, grace=self.stop_grace)
+                stopped = True
+        return stopped
+
+    def remove(self, tenant: str, name: str) -> None:
+        """Stop what runs and forget every attempt (the workload is deleted or replaced)."""
+        self.stop_live(tenant, name)
+        shutil.rmtree(self.of(tenant, name), ignore_errors=True)
 
 
 def probe(kind: str, port: int, path: str) -> bool:

@@ -67,8 +67,16 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (tenant, name)
         )""",
     ),
+    4: (
+        """CREATE TABLE mig_pins (
+            gpu TEXT PRIMARY KEY,         -- GPU UUID whose MIG layout an operator set
+            at REAL NOT NULL
+        )""",
+    ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
+EVENTS_KEPT = 50_000  # the newest events kept; older ones are pruned as new ones come
+PRUNE_EVERY = 1_000  # events written between two prunes
 
 
 class StoreError(GpufracError):
@@ -107,6 +115,7 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
         self._migrate()
+        self._since_prune = 0
 
     def close(self) -> None:
         self.db.close()
@@ -308,11 +317,43 @@ class Store:
     def cordons(self) -> dict[str, str]:
         return {r[0]: r[1] for r in self.db.execute("SELECT gpu, reason FROM cordons")}
 
+    # -- MIG layouts pinned by an operator -------------------------------------------------------
+
+    def pin_mig(self, gpu: str) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO mig_pins VALUES (?, ?) ON CONFLICT (gpu) DO UPDATE SET at = excluded.at",
+                (gpu, time.time()),
+            )
+
+    def unpin_mig(self, gpu: str) -> bool:
+        with self.transaction() as db:
+            gone = db.execute("DELETE FROM mig_pins WHERE gpu = ?", (gpu,)).rowcount
+            if gone:
+                self._event(db, "mig_released", gpu, "the agent may re-cut its MIG layout again")
+            return bool(gone)
+
+    def mig_pins(self) -> frozenset[str]:
+        return frozenset(r[0] for r in self.db.execute("SELECT gpu FROM mig_pins"))
+
     # -- events ---------------------------------------------------------------------------------
 
     def record_event(self, kind: str, subject: str, message: str) -> None:
         with self.transaction() as db:
             self._event(db, kind, subject, message)
+        self._since_prune += 1
+        if self._since_prune >= PRUNE_EVERY:
+            self.prune_events()
+
+    def prune_events(self, keep: int = EVENTS_KEPT) -> int:
+        """Forget all but the newest ``keep`` events; returns how many went."""
+        self._since_prune = 0
+        with self.transaction() as db:
+            return int(
+                db.execute(
+                    "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (keep,)
+                ).rowcount
+            )
 
     @staticmethod
     def _event(db: sqlite3.Connection, kind: str, subject: str, message: str) -> None:

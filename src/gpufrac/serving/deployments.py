@@ -313,15 +313,13 @@ class Deployments:
         self, d: DeploymentSpec, serving: list[ReplicaView], states: dict[str, WorkloadState]
     ) -> dict[str, float]:
         """Each replica's SM utilization (0..1) where NVML reports it per process (time-sliced GPUs)."""
-        from gpufrac.runtime.memory_watch import workload_memory_mib
-
         out: dict[str, float] = {}
         for r in serving:
             st = states.get(f"{d.tenant}/{r.name}")
             dec = st.decision if st else None
             if dec is None or dec.mode != "timeslice" or not dec.gpus or dec.mig:
                 continue
-            use = workload_memory_mib(self.agent, d.tenant, r.name)
+            use = self.agent.memory_use(d.tenant, r.name)
             by_pid = self.agent.health.process_utilization(dec.gpus[0])
             if use is not None and by_pid:
                 out[r.name] = min(1.0, sum(by_pid.get(p, 0) for p in use.pids) / 100)

@@ -247,7 +247,7 @@ def test_a_qos_change_applies_live_without_a_restart(data_dir: Path, dev: NvmlDe
     state = settle(agent, "default/svc", {"running"})
     assert state.generation == first.generation
     assert read_status(data_dir / "runs/default/svc/g1-1").child_pid == pid
-    assert agent.scheduler.specs["default/svc"].priority == 100
+    assert agent.scheduler.requests["default/svc"].priority == 100
     assert any(
         e.kind == "qos_changed" and "weight: 1 -> 3" in e.message for e in agent.store.events()
     )

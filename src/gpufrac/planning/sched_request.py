@@ -1,0 +1,133 @@
+"""One workload as the scheduler sees it: its spec, the sharing modes it may use, and what it needs on
+each GPU model, worked out once per submission and remembered (not recomputed by every plugin)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufrac.model.catalog import GpuModel
+from gpufrac.model.workload import MILLI, Mode, WorkloadSpec
+from gpufrac.planning.demand import smallest_fitting
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    memory_mib: int
+    milli: int  # share of one GPU (quota and capacity accounting)
+    compute_pct: int | None = None  # MPS active-thread percentage
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def need_on(spec: WorkloadSpec, model: GpuModel, mode: Mode, profile: str | None = None) -> Need:
+    """What ``spec`` takes on one GPU of ``model`` under ``mode`` (on a MIG ``profile``, if given)."""
+    req = spec.gpu
+    total = model.memory_total_mib
+    if req.count is not None or mode == "exclusive":
+        return Need(total, MILLI)
+    if profile is not None:
+        prof = model.profile(profile)
+        memory = prof.memory_mib or total * prof.memory_slots // max(1, model.memory_slots)
+        return Need(memory, _ceil_div(prof.compute_slices * MILLI, max(1, model.compute_slices)))
+    if req.fraction_milli is not None:
+        compute = _ceil_div(req.fraction_milli, 10) if mode == "mps" else None
+        return Need(total * req.fraction_milli // MILLI, req.fraction_milli, compute)
+    memory = req.memory_mib or 0
+    # rounded down: memory itself is checked exactly, and shares must add up
+    milli = memory * MILLI // total
+    if req.compute_pct is not None:
+        milli = max(milli, req.compute_pct * 10)
+    return Need(memory, min(MILLI, milli), req.compute_pct if mode == "mps" else None)
+
+
+def sharing_modes(spec: WorkloadSpec) -> tuple[Mode, ...]:
+    """The modes a request may be placed under, in the order they are tried."""
+    req = spec.gpu
+    if req.count is not None:
+        return ("exclusive",)
+    if req.mig_profile is not None:
+        return ("mig",)
+    match spec.sharing:
+        case "auto":
+            return ("mig", "mps" if req.compute_pct is not None else "timeslice")
+        case "mig" | "mps" | "timeslice" | "exclusive":
+            return (spec.sharing,)
+
+
+def mig_profile_on(spec: WorkloadSpec, model: GpuModel) -> str | None:
+    """The MIG profile ``spec`` takes on ``model``: the one named, the share of slots and compute a
+    fraction asks for, or the smallest that holds its memory and compute; None if none does."""
+    req = spec.gpu
+    if req.mig_profile is not None:
+        if req.mig_model not in (None, model.key) or not model.has_profile(req.mig_profile):
+            return None
+        return model.profile(req.mig_profile).name
+    if req.fraction_milli is not None:  # that share of the memory slots and of the compute slices
+        slots = -(-req.fraction_milli * model.memory_slots // MILLI)
+        compute = -(-req.fraction_milli * model.compute_slices // MILLI)
+        fits = [
+            p
+            for p in model.profiles
+            if not p.media_extensions and p.memory_slots >= slots and p.compute_slices >= compute
+        ]
+        best = min(fits, key=lambda p: (p.memory_slots, p.compute_slices), default=None)
+        return None if best is None else best.name
+    need = need_on(spec, model, "mig")
+    prof = smallest_fitting(model, need.memory_mib, None)
+    while prof is not None and prof.compute_slices * MILLI < need.milli * model.compute_slices:
+        bigger = [
+            p
+            for p in model.profiles
+            if p.compute_slices > prof.compute_slices
+            and not p.media_extensions
+            and (p.memory_mib or 0) >= need.memory_mib
+        ]
+        prof = min(bigger, key=lambda p: (p.memory_slots, p.compute_slices)) if bigger else None
+    return None if prof is None else prof.name
+
+
+class SchedRequest:
+    """A submitted workload with its needs remembered per (model, mode, profile)."""
+
+    __slots__ = ("_needs", "_profiles", "key", "modes", "order", "spec")
+
+    def __init__(self, spec: WorkloadSpec, order: int = 0) -> None:
+        self.spec = spec
+        self.key = f"{spec.tenant}/{spec.name}"
+        self.modes = sharing_modes(spec)
+        self.order = order  # submission order: ties in priority go first come, first served
+        self._needs: dict[tuple[str, Mode, str | None], Need] = {}
+        self._profiles: dict[str, str | None] = {}
+
+    @property
+    def tenant(self) -> str:
+        return self.spec.tenant
+
+    @property
+    def priority(self) -> int:
+        return self.spec.priority
+
+    def need(self, model: GpuModel, mode: Mode, profile: str | None = None) -> Need:
+        key = (model.key, mode, profile)
+        found = self._needs.get(key)
+        if found is None:
+            found = self._needs[key] = need_on(self.spec, model, mode, profile)
+        return found
+
+    def mig_profile(self, model: GpuModel) -> str | None:
+        if model.key not in self._profiles:
+            self._profiles[model.key] = mig_profile_on(self.spec, model)
+        return self._profiles[model.key]
+
+    def mig_need(self, model: GpuModel) -> Need | None:
+        """What it takes on a MIG GPU of ``model`` (None: no profile there holds it)."""
+        profile = self.mig_profile(model)
+        return None if profile is None else self.need(model, "mig", profile)
+
+    def with_spec(self, spec: WorkloadSpec) -> SchedRequest:
+        """The same submission with a spec changed live (priority, QoS): needs stay valid."""
+        out = SchedRequest(spec, self.order)
+        out._needs, out._profiles = self._needs, self._profiles
+        return out

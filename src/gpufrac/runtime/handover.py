@@ -1,0 +1,69 @@
+"""What a workload is handed in its environment: its GPU or MIG device, its limits, its QoS, MPS.
+
+``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES`` name the GPU (or the MIG device, once its instance
+exists); ``GPUFRAC_*`` variables carry the memory limit and the QoS arbiter's address and class for the
+SDK; on MPS the ``CUDA_MPS_*`` variables carry the pipe directory, the pinned memory limit, the
+active-thread percentage and the client priority. docs/design.md lists them.
+"""
+
+from __future__ import annotations
+
+from gpufrac.devices.nvml import NvmlDevices
+from gpufrac.model.qos import mps_client_priority, qos_params
+from gpufrac.model.workload import WorkloadSpec
+from gpufrac.planning.sched_decision import Decision
+from gpufrac.planning.sched_state import Allocation
+from gpufrac.runtime.mps import MpsDaemons
+
+
+def qos_domain(d: Decision, env: dict[str, str]) -> str:
+    """What the arbiter arbitrates: the MIG instance, else the (first) GPU."""
+    if d.mig is not None and env.get("CUDA_VISIBLE_DEVICES"):
+        return env["CUDA_VISIBLE_DEVICES"].split(",")[0]
+    return d.gpus[0] if d.gpus else ""
+
+
+class Handover:
+    def __init__(self, dev: NvmlDevices, mps: MpsDaemons, arbiter_address: str) -> None:
+        self.dev = dev
+        self.mps = mps
+        self.arbiter_address = arbiter_address
+
+    def env(
+        self, spec: WorkloadSpec, decision: Decision, allocs: list[Allocation]
+    ) -> dict[str, str]:
+        devices = list(decision.gpus)
+        gi_id: int | None = None
+        if decision.mig is not None and decision.gpus:
+            inst = self.dev.gpu(decision.gpus[0]).instance_at(decision.mig)
+            devices = [inst.uuid] if inst is not None and inst.uuid else []
+            gi_id = None if inst is None else inst.gi_id
+        visible = ",".join(devices)
+        env = {
+            "CUDA_VISIBLE_DEVICES": visible,
+            "NVIDIA_VISIBLE_DEVICES": visible,
+            "GPUFRAC_WORKLOAD": spec.name,
+            "GPUFRAC_TENANT": spec.tenant,
+            "GPUFRAC_SHARING": decision.mode or "",
+            "GPUFRAC_GPU_MEMORY_LIMIT_MIB": str(allocs[0].memory_mib) if allocs else "",
+            "GPUFRAC_GPU_UUID": decision.gpus[0] if decision.gpus else "",
+            **self.dev.sdk_env,
+        }
+        qos = qos_params(spec)
+        env.update(
+            {
+                "GPUFRAC_ARBITER": self.arbiter_address,
+                "GPUFRAC_QOS_DOMAIN": qos_domain(decision, env),
+                "GPUFRAC_QOS_RANK": str(qos.rank),
+                "GPUFRAC_QOS_WEIGHT": str(qos.weight),
+                "GPUFRAC_QOS_MIN_SHARE_MILLI": str(qos.min_share_milli),
+            }
+        )
+        if gi_id is not None:
+            env["GPUFRAC_GI_ID"] = str(gi_id)
+        if decision.mode == "mps" and decision.gpus and allocs:
+            env.update(
+                self.mps.client_env(decision.gpus[0], allocs[0].memory_mib, allocs[0].compute_pct)
+            )
+            env["CUDA_MPS_CLIENT_PRIORITY"] = str(mps_client_priority(spec.qos))
+        return env
