@@ -32,9 +32,10 @@ class RunningAgent:
     data_dir: Path
     port: int
     proc: subprocess.Popen[bytes]
+    fleet: str = FLEET
 
     def start(self) -> None:
-        self.proc = _spawn(self.port, self.data_dir)
+        self.proc = _spawn(self.port, self.data_dir, self.fleet)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -53,8 +54,8 @@ class RunningAgent:
         self.proc.wait(timeout=10)
 
 
-def _spawn(port: int, data_dir: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "GPUFRAC_SIMULATE": FLEET, "GPUFRAC_DATA_DIR": str(data_dir)}
+def _spawn(port: int, data_dir: Path, fleet: str = FLEET) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "GPUFRAC_SIMULATE": fleet, "GPUFRAC_DATA_DIR": str(data_dir)}
     gateway = (
         (data_dir / "gateway.port").read_text() if (data_dir / "gateway.port").exists() else ""
     )
@@ -89,6 +90,20 @@ def agent(tmp_path: Path) -> Iterator[RunningAgent]:
     running.proc.kill()
     running.proc.wait(timeout=10)
     kill_leftover_runs(data_dir)  # leave nothing behind
+
+
+@pytest.fixture
+def small_agent(tmp_path: Path) -> Iterator[RunningAgent]:
+    """An agent on one H200 in MIG mode and one without."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    port = free_port()
+    running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None, "h200:1:mig,h200:1")  # type: ignore[arg-type]
+    running.start()
+    yield running
+    running.proc.kill()
+    running.proc.wait(timeout=10)
+    kill_leftover_runs(data_dir)
 
 
 TOKENS = {

@@ -286,7 +286,18 @@ def create_app(
     def gpus(request: Request) -> dict[str, Any]:
         caller(request)
         with service.lock:
-            return {"gpus": [g.to_json() for g in service.agent.dev.gpus()]}
+            pins = service.agent.store.mig_pins()
+            cordons = service.agent.store.cordons()
+            return {
+                "gpus": [
+                    {
+                        **g.to_json(),
+                        "mig_layout_pinned": g.uuid in pins,
+                        "cordoned": cordons.get(g.uuid),
+                    }
+                    for g in service.agent.dev.gpus()
+                ]
+            }
 
     def _gpu_uuid(gpu: str) -> str:
         for g in service.agent.scheduler.state.gpus:

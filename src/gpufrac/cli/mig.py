@@ -112,6 +112,7 @@ def _register() -> None:
         disable_command,
         enable_command,
         export_command,
+        release_command,
     )
     from gpufrac.cli.mig_plan import plan_command
 
@@ -121,6 +122,7 @@ def _register() -> None:
     mig_app.command("export")(export_command)
     mig_app.command("enable")(enable_command)
     mig_app.command("disable")(disable_command)
+    mig_app.command("release")(release_command)
 
 
 _register()

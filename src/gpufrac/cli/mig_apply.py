@@ -405,3 +405,43 @@ def disable_command(
 ) -> None:
     """Turn MIG mode off. The GPU must be idle, with its MIG instances destroyed."""
     _set_mode(gpu, False, simulate, data_dir, json)
+
+
+def release_command(
+    gpu: GpuSelectOpt,
+    server: ServerOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Release a MIG layout an operator set (mig apply pins it): the agent may re-cut the GPU for
+    waiting workloads again. Needs a running agent."""
+    agent = find_agent(server)
+    if agent is None:
+        raise fail(
+            "no agent is running: only an agent re-cuts MIG GPUs, and its layouts are pinned there",
+            2,
+            "start one with: gpufrac agent (or pass --server URL)",
+        )
+    gpus = agent_call("GET", agent, "/api/v1/gpus")["gpus"]
+    if gpu == "all":
+        chosen = [g for g in gpus if g.get("mig_mode", {}).get("current") == "enabled"]
+    else:
+        chosen = [g for g in gpus if gpu in (g["uuid"], str(g["index"]))]
+        if not chosen:
+            raise fail(
+                f"--gpu: no GPU {gpu!r}",
+                2,
+                f"use an index ({', '.join(str(g['index']) for g in gpus)}), a UUID, or all",
+            )
+    results = []
+    for g in chosen:
+        r = agent_call("DELETE", agent, f"/api/v1/gpus/{g['uuid']}/mig/pin")
+        results.append({"uuid": g["uuid"], "index": g["index"], "placed": r["placed"]})
+    if json:
+        print_json({"released": results})
+        return
+    for res in results:
+        placed = f"; placed now: {', '.join(res['placed'])}" if res["placed"] else ""
+        console.print(
+            f"GPU {res['index']}: released; the agent may re-cut it for waiting workloads{placed}",
+            highlight=False,
+        )
