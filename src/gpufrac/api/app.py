@@ -7,8 +7,6 @@ read them with the very same strict parser: a body is accepted whole or not at a
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
@@ -19,6 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from gpufrac import __version__
 from gpufrac.api.deployments_api import add_deployment_routes
 from gpufrac.api.metrics import render
+from gpufrac.api.service import AgentService
 from gpufrac.api.tokens import ADMIN, Caller
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec
@@ -26,72 +25,10 @@ from gpufrac.model.manifest import parse_objects
 from gpufrac.model.mig import layout_from_json
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.scheduler import decision_to_json
-from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.mig_apply import ApplyRefused
 from gpufrac.runtime.qos_view import workload_qos
 from gpufrac.runtime.shim import LOG
-from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT, Deployments, gateway_path
-
-RECONCILE_SECONDS = 0.5
-MIN_GAP_SECONDS = 0.1  # a burst of API calls wakes one pass, not one per call
-
-
-class AgentService:
-    """The agent behind a lock, with a background thread reconciling it."""
-
-    def __init__(
-        self,
-        agent: Agent,
-        *,
-        interval: float = RECONCILE_SECONDS,
-        gateway_port: int = DEFAULT_GATEWAY_PORT,
-        gateway_host: str = "127.0.0.1",
-    ) -> None:
-        self.agent = agent
-        self.deployments = Deployments(agent, gateway_port=gateway_port, host=gateway_host)
-        self.lock = agent.lock  # the agent's own: its reconcile pass releases it for device calls
-        self.interval = interval
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.states: dict[str, WorkloadState] = {}
-
-    def reconcile(self) -> None:
-        states = {s.key: s for s in self.agent.reconcile()}
-        with self.lock:
-            self.states = states
-            self.deployments.reconcile(self.states)
-
-    def start(self) -> None:
-        self.reconcile()
-        self._thread = threading.Thread(target=self._loop, name="gpufrac-reconcile", daemon=True)
-        self._thread.start()
-
-    def wake(self) -> None:
-        """Run the next reconcile pass now rather than at the next tick."""
-        self._wake.set()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.interval)
-            if self._stop.wait(MIN_GAP_SECONDS):
-                return
-            self._wake.clear()
-            try:
-                self.reconcile()
-            except Exception as e:  # one bad pass must not stop the loop; it is recorded once
-                with contextlib.suppress(Exception), self.lock:
-                    self.agent.failures.failed("agent", "reconcile pass", e)
-            else:
-                with contextlib.suppress(Exception), self.lock:
-                    self.agent.failures.succeeded("agent", "reconcile pass")
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self.deployments.close()
+from gpufrac.serving.deployments import gateway_path
 
 
 def _problem(e: InputError) -> JSONResponse:

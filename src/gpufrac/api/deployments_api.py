@@ -13,7 +13,7 @@ from gpufrac.model.deployment import DeploymentSpec, deployment_to_json
 from gpufrac.serving.deployments import gateway_path, route_name
 
 if TYPE_CHECKING:
-    from gpufrac.api.app import AgentService
+    from gpufrac.api.service import AgentService
     from gpufrac.api.tokens import Caller
 
 

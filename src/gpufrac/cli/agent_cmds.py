@@ -70,7 +70,8 @@ def agent_command(
     and (once there is a deployment) the request gateway."""
     import uvicorn
 
-    from gpufrac.api.app import AgentService, create_app
+    from gpufrac.api.app import create_app
+    from gpufrac.api.service import AgentService
     from gpufrac.api.tokens import load_tokens
     from gpufrac.cli.schedule import _settings
     from gpufrac.config import simulate_spec

@@ -19,17 +19,20 @@ from gpufrac.cli.agent_cmds import (
     scale_command,
     uncordon_command,
 )
-from gpufrac.cli.common import DataDirOpt, SimulateOpt, console, err_console, handled_errors
+from gpufrac.cli.common import (
+    DataDirOpt,
+    SimulateOpt,
+    console,
+    devices_or_simulated,
+    handled_errors,
+)
 from gpufrac.cli.gpus import gpus_command, render_gpu
 from gpufrac.cli.mig import mig_app, profiles_table
 from gpufrac.cli.mig_plan import plan_gpu, render_plan
 from gpufrac.cli.schedule import schedule_command, validate_command
 from gpufrac.cli.serve_cmds import load_command
 from gpufrac.cli.up import up_command
-from gpufrac.config import DEMO_FLEET, data_dir, simulate_spec
-from gpufrac.devices import NvmlDevices, open_simulated
-from gpufrac.devices.errors import DriverUnavailable
-from gpufrac.devices.nvml import open_real_nvml
+from gpufrac.devices import NvmlDevices
 from gpufrac.planning.demand import parse_profile_demand, resolve_demand
 from gpufrac.planning.mig_planner import plan_mig
 from gpufrac.runtime.mig_apply import GpuTarget, apply_targets, diff_actions
@@ -70,21 +73,6 @@ def _root(
     ] = False,
 ) -> None:
     pass
-
-
-def devices_or_simulated(simulate: str | None, data: DataDirOpt) -> NvmlDevices:
-    """The real GPUs, or (for demo and up only) the demo's simulated fleet with a visible notice."""
-    spec = simulate_spec(simulate)
-    if spec:
-        return open_simulated(spec, data_dir(data))
-    try:
-        return open_real_nvml()
-    except DriverUnavailable as e:
-        err_console.print(
-            f"[bold yellow]notice:[/] {e.message}; using simulated GPUs ({DEMO_FLEET}).",
-            highlight=False,
-        )
-        return open_simulated(DEMO_FLEET, data_dir(data))
 
 
 DEMO_DEMAND = "1g.18gb=2,2g.35gb=1,3g.71gb=1"

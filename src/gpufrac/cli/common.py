@@ -15,9 +15,10 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from gpufrac.config import data_dir, simulate_spec
-from gpufrac.devices import NvmlDevices, open_devices
+from gpufrac.config import DEMO_FLEET, data_dir, simulate_spec
+from gpufrac.devices import NvmlDevices, open_devices, open_simulated
 from gpufrac.devices.errors import DeviceError, DriverUnavailable
+from gpufrac.devices.nvml import open_real_nvml
 from gpufrac.errors import InputError
 
 console = Console()
@@ -79,3 +80,18 @@ def devices(simulate: str | None, data: Path | None) -> Iterator[NvmlDevices]:
         yield dev
     finally:
         dev.close()
+
+
+def devices_or_simulated(simulate: str | None, data: Path | None) -> NvmlDevices:
+    """The real GPUs, or (for demo and up only) the demo's simulated fleet with a visible notice."""
+    spec = simulate_spec(simulate)
+    if spec:
+        return open_simulated(spec, data_dir(data))
+    try:
+        return open_real_nvml()
+    except DriverUnavailable as e:
+        err_console.print(
+            f"[bold yellow]notice:[/] {e.message}; using simulated GPUs ({DEMO_FLEET}).",
+            highlight=False,
+        )
+        return open_simulated(DEMO_FLEET, data_dir(data))

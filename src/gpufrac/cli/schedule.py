@@ -35,6 +35,7 @@ from gpufrac.model.settings import (
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
 from gpufrac.planning.scheduler import Decision, Scheduler, decision_to_json
+from gpufrac.runtime.store import Store
 
 FilesArg = Annotated[
     list[Path], typer.Argument(help="Manifest files (YAML or JSON; several documents each).")
@@ -136,16 +137,42 @@ def schedule_command(
             title=f"scheduling {len(specs)} workload(s) on {len(fleet)} GPU(s) ({sched.policy})",
             title_justify="left",
         )
-        for col in ("workload", "outcome", "mode", "where", "reason"):
+        for col in ("workload", "outcome", "mode", "where", "changes first", "reason"):
             t.add_column(col, overflow="fold")
         for d in final.values():
             where = ", ".join(f"GPU {sched.state.by_uuid[u].index}" for u in d.gpus) + (
                 f" {d.mig}" if d.mig else ""
             )
             style = {"placed": "green", "pending": "yellow", "refused": "red"}[d.outcome]
-            t.add_row(d.workload, f"[{style}]{d.outcome}[/]", d.mode or "", where, d.reason)
+            t.add_row(
+                d.workload, f"[{style}]{d.outcome}[/]", d.mode or "", where, _changes(d), d.reason
+            )
         console.print(t)
+        recuts = [
+            d for d in final.values() if any(a.kind == "destroy_mig_instance" for a in d.actions)
+        ]
+        if recuts:
+            console.print(
+                f"{len(recuts)} placement(s) re-cut a MIG GPU: idle instances in the way are destroyed "
+                f"first (mig_reconfigure: {cfg.mig_reconfigure}).",
+                highlight=False,
+            )
     raise typer.Exit(0 if all(d.outcome == "placed" for d in final.values()) else 1)
+
+
+def _changes(d: Decision) -> str:
+    """What must happen before the workload starts: evictions, MIG instances destroyed and created."""
+    parts = []
+    evicted = [a.workload for a in d.actions if a.kind == "evict"]
+    if evicted:
+        parts.append("evict " + ", ".join(evicted))
+    gone = [str(a.mig) for a in d.actions if a.kind == "destroy_mig_instance"]
+    if gone:
+        parts.append("destroy " + ", ".join(gone))
+    made = [str(a.mig) for a in d.actions if a.kind == "create_mig_instance"]
+    if made:
+        parts.append("create " + ", ".join(made))
+    return "; ".join(parts)
 
 
 def _settings(path: Path | None, data: Path | None) -> OperatorSettings:
@@ -170,4 +197,15 @@ def _fleet(spec: str | None, simulate: str | None, data: Path | None) -> list[Sc
     with devices(simulate, data) as dev:
         states = dev.gpus()
         models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}
-    return sched_gpus_from_states(states, models)
+    return sched_gpus_from_states(states, models, _pinned(resolve_data_dir(data)))
+
+
+def _pinned(data: Path) -> frozenset[str]:
+    """The GPUs whose MIG layout an operator pinned through the agent of this data directory."""
+    if not (data / "state.db").exists():
+        return frozenset()
+    store = Store(data / "state.db")
+    try:
+        return store.mig_pins()
+    finally:
+        store.close()

@@ -18,7 +18,13 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from gpufrac.cli.common import DataDirOpt, SimulateOpt, console, handled_errors
+from gpufrac.cli.common import (
+    DataDirOpt,
+    SimulateOpt,
+    console,
+    devices_or_simulated,
+    handled_errors,
+)
 from gpufrac.cli.schedule import _load, _settings
 from gpufrac.cli.up_serving import ServingRun
 from gpufrac.config import data_dir as resolve_data_dir
@@ -62,8 +68,6 @@ def up_command(
 ) -> None:
     """Run manifests on this machine with a live view (the agent in the foreground). Deployments get
     the request gateway and the autoscaler; --load drives traffic to show them working."""
-    from gpufrac.cli.app import devices_or_simulated
-
     with handled_errors():
         objects = _load(files)
         specs = [o for o in objects if isinstance(o, WorkloadSpec)]

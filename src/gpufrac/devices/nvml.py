@@ -320,18 +320,30 @@ class NvmlDevices:
         # MIG devices (one per compute instance): their UUIDs and processes, by GPU instance id
         uuids: dict[int, str] = {}
         procs: dict[int, list[ProcessState]] = {}
+        # an instance destroyed while it is read (by another thread, or another program) is
+        # NOT_FOUND part-way: it is left out, as if read a moment later
         for i in range(int(self.call(lib.nvmlDeviceGetMaxMigDeviceCount, handle))):
             mig = self.optional(lib.nvmlDeviceGetMigDeviceHandleByIndex, handle, i)
             if mig is None:
                 continue
-            gi_id = int(self.call(lib.nvmlDeviceGetGpuInstanceId, mig))
-            uuids.setdefault(gi_id, text(self.call(lib.nvmlDeviceGetUUID, mig)))
+            gi = self.optional(lib.nvmlDeviceGetGpuInstanceId, mig)
+            uuid_of = self.optional(lib.nvmlDeviceGetUUID, mig)
+            if gi is None or uuid_of is None:
+                continue
+            gi_id = int(gi)
+            uuids.setdefault(gi_id, text(uuid_of))
             procs.setdefault(gi_id, []).extend(self._processes(mig, gi_id))
         instances = []
         for prof in model.profiles:
             for gi in self._gpu_instances(handle, prof.profile_id):
-                info = self.call(lib.nvmlGpuInstanceGetInfo, gi)
+                info = self.optional(lib.nvmlGpuInstanceGetInfo, gi)
+                if info is None:
+                    continue
                 gi_id = int(info.id)
+                try:
+                    ci_ids = tuple(sorted(self._compute_instance_ids(gi, prof)))
+                except DeviceNotFound:
+                    continue
                 instances.append(
                     MigInstanceState(
                         profile=prof.name,
@@ -340,7 +352,7 @@ class NvmlDevices:
                         uuid=uuids.get(gi_id),
                         busy=bool(procs.get(gi_id)),
                         memory_mib=prof.memory_mib,
-                        ci_ids=tuple(sorted(self._compute_instance_ids(gi, prof))),
+                        ci_ids=ci_ids,
                     )
                 )
         all_procs = [p for ps in procs.values() for p in ps]

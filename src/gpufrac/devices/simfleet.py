@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 import uuid as uuidlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -111,6 +112,7 @@ class SimulatedFleet:
         self.specs = specs
         self._cache: dict[str, Any] | None = None
         self._stamp: tuple[int, int] | None = None
+        self._thread_lock = threading.Lock()
         path.parent.mkdir(parents=True, exist_ok=True)
         with self.mutate():
             pass  # creates the file on first use
@@ -124,18 +126,21 @@ class SimulatedFleet:
     # -- reading and writing -------------------------------------------------------------------
 
     def read(self) -> dict[str, Any]:
-        """The current state (do not mutate it; use ``mutate``)."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            self._cache = initial_state(self.specs)
-            return self._cache
-        stamp = (st.st_mtime_ns, st.st_size)
-        if self._cache is None or stamp != self._stamp:
-            with open(self.path, encoding="utf-8") as f:
-                self._cache = json.load(f)
-            self._stamp = stamp
-        return self._cache
+        """The current state (do not mutate it; use ``mutate``). Safe from several threads, as NVML
+        is: the agent's MIG workers read and change GPUs beside its reconcile pass."""
+        with self._thread_lock:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                self._cache = initial_state(self.specs)
+                return self._cache
+            stamp = (st.st_mtime_ns, st.st_size)
+            cached = self._cache
+            if cached is None or stamp != self._stamp:
+                with open(self.path, encoding="utf-8") as f:
+                    cached = json.load(f)
+                self._cache, self._stamp = cached, stamp
+            return cached
 
     @contextlib.contextmanager
     def mutate(self) -> Iterator[dict[str, Any]]:
@@ -154,7 +159,8 @@ class SimulatedFleet:
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     json.dump(state, f)
                 os.replace(tmp, self.path)
-                self._cache = None
+                with self._thread_lock:
+                    self._cache = None
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -220,6 +226,15 @@ class SimulatedFleet:
         """Make a GPU fall off the bus (every driver call on it fails with GPU_IS_LOST)."""
         with self.mutate() as state:
             self._gpu(state, gpu_uuid)["lost"] = lost
+
+    def set_latency(self, *, create_s: float = 0.0, destroy_s: float = 0.0) -> None:
+        """How long creating and destroying a GPU instance takes (0: at once), as a real driver's
+        MIG changes take time."""
+        with self.mutate() as state:
+            state["latency"] = {
+                "create_gpu_instance": max(0.0, create_s),
+                "destroy_gpu_instance": max(0.0, destroy_s),
+            }
 
     def set_utilization(self, gpu_uuid: str, percent: int) -> None:
         with self.mutate() as state:

@@ -38,7 +38,8 @@ def best_recut(
 ) -> Recut | None:
     """The cheapest way to fit one instance of ``profile`` by destroying instances of this GPU: idle
     ones (owner ``None``) and those owned by a workload in ``evictable``. Cheapest: fewest evictions,
-    then fewest instances destroyed, then the fewest memory slots destroyed. None if no such way exists,
+    then fewest instances destroyed, then the fewest memory slots destroyed, then the most room left for
+    large profiles. None if no such way exists,
     or if the profile fits without destroying anything (that is an addition, not a re-cut)."""
     fixed = tuple(sorted(pl for pl, o in instances.items() if o is not None and o not in evictable))
     loose = tuple(
@@ -62,7 +63,7 @@ def _best(
     prof = model.profile(profile)
     owner = dict(loose)
     slots = {p.name: p.memory_slots for p in model.profiles}
-    best: tuple[tuple[int, int, int, int], Recut] | None = None
+    best: tuple[tuple[int, ...], Recut] | None = None
     for start in prof.placement_starts:
         new = MigPlacement(start, prof.name)
         if new in owner:  # that very instance exists: taking it is not a re-cut
@@ -76,7 +77,9 @@ def _best(
             if not gone:
                 return None  # it fits beside everything: an addition, not a re-cut
             evicted = tuple(sorted({owner[pl] for pl in gone if owner[pl]}))
-            cost = (len(evicted), len(gone), sum(slots[pl.profile] for pl in gone), start)
+            # then: the most room left for large profiles (the planner's free score), as placed
+            room = tuple(-x for x in lay.free_score)
+            cost = (len(evicted), len(gone), sum(slots[pl.profile] for pl in gone), *room, start)
             if best is None or cost < best[0]:
                 best = (cost, Recut(new, gone, evicted))
     return None if best is None else best[1]

@@ -258,10 +258,17 @@ class Scheduler:
                 if not wants & kinds:
                     continue  # the freed GPUs are of a kind this workload cannot use
             todo.append(req)
-        failed: set[tuple[object, ...]] = (
-            set()
-        )  # shapes that did not fit: their twins will not either
-        for req in sorted(todo, key=lambda r: (-r.priority, r.order)):
+        todo.sort(key=lambda r: (-r.priority, r.order))
+        if self.recut != "none":
+            # first, MIG instances that are free as they are, to whoever waits for their very profile
+            # (no MIG change at all); only then may the first in line have a GPU re-cut for it
+            for req in [r for r in todo if "mig" in r.modes]:
+                decisions = self._try(req, preempt=False, only=gpus, scope="none")
+                if decisions[0].outcome == "placed":
+                    out.extend(decisions)
+                    todo.remove(req)
+        failed: set[tuple[object, ...]] = set()  # shapes that did not fit: their twins will not
+        for req in todo:
             spec = req.spec
             shape = (spec.gpu, spec.sharing, spec.tenant)
             if shape in failed:
@@ -277,18 +284,25 @@ class Scheduler:
     # -- one attempt -----------------------------------------------------------------------------
 
     def _try(
-        self, req: SchedRequest, *, preempt: bool, only: set[int] | None = None
+        self,
+        req: SchedRequest,
+        *,
+        preempt: bool,
+        only: set[int] | None = None,
+        scope: RecutScope | None = None,
     ) -> list[Decision]:
         key = req.key
         reasons: list[str] = []
         for mode in req.modes:
-            chosen = self._choose(req, mode, reasons, only)
+            if scope == "none" and mode != "mig":
+                continue
+            chosen = self._choose(req, mode, reasons, only, scope or self.recut)
             if chosen:
                 with self.state.statement() as st:
                     placed = self._commit(st, req, chosen, ())
                     st.commit()
                 return [placed]
-        if only is not None:  # a cheap retry that found nothing: the workload keeps its reason
+        if only is not None or scope is not None:  # a cheap retry found nothing: the reason stays
             return [Decision(key, "pending", self.pending[key])]
         if preempt:
             plan = preemption(self.state, req, self.settings, self.recut)
@@ -385,7 +399,12 @@ class Scheduler:
     # -- candidates, filters, scores -------------------------------------------------------------
 
     def _choose(
-        self, req: SchedRequest, mode: Mode, reasons: list[str], only: set[int] | None = None
+        self,
+        req: SchedRequest,
+        mode: Mode,
+        reasons: list[str],
+        only: set[int] | None,
+        scope: RecutScope,
     ) -> list[Candidate] | None:
         if mode == "exclusive":
             return self._whole_gpus(req, reasons)
@@ -393,9 +412,9 @@ class Scheduler:
         passed: dict[str, int] = {}  # per GPU model, candidates that got through the filters
         barred: dict[str, Status | None] = {}  # per GPU model, the pre-filters' answer
         cands = (
-            candidates(self.state, self.ctx, req, mode, self.policy, self.recut, passed)
+            candidates(self.state, self.ctx, req, mode, self.policy, scope, passed)
             if only is None
-            else candidates_on(self.state, req, mode, only, self.recut)
+            else candidates_on(self.state, req, mode, only, scope)
         )
         for cand in cands:
             model = self.state.gpus[cand.gpu].model.key

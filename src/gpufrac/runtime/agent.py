@@ -11,12 +11,13 @@ given what it needs when it is made:
   where nothing else enforces them), ``QosCare`` (the QoS arbiter kept in step), ``Handover`` (the
   environment a workload gets).
 
-A reconcile pass has three phases. Under the agent's lock, each workload is observed (its placement,
-its attempts, its process) and its next step decided: wait, keep running, stop, complete, or start
-(after the MIG changes its placement needs). Then, outside the lock, the MIG changes of every starting
-workload are carried out in one batch (so the API answers while a GPU is re-cut). Then, under the lock
-again, the workloads start. A step that raises is one workload's failure, shown as its reason and
-retried with backoff; the rest of the pass goes on.
+A reconcile pass takes each workload through three phases: observe (its placement, its attempts, its
+process), decide its next step (wait, keep running, stop, complete, or start), and carry the step's
+actions out. A start whose placement still needs MIG changes first queues them for the GPU's MIG worker
+(``MigWorker``, a thread per GPU that talks to the driver outside the agent's lock, so the API answers
+while a GPU is re-cut); a later pass records what the worker did and starts the workload once its
+instance is there. A step that raises is one workload's failure, shown as its reason and retried with
+backoff; the rest of the pass goes on.
 
 Every step reads the truth from disk: a workload's attempts are run directories
 ``runs/<tenant>/<name>/g<generation>-<attempt>``, each with the shim's record of how it ended. So a
@@ -42,19 +43,21 @@ from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
+from gpufrac.planning.sched_candidates import RecutScope
 from gpufrac.planning.sched_decision import Decision, SchedAction, decision_from_json
 from gpufrac.planning.sched_state import sched_gpus_from_states
 from gpufrac.planning.scheduler import Scheduler, workload_key
 from gpufrac.runtime.arbiter_link import ArbiterLink
-from gpufrac.runtime.executor import EVICTED, Executor, MigWork
+from gpufrac.runtime.executor import EVICTED, Executor
 from gpufrac.runtime.failures import BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS, Failures
 from gpufrac.runtime.gpu_care import GpuCare
 from gpufrac.runtime.handover import Handover
 from gpufrac.runtime.memory_watch import MemoryUse, MemoryWatch
+from gpufrac.runtime.mig_worker import MigWorker
 from gpufrac.runtime.mps import MpsDaemons
 from gpufrac.runtime.qos_care import QosCare, Running
 from gpufrac.runtime.runs import Runs, handed_env, probe, read_json, write_json
-from gpufrac.runtime.shim import ShimStatus, read_status, stop
+from gpufrac.runtime.shim import LAUNCH_TIMEOUT_S, ShimStatus, launching, read_status
 from gpufrac.runtime.store import Store, StoredWorkload
 
 __all__ = [
@@ -128,11 +131,10 @@ class Seen:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """The pass's decision for one workload: its state, and a start (after its MIG changes)."""
+    """The pass's decision for one workload: its state, and the actions to carry out now."""
 
     state: WorkloadState
-    start: SchedAction | None = None
-    mig: tuple[SchedAction, ...] = ()
+    actions: tuple[SchedAction, ...] = ()
 
 
 class Agent:
@@ -144,7 +146,10 @@ class Agent:
         *,
         clock: Callable[[], float] = time.time,
         stop_grace: float = 10.0,
+        recut: RecutScope | None = None,
     ) -> None:
+        """``recut`` overrides how far the scheduler may re-cut MIG GPUs (default: the settings'
+        ``mig_reconfigure``); ``bench/mig_demand.py`` uses it for its baselines."""
         self.data_dir = data_dir
         self.dev = dev
         self.clock = clock
@@ -174,14 +179,22 @@ class Agent:
         states = dev.gpus()
         models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}
         self.scheduler = Scheduler(
-            sched_gpus_from_states(states, models, self.store.mig_pins()), settings
+            sched_gpus_from_states(states, models, self.store.mig_pins()), settings, recut=recut
         )
         self.health = DeviceHealth(dev)
         self.mps = MpsDaemons(data_dir / "mps", enabled=not dev.simulated)
         self.memory = MemoryWatch(dev)
         self.handover = Handover(dev, self.mps, self.arbiter.address)
+        self.mig = MigWorker(dev)
         self.executor = Executor(
-            self.store, dev, self.scheduler, self.runs, self.handover, self.mps, self.failures
+            self.store,
+            dev,
+            self.scheduler,
+            self.runs,
+            self.handover,
+            self.mps,
+            self.failures,
+            self.mig,
         )
         self.gpu_care = GpuCare(
             self.store, self.scheduler, dev, self.health, self.mps, self.executor
@@ -201,6 +214,7 @@ class Agent:
                 self.executor.record(self.scheduler.submit(spec))
 
     def close(self) -> None:
+        self.mig.close()
         self.arbiter.close()
         self.store.close()
         fcntl.flock(self._flock, fcntl.LOCK_UN)
@@ -299,12 +313,9 @@ class Agent:
     def reconcile(self) -> list[WorkloadState]:
         """One pass: make the machine match the desired state. Safe to run any number of times."""
         with self.lock:
+            self.executor.record_mig()
             self._care_for_gpus()
-            steps = [self._step(w) for w in self.store.workloads()]
-        work = [MigWork(s.state.key, s.mig) for s in steps if s.start is not None and s.mig]
-        ready = self.executor.run_mig(work) if work else set()  # device calls: not under the lock
-        with self.lock:
-            states = [self._finish(s, ready) for s in steps]
+            states = [self._step(w) for w in self.store.workloads()]
             self.qos.sync(
                 [
                     Running(s.key, s.generation, s.decision, s.env)
@@ -330,18 +341,35 @@ class Agent:
             else:
                 self.failures.succeeded("agent", what)
 
-    def _step(self, w: StoredWorkload) -> Step:
-        """Observe one workload and decide its next step; a step that raises is its failure alone."""
+    def _step(self, w: StoredWorkload) -> WorkloadState:
+        """Observe one workload, decide its next step and carry it out; a step that raises is its
+        failure alone."""
         waiting = self.failures.waiting(w.key, "reconcile")
         if waiting is not None:
-            return Step(self._trouble(w, waiting.reason(self.clock())))
+            return self._trouble(w, waiting.reason(self.clock()))
         try:
             step = self._decide(self._observe(w))
         except Exception as e:
             failure = self.failures.failed(w.key, "reconcile", e)
-            return Step(self._trouble(w, failure.reason(self.clock())))
+            return self._trouble(w, failure.reason(self.clock()))
         self.failures.succeeded(w.key, "reconcile")
-        return step
+        return self._carry_out(step)
+
+    def _carry_out(self, step: Step) -> WorkloadState:
+        st = step.state
+        for action in step.actions:
+            what = "start" if action.kind == "start" else action.describe()
+            try:
+                self.executor.carry_out(action)
+            except Exception as e:
+                failure = self.failures.failed(st.key, what, e)
+                return replace(st, phase="backoff", reason=failure.reason(self.clock()))
+            if action.kind == "start":
+                self.failures.succeeded(st.key, what)
+                tenant, name = st.key.split("/", 1)
+                run = self.runs.latest(tenant, name, st.generation)
+                return replace(st, reason="", env=handed_env(run))
+        return st
 
     def _trouble(self, w: StoredWorkload, reason: str) -> WorkloadState:
         return WorkloadState(key=w.key, generation=w.generation, phase="backoff", reason=reason)
@@ -350,15 +378,32 @@ class Agent:
         placed = self.store.placement(w.tenant, w.name)
         completed = placed[1] if placed and placed[1].get("outcome") == "completed" else None
         decision = decision_from_json(placed[1]) if placed and completed is None else None
+        if completed is not None and "attempts" in completed:  # all of it kept when it completed
+            return Seen(w, spec_from_json(w.spec), None, completed, [], None)
         attempts = self.runs.attempts(w.tenant, w.name, w.generation)
         status = read_status(attempts[-1]) if attempts else None
         return Seen(w, spec_from_json(w.spec), decision, completed, attempts, status)
 
     def _decide(self, s: Seen) -> Step:
         if s.completed is not None:
-            phase: Phase = "succeeded" if s.completed.get("phase") == "succeeded" else "failed"
-            code = s.status.exit_code if s.status else None
-            return Step(s.state(phase, str(s.completed.get("reason", "")), exit_code=code))
+            done = s.completed
+            phase: Phase = "succeeded" if done.get("phase") == "succeeded" else "failed"
+            if "attempts" not in done:  # completed by an older gpufrac: read from its runs
+                code = s.status.exit_code if s.status else None
+                return Step(s.state(phase, str(done.get("reason", "")), exit_code=code))
+            kept = done.get("exit_code")
+            env = done.get("env")
+            return Step(
+                WorkloadState(
+                    key=s.key,
+                    generation=s.stored.generation,
+                    phase=phase,
+                    reason=str(done.get("reason", "")),
+                    attempts=int(str(done["attempts"])),
+                    exit_code=kept if isinstance(kept, int) else None,
+                    env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
+                )
+            )
         if s.decision is None or s.decision.outcome != "placed":
             why = s.decision.reason if s.decision else "not scheduled yet"
             return Step(s.state("pending", why, placed=False))
@@ -369,6 +414,12 @@ class Agent:
         if status is not None and not status.done:
             if status.shim_alive:
                 return self._running(s, status)
+            assert s.latest is not None
+            if launching(s.latest, status):
+                return Step(s.state("starting", "starting its process"))  # the shim is on its way
+            if status.shim_pid is None:
+                why = f"its shim did not start within {LAUNCH_TIMEOUT_S:.0f}s (see {s.latest / 'shim.log'})"
+                write_json(s.latest / "killed.json", {"reason": why})
             # the shim vanished without a record (the machine rebooted): count it as a failure
             status = ShimStatus(
                 status.shim_pid, status.child_pid, status.started, None, None, self.clock(), False
@@ -388,16 +439,15 @@ class Agent:
         over = self.memory.over_limit(s.decision, limit, s.latest, status.child_pid)
         if over:
             self.store.record_event("memory_limit", s.key, over)
-            self.executor.carry_out(SchedAction("stop", s.key, reason=over))
-            return Step(s.state("running", over))
+            return Step(s.state("running", over), (SchedAction("stop", s.key, reason=over),))
         if not self._ready(s.spec, s.latest, status):
             return Step(s.state("starting", "waiting for its health check"))
         first = read_status(s.attempts[0]).started or status.started or self.clock()
         deadline = s.spec.deadline_seconds
         if s.spec.type == "job" and deadline is not None and self.clock() > first + deadline:
             why = f"deadline of {deadline}s passed"
-            stop(s.latest, grace=self.stop_grace)
-            return Step(self._complete(s, "failed", None, why))
+            stopping = SchedAction("stop", s.key, reason=why)
+            return Step(self._complete(s, "failed", None, why), (stopping,))
         return Step(s.state("running"))
 
     def _after_exit(self, s: Seen, status: ShimStatus, killed: dict[str, object]) -> Step:
@@ -420,34 +470,18 @@ class Agent:
         return self._start_step(s)
 
     def _start_step(self, s: Seen) -> Step:
-        """Start the next attempt, after the MIG changes its placement still needs."""
+        """Start the next attempt; first, the MIG changes its placement still needs."""
         d = s.decision
         assert d is not None and d.gpus
         mig = self.executor.mig_needed(d)
-        why = "; ".join(a.describe() for a in mig)
-        return Step(
-            s.state("starting", why, attempts=len(s.attempts) + 1),
-            SchedAction("start", s.key, d.gpus[0], d.mig),
-            mig,
+        state = s.state(
+            "starting", "; ".join(a.describe() for a in mig), attempts=len(s.attempts) + 1
         )
-
-    def _finish(self, step: Step, ready: set[str]) -> WorkloadState:
-        """The second half of a pass for one workload: start it if its MIG changes went through."""
-        st = step.state
-        if step.start is None:
-            return st
-        if step.mig and st.key not in ready:
-            failure = self.failures.latest(st.key)
-            why = failure.reason(self.clock()) if failure else "waiting for its MIG instance"
-            return replace(st, phase="backoff", reason=why)
-        try:
-            self.executor.carry_out(step.start)
-        except Exception as e:
-            failure = self.failures.failed(st.key, "start", e)
-            return replace(st, phase="backoff", reason=failure.reason(self.clock()))
-        self.failures.succeeded(st.key, "start")
-        tenant, name = st.key.split("/", 1)
-        return replace(st, reason="", env=handed_env(self.runs.latest(tenant, name, st.generation)))
+        if not mig:
+            return Step(state, (SchedAction("start", s.key, d.gpus[0], d.mig),))
+        if self.mig.busy(s.key):
+            return Step(state)  # under way: a later pass starts it
+        return Step(state, mig)
 
     def _complete(
         self, s: Seen, phase: Literal["succeeded", "failed"], code: int | None, why: str = ""
@@ -456,14 +490,23 @@ class Agent:
         spec = s.spec
         if self.scheduler.knows(s.key):
             self.executor.record(self.scheduler.delete(spec.tenant, spec.name))
+        state = s.state(phase, why, exit_code=code, placed=False)
         self.store.set_placement(
             spec.tenant,
             spec.name,
             s.stored.generation,
-            {"outcome": "completed", "phase": phase, "reason": why, "where": _where_json(s)},
+            {
+                "outcome": "completed",
+                "phase": phase,
+                "reason": why,
+                "where": _where_json(s),
+                "attempts": state.attempts,
+                "exit_code": code,
+                "env": state.env,
+            },
         )
         self.store.record_event(phase, s.key, why or "exited with 0")
-        return s.state(phase, why, exit_code=code, placed=False)
+        return state
 
     # -- readiness ------------------------------------------------------------------------------
 

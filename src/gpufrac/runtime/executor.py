@@ -5,27 +5,24 @@ this part does it, reading the truth first so that every action is idempotent:
 
 * ``evict`` stops a workload that lost its place; it is marked evicted in its run, so it starts again
   (a new attempt of the same generation) wherever it is placed next, and is not counted as a failure;
-* ``destroy_mig_instance`` destroys an instance only if it exists, nothing placed owns it, and the
-  driver finds no process on it (NVML refuses one in use);
-* ``create_mig_instance`` creates an instance only if it is not there yet;
+* ``destroy_mig_instance`` is refused for an instance that a placed workload owns; otherwise it, like
+  ``create_mig_instance``, is queued for the GPU's MIG worker (``runtime/mig_worker.py``), which carries
+  it out in the background, outside the agent's lock (the driver refuses to destroy an instance in use,
+  and an instance already gone, or already there, is left as it is);
 * ``start`` starts the next attempt of the workload's current generation, if it is still placed as the
   action says and nothing of it runs;
 * ``stop`` stops what runs of a workload, keeping why in its run.
 
-A MIG action that fails is recorded once per condition and retried with backoff (``Failures``); MIG
-changes are carried out in batches (destroys, then creates, per GPU) under the device lock alone, never
-the agent's lock, so the API answers while a GPU is re-cut.
+What the MIG worker did is recorded by ``record_mig``: an event per change, and a failed action once
+per condition, retried with backoff (``Failures``).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import assert_never
 
-from gpufrac.devices.errors import DeviceError
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.workload import spec_from_json
 from gpufrac.planning.sched_decision import (
@@ -37,9 +34,10 @@ from gpufrac.planning.sched_decision import (
 from gpufrac.planning.scheduler import Scheduler
 from gpufrac.runtime.failures import Failures
 from gpufrac.runtime.handover import Handover
+from gpufrac.runtime.mig_worker import MigWorker
 from gpufrac.runtime.mps import MpsDaemons
 from gpufrac.runtime.runs import Runs, read_json, write_json
-from gpufrac.runtime.shim import read_status
+from gpufrac.runtime.shim import live, read_status
 from gpufrac.runtime.store import Store
 
 EVICTED = "evicted"  # the key in a run's killed.json that says it was stopped to make room
@@ -47,14 +45,6 @@ EVICTED = "evicted"  # the key in a run's killed.json that says it was stopped t
 
 class ActionRefused(Exception):
     """An action whose precondition does not hold (it would destroy a busy instance, say)."""
-
-
-@dataclass(frozen=True, slots=True)
-class MigWork:
-    """The MIG actions one workload's start waits for."""
-
-    workload: str
-    actions: tuple[SchedAction, ...]
 
 
 class Executor:
@@ -67,6 +57,7 @@ class Executor:
         handover: Handover,
         mps: MpsDaemons,
         failures: Failures,
+        mig: MigWorker,
     ) -> None:
         self.store = store
         self.dev = dev
@@ -75,7 +66,7 @@ class Executor:
         self.handover = handover
         self.mps = mps
         self.failures = failures
-        self.device_lock = threading.Lock()  # one MIG change at a time on this machine
+        self.mig = mig
 
     # -- decisions ------------------------------------------------------------------------------
 
@@ -128,24 +119,15 @@ class Executor:
 
     def _destroy(self, a: SchedAction) -> None:
         assert a.gpu_uuid is not None and a.mig is not None
-        inst = self.dev.gpu(a.gpu_uuid).instance_at(a.mig)
-        if inst is None:
-            return  # already gone: nothing to do
         g = self.scheduler.state.by_uuid.get(a.gpu_uuid)
         owner = None if g is None else g.instances.get(a.mig)
         if owner is not None:
             raise ActionRefused(f"{a.mig} belongs to {owner}; it is not destroyed")
-        if inst.busy:
-            raise ActionRefused(f"{a.mig} has processes on it; it is not destroyed")
-        self.dev.destroy_instance(a.gpu_uuid, inst.gi_id)
-        self.store.record_event("mig_destroyed", a.gpu_uuid, f"{a.mig} (re-cut for {a.workload})")
+        self.mig.submit(a)
 
     def _create(self, a: SchedAction) -> None:
         assert a.gpu_uuid is not None and a.mig is not None
-        if self.dev.gpu(a.gpu_uuid).instance_at(a.mig) is not None:
-            return  # already there
-        self.dev.create_instance(a.gpu_uuid, a.mig.profile, a.mig.start)
-        self.store.record_event("mig_created", a.gpu_uuid, f"{a.mig} for {a.workload}")
+        self.mig.submit(a)
 
     def _start(self, a: SchedAction) -> None:
         tenant, name = a.workload.split("/", 1)
@@ -157,8 +139,8 @@ class Executor:
         if decision is None or decision.gpus[:1] != (a.gpu_uuid,) or decision.mig != a.mig:
             return  # placed elsewhere since
         attempts = self.runs.attempts(tenant, name, stored.generation)
-        if attempts and not read_status(attempts[-1]).done:
-            return  # one runs already: never twice
+        if attempts and live(attempts[-1]):
+            return  # one runs already (or is on its way): never twice
         spec = spec_from_json(stored.spec)
         if decision.mode == "mps" and decision.gpus and self.mps.ensure(decision.gpus[0]):
             self.store.record_event("mps_started", decision.gpus[0], "MPS control daemon started")
@@ -191,7 +173,7 @@ class Executor:
                 "restarted", a.workload, f"attempt {attempt} on {where(decision)} after {after}"
             )
 
-    # -- MIG changes, in batches ------------------------------------------------------------------
+    # -- MIG changes ------------------------------------------------------------------------------
 
     def mig_needed(self, decision: Decision) -> tuple[SchedAction, ...]:
         """The MIG actions of a placement that the device does not show done yet."""
@@ -203,25 +185,18 @@ class Executor:
                 todo.append(a)
         return tuple(todo)
 
-    def run_mig(self, work: Sequence[MigWork]) -> set[str]:
-        """Carry out the MIG actions of several workloads, per GPU destroys first, then creates; under
-        the device lock only. Returns the workloads all of whose actions succeeded."""
-        done = {w.workload for w in work}
-        with self.device_lock:
-            for phase in ("destroy_mig_instance", "create_mig_instance"):
-                for w in work:
-                    for a in w.actions:
-                        if a.kind != phase or w.workload not in done:
-                            continue
-                        what = a.describe()
-                        try:
-                            self.carry_out(a)
-                        except (DeviceError, ActionRefused) as e:
-                            self.failures.failed(w.workload, what, e)
-                            done.discard(w.workload)
-                        else:
-                            self.failures.succeeded(w.workload, what)
-        return done
+    def record_mig(self) -> None:
+        """Record what the MIG worker did since the last pass."""
+        for o in self.mig.take():
+            a, what = o.action, o.action.describe()
+            if o.error is not None:
+                self.failures.failed(o.workload, what, o.error)
+                continue
+            self.failures.succeeded(o.workload, what)
+            if o.changed and a.gpu_uuid is not None:
+                verb = "mig_destroyed" if a.kind == "destroy_mig_instance" else "mig_created"
+                why = "re-cut for" if a.kind == "destroy_mig_instance" else "for"
+                self.store.record_event(verb, a.gpu_uuid, f"{a.mig} ({why} {o.workload})")
 
 
 def where(d: Decision) -> str:

@@ -141,7 +141,7 @@ class GpuCare:
             why = f"moved off GPU {g.index}: its MIG layout is changed by the operator"
             self.executor.carry_out(SchedAction("evict", key, reason=why))
             self.executor.record(self.scheduler.delete(spec.tenant, spec.name))
-        with self.executor.device_lock:
+        with self.executor.mig.gpu_lock(uuid):
             done = apply_targets(
                 self.dev,
                 [GpuTarget(uuid, mig_enabled, wanted)],

@@ -54,7 +54,7 @@ class Runs:
         user: str | None,
     ) -> Path:
         run_dir = self.of(tenant, name) / f"g{generation}-{attempt}"
-        launch(run_dir, command, env=env, workdir=workdir, user=user)
+        launch(run_dir, command, env=env, workdir=workdir, user=user, wait=False)
         return run_dir
 
     def stop_live(self, tenant: str, name: str, reason: str = "") -> bool:

@@ -70,10 +70,13 @@ def launch(
     log_max_bytes: int = 10 * 2**20,
     log_backups: int = 3,
     timeout: float = 10.0,
-) -> int:
-    """Start a shim for ``command``; returns the shim's pid once it has started the workload."""
+    wait: bool = True,
+) -> int | None:
+    """Start a shim for ``command``. With ``wait``, returns the shim's pid once it has started the
+    workload; without, returns at once (None) and the shim reports in the run directory itself (the
+    agent does not wait under its lock: ``launched_at`` says since when a run is on its way)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("shim.json", "child.json", "exit.json"):
+    for stale in ("shim.json", "child.json", "exit.json", "stop.json"):
         (run_dir / stale).unlink(missing_ok=True)
     _write_json(
         run_dir / "spec.json",
@@ -88,7 +91,8 @@ def launch(
     )
     with open(run_dir / "shim.log", "ab") as shim_log:
         first = subprocess.run(
-            [sys.executable, "-m", "gpufrac.runtime.shim", "--detach", str(run_dir)],
+            # a small first process forks the shim off (its own session) and returns at once
+            [sys.executable, "-S", "-c", _DETACH, str(run_dir)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=shim_log,
@@ -99,6 +103,8 @@ def launch(
         raise RuntimeError(
             f"the shim did not start (exit {first.returncode}); see {run_dir / 'shim.log'}"
         )
+    if not wait:
+        return None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         shim, child, done = (
@@ -108,6 +114,40 @@ def launch(
             return int(shim["pid"])
         time.sleep(0.01)
     raise RuntimeError(f"the shim did not report within {timeout}s; see {run_dir / 'shim.log'}")
+
+
+_DETACH = (
+    "import os, sys\n"
+    "if os.fork() > 0:\n"
+    "    os._exit(0)\n"
+    "os.setsid()\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'gpufrac.runtime.shim', sys.argv[1]])\n"
+)
+
+
+def launched_at(run_dir: Path) -> float | None:
+    """When the run was launched (its spec written), or None if it never was."""
+    try:
+        return (run_dir / "spec.json").stat().st_mtime
+    except OSError:
+        return None
+
+
+LAUNCH_TIMEOUT_S = 10.0  # how long a launched shim may take to report before its run counts as dead
+
+
+def launching(run_dir: Path, status: ShimStatus) -> bool:
+    """Launched, and its shim has not reported yet (but may still)."""
+    if status.shim_pid is not None or status.done:
+        return False
+    since = launched_at(run_dir)
+    return since is not None and time.time() < since + LAUNCH_TIMEOUT_S
+
+
+def live(run_dir: Path, status: ShimStatus | None = None) -> bool:
+    """Whether the run's workload runs, or is about to: its shim is alive or still on its way."""
+    status = status or read_status(run_dir)
+    return not status.done and (status.shim_alive or launching(run_dir, status))
 
 
 def read_status(run_dir: Path) -> ShimStatus:
@@ -136,10 +176,24 @@ def _is_our_shim(pid: int, run_dir: Path) -> bool:
 
 
 def stop(run_dir: Path, *, grace: float = 10.0) -> None:
-    """SIGTERM the workload's process group, SIGKILL it after ``grace`` seconds if still there."""
-    child = _read_json(run_dir / "child.json")
-    if child is None or (run_dir / "exit.json").exists():
+    """SIGTERM the workload's process group, SIGKILL it after ``grace`` seconds if still there.
+
+    A run whose shim has not started the workload yet is told not to (``stop.json``), and waited for
+    until it has either given up or started it (then it is stopped as any other)."""
+    if (run_dir / "exit.json").exists():
         return
+    child = _read_json(run_dir / "child.json")
+    if child is None:
+        _write_json(run_dir / "stop.json", {"at": time.time()})
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        while child is None and time.monotonic() < deadline:
+            status = read_status(run_dir)
+            if status.done or not (status.shim_alive or launching(run_dir, status)):
+                return
+            time.sleep(0.02)
+            child = _read_json(run_dir / "child.json")
+        if child is None:
+            return
     pgid = int(child["pgid"])
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
@@ -184,6 +238,12 @@ def _run(run_dir: Path) -> int:
         print(f"no spec.json in {run_dir}", file=sys.stderr)
         return 2
     _write_json(run_dir / "shim.json", {"pid": os.getpid(), "started": time.time()})
+    if (run_dir / "stop.json").exists():  # stopped before it started: it never starts
+        _write_json(
+            run_dir / "exit.json",
+            {"exit_code": None, "signal": signal.SIGTERM, "finished": time.time()},
+        )
+        return 0
     log = _RotatingLog(run_dir / LOG, int(spec["log_max_bytes"]), int(spec["log_backups"]))
     try:
         child = subprocess.Popen(

@@ -134,10 +134,10 @@ def test_on_failure_still_applies_to_a_job_that_failed_while_the_agent_was_down(
 ) -> None:
     clock = Clock()
     first = Agent(data_dir, dev, clock=clock)
-    first.apply(job("crash", "import time; time.sleep(0.3); raise SystemExit(2)"))
-    settle(first, "default/crash", {"running", "starting"})
+    first.apply(job("crash", "import time; time.sleep(0.8); raise SystemExit(2)"))
+    settle(first, "default/crash", {"running"})  # its MIG instance made, its process started
     first.close()
-    time.sleep(1.0)  # it fails while no agent runs
+    time.sleep(1.5)  # it fails while no agent runs
     second = Agent(data_dir, open_simulated("h200:1:mig,h200:1", data_dir), clock=clock)
     clock.offset += 5
     state = settle(second, "default/crash", {"starting", "running", "backoff"})

@@ -94,3 +94,22 @@ def test_the_shim_outlives_a_killed_launcher(tmp_path: Path) -> None:
     assert proc.returncode == -9
     status = wait_done(run)
     assert status.exit_code == 5
+
+
+def test_a_run_stopped_before_its_shim_reports_never_starts_its_workload(tmp_path: Path) -> None:
+    from gpufrac.runtime.shim import live
+
+    run = tmp_path / "run"
+    marker = tmp_path / "started"
+    assert launch(run, [PY, "-c", f"open({str(marker)!r}, 'w').close()"], wait=False) is None
+    assert live(run)  # on its way: not a dead run, and not one to start again
+    stop(run, grace=1)
+    status = wait_done(run)
+    time.sleep(0.3)
+    assert not marker.exists() and status.child_pid is None and not live(run)
+
+
+def test_a_run_launched_without_waiting_reports_by_itself(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    launch(run, [PY, "-c", "raise SystemExit(3)"], wait=False)
+    assert wait_done(run).exit_code == 3

@@ -87,3 +87,37 @@ def test_a_process_killed_mid_write_leaves_the_old_state(tmp_path: Path) -> None
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
     assert proc.returncode == -9
     assert [w.name for w in Store(path).workloads()] == ["keep"]
+
+
+def test_a_data_directory_of_an_older_schema_is_migrated_with_its_data(tmp_path: Path) -> None:
+    from gpufrac.runtime.store import MIGRATIONS
+
+    path = tmp_path / "state.db"
+    db = sqlite3.connect(path)  # a data directory written by the previous gpufrac (schema 3)
+    for version in (1, 2, 3):
+        for statement in MIGRATIONS[version]:
+            db.execute(statement)
+    db.execute("PRAGMA user_version = 3")
+    db.execute(
+        "INSERT INTO workloads VALUES ('search', 'emb', ?, 2, 1.0, 1.0)",
+        ('{"name": "emb"}',),
+    )
+    db.execute("INSERT INTO cordons VALUES ('GPU-1', 'bad fan', 1.0)")
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.schema_version() == SCHEMA_VERSION >= 4
+    assert [(w.key, w.generation) for w in store.workloads()] == [("search/emb", 2)]
+    assert store.cordons() == {"GPU-1": "bad fan"}
+    assert store.mig_pins() == frozenset()
+    store.pin_mig("GPU-0")
+    assert store.mig_pins() == {"GPU-0"}
+    assert store.unpin_mig("GPU-0") and not store.unpin_mig("GPU-0")
+
+
+def test_events_are_pruned_to_the_newest(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    for i in range(30):
+        store.record_event("x", "a/b", str(i))
+    assert store.prune_events(keep=10) == 20
+    assert [e.message for e in store.events(limit=100)] == [str(i) for i in range(20, 30)]

@@ -24,6 +24,13 @@ class FakeNvmlDevices:
 
     # -- helpers --------------------------------------------------------------------------------
 
+    def _take_time(self, operation: str) -> None:
+        """Take as long as the fleet says this operation takes (a driver's MIG changes are not
+        instant: ``SimulatedFleet.set_latency``). The fleet is not locked meanwhile."""
+        seconds = float(self.fleet.read().get("latency", {}).get(operation, 0.0))
+        if seconds > 0:
+            time.sleep(seconds)
+
     def _state(self) -> dict[str, Any]:
         if self._inits <= 0:
             raise nv.NVMLError(nv.NVML_ERROR_UNINITIALIZED)

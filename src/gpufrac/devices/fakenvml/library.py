@@ -107,6 +107,7 @@ class FakeNvml(FakeNvmlDevices):
         _, gi, index = self._device(handle)
         if gi is not None:
             raise nv.NVMLError(nv.NVML_ERROR_INVALID_ARGUMENT)
+        self._take_time("create_gpu_instance")
         with self.fleet.mutate() as state:
             gpu = self._gpu(state, index)
             if not gpu["mig_current"]:
@@ -187,6 +188,7 @@ class FakeNvml(FakeNvmlDevices):
 
     def nvmlGpuInstanceDestroy(self, gpuInstance: Any) -> int:
         index, gi_id, _ = nv.decode_handle(gpuInstance, nv.KIND_GI)
+        self._take_time("destroy_gpu_instance")
         with self.fleet.mutate() as state:
             gpu = self._gpu(state, index)
             gi = self._find_gi(gpu, gi_id)
@@ -220,6 +222,7 @@ class FakeNvml(FakeNvmlDevices):
         self, gpuInstance: Any, profileId: int
     ) -> nv.c_nvmlComputeInstance_t:
         index, gi_id, _ = nv.decode_handle(gpuInstance, nv.KIND_GI)
+        self._take_time("destroy_gpu_instance")
         with self.fleet.mutate() as state:
             gpu = self._gpu(state, index)
             gi = self._find_gi(gpu, gi_id)

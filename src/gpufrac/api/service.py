@@ -1,0 +1,72 @@
+"""The agent behind its lock, with a background thread running its reconcile passes (and the
+deployments' after each pass): what the API serves."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT, Deployments
+
+RECONCILE_SECONDS = 0.5
+MIN_GAP_SECONDS = 0.1  # a burst of API calls wakes one pass, not one per call
+
+
+class AgentService:
+    """The agent behind a lock, with a background thread reconciling it."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        interval: float = RECONCILE_SECONDS,
+        gateway_port: int = DEFAULT_GATEWAY_PORT,
+        gateway_host: str = "127.0.0.1",
+    ) -> None:
+        self.agent = agent
+        self.deployments = Deployments(agent, gateway_port=gateway_port, host=gateway_host)
+        self.lock = agent.lock  # the agent's own: its reconcile pass releases it for device calls
+        self.interval = interval
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.states: dict[str, WorkloadState] = {}
+        agent.mig.notify = self.wake  # a MIG instance made: the workload waiting for it starts now
+
+    def reconcile(self) -> None:
+        states = {s.key: s for s in self.agent.reconcile()}
+        with self.lock:
+            self.states = states
+            self.deployments.reconcile(self.states)
+
+    def start(self) -> None:
+        self.reconcile()
+        self._thread = threading.Thread(target=self._loop, name="gpufrac-reconcile", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Run the next reconcile pass now rather than at the next tick."""
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            if self._stop.wait(MIN_GAP_SECONDS):
+                return
+            self._wake.clear()
+            try:
+                self.reconcile()
+            except Exception as e:  # one bad pass must not stop the loop; it is recorded once
+                with contextlib.suppress(Exception), self.lock:
+                    self.agent.failures.failed("agent", "reconcile pass", e)
+            else:
+                with contextlib.suppress(Exception), self.lock:
+                    self.agent.failures.succeeded("agent", "reconcile pass")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.deployments.close()
