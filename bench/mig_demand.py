@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufrac.api.service import AgentService
 from gpufrac.devices import open_simulated
 from gpufrac.devices.simfleet import SimulatedFleet
 from gpufrac.model.catalog import lookup_model
@@ -48,7 +49,6 @@ from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.planning.demand import DemandClass, resolve_demand
 from gpufrac.planning.mig_planner import PlanGpu, plan_mig
 from gpufrac.planning.patterns import geometry
-from gpufrac.planning.sched_decision import Decision, decision_from_json
 from gpufrac.planning.sched_state import SchedGpu
 from gpufrac.planning.scheduler import Scheduler
 from gpufrac.runtime.agent import Agent
@@ -180,22 +180,17 @@ def run_policy(
     settings = OperatorSettings(mig_reconfigure="never" if policy == "static" else "idle")
     recut = "whole_gpu" if policy == "whole-GPU re-cut" else None
     agent = Agent(data, dev, settings, stop_grace=1.0, recut=recut)
-    if layout is not None:
+    if policy == "static":
         for uuid in uuids:
             agent.scheduler.set_pinned(uuid, True)
     stop = threading.Event()
     lifetimes: dict[str, list[float]] = {}  # MIG device UUID -> [first seen, last seen]
     idle_slice_s = [0.0]
 
-    def reconcile() -> None:
-        while not stop.is_set():
-            agent.reconcile()
-            time.sleep(0.05)
+    service = AgentService(agent)  # the agent's own reconcile loop, as `gpufrac agent` runs it
 
-    def watch() -> (
-        None
-    ):  # the devices alone, as often as they can be read: when each MIG device lives
-        while not stop.wait(0.05):
+    def watch() -> None:  # the devices alone, independent of the agent: when each MIG device lives
+        while not stop.wait(0.1):
             see()
 
     def see() -> None:
@@ -205,16 +200,15 @@ def run_policy(
                 if inst.uuid:
                     lifetimes.setdefault(inst.uuid, [now_wall, now_wall])[1] = now_wall
 
-    def sample() -> None:  # compute slices of instances that exist with no running workload
+    def sample() -> None:  # compute slices of instances that exist with no workload running there
         last = time.monotonic()
         while not stop.wait(0.25):
             now = time.monotonic()
-            with agent.lock:
-                held = {
-                    (tuple(d.gpus), d.mig)
-                    for key in agent.scheduler.state.allocs
-                    if (d := _running(agent, key)) is not None
-                }
+            held = {
+                (tuple(st.decision.gpus), st.decision.mig)
+                for st in list(service.states.values())
+                if st.decision is not None and st.phase == "running"
+            }
             idle = sum(
                 slices(inst.profile)
                 for g in dev.gpus()
@@ -224,7 +218,8 @@ def run_policy(
             idle_slice_s[0] += idle * (now - last)
             last = now
 
-    threads = [threading.Thread(target=f) for f in (reconcile, sample, watch)]
+    service.start()
+    threads = [threading.Thread(target=f) for f in (sample, watch)]
     for t in threads:
         t.start()
     t0 = time.monotonic()
@@ -234,6 +229,7 @@ def run_policy(
         arrived[i] = time.time()
         with agent.lock:
             agent.apply(spec(i, r))
+        service.wake()
     end = t0 + trace[-1].at + TAIL_S
     while time.monotonic() < end:
         with agent.lock:
@@ -248,6 +244,7 @@ def run_policy(
     stop.set()
     for t in threads:
         t.join()
+    service.stop()
     see()
     starts, busy_destroyed = {}, 0
     for i in range(len(trace)):
@@ -263,7 +260,7 @@ def run_policy(
         device = str(env.get("CUDA_VISIBLE_DEVICES", ""))
         seen = lifetimes.get(device)
         finished = read_status(run).finished or time.time()
-        if seen is not None and finished > seen[1] + 0.3:
+        if seen is not None and finished > seen[1] + 0.5:
             busy_destroyed += 1  # its MIG device was gone while it still ran
             print(
                 f"busy destroyed? r{i} on {device} ran {status.started:.2f}..{finished:.2f}, "
@@ -271,6 +268,11 @@ def run_policy(
                 file=sys.stderr,
             )
     waits = sorted(starts[i] - arrived[i] for i in starts)
+    by_profile = {
+        prof: statistics.fmean(starts[i] - arrived[i] for i in starts if trace[i].profile == prof)
+        for prof in MIX
+        if any(trace[i].profile == prof for i in starts)
+    }
     events = agent.store.events(limit=100_000)
     placed_at: dict[str, float] = {}
     for e in events:
@@ -289,6 +291,7 @@ def run_policy(
         "busy_destroyed": busy_destroyed,
         "action_failures": sum(1 for e in events if e.kind == "action_failed"),
         "wall_s": time.monotonic() - t0,
+        "mean_pending_by_profile_s": by_profile,
         "mean_queued_s": statistics.fmean(queue) if queue else math.inf,  # arrival to placement
         "mean_prepared_s": statistics.fmean(prep) if prep else math.inf,  # placement to start
     }
@@ -298,18 +301,6 @@ def run_policy(
     agent.close()
     dev.close()
     return out
-
-
-def _running(agent: Agent, key: str) -> Decision | None:
-    tenant, name = key.split("/", 1)
-    placed = agent.store.placement(tenant, name)
-    stored = agent.store.workload(tenant, name)
-    if placed is None or stored is None or placed[1].get("outcome") != "placed":
-        return None
-    run = agent.runs.latest(tenant, name, stored.generation)
-    if run is None or read_status(run).done:
-        return None
-    return decision_from_json(placed[1])
 
 
 # -- the table ---------------------------------------------------------------------------------------
@@ -333,7 +324,7 @@ def table(rows: list[dict[str, Any]], title: str) -> str:
 def child(args: argparse.Namespace) -> None:
     trace = make_trace(args.seed, args.requests)
     layout = None
-    if args.policy == "static":
+    if args.layout:
         layout = [
             tuple(MigPlacement(p["start"], p["profile"]) for p in g)
             for g in json.loads(args.layout)
@@ -348,6 +339,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=150)
     ap.add_argument("--quick", action="store_true", help="one seed, 40 requests (a smoke run)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument(
+        "--start",
+        choices=("static", "empty"),
+        default="static",
+        help="what the re-cut policies start from: the static layout (default), or empty GPUs",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--policy", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, help=argparse.SUPPRESS)
@@ -361,7 +358,8 @@ def main() -> None:
     started = time.monotonic()
     print(
         f"## MIG re-cut by demand: {n} requests per seed on {GPUS} simulated H200 (MIG), "
-        f"{LATENCY_S} s per instance created or destroyed, load {LOAD:.0%}, median {MEDIAN_S} s\n"
+        f"{LATENCY_S} s per instance created or destroyed, load {LOAD:.0%}, median {MEDIAN_S} s; "
+        f"the re-cut policies start from {'the static layout' if args.start == 'static' else 'empty GPUs'}\n"
     )
     every: list[dict[str, Any]] = []
     for seed in seeds:
@@ -380,7 +378,7 @@ def main() -> None:
         for policy in POLICIES:
             cmd = [sys.executable, __file__, "--child", "--policy", policy, "--seed", str(seed)]
             cmd += ["--requests", str(n)]
-            if policy == "static":
+            if policy == "static" or args.start == "static":
                 cmd += ["--layout", json.dumps([[p.to_json() for p in g] for g in layout])]
             procs[policy] = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         rows = []
@@ -398,7 +396,7 @@ def main() -> None:
                 **{
                     k: statistics.fmean(r[k] for r in every if r["policy"] == p)
                     for k in every[0]
-                    if k not in ("policy", "seed")
+                    if isinstance(every[0][k], int | float) and k != "seed"
                 },
             }
             for p in POLICIES

@@ -3,9 +3,10 @@ filters and scores then decide).
 
 On MIG GPUs, in order: a free instance of the profile; a new instance in free space; a re-cut that
 destroys the fewest idle instances in the way (``mig_recut``). How far that may go is the ``RecutScope``:
-``none`` uses existing instances only (static layouts), ``whole_gpu`` also cuts a GPU again once all its
-instances are idle (the old behaviour, kept as the benchmark's baseline), ``idle`` and ``drain`` re-cut
-around busy instances (``drain`` lets preemption take busy ones too; see ``sched_preempt``).
+``none`` uses existing instances only (static layouts), ``create`` also creates instances in free
+space, ``whole_gpu`` also cuts a GPU again once all its instances are idle (the old behaviour, kept as
+the benchmark's baseline), ``idle`` and ``drain`` re-cut around busy instances (``drain`` lets
+preemption take busy ones too; see ``sched_preempt``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from gpufrac.planning.sched_state import ClusterState, SchedGpu, additions
 CANDIDATES_PER_MODEL = 4  # candidates that pass the filters, scored per model
 SCAN_LIMIT = 64  # GPUs looked at per model and pool before giving up on it
 
-RecutScope = Literal["none", "whole_gpu", "idle", "drain"]
+RecutScope = Literal["none", "create", "whole_gpu", "idle", "drain"]
 
 
 def recut_scope(setting: MigReconfigure) -> RecutScope:
@@ -53,7 +54,7 @@ def mig_candidates_on(
     if new is not None:
         yield Candidate(g.index, "mig", need, new, True)
         return
-    recut = _recut_on(g, profile, need, scope)
+    recut = None if scope == "create" else _recut_on(g, profile, need, scope)
     if recut is not None:
         yield recut
 
@@ -77,7 +78,7 @@ def _recuts(
     st: ClusterState, model_key: str, profile: str, need: Need, scope: RecutScope
 ) -> Iterator[Candidate]:
     """Re-cuts on the model's MIG GPUs with idle instances, fewest instances destroyed first."""
-    if scope == "none":
+    if scope in ("none", "create"):
         return
     pool = st.idle_mig if scope == "whole_gpu" else st.with_idle
     found = [

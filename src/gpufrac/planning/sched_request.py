@@ -88,26 +88,48 @@ def mig_profile_on(spec: WorkloadSpec, model: GpuModel) -> str | None:
     return None if prof is None else prof.name
 
 
+_SHAPES: dict[tuple[object, ...], int] = {}
+
+
+def _shape_id(shape: tuple[object, ...]) -> int:
+    """A small number per distinct shape, so that sets of shapes hash an int, not dataclasses."""
+    found = _SHAPES.get(shape)
+    if found is None:
+        if len(_SHAPES) > 100_000:
+            _SHAPES.clear()  # ids need only be equal for equal shapes while both are alive
+        found = _SHAPES[shape] = len(_SHAPES) + 1
+    return found
+
+
 class SchedRequest:
     """A submitted workload with its needs remembered per (model, mode, profile)."""
 
-    __slots__ = ("_needs", "_profiles", "key", "modes", "order", "spec")
+    __slots__ = (
+        "_needs",
+        "_profiles",
+        "key",
+        "kinds",
+        "modes",
+        "order",
+        "priority",
+        "shape",
+        "spec",
+        "tenant",
+    )
 
     def __init__(self, spec: WorkloadSpec, order: int = 0) -> None:
         self.spec = spec
         self.key = f"{spec.tenant}/{spec.name}"
+        self.tenant = spec.tenant
+        self.priority = spec.priority
+        # requests of one shape fit where each other fit: a retry that fails one skips its twins
+        self.shape = _shape_id((spec.gpu, spec.sharing, spec.tenant))
         self.modes = sharing_modes(spec)
+        # the kinds of GPU it can use: "mig" (a GPU in MIG mode), "plain" (one that is not)
+        self.kinds = frozenset("mig" if m == "mig" else "plain" for m in self.modes)
         self.order = order  # submission order: ties in priority go first come, first served
         self._needs: dict[tuple[str, Mode, str | None], Need] = {}
         self._profiles: dict[str, str | None] = {}
-
-    @property
-    def tenant(self) -> str:
-        return self.spec.tenant
-
-    @property
-    def priority(self) -> int:
-        return self.spec.priority
 
     def need(self, model: GpuModel, mode: Mode, profile: str | None = None) -> Need:
         key = (model.key, mode, profile)

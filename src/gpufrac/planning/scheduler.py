@@ -101,6 +101,29 @@ class SchedContext:
         return {} if req is None else req.spec.labels
 
 
+class PendingQueue(dict[str, str]):
+    """Waiting workloads and why (a dict), keeping aside those that want MIG: the queue a re-cut
+    serves in order."""
+
+    def __init__(self, requests: Mapping[str, SchedRequest]) -> None:
+        super().__init__()
+        self._requests = requests
+        self.mig: set[str] = set()
+
+    def __setitem__(self, key: str, reason: str) -> None:
+        super().__setitem__(key, reason)
+        if "mig" in self._requests[key].kinds:
+            self.mig.add(key)
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self.mig.discard(key)
+
+    def pop(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        self.mig.discard(key)
+        return super().pop(key, default)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -115,7 +138,7 @@ class Scheduler:
         self.policy: Policy = policy or self.settings.placement_policy
         self.recut: RecutScope = recut or recut_scope(self.settings.mig_reconfigure)
         self.requests: dict[str, SchedRequest] = {}
-        self.pending: dict[str, str] = {}  # workload -> why it waits
+        self.pending = PendingQueue(self.requests)  # workload -> why it waits
         self._seq = itertools.count()
         self.ctx = SchedContext(self.state, self.requests, self.settings, self.policy)
 
@@ -253,32 +276,36 @@ class Scheduler:
         todo = []
         for key in self.pending:
             req = self.requests[key]
-            if kinds is not None and req.tenant != tenant:
-                wants = {"mig" if m == "mig" else "plain" for m in req.modes}
-                if not wants & kinds:
-                    continue  # the freed GPUs are of a kind this workload cannot use
+            if kinds is not None and req.tenant != tenant and not req.kinds & kinds:
+                continue  # the freed GPUs are of a kind this workload cannot use
             todo.append(req)
         todo.sort(key=lambda r: (-r.priority, r.order))
         if self.recut != "none":
             # first, MIG instances that are free as they are, to whoever waits for their very profile
             # (no MIG change at all); only then may the first in line have a GPU re-cut for it
-            for req in [r for r in todo if "mig" in r.modes]:
+            unfit: set[int] = set()
+            for req in [r for r in todo if "mig" in r.kinds]:
+                if req.shape in unfit:
+                    continue
                 decisions = self._try(req, preempt=False, only=gpus, scope="none")
                 if decisions[0].outcome == "placed":
                     out.extend(decisions)
                     todo.remove(req)
-        failed: set[tuple[object, ...]] = set()  # shapes that did not fit: their twins will not
+                else:
+                    unfit.add(req.shape)
+        failed: set[int] = set()  # shapes that did not fit: their twins will not
+        behind = False  # a MIG request ahead in the queue still waits: no re-cut for those after it
         for req in todo:
-            spec = req.spec
-            shape = (spec.gpu, spec.sharing, spec.tenant)
-            if shape in failed:
+            if req.shape in failed:
                 continue
+            spec = req.spec
             only = None if gpus is None or spec.tenant == tenant or spec.gpu.count else gpus
-            decisions = self._try(req, preempt=False, only=only)
+            decisions = self._try(req, preempt=False, only=only, behind=behind)
             if decisions[0].outcome == "placed":
                 out.extend(decisions)
             else:
-                failed.add(shape)
+                failed.add(req.shape)
+                behind = behind or "mig" in req.kinds
         return out
 
     # -- one attempt -----------------------------------------------------------------------------
@@ -290,13 +317,25 @@ class Scheduler:
         preempt: bool,
         only: set[int] | None = None,
         scope: RecutScope | None = None,
+        behind: bool | None = None,
     ) -> list[Decision]:
+        """Place ``req`` if it fits (``only`` on those GPUs; MIG re-cut no further than ``scope``);
+        ``behind``: whether an earlier MIG request waits (None: look)."""
         key = req.key
         reasons: list[str] = []
         for mode in req.modes:
             if scope == "none" and mode != "mig":
                 continue
-            chosen = self._choose(req, mode, reasons, only, scope or self.recut)
+            allowed = scope or self.recut
+            if mode == "mig" and allowed in ("idle", "drain"):
+                # a free instance or free space first, anywhere; a re-cut only if none, and only
+                # when no earlier MIG request of at least this priority waits (it serves the queue
+                # in order, so a later one cannot cut away the room the one before it waits for)
+                chosen = self._choose(req, mode, reasons, only, "create")
+                if not chosen and not (self._waits_behind(req) if behind is None else behind):
+                    chosen = self._choose(req, mode, reasons, only, allowed)
+            else:
+                chosen = self._choose(req, mode, reasons, only, allowed)
             if chosen:
                 with self.state.statement() as st:
                     placed = self._commit(st, req, chosen, ())
@@ -311,6 +350,14 @@ class Scheduler:
         reason = "; ".join(dict.fromkeys(reasons)) or "no GPU has room"
         self.pending[key] = reason
         return [Decision(key, "pending", reason)]
+
+    def _waits_behind(self, req: SchedRequest) -> bool:
+        """Whether an earlier MIG request of at least ``req``'s priority is waiting."""
+        for key in self.pending.mig:
+            other = self.requests[key]
+            if other.order < req.order and other.priority >= req.priority:
+                return True
+        return False
 
     def _preempt(
         self, req: SchedRequest, victims: list[str], chosen: list[Candidate]
@@ -332,6 +379,8 @@ class Scheduler:
                 self.pending[v] = why
                 again = [Decision(v, "pending", why)]
             moved.append(again[0])
+        if placed.mode == "mig":  # the victims' instances became the newcomer's: none is left over
+            return [placed, *moved]
         # what the eviction freed beyond the newcomer's need goes to whoever waits for it
         freed = {a.gpu for a in self.state.allocs.get(req.key, [])}
         return [placed, *moved, *self.retry_pending(gpus=freed)]
