@@ -38,9 +38,12 @@ def best_recut(
 ) -> Recut | None:
     """The cheapest way to fit one instance of ``profile`` by destroying instances of this GPU: idle
     ones (owner ``None``) and those owned by a workload in ``evictable``. Cheapest: fewest evictions,
-    then fewest instances destroyed, then the fewest memory slots destroyed, then the most room left for
-    large profiles. None if no such way exists,
-    or if the profile fits without destroying anything (that is an addition, not a re-cut)."""
+    then the fewest memory slots destroyed, then the fewest instances destroyed, then the most room
+    left for large profiles. None if no such way exists, or if the profile fits without destroying
+    anything (that is an addition, not a re-cut).
+
+    Slots count before instances: one large idle instance destroyed is harder to get back (its whole
+    span must be idle at once) than two small ones."""
     fixed = tuple(sorted(pl for pl, o in instances.items() if o is not None and o not in evictable))
     loose = tuple(
         sorted((pl, o or "") for pl, o in instances.items() if o is None or o in evictable)
@@ -79,7 +82,7 @@ def _best(
             evicted = tuple(sorted({owner[pl] for pl in gone if owner[pl]}))
             # then: the most room left for large profiles (the planner's free score), as placed
             room = tuple(-x for x in lay.free_score)
-            cost = (len(evicted), len(gone), sum(slots[pl.profile] for pl in gone), *room, start)
+            cost = (len(evicted), sum(slots[pl.profile] for pl in gone), len(gone), *room, start)
             if best is None or cost < best[0]:
                 best = (cost, Recut(new, gone, evicted))
     return None if best is None else best[1]
