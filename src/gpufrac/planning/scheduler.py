@@ -25,6 +25,7 @@ from gpufrac.model.mig import MigPlacement, check_layout
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.units import format_mib
 from gpufrac.model.workload import MILLI, Mode, WorkloadSpec
+from gpufrac.planning.mig_recut import best_recut
 from gpufrac.planning.sched_candidates import (
     CANDIDATES_PER_MODEL,
     RecutScope,
@@ -50,7 +51,6 @@ from gpufrac.planning.sched_plugins import (
 )
 from gpufrac.planning.sched_preempt import preemption
 from gpufrac.planning.sched_request import Need, SchedRequest
-from gpufrac.planning.mig_recut import best_recut
 from gpufrac.planning.sched_state import (
     EXTERNAL,
     Allocation,
