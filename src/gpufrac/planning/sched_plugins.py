@@ -96,10 +96,6 @@ class PluginContext(Protocol):
         """The labels of a placed workload (empty for one the scheduler does not know)."""
         ...
 
-    def held_for(self, gpu: int) -> tuple[str, int] | None:
-        """(workload, priority) a MIG GPU is held for while it drains for that waiting workload."""
-        ...
-
 
 # -- pre-filters: once per request and GPU model --------------------------------------------------
 
@@ -174,17 +170,7 @@ def mps_tenants(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status |
     return None
 
 
-def held(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:
-    """A MIG GPU held for the first MIG request in line (it waits for room that only this GPU's work
-    finishing can give) takes nothing new but that request, or one more important."""
-    holder = ctx.held_for(c.gpu)
-    if holder is None or holder[0] == req.key or req.priority > holder[1]:
-        return None
-    why = f"GPU {c.gpu} is held for {holder[0]}, first in line for room there"
-    return Status("unschedulable", why, "held")
-
-
-FILTERS: tuple[Filter, ...] = (schedulable, capacity, mps_tenants, held)
+FILTERS: tuple[Filter, ...] = (schedulable, capacity, mps_tenants)
 
 
 def first_refusal(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:

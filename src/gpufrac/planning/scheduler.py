@@ -25,7 +25,6 @@ from gpufrac.model.mig import MigPlacement, check_layout
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.units import format_mib
 from gpufrac.model.workload import MILLI, Mode, WorkloadSpec
-from gpufrac.planning.mig_recut import best_recut
 from gpufrac.planning.sched_candidates import (
     CANDIDATES_PER_MODEL,
     RecutScope,
@@ -52,14 +51,11 @@ from gpufrac.planning.sched_plugins import (
 from gpufrac.planning.sched_preempt import preemption
 from gpufrac.planning.sched_request import Need, SchedRequest
 from gpufrac.planning.sched_state import (
-    EXTERNAL,
     Allocation,
     ClusterState,
     SchedGpu,
     Statement,
 )
-
-SCAN_LIMIT_HOLD = 256  # MIG GPUs looked at to hold one for the first MIG request in line
 
 __all__ = [
     "Decision",
@@ -74,7 +70,7 @@ __all__ = [
 class SchedContext:
     """The read-only view of the scheduler that plugins get (``sched_plugins.PluginContext``)."""
 
-    __slots__ = ("_held", "_policy", "_requests", "_settings", "_state")
+    __slots__ = ("_policy", "_requests", "_settings", "_state")
 
     def __init__(
         self,
@@ -82,11 +78,9 @@ class SchedContext:
         requests: Mapping[str, SchedRequest],
         settings: OperatorSettings,
         policy: Policy,
-        held: Mapping[int, str],
     ) -> None:
         self._state, self._requests = state, requests
         self._settings, self._policy = settings, policy
-        self._held = held
 
     @property
     def gpus(self) -> Sequence[GpuInfo]:
@@ -110,11 +104,6 @@ class SchedContext:
     def labels_of(self, workload: str) -> Mapping[str, str]:
         req = self._requests.get(workload)
         return {} if req is None else req.spec.labels
-
-    def held_for(self, gpu: int) -> tuple[str, int] | None:
-        key = self._held.get(gpu)
-        req = None if key is None else self._requests.get(key)
-        return None if req is None else (req.key, req.priority)
 
 
 class PendingQueue(dict[str, str]):
@@ -156,9 +145,7 @@ class Scheduler:
         self.requests: dict[str, SchedRequest] = {}
         self.pending = PendingQueue(self.requests)  # workload -> why it waits
         self._seq = itertools.count()
-        # a MIG GPU held for the first MIG request in line, so that big slices are not starved
-        self.held: dict[int, str] = {}
-        self.ctx = SchedContext(self.state, self.requests, self.settings, self.policy, self.held)
+        self.ctx = SchedContext(self.state, self.requests, self.settings, self.policy)
 
     # -- what it knows ---------------------------------------------------------------------------
 
@@ -274,8 +261,6 @@ class Scheduler:
         del self.requests[key]
         self.pending.pop(key, None)
         freed = self.state.release(key)
-        if key in self.held.values():
-            self._hold_for_head()
         if not freed:
             return []
         return self.retry_pending(gpus={a.gpu for a in freed}, tenant=tenant)
@@ -326,7 +311,7 @@ class Scheduler:
             else:
                 failed.add(req.shape)
                 behind = behind or "mig" in req.kinds
-        self._hold_for_head()
+
         return out
 
     # -- one attempt -----------------------------------------------------------------------------
@@ -370,35 +355,7 @@ class Scheduler:
                 return self._preempt(req, *plan)
         reason = "; ".join(dict.fromkeys(reasons)) or "no GPU has room"
         self.pending[key] = reason
-        if "mig" in req.kinds:
-            self._hold_for_head()
         return [Decision(key, "pending", reason)]
-
-    def _hold_for_head(self) -> None:
-        """Hold one MIG GPU for the first MIG request in line: the one where the fewest busy
-        instances stand in the way of its profile. Nothing new goes there but that request (or one
-        more important) until it fits, so a large slice is not starved by a stream of small ones that
-        keep every GPU partly busy. Only where the scheduler re-cuts (``idle``, ``drain``)."""
-        self.held.clear()
-        if self.recut not in ("idle", "drain") or not self.pending.mig:
-            return
-        head = min(
-            (self.requests[k] for k in self.pending.mig), key=lambda r: (-r.priority, r.order)
-        )
-        best: tuple[tuple[int, int, int], int] | None = None
-        for g in self.state.mig_gpus[:SCAN_LIMIT_HOLD]:
-            profile = head.mig_profile(g.model)
-            if profile is None or g.pinned or not g.schedulable:
-                continue
-            mine = frozenset(o for o in g.instances.values() if o is not None and o != EXTERNAL)
-            recut = best_recut(g.model, g.instances, profile, mine)
-            if recut is None:
-                continue
-            cost = (len(recut.evict), len(recut.destroy), g.index)
-            if best is None or cost < best[0]:
-                best = (cost, g.index)
-        if best is not None:
-            self.held[best[1]] = head.key
 
     def _waits_behind(self, req: SchedRequest) -> bool:
         """Whether an earlier MIG request of at least ``req``'s priority is waiting."""

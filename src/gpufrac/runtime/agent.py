@@ -477,10 +477,13 @@ class Agent:
         state = s.state(
             "starting", "; ".join(a.describe() for a in mig), attempts=len(s.attempts) + 1
         )
-        if not mig:
-            return Step(state, (SchedAction("start", s.key, d.gpus[0], d.mig),))
         if self.mig.busy(s.key):
             return Step(state)  # under way: a later pass starts it
+        if d.mig is not None and self.mig.destroying(d.gpus[0], d.mig):
+            # the instance there now is an old one an earlier re-cut destroys: wait for it to go
+            return Step(s.state("starting", f"waiting for the old {d.mig} to be destroyed first"))
+        if not mig:
+            return Step(state, (SchedAction("start", s.key, d.gpus[0], d.mig),))
         return Step(state, mig)
 
     def _complete(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from gpufrac.devices.errors import DeviceError
 from gpufrac.devices.nvml import NvmlDevices
+from gpufrac.model.mig import MigPlacement
 from gpufrac.planning.sched_decision import SchedAction
 
 
@@ -38,6 +39,7 @@ class MigWorker:
         self._queues: dict[str, deque[SchedAction]] = defaultdict(deque)
         self._threads: dict[str, threading.Thread] = {}
         self._queued: dict[str, int] = defaultdict(int)  # workload -> its actions not done yet
+        self._open: list[SchedAction] = []  # queued or under way
         self._failed: set[str] = set()  # workloads whose queued actions are skipped
         self._outcomes: list[MigOutcome] = []
 
@@ -52,6 +54,7 @@ class MigWorker:
         with self._mu:
             self._queues[uuid].append(action)
             self._queued[action.workload] += 1
+            self._open.append(action)
             thread = self._threads.get(uuid)
             if thread is None or not thread.is_alive():
                 thread = threading.Thread(
@@ -64,6 +67,15 @@ class MigWorker:
         """Whether MIG actions of ``workload`` are queued or under way."""
         with self._mu:
             return self._queued.get(workload, 0) > 0
+
+    def destroying(self, uuid: str, placement: MigPlacement) -> bool:
+        """Whether the instance at ``placement`` on GPU ``uuid`` is queued to be destroyed: until it
+        is, an instance seen there is the old one, not one made anew for a later placement."""
+        with self._mu:
+            return any(
+                a.kind == "destroy_mig_instance" and a.gpu_uuid == uuid and a.mig == placement
+                for a in self._open
+            )
 
     def take(self) -> list[MigOutcome]:
         """What was done since the last call."""
@@ -93,6 +105,7 @@ class MigWorker:
                 with self.gpu_lock(uuid):
                     error, changed = self._device(action)
             with self._mu:
+                self._open.remove(action)
                 self._queued[action.workload] -= 1
                 if error is not None:
                     self._failed.add(action.workload)

@@ -223,3 +223,24 @@ def test_a_request_needs_are_worked_out_once() -> None:
     finally:
         sched_request.need_on = real
     assert calls <= 8 * 2  # per submission: once for its refusal check, once for placing
+
+
+def test_a_large_idle_instance_is_the_last_to_be_cut_up() -> None:
+    # one idle 7g on a GPU, or two idle 1g on another: a 2g request cuts the small ones
+    big: dict[MigPlacement, str | None] = {MigPlacement(0, "7g.141gb"): None}
+    small: dict[MigPlacement, str | None] = {
+        **{MigPlacement(i, "1g.18gb"): f"a/b{i}" for i in range(4)},
+        MigPlacement(4, "1g.18gb"): None,
+        MigPlacement(5, "1g.18gb"): None,
+        MigPlacement(6, "1g.18gb"): "a/b6",
+    }
+    g_big, g_small = SchedGpu("GPU-0", 0, H200, mig=True), SchedGpu("GPU-1", 1, H200, mig=True)
+    g_big.instances, g_small.instances = big, small
+    s = Scheduler([g_big, g_small])
+    d = s.submit(w("mid", mig_profile="2g.35gb"))[0]
+    assert d.gpus == ("GPU-1",) and [
+        str(a.mig) for a in d.actions if a.kind == "destroy_mig_instance"
+    ] == [
+        "1g.18gb@4",
+        "1g.18gb@5",
+    ]
