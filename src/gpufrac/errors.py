@@ -6,6 +6,11 @@ The CLI turns it into exit code 2; the API (later) into a 422.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class GpufracError(Exception):
     """Base of gpufrac's own errors."""
@@ -18,18 +23,55 @@ class InputError(GpufracError, ValueError):
         self.message = message
         self.field = field
         self.fix = fix
-        super().__init__(str(self))
+        self.errors: tuple[InputError, ...] = (self,)  # several, for one that reports them all
+        super().__init__(self.line())
 
-    def __str__(self) -> str:
+    def line(self) -> str:
         text = f"{self.field}: {self.message}" if self.field else self.message
         if self.fix:
             text += f" ({self.fix})"
         return text
 
+    def __str__(self) -> str:
+        return "\n".join(e.line() for e in self.errors)
+
     def at(self, field: str) -> InputError:
         """The same error, located at ``field`` (prefixed when it already has one)."""
+        if len(self.errors) > 1:
+            return InputError.many([e.at(field) for e in self.errors])
         if not self.field:
             located = field
         else:
             located = field + ("" if self.field.startswith("[") else ".") + self.field
         return InputError(self.message, field=located, fix=self.fix)
+
+    @classmethod
+    def many(cls, errors: Sequence[InputError]) -> InputError:
+        """One error that reports each of ``errors`` (all the problems of a manifest at once)."""
+        flat = [e for err in errors for e in err.errors]
+        if len(flat) == 1:
+            return flat[0]
+        first = flat[0]
+        out = cls(first.message, field=first.field, fix=first.fix)
+        out.errors = tuple(flat)
+        out.args = (str(out),)
+        return out
+
+
+class Problems:
+    """Collects the ``InputError`` of each independent check, to report them all at once."""
+
+    def __init__(self) -> None:
+        self.found: list[InputError] = []
+
+    def check(self, read: Callable[[], T], default: T) -> T:
+        """``read()``, or ``default`` (the error kept) if it is bad input."""
+        try:
+            return read()
+        except InputError as e:
+            self.found.extend(e.errors)
+            return default
+
+    def raise_any(self) -> None:
+        if self.found:
+            raise InputError.many(self.found)

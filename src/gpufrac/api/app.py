@@ -32,20 +32,19 @@ from gpufrac.serving.deployments import gateway_path
 
 
 def _problem(e: InputError) -> JSONResponse:
-    loc = (e.field or "body").replace("]", "").replace("[", ".").split(".")
-    return JSONResponse(
-        status_code=422,
-        content={
-            "detail": [
-                {
-                    "loc": [p for p in loc if p],
-                    "msg": e.message,
-                    "fix": e.fix,
-                    "type": "value_error",
-                }
-            ]
-        },
-    )
+    """A 422 with one entry per problem (a manifest's are reported all at once)."""
+    detail = []
+    for err in e.errors:
+        loc = (err.field or "body").replace("]", "").replace("[", ".").split(".")
+        detail.append(
+            {
+                "loc": [p for p in loc if p],
+                "msg": err.message,
+                "fix": err.fix,
+                "type": "value_error",
+            }
+        )
+    return JSONResponse(status_code=422, content={"detail": detail})
 
 
 def create_app(
@@ -156,6 +155,7 @@ def create_app(
                         "decision": None if decision is None else decision_to_json(decision),
                         "spec": spec_to_json(spec),
                         "diff": diff,
+                        "warnings": service.agent.warnings(spec, decision),
                     }
                 )
             for d in deployments:

@@ -5,6 +5,7 @@ Client commands find the agent at ``--server``, else ``$GPUFRAC_SERVER``, else h
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json as jsonlib
 import os
@@ -21,12 +22,15 @@ from gpufrac.cli.common import (
     JsonOpt,
     SimulateOpt,
     console,
+    err_console,
     fail,
     handled_errors,
     print_json,
 )
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
+from gpufrac.model.manifest import parse_objects
+from gpufrac.model.manifest_fields import read_text_file
 
 DEFAULT_PORT = 8470
 ServerOpt = Annotated[
@@ -35,7 +39,57 @@ ServerOpt = Annotated[
         "--server", help="The agent's address (default: $GPUFRAC_SERVER or http://127.0.0.1:8470)."
     ),
 ]
-TenantOpt = Annotated[str, typer.Option("--tenant", "-t", help="The workload's tenant.")]
+TenantOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tenant", "-t", help="The tenant (default: default; or write the name as TENANT/NAME)."
+    ),
+]
+FilterTenantOpt = Annotated[
+    str | None, typer.Option("--tenant", "-t", help="Only this tenant's (default: all you see).")
+]
+
+
+def qualified(name: str, tenant: str | None) -> tuple[str, str]:
+    """(tenant, name) from NAME with -t TENANT, or from TENANT/NAME (the form gpufrac prints)."""
+    if "/" in name:
+        left, _, right = name.partition("/")
+        if not left or not right or "/" in right:
+            raise fail(f"{name!r} is not NAME or TENANT/NAME", 2)
+        if tenant is not None and tenant != left:
+            raise fail(f"{name!r} names tenant {left!r}, but -t says {tenant!r}: give one", 2)
+        return left, right
+    return tenant or "default", name
+
+
+def _find(server: str | None, kind: str, tenant: str, name: str) -> Any:
+    """GET one workload or deployment; a 404 says where that name does exist, if anywhere."""
+    r = request("GET", server, f"/api/v1/{kind}s/{tenant}/{name}")
+    if r.status_code != 404:
+        return _answer(r)
+    raise fail(f"no {kind} {tenant}/{name}", 1, _elsewhere(server, kind, tenant, name))
+
+
+def _elsewhere(server: str | None, kind: str, tenant: str, name: str) -> str | None:
+    """A hint naming the tenants (that the caller may see) where ``name`` exists."""
+    r = request("GET", server, f"/api/v1/{kind}s")
+    if r.status_code != 200:
+        return None
+    found = [
+        f"{x['tenant']}/{x['name']}"
+        for x in r.json().get(f"{kind}s", [])
+        if x["name"] == name and x["tenant"] != tenant
+    ]
+    if found:
+        return f"did you mean {' or '.join(found)}? (write TENANT/NAME, or pass -t TENANT)"
+    if kind == "workload":
+        other = request("GET", server, f"/api/v1/deployments/{tenant}/{name}")
+        if other.status_code == 200:
+            return (
+                f"{tenant}/{name} is a deployment: gpufrac describe deployment {tenant}/{name}, "
+                f"gpufrac logs {tenant}/{name}, gpufrac delete {tenant}/{name} --deployment"
+            )
+    return None
 
 
 def agent_command(
@@ -137,14 +191,14 @@ def request(method: str, server: str | None, path: str, **kw: Any) -> httpx.Resp
         ) from None
 
 
-def answer_detail(r: httpx.Response) -> str:
-    """The agent's explanation of a refusal, as one line."""
+def answer_detail(r: httpx.Response, sep: str = "; ") -> str:
+    """The agent's explanation of a refusal (each problem of a 422 separated by ``sep``)."""
     try:
         detail = r.json().get("detail", r.text)
     except ValueError:
         return r.text
     if isinstance(detail, list):
-        return "; ".join(
+        return sep.join(
             f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}"
             + (f" ({d['fix']})" if d.get("fix") else "")
             for d in detail
@@ -154,15 +208,13 @@ def answer_detail(r: httpx.Response) -> str:
 
 
 def _call(method: str, server: str | None, path: str, **kw: Any) -> Any:
-    r = request(method, server, path, **kw)
+    return _answer(request(method, server, path, **kw))
+
+
+def _answer(r: httpx.Response) -> Any:
+    """The agent's JSON answer, or exit: 2 for bad input (422), 1 for a refusal or not found."""
     if r.status_code == 422:
-        detail = r.json().get("detail", [])
-        msgs = [
-            f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}"
-            + (f" ({d['fix']})" if d.get("fix") else "")
-            for d in detail
-        ]
-        raise fail("; ".join(msgs) or r.text, 2)
+        raise fail(answer_detail(r, sep="\n") or r.text, 2)
     if r.status_code == 409:
         raise fail(r.json().get("detail", "refused"), 1)
     if r.status_code in (401, 403, 404):
@@ -177,13 +229,19 @@ def apply_command(
     server: ServerOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """Apply manifests: create, replace (when changed) or leave unchanged."""
+    """Apply manifests: create, replace (when changed) or leave unchanged.
+
+    Every file is checked first: bad input (not UTF-8, not YAML, a field wrong) applies nothing and
+    exits 2, listing every problem. A valid document the agent refuses (no GPU here could ever hold it)
+    is reported with why while the others are applied, and the command exits 1."""
+    texts = []
+    with handled_errors():
+        for path in file:
+            text = read_text_file(path, field=f"-f {path}")
+            parse_objects(text, source=str(path))  # all or nothing: every file is valid first
+            texts.append(text)
     results = []
-    for path in file:
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise fail(f"-f: cannot read {path}: {e.strerror}", 2) from None
+    for text in texts:
         results += _call(
             "POST",
             server,
@@ -191,29 +249,56 @@ def apply_command(
             content=text.encode(),
             headers={"content-type": "application/yaml"},
         )["results"]
+    refused = [r for r in results if r.get("result") == "refused"]
     if json:
         print_json({"results": results})
-        return
+        raise typer.Exit(1 if refused else 0)
     for r in results:
-        if r.get("kind") == "Deployment":
-            console.print(
-                f"deployment {r['deployment']} {r['result']}: {r['url']}", highlight=False
-            )
-            continue
-        d = r["decision"] or {}
-        detail = d.get("reason") or (
-            f"{d.get('mode')} on {', '.join(d.get('gpus', []))}" if d.get("gpus") else ""
-        )
-        console.print(
-            f"{r['workload']} {r['result']}" + (f": {d.get('outcome')} {detail}" if d else ""),
+        _print_result(r)
+    if refused:
+        err_console.print(
+            f"[bold red]{len(refused)} of {len(results)} document(s) refused[/]; the others were "
+            "applied",
             highlight=False,
         )
-        for line in r.get("diff", []):
-            console.print(f"    [yellow]~[/] {line}", highlight=False)
+        raise typer.Exit(1)
+
+
+def _print_result(r: dict[str, Any]) -> None:
+    if r.get("kind") == "Deployment":
+        console.print(f"deployment {r['deployment']} {r['result']}: {r['url']}", highlight=False)
+        return
+    d = r["decision"] or {}
+    if r["result"] == "refused":
+        console.print(
+            f"[red]{r['workload']} refused[/]: {d.get('reason') or 'no reason given'}",
+            highlight=False,
+        )
+        return
+    detail = d.get("reason") or (
+        f"{d.get('mode')} on {', '.join(d.get('gpus', []))}" if d.get("gpus") else ""
+    )
+    if d.get("mig"):
+        detail += f" ({d['mig']['profile']}@{d['mig']['start']})"
+    console.print(
+        f"{r['workload']} {r['result']}" + (f": {d.get('outcome')} {detail}" if d else ""),
+        highlight=False,
+    )
+    for a in d.get("actions", []):
+        if a["kind"] == "evict":
+            console.print(
+                f"    [yellow]evicts[/] {a['workload']}: {a.get('reason') or 'to make room'}",
+                highlight=False,
+            )
+    for line in r.get("diff", []):
+        console.print(f"    [yellow]~[/] {line}", highlight=False)
+    for line in r.get("warnings", []):
+        err_console.print(f"    [yellow]warning[/]: {line}", highlight=False)
 
 
 def get_command(
     what: Annotated[str, typer.Argument(help="workloads, deployments or gpus")],
+    tenant: FilterTenantOpt = None,
     server: ServerOpt = None,
     json: JsonOpt = False,
 ) -> None:
@@ -221,6 +306,8 @@ def get_command(
     if what not in ("workloads", "deployments", "gpus"):
         raise fail(f"cannot get {what!r}: use workloads, deployments or gpus", 2)
     data = _call("GET", server, f"/api/v1/{what}")
+    if tenant is not None and what != "gpus":
+        data = {what: [x for x in data[what] if x["tenant"] == tenant]}
     if json:
         print_json(data)
         return
@@ -262,14 +349,15 @@ def _gpu_from_json(g: dict[str, Any], cls: Any) -> Any:
 def describe_command(
     kind: Annotated[str, typer.Argument(help="workload or deployment")],
     name: Annotated[str, typer.Argument(help="The workload's name.")],
-    tenant: TenantOpt = "default",
+    tenant: TenantOpt = None,
     server: ServerOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Everything about one workload: placement, environment handed over, attempts, events."""
     if kind not in ("workload", "deployment"):
         raise fail(f"cannot describe {kind!r}: use workload or deployment", 2)
-    w = _call("GET", server, f"/api/v1/{kind}s/{tenant}/{name}")
+    tenant_, name = qualified(name, tenant)
+    w = _find(server, kind, tenant_, name)
     if kind == "deployment":
         from gpufrac.cli.serve_cmds import print_deployment
 
@@ -317,21 +405,25 @@ def _share_text(q: dict[str, Any]) -> str:
 
 def delete_command(
     name: Annotated[str, typer.Argument(help="The workload's (or deployment's) name.")],
-    tenant: TenantOpt = "default",
+    tenant: TenantOpt = None,
     deployment: Annotated[
         bool, typer.Option("--deployment", help="Delete the deployment NAME and its replicas.")
     ] = False,
     server: ServerOpt = None,
 ) -> None:
     """Delete a workload (its processes are stopped), or with --deployment a deployment."""
-    kind = "deployments" if deployment else "workloads"
-    _call("DELETE", server, f"/api/v1/{kind}/{tenant}/{name}")
-    console.print(f"{tenant}/{name} deleted")
+    kind = "deployment" if deployment else "workload"
+    tenant_, name = qualified(name, tenant)
+    r = request("DELETE", server, f"/api/v1/{kind}s/{tenant_}/{name}")
+    if r.status_code == 404:
+        raise fail(f"no {kind} {tenant_}/{name}", 1, _elsewhere(server, kind, tenant_, name))
+    _answer(r)
+    console.print(f"{tenant_}/{name} deleted", highlight=False)
 
 
 def logs_command(
-    name: Annotated[str, typer.Argument(help="The workload's name.")],
-    tenant: TenantOpt = "default",
+    name: Annotated[str, typer.Argument(help="The workload's (or deployment's) name.")],
+    tenant: TenantOpt = None,
     tail: Annotated[int, typer.Option("--tail", help="Last N lines (0: all).")] = 200,
     follow: Annotated[
         bool,
@@ -339,28 +431,81 @@ def logs_command(
     ] = False,
     server: ServerOpt = None,
 ) -> None:
-    """Print a workload's output (its newest attempt); with -f, follow it across restarts."""
+    """Print a workload's output (its newest attempt); with -f, follow it across restarts. For a
+    deployment, its replicas' output, each line prefixed with the replica's name."""
+    tenant_, name = qualified(name, tenant)
+    r = request("GET", server, f"/api/v1/workloads/{tenant_}/{name}")
+    if r.status_code == 404:
+        d = request("GET", server, f"/api/v1/deployments/{tenant_}/{name}")
+        if d.status_code != 200:
+            hint = _elsewhere(server, "workload", tenant_, name)
+            raise fail(f"no workload or deployment {tenant_}/{name}", 1, hint)
+        _deployment_logs(server, tenant_, name, tail, follow)
+        return
+    _answer(r)
+    with contextlib.suppress(KeyboardInterrupt):
+        _follow_logs(server, tenant_, name, tail, follow, prefix="")
+
+
+def _follow_logs(
+    server: str | None, tenant: str, name: str, tail: int, follow: bool, *, prefix: str
+) -> None:
     path = f"/api/v1/workloads/{tenant}/{name}"
     data = _call("GET", server, path + "/logs", params={"tail": 0 if follow else tail})
     lines = data["lines"]
     for line in lines[-tail:] if tail > 0 else lines:
-        typer.echo(line)
+        typer.echo(prefix + line)
     run, seen = data["run"], len(lines)
+    while follow:
+        time.sleep(0.5)
+        latest = _call("GET", server, path + "/logs", params={"tail": 0})
+        lines = latest["lines"]
+        if latest["run"] != run:  # a new attempt
+            typer.echo(f"{prefix}--- {latest['run']} ---")
+            run, seen = latest["run"], 0
+        if seen > len(lines):  # the log rotated
+            seen = 0
+        for line in lines[seen:]:
+            typer.echo(prefix + line)
+        seen = len(lines)
+        if _call("GET", server, path)["phase"] in ("succeeded", "failed"):
+            break
+
+
+def _deployment_logs(server: str | None, tenant: str, name: str, tail: int, follow: bool) -> None:
+    """The replicas' output; with ``follow``, replicas that come later are followed too."""
+    seen: dict[str, int] = {}
+    runs: dict[str, str | None] = {}
     try:
-        while follow:
+        while True:
+            dep = _call("GET", server, f"/api/v1/deployments/{tenant}/{name}")
+            replicas = [r["name"] for r in dep["replicas"]]
+            if not replicas and not seen:
+                err_console.print(
+                    f"{tenant}/{name} has no replica now"
+                    + (" (waiting for one)" if follow else ""),
+                    highlight=False,
+                )
+            for replica in replicas:
+                r = request(
+                    "GET", server, f"/api/v1/workloads/{tenant}/{replica}/logs", params={"tail": 0}
+                )
+                if r.status_code != 200:
+                    continue  # it went away meanwhile
+                data = r.json()
+                lines = data["lines"]
+                if replica not in seen:
+                    start = max(0, len(lines) - tail) if tail > 0 else 0
+                elif runs.get(replica) != data["run"] or seen[replica] > len(lines):
+                    start = 0
+                else:
+                    start = seen[replica]
+                for line in lines[start:]:
+                    typer.echo(f"[{replica}] {line}")
+                seen[replica], runs[replica] = len(lines), data["run"]
+            if not follow:
+                return
             time.sleep(0.5)
-            latest = _call("GET", server, path + "/logs", params={"tail": 0})
-            lines = latest["lines"]
-            if latest["run"] != run:  # a new attempt
-                typer.echo(f"--- {latest['run']} ---")
-                run, seen = latest["run"], 0
-            if seen > len(lines):  # the log rotated
-                seen = 0
-            for line in lines[seen:]:
-                typer.echo(line)
-            seen = len(lines)
-            if _call("GET", server, path)["phase"] in ("succeeded", "failed"):
-                break
     except KeyboardInterrupt:
         pass
 
@@ -401,16 +546,19 @@ def drain_command(gpu: GpuArg, server: ServerOpt = None, json: JsonOpt = False) 
 def scale_command(
     name: Annotated[str, typer.Argument(help="The deployment's name.")],
     replicas: Annotated[int, typer.Option("--replicas", help="Replicas wanted (0 and up).")],
-    tenant: TenantOpt = "default",
+    tenant: TenantOpt = None,
     server: ServerOpt = None,
 ) -> None:
     """Set a deployment's replica count (with autoscale, the autoscaler goes on from there)."""
     if replicas < 0:
         raise fail("--replicas: give 0 or more", 2)
-    _call(
-        "POST",
-        server,
-        f"/api/v1/deployments/{tenant}/{name}/scale",
-        json={"replicas": replicas},
+    tenant_, name = qualified(name, tenant)
+    r = request(
+        "POST", server, f"/api/v1/deployments/{tenant_}/{name}/scale", json={"replicas": replicas}
     )
-    console.print(f"{tenant}/{name}: {replicas} replica(s) wanted", highlight=False)
+    if r.status_code == 404:
+        raise fail(
+            f"no deployment {tenant_}/{name}", 1, _elsewhere(server, "deployment", tenant_, name)
+        )
+    _answer(r)
+    console.print(f"{tenant_}/{name}: {replicas} replica(s) wanted", highlight=False)

@@ -23,6 +23,7 @@ from gpufrac.cli.common import (
     SimulateOpt,
     console,
     devices_or_simulated,
+    err_console,
     handled_errors,
 )
 from gpufrac.cli.schedule import _load, _settings
@@ -93,6 +94,13 @@ def up_command(
             what, decision = agent.apply(spec)
             where = f" ({decision.outcome}: {decision.reason or decision.mode})" if decision else ""
             console.print(f"{spec.tenant}/{spec.name}: {what}{where}", highlight=False)
+            for a in decision.actions if decision else ():
+                if a.kind == "evict":
+                    console.print(
+                        f"    [yellow]evicts[/] {a.workload}: {a.reason}", highlight=False
+                    )
+            for line in agent.warnings(spec, decision):
+                err_console.print(f"    [yellow]warning[/]: {line}", highlight=False)
         keys = {f"{s.tenant}/{s.name}" for s in specs}
         with Live(console=console, refresh_per_second=4, transient=False) as live:
             while True:

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gpufrac.errors import InputError
+from gpufrac.errors import InputError, Problems
 from gpufrac.model.catalog import lookup_model
 from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.deployment_manifest import DEPLOYMENT_FIELDS, parse_deployment
@@ -42,6 +42,7 @@ from gpufrac.model.workload import (
     GpuRequest,
     HealthCheck,
     RestartPolicy,
+    Sharing,
     WorkloadSpec,
     WorkloadType,
 )
@@ -121,23 +122,28 @@ def parse_objects(text: str, *, source: str = "manifest") -> list[WorkloadSpec |
     several = len(present) > 1
     specs: list[WorkloadSpec | DeploymentSpec] = []
     seen: dict[tuple[str, str, str], int] = {}
+    problems = Problems()  # every document's problems, reported together
     for position, doc in present:
         prefix = f"doc[{position}]" if several else ""
         try:
             spec = parse_document(doc)
         except InputError as exc:
-            if prefix or not exc.field:
-                raise exc.at(prefix or source) from None
-            raise
+            problems.found.extend(
+                (exc.at(prefix or source) if prefix or not exc.field else exc).errors
+            )
+            continue
         kind = "workload" if isinstance(spec, WorkloadSpec) else "deployment"
         first = seen.setdefault((kind, spec.tenant, spec.name), position)
         if first != position:
-            raise InputError(
-                f"{kind} {spec.name!r} of tenant {spec.tenant!r} is already defined in doc[{first}]",
-                field=join(join(prefix, "metadata"), "name"),
-                fix=f"give each {kind} of a tenant its own name",
+            problems.found.append(
+                InputError(
+                    f"{kind} {spec.name!r} of tenant {spec.tenant!r} is already defined in doc[{first}]",
+                    field=join(join(prefix, "metadata"), "name"),
+                    fix=f"give each {kind} of a tenant its own name",
+                )
             )
         specs.append(spec)
+    problems.raise_any()
     return specs
 
 
@@ -198,49 +204,70 @@ def parse_document(raw: Any) -> WorkloadSpec | DeploymentSpec:
 def _workload_spec(
     name: str, tenant: str, labels: dict[str, str], spec: dict[str, Any]
 ) -> WorkloadSpec:
-    kind = read_choice(spec.get("type", "job"), "spec.type", WORKLOAD_TYPES)
-    command = _command(require(spec, "command", "spec", fix='write command: ["python", "app.py"]'))
-    env = read_str_map(spec.get("env", {}), "spec.env", key_pattern=_ENV_NAME)
-    workdir = read_str(spec["workdir"], "spec.workdir") if "workdir" in spec else None
-    user = read_str(spec["user"], "spec.user") if "user" in spec else None
-    health = None
-    if "health" in spec:
-        if kind != "service":
-            raise InputError(
-                "a health check is for services only",
-                field="spec.health",
-                fix="remove health, or set type: service",
-            )
-        health = _health(spec["health"], "spec.health")
-    resources = read_mapping(
-        require(spec, "resources", "spec", fix="write resources: {gpu: {count: 1}}"),
-        "spec.resources",
-        ("gpu",),
+    """The spec of a workload; every field's problem is reported, not only the first."""
+    p = Problems()
+    kind: WorkloadType = p.check(
+        lambda: read_choice(spec.get("type", "job"), "spec.type", WORKLOAD_TYPES), "job"
     )
-    gpu, compute_key = _gpu_request(
-        require(resources, "gpu", "spec.resources", fix="write gpu: {count: 1}"),
-        "spec.resources.gpu",
+    command: tuple[str, ...] = p.check(
+        lambda: _command(
+            require(spec, "command", "spec", fix='write command: ["python", "app.py"]')
+        ),
+        ("true",),
     )
-    sharing = read_choice(spec.get("sharing", "auto"), "spec.sharing", SHARING_MODES)
-    _check_sharing(gpu, sharing, compute_key)
-    restart = read_choice(
-        spec.get("restart", DEFAULT_RESTART[kind]), "spec.restart", RESTART_POLICIES
+    env: dict[str, str] = p.check(
+        lambda: read_str_map(spec.get("env", {}), "spec.env", key_pattern=_ENV_NAME), {}
+    )
+    workdir = p.check(
+        lambda: read_str(spec["workdir"], "spec.workdir") if "workdir" in spec else None, None
+    )
+    user = p.check(lambda: read_str(spec["user"], "spec.user") if "user" in spec else None, None)
+    health = p.check(lambda: _health_of(kind, spec), None)
+    resources: tuple[GpuRequest, str | None] = (GpuRequest(count=1), None)
+    gpu, compute_key = p.check(lambda: _resources(spec), resources)
+    sharing: Sharing = p.check(
+        lambda: read_choice(spec.get("sharing", "auto"), "spec.sharing", SHARING_MODES), "auto"
+    )
+    p.check(lambda: _check_sharing(gpu, sharing, compute_key), None)
+    restart = p.check(
+        lambda: read_choice(
+            spec.get("restart", DEFAULT_RESTART[kind]), "spec.restart", RESTART_POLICIES
+        ),
+        DEFAULT_RESTART[kind],
     )
     for job_only in ("backoff_limit", "deadline_seconds"):
         if kind != "job" and job_only in spec:
-            raise InputError(
-                f"{job_only} is for jobs only",
-                field=f"spec.{job_only}",
-                fix=f"remove {job_only}: a service runs until deleted and is restarted per spec.restart",
+            p.found.append(
+                InputError(
+                    f"{job_only} is for jobs only",
+                    field=f"spec.{job_only}",
+                    fix=f"remove {job_only}: a service runs until deleted and is restarted per spec.restart",
+                )
             )
-    backoff = read_int(
-        spec.get("backoff_limit", DEFAULT_BACKOFF_LIMIT), "spec.backoff_limit", minimum=0
+    backoff = p.check(
+        lambda: read_int(
+            spec.get("backoff_limit", DEFAULT_BACKOFF_LIMIT), "spec.backoff_limit", minimum=0
+        ),
+        DEFAULT_BACKOFF_LIMIT,
     )
-    deadline = (
-        read_int(spec["deadline_seconds"], "spec.deadline_seconds", minimum=1)
-        if "deadline_seconds" in spec
-        else None
+    deadline = p.check(
+        lambda: (
+            read_int(spec["deadline_seconds"], "spec.deadline_seconds", minimum=1)
+            if "deadline_seconds" in spec
+            else None
+        ),
+        None,
     )
+    priority = p.check(lambda: _priority(spec.get("priority", "normal"), "spec.priority"), 0)
+    qos = p.check(
+        lambda: read_choice(spec.get("qos", DEFAULT_QOS[kind]), "spec.qos", QOS_MODES),
+        DEFAULT_QOS[kind],
+    )
+    weight = p.check(
+        lambda: read_int(spec.get("weight", 1), "spec.weight", minimum=1, maximum=MAX_WEIGHT), 1
+    )
+    min_share = p.check(lambda: _min_share(spec["min_share"]) if "min_share" in spec else 0, 0)
+    p.raise_any()
     return WorkloadSpec(
         name=name,
         tenant=tenant,
@@ -253,13 +280,37 @@ def _workload_spec(
         health=health,
         gpu=gpu,
         sharing=sharing,
-        priority=_priority(spec.get("priority", "normal"), "spec.priority"),
+        priority=priority,
         restart=restart,
         backoff_limit=backoff,
         deadline_seconds=deadline,
-        qos=read_choice(spec.get("qos", DEFAULT_QOS[kind]), "spec.qos", QOS_MODES),
-        weight=read_int(spec.get("weight", 1), "spec.weight", minimum=1, maximum=MAX_WEIGHT),
-        min_share_milli=_min_share(spec["min_share"]) if "min_share" in spec else 0,
+        qos=qos,
+        weight=weight,
+        min_share_milli=min_share,
+    )
+
+
+def _health_of(kind: WorkloadType, spec: dict[str, Any]) -> HealthCheck | None:
+    if "health" not in spec:
+        return None
+    if kind != "service":
+        raise InputError(
+            "a health check is for services only",
+            field="spec.health",
+            fix="remove health, or set type: service",
+        )
+    return _health(spec["health"], "spec.health")
+
+
+def _resources(spec: dict[str, Any]) -> tuple[GpuRequest, str | None]:
+    resources = read_mapping(
+        require(spec, "resources", "spec", fix="write resources: {gpu: {count: 1}}"),
+        "spec.resources",
+        ("gpu",),
+    )
+    return _gpu_request(
+        require(resources, "gpu", "spec.resources", fix="write gpu: {count: 1}"),
+        "spec.resources.gpu",
     )
 
 

@@ -178,10 +178,11 @@ def read_str(value: object, field: str, *, fix: str | None = None) -> str:
 
 
 def read_choice(value: object, field: str, choices: tuple[C, ...]) -> C:
-    """One of a closed set of words (``choices``, the ``get_args`` of a ``Literal``)."""
+    """One of a closed set of words (``choices``, the ``get_args`` of a ``Literal``), in any case."""
     fix = f"use one of: {', '.join(choices)}"
+    word = value.strip().lower() if isinstance(value, str) else value
     for choice in choices:
-        if value == choice:
+        if word == choice:
             return choice
     raise InputError(f"{kind_of(value)} is not a valid choice", field=field, fix=fix)
 

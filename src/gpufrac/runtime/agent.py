@@ -39,6 +39,7 @@ from typing import Literal, get_args
 from gpufrac.devices.health import DeviceHealth
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
+from gpufrac.model.advice import request_warnings
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
 from gpufrac.model.settings import OperatorSettings
@@ -263,6 +264,15 @@ class Agent:
         return True
 
     # -- views ----------------------------------------------------------------------------------
+
+    def warnings(self, spec: WorkloadSpec, decision: Decision | None) -> list[str]:
+        """What ``apply`` says about a request that was probably not meant as written."""
+        profile = None
+        if decision is not None and decision.mig is not None and decision.gpus:
+            g = self.scheduler.state.by_uuid.get(decision.gpus[0])
+            if g is not None and g.model.has_profile(decision.mig.profile):
+                profile = g.model.profile(decision.mig.profile)
+        return request_warnings(spec, profile)
 
     def latest_run(self, tenant: str, name: str, generation: int) -> Path | None:
         """The run directory of the newest attempt (its output.log is the workload's log)."""
