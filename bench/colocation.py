@@ -429,6 +429,13 @@ def summarize(cs: list[Cell]) -> tuple[list[dict[str, Any]], list[dict[str, Any]
                 firsts = [a / (a + b) if a + b else 0.0 for a, b in zip(*its, strict=True)]
                 r["first_share"] = statistics.median(firsts)
                 r["per_trainer"] = [statistics.median(x) for x in its]
+                # what the arbiter granted (turn time held), which CPU load on the host cannot skew
+                held = [
+                    float(c.result.get("arbiter", {}).get(f"bench/train{i}", {}).get("held_s") or 0)
+                    for i in range(2)
+                ]
+                if sum(held) > 0:
+                    r["granted_first_share"] = held[0] / sum(held)
         rows[c.name] = r
     solo_it = rows.get("trainer solo", {}).get("it_s")
     for r in rows.values():

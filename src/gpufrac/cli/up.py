@@ -153,7 +153,9 @@ def _done(specs: list[WorkloadSpec], states: dict[str, WorkloadState]) -> bool:
     jobs = [states.get(f"{s.tenant}/{s.name}") for s in specs if s.type == "job"]
     if any(j is None for j in jobs):
         return False
-    return not any(j.phase in ("running", "starting", "backoff") for j in jobs if j is not None)
+    return not any(
+        j.phase in ("running", "paused", "starting", "backoff") for j in jobs if j is not None
+    )
 
 
 def _view(

@@ -26,6 +26,7 @@ from gpufrac.model.manifest_fields import (
     read_mapping,
     read_memory_mib,
     read_milli,
+    read_share,
     read_str,
     read_str_map,
     read_text_file,
@@ -83,8 +84,6 @@ DEFAULT_RESTART: dict[WorkloadType, RestartPolicy] = {"service": "always", "job"
 DEFAULT_BACKOFF_LIMIT = 6
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")
-_PERCENT_DECIMAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
-MAX_MIN_SHARE_MILLI = 900  # at most 90%: the rest of the GPU stays with the arbiter's classes
 _EXAMPLE = "see docs/manifest.md for an example"
 
 
@@ -266,7 +265,10 @@ def _workload_spec(
     weight = p.check(
         lambda: read_int(spec.get("weight", 1), "spec.weight", minimum=1, maximum=MAX_WEIGHT), 1
     )
-    min_share = p.check(lambda: _min_share(spec["min_share"]) if "min_share" in spec else 0, 0)
+    min_share: int | None = p.check(
+        lambda: read_share(spec["min_share"], "spec.min_share") if "min_share" in spec else None,
+        None,
+    )
     p.raise_any()
     return WorkloadSpec(
         name=name,
@@ -312,19 +314,6 @@ def _resources(spec: dict[str, Any]) -> tuple[GpuRequest, str | None]:
         require(resources, "gpu", "spec.resources", fix="write gpu: {count: 1}"),
         "spec.resources.gpu",
     )
-
-
-def _min_share(value: object) -> int:
-    """``10%`` or ``0.1`` to thousandths of the GPU's busy time."""
-    field, fix = "spec.min_share", "write a percentage like 10%, or a number between 0 and 0.9"
-    match = _PERCENT_DECIMAL.match(value) if isinstance(value, str) else None
-    if match:
-        value = float(match.group(1)) / 100
-    elif isinstance(value, str | bool):
-        raise InputError(f"{kind_of(value)} is not a share", field=field, fix=fix)
-    if isinstance(value, int | float) and value == 0:
-        return 0
-    return read_milli(value, field, maximum=MAX_MIN_SHARE_MILLI, fix=fix)
 
 
 def _command(value: object) -> tuple[str, ...]:

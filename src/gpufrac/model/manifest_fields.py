@@ -285,6 +285,23 @@ def read_memory_mib(value: object, field: str, *, integer_only: bool = False) ->
     raise InputError(f"must be a memory size, not {kind_of(value)}", field=field, fix=fix)
 
 
+_PERCENT_DECIMAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+MAX_SHARE_MILLI = 900  # at most 90% of a GPU's busy time: the rest stays with the arbiter's classes
+
+
+def read_share(value: object, field: str) -> int:
+    """``10%`` or ``0.1`` to thousandths of a GPU's busy time (at most 90%)."""
+    fix = "write a percentage like 10%, or a number between 0 and 0.9"
+    match = _PERCENT_DECIMAL.match(value) if isinstance(value, str) else None
+    if match:
+        value = float(match.group(1)) / 100
+    elif isinstance(value, str | bool):
+        raise InputError(f"{kind_of(value)} is not a share", field=field, fix=fix)
+    if isinstance(value, int | float) and value == 0:
+        return 0
+    return read_milli(value, field, maximum=MAX_SHARE_MILLI, fix=fix)
+
+
 def read_milli(value: object, field: str, *, maximum: int | None, fix: str) -> int:
     """A positive number of GPUs to milli-GPU (``0.25`` -> 250), rounded to the nearest milli-GPU."""
     if not is_number(value):

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 from gpufrac.model.workload import QOS_MODES, QosMode, WorkloadSpec, WorkloadType
 
-__all__ = ["DEFAULT_QOS", "QOS_MODES", "QosParams", "mps_client_priority", "qos_params"]
+__all__ = [
+    "DEFAULT_QOS",
+    "QOS_MODES",
+    "QosParams",
+    "min_share_of",
+    "mps_client_priority",
+    "qos_params",
+]
 
 DEFAULT_QOS: dict[WorkloadType, QosMode] = {"service": "latency", "job": "throughput"}
 MAX_WEIGHT = 1000
@@ -59,10 +66,18 @@ def mps_client_priority(qos: QosMode) -> int:
     return 0 if qos == "latency" else 1
 
 
-def qos_params(spec: WorkloadSpec) -> QosParams:
+def min_share_of(spec: WorkloadSpec, job_min_share_milli: int = 0) -> int:
+    """The share a workload is guaranteed: its own ``min_share``, else the operator's default for
+    jobs (so a job never waits forever beside a busier class), else none."""
+    if spec.min_share_milli is not None:
+        return spec.min_share_milli
+    return job_min_share_milli if spec.type == "job" else 0
+
+
+def qos_params(spec: WorkloadSpec, job_min_share_milli: int = 0) -> QosParams:
     """What the arbiter is told about a workload."""
     return QosParams(
         rank=arbiter_rank(spec.priority, spec.qos),
         weight=spec.weight,
-        min_share_milli=spec.min_share_milli,
+        min_share_milli=min_share_of(spec, job_min_share_milli),
     )

@@ -22,6 +22,7 @@ from gpufrac.model.manifest_fields import (
     read_mapping,
     read_memory_mib,
     read_milli,
+    read_share,
     read_text_file,
 )
 
@@ -33,6 +34,7 @@ SETTINGS_FIELDS = (
     "qos_quantum_ms",
     "qos_preempt",
     "mig_reconfigure",
+    "job_min_share",
 )
 QosPreempt = Literal["overlap", "drain"]  # how a higher QoS class takes the GPU over
 PlacementPolicy = Literal["binpack", "spread"]
@@ -61,6 +63,8 @@ class OperatorSettings:
     qos_quantum_ms: int = 10  # the QoS arbiter's quantum: longest turn while others of a class wait
     qos_preempt: QosPreempt = "overlap"
     mig_reconfigure: MigReconfigure = "idle"
+    # the share of a shared GPU's busy time a job gets when it does not say (no job waits forever)
+    job_min_share_milli: int = 100
 
 
 def load_settings(data_dir: Path) -> OperatorSettings:
@@ -115,6 +119,9 @@ def parse_settings(text: str, *, source: str = SETTINGS_FILE) -> OperatorSetting
         mig_reconfigure=read_choice(
             raw.get("mig_reconfigure", "idle"), "mig_reconfigure", MIG_RECONFIGURE
         ),
+        job_min_share_milli=read_share(raw["job_min_share"], "job_min_share")
+        if "job_min_share" in raw
+        else 100,
     )
 
 

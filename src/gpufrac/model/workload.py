@@ -79,7 +79,9 @@ class WorkloadSpec:
     deadline_seconds: int | None = None  # jobs: stopped and failed after this long
     qos: QosMode = "throughput"  # model/qos.py maps it, with priority, to an arbiter class
     weight: int = 1  # share of its GPU within its class, relative to the others'
-    min_share_milli: int = 0  # thousandths of its GPU's busy time guaranteed while it wants a turn
+    # thousandths of its GPU's busy time guaranteed while it wants a turn; None: the operator's
+    # default for its type (settings.job_min_share for jobs, none for services)
+    min_share_milli: int | None = None
 
     def __hash__(self) -> int:
         return hash((self.tenant, self.name))

@@ -72,7 +72,7 @@ __all__ = [
 
 # Fields whose change applies to a running workload at once, without a restart (the QoS arbiter's).
 LIVE_FIELDS = frozenset({"priority", "qos", "weight", "min_share_milli"})
-Phase = Literal["pending", "starting", "running", "backoff", "succeeded", "failed"]
+Phase = Literal["pending", "starting", "running", "paused", "backoff", "succeeded", "failed"]
 PHASES: tuple[Phase, ...] = get_args(Phase)
 
 
@@ -175,17 +175,27 @@ class Agent:
         self.arbiter = ArbiterLink(
             data_dir / "arbiter", quantum_ms=settings.qos_quantum_ms, preempt=settings.qos_preempt
         )
-        self.qos = QosCare(self.store, self.arbiter, self.runs, self.failures)
+        self.health = DeviceHealth(dev)
+        self.busy_until: dict[str, float] = {}  # workload -> until when it is busy (note_busy)
+        self._paused: set[str] = set()  # workloads shown paused (for the pause/resume events)
+        self.qos = QosCare(
+            self.store,
+            self.arbiter,
+            self.runs,
+            self.failures,
+            self.health,
+            self.busy_until,
+            settings.job_min_share_milli,
+        )
         self.qos.resume_all()  # whatever a crashed agent's arbiter paused runs again
         states = dev.gpus()
         models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}
         self.scheduler = Scheduler(
             sched_gpus_from_states(states, models, self.store.mig_pins()), settings, recut=recut
         )
-        self.health = DeviceHealth(dev)
         self.mps = MpsDaemons(data_dir / "mps", enabled=not dev.simulated)
         self.memory = MemoryWatch(dev)
-        self.handover = Handover(dev, self.mps, self.arbiter.address)
+        self.handover = Handover(dev, self.mps, self.arbiter.address, settings.job_min_share_milli)
         self.mig = MigWorker(dev)
         self.executor = Executor(
             self.store,
@@ -259,11 +269,17 @@ class Agent:
         self.runs.remove(tenant, name)
         self.store.delete_workload(tenant, name)
         self.failures.forget(key)
+        self.busy_until.pop(key, None)
         if self.scheduler.knows(key):
             self.executor.record(self.scheduler.delete(tenant, name))
         return True
 
     # -- views ----------------------------------------------------------------------------------
+
+    def note_busy(self, key: str, seconds: float = 2.0) -> None:
+        """The workload is busy on its GPU for a while (the gateway has requests in flight to it):
+        as a transparent workload it may take its GPU from lower classes meanwhile."""
+        self.busy_until[key] = time.monotonic() + seconds
 
     def warnings(self, spec: WorkloadSpec, decision: Decision | None) -> list[str]:
         """What ``apply`` says about a request that was probably not meant as written."""
@@ -335,7 +351,29 @@ class Agent:
                     and s.phase in ("starting", "running")
                 ]
             )
+            states = [self._pause_shown(s) for s in states]
         return states
+
+    def _pause_shown(self, st: WorkloadState) -> WorkloadState:
+        """A running workload the QoS arbiter holds stopped shows ``paused``, with who has its GPU;
+        each pause and resume is an event."""
+        member = self.arbiter.latest.get(st.key) or {}
+        paused = st.phase == "running" and bool(member.get("paused"))
+        if paused != (st.key in self._paused):
+            if paused:
+                self._paused.add(st.key)
+                by = member.get("paused_by") or "a higher class"
+                self.store.record_event("paused", st.key, f"while {by} uses the GPU (QoS)")
+            else:
+                self._paused.discard(st.key)
+                self.store.record_event(
+                    "resumed", st.key, f"after {float(member.get('paused_s') or 0):.1f}s paused"
+                )
+        if not paused:
+            return st
+        by = member.get("paused_by") or "a higher class"
+        why = f"paused while {by} (a higher class) uses the GPU; resumes when it is idle"
+        return replace(st, phase="paused", reason=why)
 
     def _care_for_gpus(self) -> None:
         for what, fn in (

@@ -7,7 +7,10 @@ so tests drive it by counted quanta.
 
 One *domain* (a GPU, or a MIG instance) has at most one holder at a time. A *member* is a workload in a
 domain; it is *cooperative* while it has SDK clients connected (they ask for turns and give them back),
-else *transparent* (a process group taken as always wanting the GPU; not holding means SIGSTOP).
+else *transparent* (a process group; not holding means SIGSTOP). A transparent member wants the GPU
+only while the agent says it is *active* (its processes busy on the GPU by NVML's per-process reading,
+or requests in flight to it through the gateway), or always if it is guaranteed a min share: an idle
+service holds nothing, so it never stops a workload of a lower class.
 
 Who is served next, among the members that want a turn:
 1. a member below its ``min_share`` of the domain's busy time over the last ``window`` seconds (so low
@@ -82,6 +85,9 @@ class Member:
     last_release: float | None = None
     gap: float | None = None  # how soon it usually asks again after giving a turn back (EWMA)
     paused: bool = False
+    paused_since: float | None = None
+    paused_s: float = 0.0  # total time paused by signals
+    active: bool = True  # a transparent member: busy on the GPU now (the agent says)
     asked_to_yield: bool = False
     # clients whose turn a higher class took over (overlap), still draining: client -> since when
     taken_over: dict[int, float] = field(default_factory=dict)
@@ -95,7 +101,23 @@ class Member:
 
     @property
     def wants(self) -> bool:
-        return self.transparent or bool(self.waiting)
+        """A cooperative member wants a turn while a client waits; a transparent one while it is
+        busy, or always when it is guaranteed a min share (a job, by default: it has work to do,
+        and while it is paused its processes cannot show that they are busy)."""
+        if self.transparent:
+            return self.active or self.qos.min_share_milli > 0
+        return bool(self.waiting)
+
+    def pause(self, now: float) -> None:
+        self.paused, self.paused_since = True, now
+
+    def resume(self, now: float) -> None:
+        if self.paused_since is not None:
+            self.paused_s += max(0.0, now - self.paused_since)
+        self.paused, self.paused_since = False, None
+
+    def paused_total(self, now: float) -> float:
+        return self.paused_s + (now - self.paused_since if self.paused_since is not None else 0.0)
 
 
 @dataclass(slots=True)
@@ -133,9 +155,16 @@ class TurnPolicy:
     # -- membership -----------------------------------------------------------------------------
 
     def set_member(
-        self, key: str, domain: str, qos: QosParams, pgid: int | None, now: float
+        self,
+        key: str,
+        domain: str,
+        qos: QosParams,
+        pgid: int | None,
+        now: float,
+        active: bool = True,
     ) -> list[Action]:
-        """Register a workload, or change its class, weight, min share or process group live."""
+        """Register a workload, or change its class, weight, min share, process group or activity
+        live. A transparent holder that goes idle gives the GPU up at once."""
         out: list[Action] = []
         m = self.members.get(key)
         clients: set[int] = set()
@@ -158,9 +187,14 @@ class TurnPolicy:
         else:
             if m.paused and m.pgid is not None and m.pgid != pgid:
                 out.append(Resume(key, m.pgid))
-                m.paused = False
+                m.resume(now)
             m.qos, m.pgid = qos, pgid
-        return out + self._schedule(self.domains[domain], now)
+        m.active = active
+        d = self.domains[domain]
+        if d.holder == key and m.transparent and not active:
+            self._account(d, now)
+            d.holder, d.client = None, None
+        return out + self._schedule(d, now)
 
     def remove_member(self, key: str, now: float) -> list[Action]:
         """The agent no longer runs this workload here. A member whose SDK clients are still connected
@@ -172,7 +206,8 @@ class TurnPolicy:
             out: list[Action] = []
             if m.paused and m.pgid is not None:
                 out.append(Resume(key, m.pgid))
-            m.paused, m.pgid = False, None
+            m.resume(now)
+            m.pgid = None
             return out + self._schedule(self.domains[m.domain], now)
         return self._drop(key, now)
 
@@ -213,7 +248,7 @@ class TurnPolicy:
                 d.holder, d.client = None, None
             if m.paused and m.pgid is not None:
                 out.append(Resume(key, m.pgid))
-                m.paused = False
+                m.resume(now)
             out += self._schedule(d, now)
         return out
 
@@ -410,7 +445,7 @@ class TurnPolicy:
         if m.transparent:
             d.client = None
             if m.paused and m.pgid is not None:
-                m.paused = False
+                m.resume(now)
                 out.append(Resume(m.key, m.pgid))
         else:
             d.client = m.waiting.popleft()
@@ -428,10 +463,10 @@ class TurnPolicy:
             # workload of the same class shares the GPU natively, as without gpufrac
             blocked = holder is not None and self._key(holder, now)[:2] > self._key(m, now)[:2]
             if blocked and not m.paused:
-                m.paused = True
+                m.pause(now)
                 out.append(Pause(m.key, m.pgid))
             elif not blocked and m.paused:
-                m.paused = False
+                m.resume(now)
                 out.append(Resume(m.key, m.pgid))
         return out
 

@@ -26,6 +26,7 @@ class MemberSpec:
     domain: str
     qos: QosParams
     pgid: int | None
+    active: bool = True  # busy on the GPU now: a transparent member wants the GPU only then
 
 
 class ArbiterLink:
@@ -81,7 +82,13 @@ class ArbiterLink:
                     self.child.call(
                         "S "
                         + json.dumps(
-                            {"key": key, "domain": m.domain, "qos": m.qos.to_json(), "pgid": m.pgid}
+                            {
+                                "key": key,
+                                "domain": m.domain,
+                                "qos": m.qos.to_json(),
+                                "pgid": m.pgid,
+                                "active": m.active,
+                            }
                         )
                     )
                     self._sent[key] = m

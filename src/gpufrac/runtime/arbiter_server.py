@@ -153,7 +153,7 @@ class ArbiterServer:
         self._next_reap = now + REAP_SECONDS
         for m in list(self.policy.members.values()):
             if m.transparent and m.pgid is not None and not _group_alive(m.pgid):
-                m.paused = False
+                m.resume(now)
                 self._apply(self.policy.remove_member(m.key, now))
 
     def _stop(self) -> None:
@@ -164,7 +164,7 @@ class ArbiterServer:
         for m in self.policy.members.values():
             if m.paused and m.pgid is not None:
                 _signal(m.pgid, signal.SIGCONT)
-                m.paused = False
+                m.resume(time.monotonic())
         with contextlib.suppress(OSError):
             if os.stat(self.dir / SOCKET).st_ino == self._inode:  # not a newer arbiter's socket
                 (self.dir / SOCKET).unlink()
@@ -246,6 +246,7 @@ class ArbiterServer:
                     QosParams.from_json(_mapping(raw.get("qos") or {})),
                     pgid,
                     now,
+                    active=raw.get("active", True) is not False,
                 )
             )
             self._send(conn, "K {}")
@@ -292,7 +293,7 @@ class ArbiterServer:
         for key in gone:
             m = self.policy.members.get(key)
             if m is not None and m.pgid is not None and not _group_alive(m.pgid):
-                m.paused = False
+                m.resume(time.monotonic())
                 self._apply(self.policy.remove_member(key, time.monotonic()))
 
     def _trace(self, a: Action) -> None:
@@ -331,6 +332,9 @@ class ArbiterServer:
                     "mode": "transparent" if m.transparent else "cooperative",
                     "clients": len(m.clients),
                     "paused": m.paused,
+                    "paused_s": round(m.paused_total(now), 3),
+                    "paused_by": self.policy.domains[m.domain].holder if m.paused else None,
+                    "active": m.active,
                     "holding": self.policy.domains[m.domain].holder == m.key,
                     "turns": m.turns,
                     "held_s": round(m.held_s, 6),

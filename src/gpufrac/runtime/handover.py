@@ -24,10 +24,13 @@ def qos_domain(d: Decision, env: dict[str, str]) -> str:
 
 
 class Handover:
-    def __init__(self, dev: NvmlDevices, mps: MpsDaemons, arbiter_address: str) -> None:
+    def __init__(
+        self, dev: NvmlDevices, mps: MpsDaemons, arbiter_address: str, job_min_share_milli: int
+    ) -> None:
         self.dev = dev
         self.mps = mps
         self.arbiter_address = arbiter_address
+        self.job_min_share_milli = job_min_share_milli
 
     def env(
         self, spec: WorkloadSpec, decision: Decision, allocs: list[Allocation]
@@ -49,7 +52,7 @@ class Handover:
             "GPUFRAC_GPU_UUID": decision.gpus[0] if decision.gpus else "",
             **self.dev.sdk_env,
         }
-        qos = qos_params(spec)
+        qos = qos_params(spec, self.job_min_share_milli)
         env.update(
             {
                 "GPUFRAC_ARBITER": self.arbiter_address,

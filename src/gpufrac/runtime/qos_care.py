@@ -12,20 +12,25 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufrac.devices.errors import DeviceError
+from gpufrac.devices.health import DeviceHealth
 from gpufrac.model.qos import qos_params
 from gpufrac.model.workload import spec_from_json
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec
 from gpufrac.runtime.failures import Failures
 from gpufrac.runtime.handover import qos_domain
-from gpufrac.runtime.runs import Runs, write_json
+from gpufrac.runtime.runs import Runs, process_group, write_json
 from gpufrac.runtime.shim import read_status
 from gpufrac.runtime.store import Store
+
+ACTIVE_SM_PERCENT = 1  # a workload whose processes use at least this much of the SMs is busy
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,17 +44,30 @@ class Running:
 
 
 class QosCare:
-    def __init__(self, store: Store, arbiter: ArbiterLink, runs: Runs, failures: Failures) -> None:
+    def __init__(
+        self,
+        store: Store,
+        arbiter: ArbiterLink,
+        runs: Runs,
+        failures: Failures,
+        health: DeviceHealth,
+        busy_until: Mapping[str, float],
+        job_min_share_milli: int,
+    ) -> None:
         self.store = store
         self.arbiter = arbiter
         self.runs = runs
         self.failures = failures
+        self.health = health
+        self.busy_until = busy_until  # workload -> until when it is busy (requests in flight)
+        self.job_min_share_milli = job_min_share_milli
         self._written: dict[str, Any] = {}  # what each run's qos.json holds: written on change only
 
     def sync(self, running: Sequence[Running]) -> None:
         """Tell the arbiter which workloads share which GPU (or MIG instance), with their class."""
         members: dict[str, MemberSpec] = {}
         runs: dict[str, Path] = {}
+        readings: dict[str, dict[int, int] | None] = {}  # per GPU, NVML's SM use per pid
         for st in running:
             d = st.decision
             tenant, name = st.key.split("/", 1)
@@ -61,7 +79,12 @@ class QosCare:
             if status.done or not status.shim_alive or status.child_pid is None:
                 continue
             spec = spec_from_json(stored.spec)
-            members[st.key] = MemberSpec(qos_domain(d, st.env), qos_params(spec), status.child_pid)
+            members[st.key] = MemberSpec(
+                qos_domain(d, st.env),
+                qos_params(spec, self.job_min_share_milli),
+                status.child_pid,
+                self._active(st.key, d, status.child_pid, readings),
+            )
             runs[st.key] = run
         try:
             self.arbiter.sync(members)
@@ -76,6 +99,28 @@ class QosCare:
                 written[key] = got
         for key in [k for k in written if k not in runs]:
             del written[key]
+
+    def _active(
+        self, key: str, d: Decision, pgid: int, readings: dict[str, dict[int, int] | None]
+    ) -> bool:
+        """Busy on the GPU now: requests in flight to it (the gateway says), or its processes use
+        SMs (NVML's per-process reading, where the driver gives one). Without either, it is taken as
+        idle: a transparent workload then holds nothing, and stops no one (only an SDK workload's
+        turns, or a reading, show that it uses the GPU)."""
+        if self.busy_until.get(key, 0.0) > time.monotonic():
+            return True
+        if not d.gpus or d.mig is not None:
+            return False  # alone on its MIG instance: nothing to arbitrate against anyway
+        gpu = d.gpus[0]
+        if gpu not in readings:
+            try:
+                readings[gpu] = self.health.process_utilization(gpu)
+            except DeviceError:
+                readings[gpu] = None
+        by_pid = readings[gpu] or {}
+        return any(
+            sm >= ACTIVE_SM_PERCENT and process_group(pid) == pgid for pid, sm in by_pid.items()
+        )
 
     def resume_all(self) -> None:
         """SIGCONT every workload's process group (harmless for one that runs)."""

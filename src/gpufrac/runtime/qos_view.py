@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufrac.model.qos import qos_params
+from gpufrac.model.qos import min_share_of, qos_params
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.scheduler import Decision
 from gpufrac.runtime.agent import Agent
@@ -38,9 +38,12 @@ def workload_qos(
         "priority": spec.priority,
         "qos": spec.qos,
         "weight": spec.weight,
-        "min_share": spec.min_share_milli / 1000,
+        "min_share": min_share_of(spec, agent.settings.job_min_share_milli) / 1000,
         "mode": member.get("mode"),  # cooperative (SDK) | transparent (paused by signals) | None
         "paused": member.get("paused"),
+        "paused_by": member.get("paused_by"),
+        "paused_s": member.get("paused_s"),
+        "active": member.get("active"),
         "turns": member.get("turns"),
         "arbiter_share": member.get("share"),
         "measured_share": measured,

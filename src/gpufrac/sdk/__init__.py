@@ -61,6 +61,12 @@ def cap_torch_memory(device: int = 0) -> bool:
 
 def report_gpu_memory(mib: int) -> bool:
     """Simulated GPUs only: record that this process holds ``mib`` MiB on its GPU (or MIG instance)."""
+    return report_gpu_use(mib)
+
+
+def report_gpu_use(mib: int, sm_percent: int = 0) -> bool:
+    """Simulated GPUs only: record that this process holds ``mib`` MiB on its GPU (or MIG instance)
+    and keeps ``sm_percent`` of its SMs busy, as NVML would show a real process's use."""
     spec = os.environ.get("GPUFRAC_SIMULATE")
     gpu = os.environ.get("GPUFRAC_GPU_UUID")
     data = os.environ.get("GPUFRAC_DATA_DIR")
@@ -70,5 +76,7 @@ def report_gpu_memory(mib: int) -> bool:
 
     gi = os.environ.get("GPUFRAC_GI_ID", "")
     fleet = SimulatedFleet.open(spec, Path(data))
-    fleet.attach_process(gpu, os.getpid(), mib, gi_id=int(gi) if gi.isdigit() else None)
+    fleet.attach_process(
+        gpu, os.getpid(), mib, gi_id=int(gi) if gi.isdigit() else None, sm_util=sm_percent
+    )
     return True

@@ -116,6 +116,9 @@ class Deployments:
     ) -> None:
         now = time.monotonic()
         traffic = self.traffic.get(route_name(d), {})
+        for name, seen in traffic.get("replicas", {}).items():
+            if int(seen.get("outstanding", 0)) > 0:  # requests in flight: busy on its GPU
+                self.agent.note_busy(f"{d.tenant}/{name}")
         replicas = self.views(d, states)
         current = [r for r in replicas if r.template == d.template_hash and not r.draining]
         want = self._wanted(d, scaled, current, traffic, now)
@@ -227,7 +230,7 @@ class Deployments:
                     template=w.labels.get(TEMPLATE_LABEL, ""),
                     port=int(w.env.get("PORT", "0")),
                     phase=phase,
-                    ready=phase == "running",
+                    ready=phase in ("running", "paused"),
                     draining=key in self.draining,
                 )
             )

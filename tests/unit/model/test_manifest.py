@@ -93,7 +93,7 @@ def gpu(**fields: Any) -> dict[str, Any]:
         ({}, "qos", "throughput"),
         (SERVICE, "qos", "latency"),
         ({}, "weight", 1),
-        ({}, "min_share_milli", 0),
+        ({}, "min_share_milli", None),  # the operator's default for its type
         ({}, "command", ("python", "-c", "pass")),
         ({}, "gpu", GpuRequest(count=1)),
         ({**SERVICE, "spec.health": HTTP}, "health", HealthCheck("http", 8000, "/", 5, 0)),
