@@ -188,3 +188,27 @@ def test_mig_apply_through_the_agent_changes_only_what_differs_and_pins(
     )  # fmt: skip
     assert bad.returncode == 1
     assert "refused" in bad.stdout and "default/held" in bad.stdout and "unchanged" in bad.stdout
+
+
+def test_mig_endpoints_take_strict_bodies_and_change_nothing_on_bad_input(
+    small_agent: RunningAgent,
+) -> None:
+    gpus = httpx.get(small_agent.url + "/api/v1/gpus", timeout=10).json()["gpus"]
+    mig = next(g for g in gpus if g["mig_mode"]["current"] == "enabled")
+    plain = next(g for g in gpus if g["mig_mode"]["current"] == "disabled")
+    url = small_agent.url + f"/api/v1/gpus/{mig['index']}/mig"
+    layout = [{"profile": "7g.141gb", "start": 0}]
+    for body in (
+        b"",
+        b"not json",
+        b"[]",
+        json.dumps({"instancez": layout}).encode(),
+        json.dumps({"instances": layout, "drain": "no"}).encode(),
+        json.dumps({"instances": layout, "mig_enabled": "false"}).encode(),
+    ):
+        r = httpx.post(url, content=body, timeout=10)
+        assert r.status_code == 422, (body, r.status_code, r.text)
+        assert r.json()["detail"][0]["loc"]
+    assert mig_gpu(small_agent)["instances"] == []  # nothing was made
+    r = httpx.delete(small_agent.url + f"/api/v1/gpus/{plain['index']}/mig/pin", timeout=10)
+    assert r.status_code == 422 and "not in MIG mode" in r.text

@@ -11,10 +11,11 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from gpufrac import __version__
+from gpufrac.api.bodies import json_object
 from gpufrac.api.deployments_api import add_deployment_routes
 from gpufrac.api.metrics import render
 from gpufrac.api.service import AgentService
@@ -22,6 +23,7 @@ from gpufrac.api.tokens import ADMIN, Caller
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.manifest import parse_objects
+from gpufrac.model.manifest_fields import read_bool
 from gpufrac.model.mig import layout_from_json
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.scheduler import decision_to_json
@@ -29,6 +31,8 @@ from gpufrac.runtime.mig_apply import ApplyRefused
 from gpufrac.runtime.qos_view import workload_qos
 from gpufrac.runtime.shim import LOG
 from gpufrac.serving.deployments import gateway_path
+
+MIG_BODY = ("mig_enabled", "instances", "drain", "allow_mode_change", "pin")
 
 
 def _problem(e: InputError) -> JSONResponse:
@@ -275,22 +279,29 @@ def create_app(
         with ``pin`` (the default) the layout is kept as set until released. Refused with a 409
         (nothing changed) when not allowed."""
         admin_only(request)
-        raw = await request.json()
-        if not isinstance(raw, dict):
-            raise InputError(
-                "must be an object", field="body", fix='{"mig_enabled": true, "instances": [...]}'
-            )
+        raw = await json_object(
+            request, MIG_BODY, example='{"mig_enabled": true, "instances": [...]}'
+        )
         layout = layout_from_json(raw.get("instances", []), field="instances")
+        flags = {
+            name: read_bool(raw.get(name, default), name)
+            for name, default in (
+                ("mig_enabled", True),
+                ("drain", False),
+                ("allow_mode_change", False),
+                ("pin", True),
+            )
+        }
         try:
             with service.lock:
                 uuid = _gpu_uuid(gpu)
                 done = service.agent.apply_mig(
                     uuid,
-                    bool(raw.get("mig_enabled", True)),
+                    flags["mig_enabled"],
                     list(layout),
-                    drain=bool(raw.get("drain", False)),
-                    allow_mode_change=bool(raw.get("allow_mode_change", False)),
-                    pin=bool(raw.get("pin", True)),
+                    drain=flags["drain"],
+                    allow_mode_change=flags["allow_mode_change"],
+                    pin=flags["pin"],
                 )
                 pinned = uuid in service.agent.store.mig_pins()
         except ApplyRefused as e:
@@ -314,14 +325,13 @@ def create_app(
         return {"released": uuid, "placed": [d.workload for d in placed if d.outcome == "placed"]}
 
     @app.get("/api/v1/events")
-    def events(request: Request, limit: int = 100) -> dict[str, Any]:
+    def events(request: Request, limit: int = Query(100, ge=1, le=10_000)) -> dict[str, Any]:
+        """The newest events the caller may see (a tenant: its own workloads'), oldest first."""
         who = caller(request)
         with service.lock:
-            found = service.agent.store.events(limit=limit)
-        return {
-            "events": [
-                asdict(e) for e in found if who.admin or e.subject.startswith(f"{who.tenant}/")
-            ]
-        }
+            found = service.agent.store.events(
+                limit=limit, tenant=None if who.admin else who.tenant
+            )
+        return {"events": [asdict(e) for e in found]}
 
     return app

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, HTTPException, Request
 
+from gpufrac.api.bodies import json_object
 from gpufrac.model.deployment import DeploymentSpec, deployment_to_json
 from gpufrac.serving.deployments import gateway_path, route_name
 
@@ -86,8 +87,8 @@ def add_deployment_routes(
     @app.post("/api/v1/deployments/{tenant}/{name}/scale")
     async def scale(request: Request, tenant: str, name: str) -> dict[str, Any]:
         own(request, tenant, name)
-        body = await request.json()
-        replicas = body.get("replicas") if isinstance(body, dict) else None
+        body = await json_object(request, ("replicas",), example='{"replicas": 2}')
+        replicas = body.get("replicas")
         if not isinstance(replicas, int) or isinstance(replicas, bool) or not 0 <= replicas <= 1000:
             raise HTTPException(422, "replicas: give a whole number from 0 to 1000")
         with service.lock:

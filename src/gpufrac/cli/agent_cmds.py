@@ -13,10 +13,17 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.table import Table
 
+from gpufrac.cli.agent_client import (
+    AGENT_FILE,
+    DEFAULT_PORT,
+    ServerOpt,
+    answer,
+    call,
+    request,
+)
 from gpufrac.cli.common import (
     DataDirOpt,
     JsonOpt,
@@ -32,13 +39,6 @@ from gpufrac.errors import InputError
 from gpufrac.model.manifest import parse_objects
 from gpufrac.model.manifest_fields import read_text_file
 
-DEFAULT_PORT = 8470
-ServerOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--server", help="The agent's address (default: $GPUFRAC_SERVER or http://127.0.0.1:8470)."
-    ),
-]
 TenantOpt = Annotated[
     str | None,
     typer.Option(
@@ -66,7 +66,7 @@ def _find(server: str | None, kind: str, tenant: str, name: str) -> Any:
     """GET one workload or deployment; a 404 says where that name does exist, if anywhere."""
     r = request("GET", server, f"/api/v1/{kind}s/{tenant}/{name}")
     if r.status_code != 404:
-        return _answer(r)
+        return answer(r)
     raise fail(f"no {kind} {tenant}/{name}", 1, _elsewhere(server, kind, tenant, name))
 
 
@@ -152,76 +152,13 @@ def agent_command(
     service = AgentService(agent, gateway_port=gateway_port, gateway_host=gateway_host)
     auth = f", {len(tokens)} API token(s)" if tokens else ", no API tokens: loopback only"
     console.print(f"gpufrac agent on http://{host}:{port} (data: {data}{auth})", highlight=False)
-    uvicorn.run(create_app(service, tokens=tokens), host=host, port=port, log_level="warning")
-
-
-def find_agent(server: str | None, *, probe: bool = True) -> str | None:
-    """The address of a running agent: the one named, else (with ``probe``) one answering on the
-    default port."""
-    named = server or os.environ.get("GPUFRAC_SERVER")
-    if named:
-        return named.rstrip("/")
-    if not probe:
-        return None
-    url = f"http://127.0.0.1:{DEFAULT_PORT}"
+    here = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    address = data / AGENT_FILE  # how commands on this data directory find this agent
+    address.write_text(jsonlib.dumps({"url": f"http://{here}:{port}", "pid": os.getpid()}))
     try:
-        if httpx.get(url + "/api/v1/health", timeout=0.3).status_code == 200:
-            return url
-    except httpx.HTTPError:
-        return None
-    return None
-
-
-def _server(server: str | None) -> str:
-    return (
-        server or os.environ.get("GPUFRAC_SERVER") or f"http://127.0.0.1:{DEFAULT_PORT}"
-    ).rstrip("/")
-
-
-def request(method: str, server: str | None, path: str, **kw: Any) -> httpx.Response:
-    """One call to the agent, with the caller's token; an agent that cannot be reached is exit 2."""
-    url = _server(server) + path
-    token = os.environ.get("GPUFRAC_TOKEN")
-    headers = {**kw.pop("headers", {}), **({"authorization": f"Bearer {token}"} if token else {})}
-    try:
-        return httpx.request(method, url, timeout=30, headers=headers, **kw)
-    except httpx.HTTPError as e:
-        raise fail(
-            f"cannot reach the agent at {_server(server)} ({e})", 2, "start it with: gpufrac agent"
-        ) from None
-
-
-def answer_detail(r: httpx.Response, sep: str = "; ") -> str:
-    """The agent's explanation of a refusal (each problem of a 422 separated by ``sep``)."""
-    try:
-        detail = r.json().get("detail", r.text)
-    except ValueError:
-        return r.text
-    if isinstance(detail, list):
-        return sep.join(
-            f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}"
-            + (f" ({d['fix']})" if d.get("fix") else "")
-            for d in detail
-            if isinstance(d, dict)
-        )
-    return str(detail)
-
-
-def _call(method: str, server: str | None, path: str, **kw: Any) -> Any:
-    return _answer(request(method, server, path, **kw))
-
-
-def _answer(r: httpx.Response) -> Any:
-    """The agent's JSON answer, or exit: 2 for bad input (422), 1 for a refusal or not found."""
-    if r.status_code == 422:
-        raise fail(answer_detail(r, sep="\n") or r.text, 2)
-    if r.status_code == 409:
-        raise fail(r.json().get("detail", "refused"), 1)
-    if r.status_code in (401, 403, 404):
-        raise fail(r.json().get("detail", "not found"), 1)
-    if r.status_code >= 400:
-        raise fail(f"the agent answered {r.status_code}: {r.text}", 1)
-    return r.json()
+        uvicorn.run(create_app(service, tokens=tokens), host=host, port=port, log_level="warning")
+    finally:
+        address.unlink(missing_ok=True)
 
 
 def apply_command(
@@ -242,7 +179,7 @@ def apply_command(
             texts.append(text)
     results = []
     for text in texts:
-        results += _call(
+        results += call(
             "POST",
             server,
             "/api/v1/workloads",
@@ -305,7 +242,7 @@ def get_command(
     """List workloads, deployments or GPUs."""
     if what not in ("workloads", "deployments", "gpus"):
         raise fail(f"cannot get {what!r}: use workloads, deployments or gpus", 2)
-    data = _call("GET", server, f"/api/v1/{what}")
+    data = call("GET", server, f"/api/v1/{what}")
     if tenant is not None and what != "gpus":
         data = {what: [x for x in data[what] if x["tenant"] == tenant]}
     if json:
@@ -417,7 +354,7 @@ def delete_command(
     r = request("DELETE", server, f"/api/v1/{kind}s/{tenant_}/{name}")
     if r.status_code == 404:
         raise fail(f"no {kind} {tenant_}/{name}", 1, _elsewhere(server, kind, tenant_, name))
-    _answer(r)
+    answer(r)
     console.print(f"{tenant_}/{name} deleted", highlight=False)
 
 
@@ -442,7 +379,7 @@ def logs_command(
             raise fail(f"no workload or deployment {tenant_}/{name}", 1, hint)
         _deployment_logs(server, tenant_, name, tail, follow)
         return
-    _answer(r)
+    answer(r)
     with contextlib.suppress(KeyboardInterrupt):
         _follow_logs(server, tenant_, name, tail, follow, prefix="")
 
@@ -451,14 +388,14 @@ def _follow_logs(
     server: str | None, tenant: str, name: str, tail: int, follow: bool, *, prefix: str
 ) -> None:
     path = f"/api/v1/workloads/{tenant}/{name}"
-    data = _call("GET", server, path + "/logs", params={"tail": 0 if follow else tail})
+    data = call("GET", server, path + "/logs", params={"tail": 0 if follow else tail})
     lines = data["lines"]
     for line in lines[-tail:] if tail > 0 else lines:
         typer.echo(prefix + line)
     run, seen = data["run"], len(lines)
     while follow:
         time.sleep(0.5)
-        latest = _call("GET", server, path + "/logs", params={"tail": 0})
+        latest = call("GET", server, path + "/logs", params={"tail": 0})
         lines = latest["lines"]
         if latest["run"] != run:  # a new attempt
             typer.echo(f"{prefix}--- {latest['run']} ---")
@@ -468,7 +405,7 @@ def _follow_logs(
         for line in lines[seen:]:
             typer.echo(prefix + line)
         seen = len(lines)
-        if _call("GET", server, path)["phase"] in ("succeeded", "failed"):
+        if call("GET", server, path)["phase"] in ("succeeded", "failed"):
             break
 
 
@@ -478,7 +415,7 @@ def _deployment_logs(server: str | None, tenant: str, name: str, tail: int, foll
     runs: dict[str, str | None] = {}
     try:
         while True:
-            dep = _call("GET", server, f"/api/v1/deployments/{tenant}/{name}")
+            dep = call("GET", server, f"/api/v1/deployments/{tenant}/{name}")
             replicas = [r["name"] for r in dep["replicas"]]
             if not replicas and not seen:
                 err_console.print(
@@ -516,14 +453,14 @@ GpuArg = Annotated[str, typer.Argument(help="GPU index or UUID.")]
 def cordon_command(gpu: GpuArg, server: ServerOpt = None) -> None:
     """Stop placing new work on a GPU (what runs there stays)."""
     console.print(
-        f"cordoned {_call('POST', server, f'/api/v1/gpus/{gpu}/cordon')['cordoned']}",
+        f"cordoned {call('POST', server, f'/api/v1/gpus/{gpu}/cordon')['cordoned']}",
         highlight=False,
     )
 
 
 def uncordon_command(gpu: GpuArg, server: ServerOpt = None) -> None:
     """Let a GPU take new work again."""
-    r = _call("POST", server, f"/api/v1/gpus/{gpu}/uncordon")
+    r = call("POST", server, f"/api/v1/gpus/{gpu}/uncordon")
     console.print(
         f"uncordoned {r['uncordoned']}; placed now: {', '.join(r['placed']) or 'none'}",
         highlight=False,
@@ -532,7 +469,7 @@ def uncordon_command(gpu: GpuArg, server: ServerOpt = None) -> None:
 
 def drain_command(gpu: GpuArg, server: ServerOpt = None, json: JsonOpt = False) -> None:
     """Cordon a GPU and move its workloads elsewhere."""
-    r = _call("POST", server, f"/api/v1/gpus/{gpu}/drain")
+    r = call("POST", server, f"/api/v1/gpus/{gpu}/drain")
     if json:
         print_json(r)
         return
@@ -560,5 +497,5 @@ def scale_command(
         raise fail(
             f"no deployment {tenant_}/{name}", 1, _elsewhere(server, "deployment", tenant_, name)
         )
-    _answer(r)
+    answer(r)
     console.print(f"{tenant_}/{name}: {replicas} replica(s) wanted", highlight=False)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json as jsonlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from gpufrac.cli.agent_cmds import ServerOpt, answer_detail, find_agent
-from gpufrac.cli.agent_cmds import _call as agent_call
-from gpufrac.cli.agent_cmds import request as agent_request
+from gpufrac.cli.agent_client import ServerOpt, agent_holds, answer_detail, find_agent
+from gpufrac.cli.agent_client import call as agent_call
+from gpufrac.cli.agent_client import request as agent_request
 from gpufrac.cli.common import (
     DataDirOpt,
     JsonOpt,
@@ -25,12 +25,14 @@ from gpufrac.cli.common import (
     print_json,
 )
 from gpufrac.cli.mig_plan import DrainOpt, ModeOpt
+from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.config import simulate_spec
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
+from gpufrac.model.catalog import lookup_model
 from gpufrac.model.gpu import GpuState
 from gpufrac.model.manifest_fields import read_text_file
-from gpufrac.model.mig import format_layout
+from gpufrac.model.mig import check_layout, format_layout
 from gpufrac.model.migplan import MigAction, targets_from_json
 from gpufrac.planning.migparted import (
     MigPartedConfig,
@@ -53,20 +55,55 @@ ConfigNameOpt = Annotated[
 ]
 
 
+def _plan_targets(plan: Path) -> list[GpuTarget]:
+    try:
+        raw = jsonlib.loads(read_text_file(plan, field="--plan"))
+    except ValueError as e:
+        raise InputError(f"{plan} is not JSON: {e}", field="--plan") from None
+    return [
+        GpuTarget(u, enabled, layout)
+        for u, _, enabled, layout in targets_from_json(raw, field="--plan")
+    ]
+
+
+def _check_against(gpus: list[dict[str, Any]], targets: list[GpuTarget]) -> None:
+    """Bad input in a plan (a GPU the agent does not have, a layout no GPU of its model can hold)
+    changes nothing on any GPU: it is found before the first one is touched."""
+    known = {g["uuid"]: g for g in gpus}
+    problems = []
+    for i, t in enumerate(targets):
+        g = known.get(t.uuid)
+        where = f"--plan.gpus[{i}]"
+        if g is None:
+            problems.append(
+                InputError(
+                    f"the agent has no GPU {t.uuid}",
+                    field=f"{where}.uuid",
+                    fix="gpufrac get gpus lists its GPUs",
+                )
+            )
+            continue
+        if t.layout and g.get("model"):
+            bad = check_layout(lookup_model(g["model"]), t.layout)
+            if bad:
+                problems.append(
+                    InputError(
+                        f"layout {format_layout(t.layout)} is not valid on GPU {g['index']}: "
+                        + "; ".join(b.message for b in bad),
+                        field=f"{where}.instances",
+                    )
+                )
+    if problems:
+        raise InputError.many(problems)
+
+
 def _targets(
     dev: NvmlDevices, plan: Path | None, config: Path | None, name: str | None
 ) -> list[GpuTarget]:
     if (plan is None) == (config is None):
         raise InputError("give exactly one of --plan FILE or -f CONFIG -c NAME", field="--plan")
     if plan is not None:
-        try:
-            raw = jsonlib.loads(read_text_file(plan, field="--plan"))
-        except ValueError as e:
-            raise InputError(f"{plan} is not JSON: {e}", field="--plan") from None
-        return [
-            GpuTarget(u, enabled, layout)
-            for u, _, enabled, layout in targets_from_json(raw, field="--plan")
-        ]
+        return _plan_targets(plan)
     assert config is not None
     if not name:
         raise InputError("which config?", field="--selected-config", fix="pass -c NAME")
@@ -99,19 +136,40 @@ def apply_command(
 ) -> None:
     """Bring the GPUs to a plan or a mig-parted config: checked first, then changed; safe to re-run.
 
-    When a node agent runs (``--server``, ``$GPUFRAC_SERVER``, or one on the default port), the change
-    goes through it."""
+    When a node agent runs (``--server``, ``$GPUFRAC_SERVER``, the agent of the data directory, or
+    one on the default port), the change goes through it, one GPU at a time."""
+    data = resolve_data_dir(data_dir)
+    named = find_agent(server, probe=False, data=data)
+    if named is not None and plan is not None and not dry_run:  # no local GPUs needed
+        with handled_errors():
+            targets = _plan_targets(plan)
+            gpus = agent_call("GET", named, "/api/v1/gpus")["gpus"]
+            _check_against(gpus, targets)
+        outcomes = _through_agent(
+            named, gpus, targets, drain=drain, allow_mode_change=allow_mode_change
+        )
+        _report_per_gpu(outcomes, json)
+        raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
     with handled_errors(), devices(simulate, data_dir) as dev:
         targets = _targets(dev, plan, config_file, selected_config)
         field = "--plan" if plan is not None else "--config-file"
         # simulated GPUs are never handed to an agent found by chance on the default port
-        agent = None if dry_run else find_agent(server, probe=dev.simulated is False)
+        agent = None if dry_run else find_agent(server, probe=dev.simulated is False, data=data)
         if agent is not None:  # the agent owns MIG changes on its GPUs: it keeps its scheduler true
+            gpus = agent_call("GET", agent, "/api/v1/gpus")["gpus"]
+            _check_against(gpus, targets)
             outcomes = _through_agent(
-                agent, dev, targets, drain=drain, allow_mode_change=allow_mode_change
+                agent, gpus, targets, drain=drain, allow_mode_change=allow_mode_change
             )
             _report_per_gpu(outcomes, json)
             raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
+        if not dry_run and agent_holds(data):
+            raise InputError(
+                f"an agent runs on the data directory {data} but cannot be reached: it owns these "
+                "GPUs' MIG layouts",
+                field="--server",
+                fix="pass --server URL (or set GPUFRAC_SERVER) so the change goes through it",
+            )
         try:
             actions = diff_actions(
                 dev, targets, drain=drain, allow_mode_change=allow_mode_change, field=field
@@ -159,7 +217,7 @@ class GpuOutcome:
 
 def _through_agent(
     server: str,
-    dev: NvmlDevices,
+    gpus: list[dict[str, Any]],
     targets: list[GpuTarget],
     *,
     drain: bool,
@@ -167,7 +225,7 @@ def _through_agent(
 ) -> list[GpuOutcome]:
     """Each GPU of the plan through the agent, one at a time: a GPU already as asked is left alone, a
     refusal or failure on one GPU is reported and the others still go."""
-    index = {g.uuid: g.index for g in dev.gpus()}
+    index = {g["uuid"]: int(g["index"]) for g in gpus}
     out: list[GpuOutcome] = []
     for t in targets:
         body = {
@@ -181,7 +239,7 @@ def _through_agent(
         r = agent_request("POST", server, f"/api/v1/gpus/{t.uuid}/mig", json=body)
         if r.status_code != 200:
             result = "refused" if r.status_code in (409, 422) else "failed"
-            why = answer_detail(r)
+            why = answer_detail(r).removeprefix(f"GPU {where}: ")
             out.append(
                 GpuOutcome(t.uuid, where, result, why or f"the agent answered {r.status_code}")
             )
@@ -336,7 +394,7 @@ def _set_mode(
 ) -> None:
     verb = "enable" if enabled else "disable"
     results = []
-    agent = find_agent(None, probe=not simulate_spec(simulate))
+    agent = find_agent(None, probe=not simulate_spec(simulate), data=resolve_data_dir(data))
     with handled_errors(), devices(simulate, data) as dev:
         for g in _select(dev.gpus(), which):
             if (

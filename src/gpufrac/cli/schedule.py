@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from gpufrac.cli.agent_client import call, find_agent
 from gpufrac.cli.common import (
     DataDirOpt,
     JsonOpt,
@@ -32,9 +33,14 @@ from gpufrac.model.settings import (
     load_settings,
     parse_settings,
 )
-from gpufrac.model.workload import WorkloadSpec
+from gpufrac.model.workload import WorkloadSpec, spec_from_json
 from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
-from gpufrac.planning.scheduler import Decision, Scheduler, decision_to_json
+from gpufrac.planning.scheduler import (
+    Decision,
+    Scheduler,
+    decision_from_json,
+    decision_to_json,
+)
 from gpufrac.runtime.store import Store
 
 FilesArg = Annotated[
@@ -121,6 +127,7 @@ def schedule_command(
         chosen = None if policy is None else read_choice(policy, "--policy", PLACEMENT_POLICIES)
         fleet = _fleet(gpus, simulate, data_dir)
         sched = Scheduler(fleet, cfg, policy=chosen)
+        running = 0 if gpus is not None else _take_agent_placements(sched, data_dir)
         decisions: list[Decision] = []
         for spec in specs:
             decisions.extend(sched.submit(spec))
@@ -133,8 +140,10 @@ def schedule_command(
             }
         )
     else:
+        beside = f", beside the agent's {running} placed workload(s)" if running else ""
         t = Table(
-            title=f"scheduling {len(specs)} workload(s) on {len(fleet)} GPU(s) ({sched.policy})",
+            title=f"scheduling {len(specs)} workload(s) on {len(fleet)} GPU(s) ({sched.policy})"
+            + beside,
             title_justify="left",
         )
         for col in ("workload", "outcome", "mode", "where", "changes first", "reason"):
@@ -158,6 +167,21 @@ def schedule_command(
                 highlight=False,
             )
     raise typer.Exit(0 if all(d.outcome == "placed" for d in final.values()) else 1)
+
+
+def _take_agent_placements(sched: Scheduler, data: Path | None) -> int:
+    """On the live GPUs of a data directory an agent runs on, the dry run starts from what the agent
+    has placed (instances it gave out are taken, shares used): the same picture its scheduler has."""
+    url = find_agent(None, probe=False, data=resolve_data_dir(data))
+    if url is None:
+        return 0
+    taken = 0
+    for w in call("GET", url, "/api/v1/workloads")["workloads"]:
+        placed = w.get("placement") or {}
+        if placed.get("outcome") == "placed":
+            sched.restore(spec_from_json(w["spec"]), decision_from_json(placed))
+            taken += 1
+    return taken
 
 
 def _changes(d: Decision) -> str:

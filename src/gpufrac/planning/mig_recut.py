@@ -69,7 +69,7 @@ def _best(
     best: tuple[tuple[int, ...], Recut] | None = None
     for start in prof.placement_starts:
         new = MigPlacement(start, prof.name)
-        if new in owner:  # that very instance exists: taking it is not a re-cut
+        if new in owner or new in fixed:  # that very instance exists: not a place for a new one
             continue
         allowed = {*fixed, new, *owner}
         for lay in geo.layouts_containing((*fixed, new)):

@@ -299,18 +299,19 @@ class Scheduler:
                 else:
                     unfit.add(req.shape)
         failed: set[int] = set()  # shapes that did not fit: their twins will not
-        behind = False  # a MIG request ahead in the queue still waits: no re-cut for those after it
+        behind: set[str] = set()  # tenants with a MIG request waiting ahead: no re-cut after it
         for req in todo:
             if req.shape in failed:
                 continue
             spec = req.spec
             only = None if gpus is None or spec.tenant == tenant or spec.gpu.count else gpus
-            decisions = self._try(req, preempt=False, only=only, behind=behind)
+            decisions = self._try(req, preempt=False, only=only, behind=req.tenant in behind)
             if decisions[0].outcome == "placed":
                 out.extend(decisions)
             else:
                 failed.add(req.shape)
-                behind = behind or "mig" in req.kinds
+                if "mig" in req.kinds:
+                    behind.add(req.tenant)
 
         return out
 
@@ -338,8 +339,16 @@ class Scheduler:
                 # when no earlier MIG request of at least this priority waits (it serves the queue
                 # in order, so a later one cannot cut away the room the one before it waits for)
                 chosen = self._choose(req, mode, reasons, only, "create")
-                if not chosen and not (self._waits_behind(req) if behind is None else behind):
+                waits = self._waits_behind(req) if behind is None else behind
+                if not chosen and not waits:
                     chosen = self._choose(req, mode, reasons, only, allowed)
+                elif not chosen:
+                    reasons.insert(
+                        0,
+                        f"an earlier MIG request of tenant {req.tenant} waits: re-cuts serve a "
+                        "tenant's requests in order, so this one takes only free instances and "
+                        "free space for now",
+                    )
             else:
                 chosen = self._choose(req, mode, reasons, only, allowed)
             if chosen:
@@ -358,10 +367,15 @@ class Scheduler:
         return [Decision(key, "pending", reason)]
 
     def _waits_behind(self, req: SchedRequest) -> bool:
-        """Whether an earlier MIG request of at least ``req``'s priority is waiting."""
+        """Whether an earlier MIG request of the same tenant, of at least ``req``'s priority, is
+        waiting (one tenant's waiting request never holds another tenant's back)."""
         for key in self.pending.mig:
             other = self.requests[key]
-            if other.order < req.order and other.priority >= req.priority:
+            if (
+                other.tenant == req.tenant
+                and other.order < req.order
+                and other.priority >= req.priority
+            ):
                 return True
         return False
 
@@ -521,16 +535,27 @@ class Scheduler:
 
     def _why_none(self, req: SchedRequest, mode: Mode) -> str:
         if mode == "mig":
+            pinned = [
+                g.index
+                for g in self.state.mig_gpus
+                if g.pinned and g.schedulable and req.mig_profile(g.model) is not None
+            ]
+            held = (
+                f"; the MIG layout of GPU {', '.join(map(str, pinned))} is pinned by the operator "
+                f"(gpufrac mig release --gpu {pinned[0]} lets the agent cut it)"
+                if pinned
+                else ""
+            )
             match self.recut:
                 case "none":
                     return (
                         "no free MIG instance fits (mig_reconfigure is never: only existing "
                         "instances are used)"
                     )
-                case "whole_gpu" | "idle" | "drain":
+                case "create" | "whole_gpu" | "idle" | "drain":
                     return (
                         "no free MIG instance fits, none can be created beside the current ones, "
-                        "and no re-cut of idle instances makes room"
+                        "and no re-cut of idle instances makes room" + held
                     )
         st = self.state
         needs = [req.need(m, mode).memory_mib for m in st.plain_models] or [0]

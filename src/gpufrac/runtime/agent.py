@@ -220,9 +220,18 @@ class Agent:
             if placed is not None and placed[1].get("outcome") == "completed":
                 continue
             if placed is not None and placed[0] == w.generation:
-                self.scheduler.restore(spec, decision_from_json(placed[1]))
+                before = decision_from_json(placed[1])
+                self.scheduler.restore(spec, before)
+                why = self.scheduler.pending.get(w.key)
+                if before.outcome == "placed" and why is not None:
+                    # its placement no longer fits: it waits, and what was decided for it (a MIG
+                    # change not yet made, say) is not carried out
+                    self.runs.stop_live(w.tenant, w.name, f"its placement no longer fits: {why}")
+                    self.executor.record([Decision(w.key, "pending", why)])
             else:
                 self.executor.record(self.scheduler.submit(spec))
+        # what waits is tried again: the settings (mig_reconfigure, say) may have changed
+        self.executor.record(self.scheduler.retry_pending())
 
     def close(self) -> None:
         self.mig.close()
@@ -460,6 +469,8 @@ class Agent:
             return Step(s.state("backoff", failure.reason(self.clock())))
         status = s.status
         if status is not None and not status.done:
+            if status.shim_alive and status.child_pid is None:  # the shim is starting it
+                return Step(s.state("starting", "starting its process"))
             if status.shim_alive:
                 return self._running(s, status)
             assert s.latest is not None

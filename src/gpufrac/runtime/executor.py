@@ -26,6 +26,7 @@ from typing import assert_never
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.workload import spec_from_json
 from gpufrac.planning.sched_decision import (
+    MIG_ACTIONS,
     Decision,
     SchedAction,
     decision_from_json,
@@ -71,15 +72,17 @@ class Executor:
     # -- decisions ------------------------------------------------------------------------------
 
     def record(self, decisions: Sequence[Decision]) -> None:
-        """Store each decision with its workload's generation and carry out its evictions now."""
+        """Store each decision with its workload's generation, carry out its evictions now and
+        queue its MIG changes at once: the scheduler counts on them from this moment, so they are
+        made even if the workload goes before it starts (its instance is then simply free)."""
         for d in decisions:
+            for action in d.actions:
+                if action.kind == "evict" or action.kind in MIG_ACTIONS:
+                    self.carry_out(action)
             tenant, name = d.workload.split("/", 1)
             stored = self.store.workload(tenant, name)
             if stored is None:
                 continue
-            for action in d.actions:
-                if action.kind == "evict":
-                    self.carry_out(action)
             self.store.set_placement(tenant, name, stored.generation, decision_to_json(d))
             self.store.record_event(d.outcome, d.workload, d.reason or where(d))
 
@@ -141,6 +144,11 @@ class Executor:
         attempts = self.runs.attempts(tenant, name, stored.generation)
         if attempts and live(attempts[-1]):
             return  # one runs already (or is on its way): never twice
+        if (
+            decision.mig is not None
+            and self.dev.gpu(decision.gpus[0]).instance_at(decision.mig) is None
+        ):
+            raise ActionRefused(f"its MIG instance {decision.mig} is not there (yet)")
         spec = spec_from_json(stored.spec)
         if decision.mode == "mps" and decision.gpus and self.mps.ensure(decision.gpus[0]):
             self.store.record_event("mps_started", decision.gpus[0], "MPS control daemon started")
@@ -176,13 +184,24 @@ class Executor:
     # -- MIG changes ------------------------------------------------------------------------------
 
     def mig_needed(self, decision: Decision) -> tuple[SchedAction, ...]:
-        """The MIG actions of a placement that the device does not show done yet."""
+        """The MIG actions of a placement that the device does not show done yet; and the instance
+        the workload was given, whatever the decision says, if the device does not have it."""
         todo = []
+        gpu = self.dev.gpu(decision.gpus[0]) if decision.gpus else None
         for a in decision.mig_actions():
             assert a.gpu_uuid is not None and a.mig is not None
             present = self.dev.gpu(a.gpu_uuid).instance_at(a.mig) is not None
             if (a.kind == "destroy_mig_instance") == present:
                 todo.append(a)
+        if (
+            gpu is not None
+            and decision.mig is not None
+            and gpu.instance_at(decision.mig) is None
+            and not any(a.kind == "create_mig_instance" for a in todo)
+        ):
+            todo.append(
+                SchedAction("create_mig_instance", decision.workload, gpu.uuid, decision.mig)
+            )
         return tuple(todo)
 
     def record_mig(self) -> None:

@@ -12,7 +12,7 @@ from gpufrac.planning.sched_decision import Decision, SchedAction
 from gpufrac.planning.sched_state import EXTERNAL, SchedGpu
 from gpufrac.planning.scheduler import Scheduler
 from gpufrac.runtime.executor import Executor
-from gpufrac.runtime.mig_apply import ApplyRefused, GpuTarget, apply_targets
+from gpufrac.runtime.mig_apply import ApplyRefused, GpuTarget, apply_targets, diff_actions
 from gpufrac.runtime.mps import MpsDaemons
 from gpufrac.runtime.store import Store
 
@@ -120,6 +120,7 @@ class GpuCare:
         GPU whose mode changes) are moved elsewhere with ``drain``; without it the change is refused
         and nothing happens."""
         g = self.gpu(uuid)
+        self.executor.mig.wait_idle(uuid)  # MIG changes decided before this one are made first
         now = self.dev.gpu(uuid)
         wanted = tuple(sorted(layout)) if mig_enabled else ()
         if now.mig_enabled == mig_enabled and (not mig_enabled or now.layout == wanted):
@@ -132,25 +133,38 @@ class GpuCare:
             owners |= {a.workload for a in g.allocs.values()}
         if owners and not drain:
             raise ApplyRefused(
-                f"GPU {g.index}: the change would remove the GPU from under {', '.join(sorted(owners))} "
-                "(pass drain to move them elsewhere first)"
+                f"GPU {g.index}: the change would take the MIG instances (or the GPU) of "
+                f'{", ".join(sorted(owners))}; drain them first (--drain, or "drain": true '
+                "in the API), and they are placed elsewhere"
             )
+        # everything is checked before anything is touched: a bad or refused layout moves no one
+        diff_actions(
+            self.dev,
+            [GpuTarget(uuid, mig_enabled, wanted)],
+            drain=drain,
+            allow_mode_change=allow_mode_change,
+            field="instances",
+        )
         moved = [s for k in sorted(owners) if (s := self.scheduler.spec(k)) is not None]
         for spec in moved:
             key = f"{spec.tenant}/{spec.name}"
             why = f"moved off GPU {g.index}: its MIG layout is changed by the operator"
             self.executor.carry_out(SchedAction("evict", key, reason=why))
             self.executor.record(self.scheduler.delete(spec.tenant, spec.name))
-        with self.executor.mig.gpu_lock(uuid):
-            done = apply_targets(
-                self.dev,
-                [GpuTarget(uuid, mig_enabled, wanted)],
-                drain=drain,
-                allow_mode_change=allow_mode_change,
-            )
-        after = self.dev.gpu(uuid)
-        pinned = pin and after.mig_enabled
-        self.scheduler.relayout(uuid, after.mig_enabled, list(after.layout), pinned=pinned)
+        try:
+            with self.executor.mig.gpu_lock(uuid):
+                done = apply_targets(
+                    self.dev,
+                    [GpuTarget(uuid, mig_enabled, wanted)],
+                    drain=drain,
+                    allow_mode_change=allow_mode_change,
+                )
+        finally:  # changed or rolled back: the scheduler takes what the GPU is now
+            after = self.dev.gpu(uuid)
+            pinned = pin and after.mig_enabled and after.layout == wanted
+            self.scheduler.relayout(uuid, after.mig_enabled, list(after.layout), pinned=pinned)
+            for spec in moved:
+                self.executor.record(self.scheduler.submit(spec))
         if pinned:
             self.store.pin_mig(uuid)
         else:
@@ -161,14 +175,18 @@ class GpuCare:
             f"{len(done)} action(s); MIG {after.mig_current}"
             + ("; layout pinned" if pinned else ""),
         )
-        for spec in moved:
-            self.executor.record(self.scheduler.submit(spec))
         self.executor.record(self.scheduler.retry_pending())
         return done
 
     def release_mig(self, uuid: str) -> list[Decision]:
         """Let the agent re-cut this GPU's MIG layout for waiting workloads again."""
         g = self.gpu(uuid)
+        if not g.mig:
+            raise InputError(
+                f"GPU {g.index} is not in MIG mode: it has no MIG layout to release",
+                field="gpu",
+                fix="gpufrac get gpus shows which GPUs are in MIG mode",
+            )
         self.store.unpin_mig(uuid)
         decisions = self.scheduler.set_pinned(g.uuid, False)
         self.executor.record(decisions)

@@ -12,6 +12,7 @@ actions. ``gpu_lock`` is held for every change of a GPU's MIG layout, also an op
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +77,16 @@ class MigWorker:
                 a.kind == "destroy_mig_instance" and a.gpu_uuid == uuid and a.mig == placement
                 for a in self._open
             )
+
+    def wait_idle(self, uuid: str, timeout: float = 60.0) -> bool:
+        """Wait until no MIG action of GPU ``uuid`` is queued or under way (False: timed out)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._mu:
+                if not any(a.gpu_uuid == uuid for a in self._open):
+                    return True
+            time.sleep(0.01)
+        return False
 
     def take(self) -> list[MigOutcome]:
         """What was done since the last call."""

@@ -362,12 +362,18 @@ class Store:
             (time.time(), kind, subject, message),
         )
 
-    def events(self, subject: str | None = None, *, limit: int = 100) -> list[Event]:
+    def events(
+        self, subject: str | None = None, *, limit: int = 100, tenant: str | None = None
+    ) -> list[Event]:
+        """The newest ``limit`` events (of one subject, or of one tenant's workloads), oldest first."""
         sql = "SELECT id, at, kind, subject, message FROM events"
         args: tuple[Any, ...] = ()
         if subject is not None:
             sql += " WHERE subject = ?"
             args = (subject,)
+        elif tenant is not None:  # tenant names are DNS labels: no LIKE wildcard in them
+            sql += " WHERE subject LIKE ?"
+            args = (f"{tenant}/%",)
         rows = self.db.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [Event(int(r[0]), float(r[1]), r[2], r[3], r[4]) for r in reversed(rows)]
 

@@ -244,3 +244,35 @@ def test_a_large_idle_instance_is_the_last_to_be_cut_up() -> None:
         "1g.18gb@4",
         "1g.18gb@5",
     ]
+
+
+def test_a_busy_instance_of_the_profile_asked_for_does_not_hide_the_other_places() -> None:
+    # a busy 3g at 4, idle 1g at 0-3: a second 3g goes at 0, the four 1g destroyed
+    owners: dict[MigPlacement, str | None] = {
+        MigPlacement(4, "3g.71gb"): "b/busy",
+        **{MigPlacement(i, "1g.18gb"): None for i in range(4)},
+    }
+    got = best_recut(H200, owners, "3g.71gb")
+    assert got is not None and str(got.create) == "3g.71gb@0" and len(got.destroy) == 4
+
+
+def test_one_tenants_waiting_request_never_holds_another_tenant_back() -> None:
+    s = Scheduler(mig_fleet())
+    fill_with_ones(s)
+    for i in (4, 5, 6):  # slots 4-6 go idle
+        owner = s.state.gpus[0].instances[MigPlacement(i, "1g.18gb")]
+        assert owner is not None
+        s.delete(*owner.split("/"))
+    alpha = WorkloadSpec(
+        name="big", gpu=GpuRequest(mig_profile="7g.141gb"), command=("x",), tenant="alpha"
+    )
+    assert s.submit(alpha)[0].outcome == "pending"  # waits for the whole GPU
+    bravo = WorkloadSpec(
+        name="mid", gpu=GpuRequest(mig_profile="3g.71gb"), command=("x",), tenant="bravo"
+    )
+    assert s.submit(bravo)[0].outcome == "placed"  # a re-cut, though alpha waits
+    again = WorkloadSpec(
+        name="mid2", gpu=GpuRequest(mig_profile="2g.35gb"), command=("x",), tenant="alpha"
+    )
+    d = s.submit(again)[0]  # alpha's own later request does not cut away alpha's room
+    assert d.outcome == "pending" and "an earlier MIG request of tenant alpha waits" in d.reason

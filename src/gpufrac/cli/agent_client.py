@@ -1,0 +1,118 @@
+"""The CLI's side of the agent's API: finding the agent, calling it, reading its answers.
+
+An agent is found by ``--server``, then ``$GPUFRAC_SERVER``, then the agent running on the data
+directory (it writes where it listens to ``DATA_DIR/agent.json``), then one answering on the default
+port. Answers map to exit codes: 2 for bad input (422), 1 for a refusal or something not found.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+
+from gpufrac.cli.common import fail
+
+DEFAULT_PORT = 8470
+ServerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--server", help="The agent's address (default: $GPUFRAC_SERVER or http://127.0.0.1:8470)."
+    ),
+]
+AGENT_FILE = "agent.json"
+
+
+def agent_holds(data: Path) -> bool:
+    """Whether a running agent (or ``gpufrac up``) holds this data directory."""
+    lock = data / "agent.lock"
+    if not lock.exists():
+        return False
+    with open(lock, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
+def find_agent(server: str | None, *, probe: bool = True, data: Path | None = None) -> str | None:
+    """The address of a running agent: the one named, else the one running on ``data`` (it says
+    where in ``agent.json``), else (with ``probe``) one answering on the default port."""
+    named = server or os.environ.get("GPUFRAC_SERVER")
+    if named:
+        return named.rstrip("/")
+    if data is not None and agent_holds(data):
+        try:
+            url = json.loads((data / AGENT_FILE).read_text()).get("url")
+        except (OSError, ValueError, AttributeError):
+            url = None
+        if isinstance(url, str):
+            return url.rstrip("/")
+    if not probe:
+        return None
+    url = f"http://127.0.0.1:{DEFAULT_PORT}"
+    try:
+        if httpx.get(url + "/api/v1/health", timeout=0.3).status_code == 200:
+            return url
+    except httpx.HTTPError:
+        return None
+    return None
+
+
+def _server(server: str | None) -> str:
+    return (
+        server or os.environ.get("GPUFRAC_SERVER") or f"http://127.0.0.1:{DEFAULT_PORT}"
+    ).rstrip("/")
+
+
+def request(method: str, server: str | None, path: str, **kw: Any) -> httpx.Response:
+    """One call to the agent, with the caller's token; an agent that cannot be reached is exit 2."""
+    url = _server(server) + path
+    token = os.environ.get("GPUFRAC_TOKEN")
+    headers = {**kw.pop("headers", {}), **({"authorization": f"Bearer {token}"} if token else {})}
+    try:
+        return httpx.request(method, url, timeout=30, headers=headers, **kw)
+    except httpx.HTTPError as e:
+        raise fail(
+            f"cannot reach the agent at {_server(server)} ({e})", 2, "start it with: gpufrac agent"
+        ) from None
+
+
+def answer_detail(r: httpx.Response, sep: str = "; ") -> str:
+    """The agent's explanation of a refusal (each problem of a 422 separated by ``sep``)."""
+    try:
+        detail = r.json().get("detail", r.text)
+    except ValueError:
+        return r.text
+    if isinstance(detail, list):
+        return sep.join(
+            f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}"
+            + (f" ({d['fix']})" if d.get("fix") else "")
+            for d in detail
+            if isinstance(d, dict)
+        )
+    return str(detail)
+
+
+def call(method: str, server: str | None, path: str, **kw: Any) -> Any:
+    return answer(request(method, server, path, **kw))
+
+
+def answer(r: httpx.Response) -> Any:
+    """The agent's JSON answer, or exit: 2 for bad input (422), 1 for a refusal or not found."""
+    if r.status_code == 422:
+        raise fail(answer_detail(r, sep="\n") or r.text, 2)
+    if r.status_code == 409:
+        raise fail(r.json().get("detail", "refused"), 1)
+    if r.status_code in (401, 403, 404):
+        raise fail(r.json().get("detail", "not found"), 1)
+    if r.status_code >= 400:
+        raise fail(f"the agent answered {r.status_code}: {r.text}", 1)
+    return r.json()
