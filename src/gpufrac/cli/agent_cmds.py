@@ -259,13 +259,25 @@ def get_command(
 
         for g in data["gpus"]:
             console.print(render_gpu(_gpu_from_json(g, GpuState)))
+            notes = [
+                "MIG layout pinned by the operator (gpufrac mig release --gpu "
+                f"{g['index']} lets the agent re-cut it)"
+                if g.get("mig_layout_pinned")
+                else "",
+                f"cordoned: {g['cordoned']}" if g.get("cordoned") else "",
+            ]
+            for note in filter(None, notes):
+                console.print(f"  GPU {g['index']}: {note}", highlight=False)
         return
     t = Table()
     for col in ("tenant", "name", "phase", "restarts", "where", "reason"):
         t.add_column(col, overflow="fold")
     for w in data["workloads"]:
         p = w.get("placement") or {}
+        p = p.get("where") or p  # a finished workload keeps where it ran
         where = f"{p.get('mode')} {' '.join(p.get('gpus', []))}".strip() if p.get("gpus") else ""
+        if p.get("mig"):
+            where += f" {p['mig']['profile']}@{p['mig']['start']}"
         t.add_row(w["tenant"], w["name"], w["phase"], str(w["restarts"]), where, w["reason"])
     console.print(t)
 
