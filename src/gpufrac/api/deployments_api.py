@@ -11,6 +11,7 @@ from fastapi import FastAPI, HTTPException, Request
 
 from gpufrac.api.bodies import json_object
 from gpufrac.model.deployment import DeploymentSpec, deployment_to_json
+from gpufrac.runtime.shim import LOG
 from gpufrac.serving.deployments import gateway_path, route_name
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ def deployment_view(service: AgentService, d: DeploymentSpec, scaled: int | None
                 "mode": st.decision.mode if st and st.decision else None,
                 "outstanding": per_replica.get(r.name, {}).get("outstanding", 0),
                 "served": per_replica.get(r.name, {}).get("served", 0),
+                "reason": st.reason if st else "",
+                "last_error": _last_error(service, d.tenant, r.name, st),
             }
         )
     wanted = scaled if scaled is not None else d.replicas
@@ -48,6 +51,21 @@ def deployment_view(service: AgentService, d: DeploymentSpec, scaled: int | None
         "traffic": {k: v for k, v in traffic.items() if k != "replicas"},
         "spec": deployment_to_json(d),
     }
+
+
+def _last_error(service: AgentService, tenant: str, name: str, st: Any) -> str | None:
+    """The last line a replica that failed wrote (its traceback's last line, say), so a deployment
+    whose replicas never get ready says why."""
+    if st is None or st.phase not in ("backoff", "failed") and st.exit_code in (None, 0):
+        return None
+    stored = service.agent.store.workload(tenant, name)
+    run = service.agent.latest_run(tenant, name, stored.generation) if stored else None
+    try:
+        lines = (run / LOG).read_text(errors="replace").splitlines() if run else []
+    except OSError:
+        return None
+    last = next((line.strip() for line in reversed(lines) if line.strip()), None)
+    return None if last is None else last[-300:]
 
 
 def add_deployment_routes(

@@ -336,7 +336,15 @@ def describe_command(
     for k, v in sorted(w["env"].items()):
         console.print(f"  {k}={v}", highlight=False)
     for e in w.get("events", []):
-        console.print(f"  event {e['kind']}: {e['message']}", highlight=False)
+        console.print(f"  {_when(e['at'])} {e['kind']}: {e['message']}", highlight=False)
+
+
+def _when(at: float) -> str:
+    """An event's time, local, to the second (the date too when it is not today)."""
+    t = time.localtime(at)
+    today = time.localtime()
+    same = (t.tm_year, t.tm_yday) == (today.tm_year, today.tm_yday)
+    return time.strftime("%H:%M:%S" if same else "%Y-%m-%d %H:%M:%S", t)
 
 
 def _share_text(q: dict[str, Any]) -> str:

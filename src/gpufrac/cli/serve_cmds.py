@@ -61,6 +61,13 @@ def print_deployment(d: dict[str, Any]) -> None:
             str(r["port"]), str(r["outstanding"]), str(r["served"]), note,
         )  # fmt: skip
     console.print(t)
+    for r in d["replicas"]:
+        if r.get("last_error"):
+            console.print(
+                f"  [red]{r['name']}[/] ({r['phase']}: {r.get('reason') or ''}) last wrote: "
+                f"{r['last_error']}",
+                highlight=False,
+            )
     for e in d.get("events", []):
         if e["kind"] in ("scaled", "autoscaler", "replica_removed", "deployment_applied"):
             stamp = time.strftime("%H:%M:%S", time.localtime(e["at"]))

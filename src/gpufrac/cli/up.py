@@ -132,6 +132,10 @@ def up_command(
         signal.signal(signal.SIGTERM, previous)
 
 
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
 def _load_steps(text: str | None, deployments: list[DeploymentSpec]) -> list[int]:
     if text is None:
         return []
@@ -224,6 +228,7 @@ def _summary(
     for col in cols:
         t.add_column(col, overflow="fold")
     limits = 0
+    told: list[str] = []  # evictions and pauses, named after the table
     index = {g.uuid: f"GPU {g.index}" for g in agent.dev.gpus()}
     for s in specs:
         key = f"{s.tenant}/{s.name}"
@@ -256,8 +261,26 @@ def _summary(
             else "-"
         )
         notes = ", ".join(
-            sorted({k for k in kinds if k in ("restarted", "memory_limit", "evicted", "preempted")})
+            sorted(
+                {
+                    k
+                    for k in kinds
+                    if k in ("restarted", "memory_limit", "evicted", "paused", "action_failed")
+                }
+            )
         )
+        for e in events:
+            if e.kind == "evicted":
+                told.append(f"{key} was evicted at {_clock(e.at)}: {e.message}")
+        pauses = kinds.count("paused")
+        if pauses:
+            held = float(str(qos.get("paused_s") or 0)) if qos else 0.0
+            by = next((e.message for e in events if e.kind == "paused"), "")
+            told.append(
+                f"{key} was paused {pauses} time(s)"
+                + (f", {held:.1f}s in all" if held else "")
+                + f" ({by})"
+            )
         t.add_row(
             key,
             placed.split(" on ", 1)[-1] if placed else (st.reason if st else ""),
@@ -269,6 +292,8 @@ def _summary(
             notes,
         )
     console.print(t)
+    for line in told:
+        console.print(f"  [yellow]note[/]: {line}", highlight=False)
     done = sum(1 for s in states.values() if s.phase == "succeeded")
     console.print(
         f"{len(specs)} workloads: {done} succeeded, {sum(1 for s in states.values() if s.phase == 'failed')} failed; memory limits enforced: {limits}",

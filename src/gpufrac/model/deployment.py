@@ -95,6 +95,10 @@ class DeploymentSpec:
             labels={**t.labels, LABEL: self.name, TEMPLATE_LABEL: self.template_hash},
             health=health,
             restart="always",
+            # replicas beyond the minimum are the autoscaler's: they wait rather than evict anyone
+            preemption="never"
+            if self.autoscale is not None and index >= self.autoscale.min_replicas
+            else t.preemption,
         )
 
 

@@ -36,12 +36,14 @@ from gpufrac.model.mig import parse_profile_name
 from gpufrac.model.qos import DEFAULT_QOS, MAX_WEIGHT, QOS_MODES
 from gpufrac.model.workload import (
     MILLI,
+    PREEMPTION_POLICIES,
     PRIORITY_NAMES,
     RESTART_POLICIES,
     SHARING_MODES,
     WORKLOAD_TYPES,
     GpuRequest,
     HealthCheck,
+    Preemption,
     RestartPolicy,
     Sharing,
     WorkloadSpec,
@@ -63,6 +65,7 @@ SPEC_FIELDS = (
     "resources",
     "sharing",
     "priority",
+    "preemption",
     "restart",
     "backoff_limit",
     "deadline_seconds",
@@ -258,6 +261,12 @@ def _workload_spec(
         None,
     )
     priority = p.check(lambda: _priority(spec.get("priority", "normal"), "spec.priority"), 0)
+    preemption: Preemption = p.check(
+        lambda: read_choice(
+            spec.get("preemption", "lower-priority"), "spec.preemption", PREEMPTION_POLICIES
+        ),
+        "lower-priority",
+    )
     qos = p.check(
         lambda: read_choice(spec.get("qos", DEFAULT_QOS[kind]), "spec.qos", QOS_MODES),
         DEFAULT_QOS[kind],
@@ -283,6 +292,7 @@ def _workload_spec(
         gpu=gpu,
         sharing=sharing,
         priority=priority,
+        preemption=preemption,
         restart=restart,
         backoff_limit=backoff,
         deadline_seconds=deadline,

@@ -18,11 +18,15 @@ RestartPolicy = Literal["always", "on-failure", "never"]
 ProbeKind = Literal["http", "tcp"]
 QosMode = Literal["latency", "throughput"]
 RequestKind = Literal["count", "fraction", "mig", "memory"]
+Preemption = Literal[
+    "lower-priority", "never"
+]  # may it evict others (Kubernetes' preemptionPolicy)
 MODES: tuple[Mode, ...] = get_args(Mode)
 SHARING_MODES: tuple[Sharing, ...] = get_args(Sharing)
 WORKLOAD_TYPES: tuple[WorkloadType, ...] = get_args(WorkloadType)
 RESTART_POLICIES: tuple[RestartPolicy, ...] = get_args(RestartPolicy)
 QOS_MODES: tuple[QosMode, ...] = get_args(QosMode)
+PREEMPTION_POLICIES: tuple[Preemption, ...] = get_args(Preemption)
 MILLI = 1000
 
 
@@ -74,6 +78,7 @@ class WorkloadSpec:
     health: HealthCheck | None = None
     sharing: Sharing = "auto"
     priority: int = PRIORITY_NAMES["normal"]  # higher is more important
+    preemption: Preemption = "lower-priority"  # never: it waits rather than evict anyone
     restart: RestartPolicy = "on-failure"
     backoff_limit: int = 6  # jobs: restarts before the job is failed
     deadline_seconds: int | None = None  # jobs: stopped and failed after this long

@@ -358,10 +358,12 @@ class Scheduler:
                 return [placed]
         if only is not None or scope is not None:  # a cheap retry found nothing: the reason stays
             return [Decision(key, "pending", self.pending[key])]
-        if preempt:
+        if preempt and req.spec.preemption != "never":
             plan = preemption(self.state, req, self.settings, self.recut)
             if plan is not None:
                 return self._preempt(req, *plan)
+        elif preempt and self.state.min_priority() < req.priority:
+            reasons.append("it evicts no one (preemption: never)")
         reason = "; ".join(dict.fromkeys(reasons)) or "no GPU has room"
         self.pending[key] = reason
         return [Decision(key, "pending", reason)]

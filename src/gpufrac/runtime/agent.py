@@ -71,7 +71,7 @@ __all__ = [
 ]
 
 # Fields whose change applies to a running workload at once, without a restart (the QoS arbiter's).
-LIVE_FIELDS = frozenset({"priority", "qos", "weight", "min_share_milli"})
+LIVE_FIELDS = frozenset({"priority", "qos", "weight", "min_share_milli", "preemption"})
 Phase = Literal["pending", "starting", "running", "paused", "backoff", "succeeded", "failed"]
 PHASES: tuple[Phase, ...] = get_args(Phase)
 

@@ -289,7 +289,8 @@ class Deployments:
             "max_concurrency": d.max_concurrency,
             "queue_limit": d.queue_limit,
             "timeout_s": d.timeout_seconds,
-            "cold_start_timeout_s": max(d.timeout_seconds, 120.0),
+            # no ready replica: a request waits for one no longer than any request waits
+            "cold_start_timeout_s": d.timeout_seconds,
         }
         line = "C " + _json(msg)
         if self._sent.get(d.key) == line or not self.gateway.running:
