@@ -56,7 +56,7 @@ def deployment_view(service: AgentService, d: DeploymentSpec, scaled: int | None
 def _last_error(service: AgentService, tenant: str, name: str, st: Any) -> str | None:
     """The last line a replica that failed wrote (its traceback's last line, say), so a deployment
     whose replicas never get ready says why."""
-    if st is None or st.phase not in ("backoff", "failed") and st.exit_code in (None, 0):
+    if st is None or (st.phase not in ("backoff", "failed") and st.exit_code in (None, 0)):
         return None
     stored = service.agent.store.workload(tenant, name)
     run = service.agent.latest_run(tenant, name, stored.generation) if stored else None
