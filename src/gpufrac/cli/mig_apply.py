@@ -5,7 +5,7 @@ from __future__ import annotations
 import json as jsonlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -53,6 +53,19 @@ ConfigOpt = Annotated[
 ConfigNameOpt = Annotated[
     str | None, typer.Option("--selected-config", "-c", help="Which config of the file.")
 ]
+
+
+def _apply_through(
+    url: str, targets: list[GpuTarget], *, drain: bool, allow_mode_change: bool, json: bool
+) -> NoReturn:
+    """The whole plan checked against the agent's GPUs (bad input changes nothing), then each GPU
+    through the agent; exits 0 when every GPU is as asked, 1 when one was refused or failed."""
+    with handled_errors():
+        gpus = agent_call("GET", url, "/api/v1/gpus")["gpus"]
+        _check_against(gpus, targets)
+    outcomes = _through_agent(url, gpus, targets, drain=drain, allow_mode_change=allow_mode_change)
+    _report_per_gpu(outcomes, json)
+    raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
 
 
 def _plan_targets(plan: Path) -> list[GpuTarget]:
@@ -143,26 +156,16 @@ def apply_command(
     if named is not None and plan is not None and not dry_run:  # no local GPUs needed
         with handled_errors():
             targets = _plan_targets(plan)
-            gpus = agent_call("GET", named, "/api/v1/gpus")["gpus"]
-            _check_against(gpus, targets)
-        outcomes = _through_agent(
-            named, gpus, targets, drain=drain, allow_mode_change=allow_mode_change
-        )
-        _report_per_gpu(outcomes, json)
-        raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
+        _apply_through(named, targets, drain=drain, allow_mode_change=allow_mode_change, json=json)
     with handled_errors(), devices(simulate, data_dir) as dev:
         targets = _targets(dev, plan, config_file, selected_config)
         field = "--plan" if plan is not None else "--config-file"
         # simulated GPUs are never handed to an agent found by chance on the default port
         agent = None if dry_run else find_agent(server, probe=dev.simulated is False, data=data)
         if agent is not None:  # the agent owns MIG changes on its GPUs: it keeps its scheduler true
-            gpus = agent_call("GET", agent, "/api/v1/gpus")["gpus"]
-            _check_against(gpus, targets)
-            outcomes = _through_agent(
-                agent, gpus, targets, drain=drain, allow_mode_change=allow_mode_change
+            _apply_through(
+                agent, targets, drain=drain, allow_mode_change=allow_mode_change, json=json
             )
-            _report_per_gpu(outcomes, json)
-            raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
         if not dry_run and agent_holds(data):
             raise InputError(
                 f"an agent runs on the data directory {data} but cannot be reached: it owns these "

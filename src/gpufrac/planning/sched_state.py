@@ -248,16 +248,10 @@ class ClusterState:
     ) -> None:
         key = allocs[0].workload
         for gpu_index, pl in destroy:
-            g = self.gpus[gpu_index]
-            self._unindex(g)
-            assert g.instances.get(pl, "") is None, "only idle instances are destroyed"
-            del g.instances[pl]
-            self._index(g)
+            assert self.gpus[gpu_index].instances.get(pl, "") is None, "only idle ones go"
+            self._instance(gpu_index, pl, present=False)
         for gpu_index, pl in create:
-            g = self.gpus[gpu_index]
-            self._unindex(g)
-            g.instances[pl] = None
-            self._index(g)
+            self._instance(gpu_index, pl, present=True)
         for a in allocs:
             g = self.gpus[a.gpu]
             self._unindex(g)
@@ -286,15 +280,19 @@ class ClusterState:
         ones it destroyed."""
         self.release(workload)
         for gpu_index, pl in create:
-            g = self.gpus[gpu_index]
-            self._unindex(g)
-            del g.instances[pl]
-            self._index(g)
+            self._instance(gpu_index, pl, present=False)
         for gpu_index, pl in destroy:
-            g = self.gpus[gpu_index]
-            self._unindex(g)
+            self._instance(gpu_index, pl, present=True)
+
+    def _instance(self, gpu_index: int, pl: MigPlacement, *, present: bool) -> None:
+        """An idle MIG instance made (``present``) or gone, with the indexes kept in step."""
+        g = self.gpus[gpu_index]
+        self._unindex(g)
+        if present:
             g.instances[pl] = None
-            self._index(g)
+        else:
+            del g.instances[pl]
+        self._index(g)
 
     def release(self, workload: str) -> list[Allocation]:
         allocs = self.allocs.pop(workload, [])
