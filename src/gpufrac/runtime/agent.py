@@ -536,6 +536,9 @@ class Agent:
         state = s.state(
             "starting", "; ".join(a.describe() for a in mig), attempts=len(s.attempts) + 1
         )
+        failing = self.failures.latest(s.key)
+        if failing is not None:  # retrying an action that failed: it says so until it goes through
+            state = replace(state, phase="backoff", reason=failing.reason(self.clock()))
         if self.mig.busy(s.key):
             return Step(state)  # under way: a later pass starts it
         if d.mig is not None and self.mig.destroying(d.gpus[0], d.mig):
