@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -303,7 +304,24 @@ def test_template_hash_changes_with_the_template(changes: dict[str, Any]) -> Non
 def test_template_hash_ignores_scaling_and_gateway_settings(changes: dict[str, Any]) -> None:
     d = parse_one(changes)
     assert d.template_hash == parse_one().template_hash
-    assert d.replica_spec(0, 9000) == parse_one().replica_spec(0, 9000)
+    # a replica beyond autoscale's min_replicas never evicts anyone; nothing else about it changes
+    assert replace(
+        d.replica_spec(0, 9000), preemption="lower-priority"
+    ) == parse_one().replica_spec(0, 9000)
+
+
+def test_replicas_beyond_min_replicas_never_evict() -> None:
+    d = parse_one(
+        {
+            "spec.autoscale": {"min_replicas": 1, "max_replicas": 3, "p99_latency_ms": 100},
+        }
+    )
+    assert [d.replica_spec(i, 9000 + i).preemption for i in range(3)] == [
+        "lower-priority",
+        "never",
+        "never",
+    ]
+    assert parse_one({"spec.template.preemption": "never"}).replica_spec(0, 9000).preemption == "never"
 
 
 def test_template_hash_is_stable_and_labels_the_replica() -> None:
