@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpufrac.errors import InputError
+from gpufrac.errors import InputError, Problems
 from gpufrac.model.deployment import Autoscale, DeploymentSpec
 from gpufrac.model.manifest_fields import (
     is_number,
@@ -58,12 +58,16 @@ def parse_deployment(
     workload_spec: Any,
     template_fields: tuple[str, ...],
 ) -> DeploymentSpec:
-    """``spec`` is the document's validated mapping; ``workload_spec`` reads a workload's spec."""
+    """``spec`` is the document's validated mapping; ``workload_spec`` reads a workload's spec.
+    Every field's problem is reported, not only the first."""
+    p = Problems()
     if len(name) > MAX_NAME:
-        raise InputError(
-            f"is {len(name)} characters long",
-            field="metadata.name",
-            fix=f"use at most {MAX_NAME}: replica names add a template hash and an index",
+        p.found.append(
+            InputError(
+                f"is {len(name)} characters long",
+                field="metadata.name",
+                fix=f"use at most {MAX_NAME}: replica names add a template hash and an index",
+            )
         )
     allowed = tuple(f for f in template_fields if f not in NOT_IN_TEMPLATE) + MODEL_FIELDS
     where = "spec.template"
@@ -74,85 +78,134 @@ def parse_deployment(
         where,
         allowed,
     )
-    model = None
-    if "model" in raw:
-        if "command" in raw:
-            raise InputError(
-                "has both model and command",
-                field=where,
-                fix="give model: (gpufrac serves it) or command: (your server on $PORT), not both",
-            )
-        model = read_str(raw["model"], join(where, "model"))
-        if not _MODEL_REF.match(model):
-            raise InputError(
-                f"{model!r} is not package.module:factory",
-                field=join(where, "model"),
-                fix="write it like my_models.text:make (a function that returns the model)",
-            )
-    elif "command" not in raw:
-        raise InputError(
-            "has neither model nor command",
-            field=where,
-            fix="give model: package.module:factory, or command: [...] for a server on $PORT",
-        )
+    model = p.check(lambda: _model(raw, where), None)
     for key in ("max_batch_size", "max_wait_ms"):
-        if key in raw and model is None:
-            raise InputError(
-                f"{key} is for model: templates",
-                field=join(where, key),
-                fix="batch inside your own server, or use model:",
+        if key in raw and "model" not in raw:
+            p.found.append(
+                InputError(
+                    f"{key} is for model: templates",
+                    field=join(where, key),
+                    fix="batch inside your own server, or use model:",
+                )
             )
     if isinstance(raw.get("env"), dict) and "PORT" in raw["env"]:
-        raise InputError(
-            "sets PORT",
-            field=join(join(where, "env"), "PORT"),
-            fix="remove it: gpufrac gives each replica its own $PORT",
+        p.found.append(
+            InputError(
+                "sets PORT",
+                field=join(join(where, "env"), "PORT"),
+                fix="remove it: gpufrac gives each replica its own $PORT",
+            )
         )
     workload = {k: v for k, v in raw.items() if k not in MODEL_FIELDS}
     workload["type"] = "service"
-    if model is not None:
+    if "model" in raw:
         workload["command"] = list(_PLACEHOLDER)  # the replica server's, set per replica
+    template: WorkloadSpec | None = None
     try:
-        template: WorkloadSpec = workload_spec(name, tenant, labels, workload)
+        template = workload_spec(name, tenant, labels, workload)
     except InputError as exc:
-        field = exc.field or ""
-        located = where + field[4:] if field.startswith("spec") else where
-        raise InputError(exc.message, field=located, fix=exc.fix) from None
+        p.found.extend(
+            InputError(
+                e.message,
+                field=where + e.field[4:] if e.field and e.field.startswith("spec") else where,
+                fix=e.fix,
+            )
+            for e in exc.errors
+        )
     replicas = autoscale = None
     if "replicas" in spec and "autoscale" in spec:
-        raise InputError(
-            "has both replicas and autoscale",
-            field="spec",
-            fix="give a fixed replicas: N, or autoscale: {min_replicas, max_replicas, ...}",
-        )
-    if "autoscale" in spec:
-        autoscale = _autoscale(spec["autoscale"])
-    else:
-        replicas = read_int(spec.get("replicas", 1), "spec.replicas", minimum=0, maximum=1000)
-    path = None
-    if "readiness_path" in spec:
-        path = read_str(spec["readiness_path"], "spec.readiness_path")
-        if not path.startswith("/"):
-            raise InputError(
-                f"{path!r} does not start with '/'",
-                field="spec.readiness_path",
-                fix=f"write /{path}",
+        p.found.append(
+            InputError(
+                "has both replicas and autoscale",
+                field="spec",
+                fix="give a fixed replicas: N, or autoscale: {min_replicas, max_replicas, ...}",
             )
+        )
+    elif "autoscale" in spec:
+        autoscale = p.check(lambda: _autoscale(spec["autoscale"]), None)
+    else:
+        replicas = p.check(
+            lambda: read_int(spec.get("replicas", 1), "spec.replicas", minimum=0, maximum=1000), 1
+        )
+    path = p.check(lambda: _readiness_path(spec), None)
+    batch = p.check(
+        lambda: read_int(
+            raw.get("max_batch_size", 1), join(where, "max_batch_size"), minimum=1, maximum=4096
+        ),
+        1,
+    )
+    wait = p.check(
+        lambda: _number(raw.get("max_wait_ms", 5), join(where, "max_wait_ms"), maximum=10_000), 5.0
+    )
+    concurrency = p.check(
+        lambda: read_int(
+            spec.get("max_concurrency", 8), "spec.max_concurrency", minimum=1, maximum=10_000
+        ),
+        8,
+    )
+    queue = p.check(
+        lambda: read_int(
+            spec.get("queue_limit", 256), "spec.queue_limit", minimum=0, maximum=1_000_000
+        ),
+        256,
+    )
+    timeout = p.check(lambda: _number(spec.get("timeout_seconds", 60), "spec.timeout_seconds", maximum=86_400, positive=True), 60.0)  # fmt: skip
+    p.raise_any()
+    assert template is not None
     return DeploymentSpec(
         name=name,
         tenant=tenant,
         labels=labels,
         template=template,
         model=model,
-        max_batch_size=read_int(raw.get("max_batch_size", 1), join(where, "max_batch_size"), minimum=1, maximum=4096),
-        max_wait_ms=_number(raw.get("max_wait_ms", 5), join(where, "max_wait_ms"), maximum=10_000),
+        max_batch_size=batch,
+        max_wait_ms=wait,
         readiness_path=path,
         replicas=replicas,
         autoscale=autoscale,
-        max_concurrency=read_int(spec.get("max_concurrency", 8), "spec.max_concurrency", minimum=1, maximum=10_000),
-        queue_limit=read_int(spec.get("queue_limit", 256), "spec.queue_limit", minimum=0, maximum=1_000_000),
-        timeout_seconds=_number(spec.get("timeout_seconds", 60), "spec.timeout_seconds", maximum=86_400, positive=True),
-    )  # fmt: skip
+        max_concurrency=concurrency,
+        queue_limit=queue,
+        timeout_seconds=timeout,
+    )
+
+
+def _model(raw: dict[str, Any], where: str) -> str | None:
+    """The template's ``model:`` reference (None for a ``command:`` template)."""
+    if "model" not in raw:
+        if "command" not in raw:
+            raise InputError(
+                "has neither model nor command",
+                field=where,
+                fix="give model: package.module:factory, or command: [...] for a server on $PORT",
+            )
+        return None
+    if "command" in raw:
+        raise InputError(
+            "has both model and command",
+            field=where,
+            fix="give model: (gpufrac serves it) or command: (your server on $PORT), not both",
+        )
+    model = read_str(raw["model"], join(where, "model"))
+    if not _MODEL_REF.match(model):
+        raise InputError(
+            f"{model!r} is not package.module:factory",
+            field=join(where, "model"),
+            fix="write it like my_models.text:make (a function that returns the model)",
+        )
+    return model
+
+
+def _readiness_path(spec: dict[str, Any]) -> str | None:
+    if "readiness_path" not in spec:
+        return None
+    path = read_str(spec["readiness_path"], "spec.readiness_path")
+    if not path.startswith("/"):
+        raise InputError(
+            f"{path!r} does not start with '/'",
+            field="spec.readiness_path",
+            fix=f"write /{path}",
+        )
+    return path
 
 
 def _number(value: object, field: str, *, maximum: float, positive: bool = False) -> float:

@@ -181,11 +181,18 @@ def parse_document(raw: Any) -> WorkloadSpec | DeploymentSpec:
         "metadata",
         METADATA_FIELDS,
     )
-    name = read_dns_label(
-        require(meta, "name", "metadata", fix="name the workload"), "metadata.name"
+    p = Problems()  # the metadata's problems and the spec's, reported together
+    name = p.check(
+        lambda: read_dns_label(
+            require(meta, "name", "metadata", fix="name the workload"), "metadata.name"
+        ),
+        "unnamed",
     )
-    tenant = read_dns_label(meta.get("tenant", "default"), "metadata.tenant")
-    labels = read_str_map(meta.get("labels", {}), "metadata.labels")
+    tenant = p.check(lambda: read_dns_label(meta.get("tenant", "default"), "metadata.tenant"), "")
+    labels: dict[str, str] = p.check(
+        lambda: read_str_map(meta.get("labels", {}), "metadata.labels"), {}
+    )
+    parsed: WorkloadSpec | DeploymentSpec | None
     if kind == "Deployment":
         raw_spec = read_mapping(
             require(
@@ -194,13 +201,20 @@ def parse_document(raw: Any) -> WorkloadSpec | DeploymentSpec:
             "spec",
             DEPLOYMENT_FIELDS,
         )
-        return parse_deployment(name, tenant, labels, raw_spec, _workload_spec, SPEC_FIELDS)
-    spec = read_mapping(
-        require(doc, "spec", "", fix=f"write spec: with command and resources ({_EXAMPLE})"),
-        "spec",
-        SPEC_FIELDS,
-    )
-    return _workload_spec(name, tenant, labels, spec)
+        parsed = p.check(
+            lambda: parse_deployment(name, tenant, labels, raw_spec, _workload_spec, SPEC_FIELDS),
+            None,
+        )
+    else:
+        spec = read_mapping(
+            require(doc, "spec", "", fix=f"write spec: with command and resources ({_EXAMPLE})"),
+            "spec",
+            SPEC_FIELDS,
+        )
+        parsed = p.check(lambda: _workload_spec(name, tenant, labels, spec), None)
+    p.raise_any()
+    assert parsed is not None
+    return parsed
 
 
 def _workload_spec(

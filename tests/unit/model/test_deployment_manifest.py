@@ -321,7 +321,9 @@ def test_replicas_beyond_min_replicas_never_evict() -> None:
         "never",
         "never",
     ]
-    assert parse_one({"spec.template.preemption": "never"}).replica_spec(0, 9000).preemption == "never"
+    assert (
+        parse_one({"spec.template.preemption": "never"}).replica_spec(0, 9000).preemption == "never"
+    )
 
 
 def test_template_hash_is_stable_and_labels_the_replica() -> None:
@@ -549,3 +551,27 @@ def test_parse_manifests_rejects_a_deployment(documents: list[Any], source: str)
 
 def test_parse_manifests_still_takes_workloads() -> None:
     assert [w.name for w in parse_manifests(dump(WORKLOAD))] == ["w"]
+
+
+def test_every_problem_of_a_deployment_is_reported_at_once() -> None:
+    err = error_of(
+        dump(
+            doc(
+                {
+                    "metadata.name": "Bad_Name",
+                    "spec.replicas": -1,
+                    "spec.timeout_seconds": "abc",
+                    "spec.template.priority": "ultra",
+                    "spec.template.resources": {"gpu": {"fraction": 3}},
+                }
+            )
+        )
+    )
+    fields = {e.field for e in err.errors}
+    assert fields == {
+        "metadata.name",
+        "spec.replicas",
+        "spec.timeout_seconds",
+        "spec.template.priority",
+        "spec.template.resources.gpu.fraction",
+    }
