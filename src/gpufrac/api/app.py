@@ -13,13 +13,15 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.concurrency import run_in_threadpool
 
 from gpufrac import __version__
 from gpufrac.api.bodies import json_object
 from gpufrac.api.deployments_api import add_deployment_routes
+from gpufrac.api.guard import DEFAULT_MAX_BODY, Guard
 from gpufrac.api.metrics import render
 from gpufrac.api.service import AgentService
-from gpufrac.api.tokens import ADMIN, Caller
+from gpufrac.api.tokens import Caller, authenticate
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.manifest import parse_objects
@@ -52,7 +54,11 @@ def _problem(e: InputError) -> JSONResponse:
 
 
 def create_app(
-    service: AgentService, *, start_loop: bool = True, tokens: dict[str, Caller] | None = None
+    service: AgentService,
+    *,
+    start_loop: bool = True,
+    tokens: dict[str, Caller] | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
 ) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> Any:
@@ -63,14 +69,11 @@ def create_app(
 
     app = FastAPI(title="gpufrac agent", version=__version__, lifespan=lifespan)
     app.add_exception_handler(InputError, lambda _r, e: _problem(e))
+    app.add_middleware(Guard, tokens=tokens, max_body=max_body)  # the token, then a bounded body
 
     def caller(request: Request) -> Caller:
         """Who calls: the token's tenant (or the admin); without tokens configured, the admin."""
-        if tokens is None:
-            return ADMIN
-        header = request.headers.get("authorization", "")
-        token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
-        found = tokens.get(token)
+        found = authenticate(tokens, request.headers.get("authorization", ""))
         if found is None:
             raise HTTPException(401, "a valid API token is needed (Authorization: Bearer TOKEN)")
         return found
@@ -125,22 +128,20 @@ def create_app(
     @app.post("/api/v1/workloads")
     @app.post("/api/v1/deployments")
     async def apply(request: Request) -> dict[str, Any]:
-        text = (await request.body()).decode("utf-8", "replace")
-        objects = parse_objects(text, source="body")  # all or nothing: nothing stored on an error
+        who = caller(request)
+        body = await request.body()  # already read and bounded by the guard
+        return await run_in_threadpool(apply_text, who, body.decode("utf-8", "replace"))
+
+    def apply_text(who: Caller, text: str) -> dict[str, Any]:
+        """Parse (off the event loop: a manifest can be slow to read) and apply, all or nothing."""
+        objects = parse_objects(text, source="body")  # nothing stored on an error
+        for o in objects:
+            if not who.may_see(o.tenant):
+                raise HTTPException(
+                    403, f"the manifest names tenant {o.tenant!r}; your token is for {who.tenant!r}"
+                )
         specs = [o for o in objects if isinstance(o, WorkloadSpec)]
         deployments = [o for o in objects if isinstance(o, DeploymentSpec)]
-        who = caller(request)
-        for d in deployments:
-            if not who.may_see(d.tenant):
-                raise HTTPException(
-                    403, f"the manifest names tenant {d.tenant!r}; your token is for {who.tenant!r}"
-                )
-        for spec in specs:
-            if not who.may_see(spec.tenant):
-                raise HTTPException(
-                    403,
-                    f"the manifest names tenant {spec.tenant!r}; your token is for {who.tenant!r}",
-                )
         results = []
         with service.lock:
             for spec in specs:
@@ -292,6 +293,9 @@ def create_app(
                 ("pin", True),
             )
         }
+        return await run_in_threadpool(apply_mig, gpu, layout, flags)
+
+    def apply_mig(gpu: str, layout: Any, flags: dict[str, bool]) -> dict[str, Any]:
         try:
             with service.lock:
                 uuid = _gpu_uuid(gpu)

@@ -3,20 +3,17 @@ has a field the endpoint does not know is a 422 naming it, never a 500 and never
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import Request
 
 from gpufrac.errors import InputError
+from gpufrac.model.manifest_fields import parse_json
 
 
 async def json_object(request: Request, fields: tuple[str, ...], *, example: str) -> dict[str, Any]:
     """The request's body as a JSON object with only ``fields``; anything else is a 422."""
-    try:
-        raw = json.loads(await request.body() or b"null")
-    except ValueError as e:
-        raise InputError(f"is not JSON ({e})", field="body", fix=f"send {example}") from None
+    raw = parse_json(await request.body() or b"null", source="body", fix=f"send {example}")
     if not isinstance(raw, dict):
         raise InputError("must be a JSON object", field="body", fix=f"send {example}")
     unknown = sorted(set(raw) - set(fields))

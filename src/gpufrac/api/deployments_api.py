@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
 
 from gpufrac.api.bodies import json_object
 from gpufrac.model.deployment import DeploymentSpec, deployment_to_json
@@ -109,6 +110,9 @@ def add_deployment_routes(
         replicas = body.get("replicas")
         if not isinstance(replicas, int) or isinstance(replicas, bool) or not 0 <= replicas <= 1000:
             raise HTTPException(422, "replicas: give a whole number from 0 to 1000")
+        return await run_in_threadpool(scale_to, tenant, name, replicas)
+
+    def scale_to(tenant: str, name: str, replicas: int) -> dict[str, Any]:
         with service.lock:
             find(tenant, name)
             service.deployments.scale(tenant, name, replicas)

@@ -38,6 +38,16 @@ class Caller:
 ADMIN = Caller(None, admin=True)
 
 
+def authenticate(tokens: dict[str, Caller] | None, authorization: str) -> Caller | None:
+    """Who sends ``Authorization: <authorization>``: without tokens configured, the admin; else the
+    token's caller, or None for a missing or unknown token."""
+    if tokens is None:
+        return ADMIN
+    if not authorization.startswith("Bearer "):
+        return None
+    return tokens.get(authorization.removeprefix("Bearer ").strip())
+
+
 def parse_tokens(text: str, *, source: str = "tokens.yaml") -> dict[str, Caller]:
     docs = [d for d in load_documents(text, source=source) if d is not None]
     if len(docs) != 1:

@@ -133,20 +133,17 @@ def agent_command(
     from gpufrac.runtime.agent import Agent
 
     with handled_errors():
-        try:
-            loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = host == "localhost"
         data = resolve_data_dir(data_dir)
         tokens = load_tokens(tokens_file or data / "tokens.yaml")
         if tokens_file is not None and tokens is None:
             raise InputError(f"no tokens file {tokens_file}", field="--tokens")
-        if not loopback and not tokens:
-            raise InputError(
-                f"refusing to listen on {host} without API tokens",
-                field="--host",
-                fix="give --tokens FILE, or listen on 127.0.0.1",
-            )
+        for field, listen in (("--host", host), ("--gateway-host", gateway_host)):
+            if not _is_loopback(listen) and not tokens:
+                raise InputError(
+                    f"refusing to listen on {listen} without API tokens",
+                    field=field,
+                    fix="give --tokens FILE, or listen on 127.0.0.1",
+                )
         dev = open_devices(simulate_spec(simulate), data)
         agent = Agent(data, dev, _settings(settings_file, data_dir))
     service = AgentService(agent, gateway_port=gateway_port, gateway_host=gateway_host)
@@ -156,7 +153,8 @@ def agent_command(
     address = data / AGENT_FILE  # how commands on this data directory find this agent
     address.write_text(jsonlib.dumps({"url": f"http://{here}:{port}", "pid": os.getpid()}))
     try:
-        uvicorn.run(create_app(service, tokens=tokens), host=host, port=port, log_level="warning")
+        app = create_app(service, tokens=tokens, max_body=agent.settings.api_max_body_mib << 20)
+        uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
         address.unlink(missing_ok=True)
 
@@ -519,3 +517,10 @@ def scale_command(
         )
     answer(r)
     console.print(f"{tenant_}/{name}: {replicas} replica(s) wanted", highlight=False)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

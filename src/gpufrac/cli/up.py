@@ -182,13 +182,13 @@ def _view(
     for s in specs:
         st = states.get(f"{s.tenant}/{s.name}")
         d = st.decision if st else None
-        where = (
-            (d.mode or "")
-            + (f" GPU {', '.join(g[:12] for g in d.gpus)}" if d and d.gpus else "")
-            + (f" {d.mig}" if d and d.mig else "")
-            if d
-            else ""
-        )
+        where = ""
+        if d is not None:
+            where = d.mode or ""
+            if d.gpus:
+                where += f" GPU {', '.join(g[:12] for g in d.gpus)}"
+            if d.mig:
+                where += f" {d.mig}"
         style = {
             "running": "green",
             "succeeded": "green",

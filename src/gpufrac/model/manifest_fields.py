@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from collections.abc import Mapping
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
@@ -53,6 +54,100 @@ StrictYamlLoader.add_constructor(
 )
 
 
+# Bounds on what a document may grow to: YAML aliases repeat a node wherever they are used (a small
+# text can stand for an enormous value), and nesting has no end of its own.
+MAX_NODES = 100_000
+MAX_DEPTH = 64
+MAX_ALIAS_GROWTH = 1 << 20  # characters aliases may add beyond the text's own
+
+
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+
+
+def _not_finite(where: str) -> InputError:
+    return InputError(
+        "is not a finite number", field=where or None, fix="write a number (no NaN or infinity)"
+    )
+
+
+def _check_size(node: yaml.Node, max_chars: int) -> None:
+    """Refuse a document whose value, with every alias expanded, has more than ``MAX_NODES`` nodes
+    or ``max_chars`` characters of scalars, or is nested more than ``MAX_DEPTH`` deep (the walk stops
+    at the first bound it passes, so a bomb costs no more than the bound), or holds a NaN or an
+    infinity (named by its path)."""
+    count = chars = 0
+    stack: list[tuple[yaml.Node, int, str]] = [(node, 1, "")]
+    while stack:
+        n, depth, where = stack.pop()
+        count += 1
+        if count > MAX_NODES or chars > max_chars:
+            what = f"{MAX_NODES:,} values" if count > MAX_NODES else f"{max_chars:,} characters"
+            raise InputError(
+                f"expands to more than {what}",
+                fix="write the values out; YAML aliases (*name) may not multiply a document",
+            )
+        if depth > MAX_DEPTH:
+            raise InputError(
+                f"is nested more than {MAX_DEPTH} levels deep", fix="flatten the document"
+            )
+        if isinstance(n, yaml.ScalarNode):
+            chars += len(n.value)
+            if n.tag == _FLOAT_TAG and not math.isfinite(_yaml_float(n.value)):
+                raise _not_finite(where)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend((child, depth + 1, f"{where}[{i}]") for i, child in enumerate(n.value))
+        elif isinstance(n, yaml.MappingNode):
+            for key, value in n.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+                stack.append((key, depth + 1, where))
+                stack.append((value, depth + 1, join(where, name)))
+
+
+def _yaml_float(text: str) -> float:
+    """The value of a YAML 1.1 float scalar (``.nan``, ``-.Inf``, ``1_000.5``, ``1e3``)."""
+    t = text.replace("_", "").lower()
+    if t in (".nan",):
+        return math.nan
+    if t.lstrip("+-") == ".inf":
+        return -math.inf if t.startswith("-") else math.inf
+    try:
+        return float(t)
+    except ValueError:
+        return 0.0  # sexagesimal (1:30.5) and other finite forms
+
+
+def _finite_json(value: Any) -> None:
+    """Refuse a NaN or an infinity anywhere in a loaded JSON value, named by its path."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise _not_finite(where)
+        if isinstance(v, dict):
+            stack.extend((x, join(where, k)) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
+
+
+def _load_yaml(text: str) -> list[Any]:
+    loader = StrictYamlLoader(text)
+    try:
+        documents: list[Any] = []
+        while loader.check_node():
+            node = loader.get_node()
+            if node is not None:
+                try:
+                    _check_size(node, len(text) + MAX_ALIAS_GROWTH)
+                except InputError as exc:
+                    if exc.field and (documents or loader.check_node()):
+                        raise exc.at(f"doc[{len(documents) + 1}]") from None
+                    raise
+            documents.append(loader.construct_document(node) if node is not None else None)
+        return documents
+    finally:
+        loader.dispose()
+
+
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
@@ -78,6 +173,40 @@ def read_text_file(path: Path, *, field: str, what: str = "", fix: str = _READAB
     raise InputError(f"cannot read {what or path}: {reason}", field=field, fix=fix)
 
 
+def _json(text: str, source: str) -> Any:
+    """``json.loads``, strictly: a duplicate key, NaN or Infinity, nesting deeper than Python
+    recurses or an integer of more digits than it converts is an ``InputError`` at ``source``
+    (a syntax error is left as ``json.JSONDecodeError``)."""
+    try:
+        value = json.loads(text, object_pairs_hook=_json_object)
+        _finite_json(value)
+        return value
+    except json.JSONDecodeError:
+        raise
+    except InputError as exc:
+        raise (exc if exc.field else exc.at(source)) from None
+    except RecursionError:
+        raise InputError(
+            f"is nested more than {MAX_DEPTH} levels deep", field=source, fix="flatten it"
+        ) from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise InputError(
+            "not valid JSON: a number has too many digits",
+            field=source,
+            fix="write a smaller number",
+        ) from None
+
+
+def parse_json(text: str | bytes, *, source: str, fix: str) -> Any:
+    """A JSON text (a request's body), strictly; any problem is an ``InputError`` at ``source``."""
+    try:
+        return _json(text if isinstance(text, str) else text.decode("utf-8"), source)
+    except UnicodeDecodeError:
+        raise InputError("is not UTF-8", field=source, fix=fix) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"is not JSON ({exc})", field=source, fix=fix) from None
+
+
 def load_documents(text: str, *, source: str) -> list[Any]:
     """Every document of a YAML stream (``---`` between documents), or the one object of a JSON file.
 
@@ -85,21 +214,29 @@ def load_documents(text: str, *, source: str) -> list[Any]:
     """
     if text.lstrip().startswith("{"):
         try:
-            return [json.loads(text, object_pairs_hook=_json_object)]
+            return [_json(text, source)]
         except json.JSONDecodeError:
             pass  # YAML flow style ({name: x}) is not JSON: read it as YAML below
-        except InputError as exc:
-            raise exc.at(source) from None
     try:
-        # A SafeLoader subclass: as safe as yaml.safe_load_all.
-        return list(yaml.load_all(text, Loader=StrictYamlLoader))
+        # A SafeLoader subclass: as safe as yaml.safe_load_all, with bounds on size and depth.
+        return _load_yaml(text)
+    except InputError as exc:
+        raise (exc if exc.field else exc.at(source)) from None
+    except RecursionError:
+        raise InputError(
+            f"is nested more than {MAX_DEPTH} levels deep", field=source, fix="flatten it"
+        ) from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise InputError(
+            "not valid YAML: a number has too many digits",
+            field=source,
+            fix="write a smaller number",
+        ) from None
     except yaml.YAMLError as exc:
-        duplicate = "duplicate key" in str(exc)
-        fix = (
-            "give each key once per mapping"
-            if duplicate
-            else "check the indentation and quoting there"
-        )
+        if "duplicate key" in str(exc):
+            fix = "give each key once per mapping"
+        else:
+            fix = "check the indentation and quoting there"
         raise InputError(f"not valid YAML: {exc}", field=source, fix=fix) from None
 
 

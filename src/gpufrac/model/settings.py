@@ -35,6 +35,7 @@ SETTINGS_FIELDS = (
     "qos_preempt",
     "mig_reconfigure",
     "job_min_share",
+    "api_max_body",
 )
 QosPreempt = Literal["overlap", "drain"]  # how a higher QoS class takes the GPU over
 PlacementPolicy = Literal["binpack", "spread"]
@@ -65,6 +66,7 @@ class OperatorSettings:
     mig_reconfigure: MigReconfigure = "idle"
     # the share of a shared GPU's busy time a job gets when it does not say (no job waits forever)
     job_min_share_milli: int = 100
+    api_max_body_mib: int = 1  # the largest request body the control API reads
 
 
 def load_settings(data_dir: Path) -> OperatorSettings:
@@ -122,7 +124,17 @@ def parse_settings(text: str, *, source: str = SETTINGS_FILE) -> OperatorSetting
         job_min_share_milli=read_share(raw["job_min_share"], "job_min_share")
         if "job_min_share" in raw
         else 100,
+        api_max_body_mib=_body_limit(raw["api_max_body"]) if "api_max_body" in raw else 1,
     )
+
+
+def _body_limit(value: object) -> int:
+    mib = read_memory_mib(value, "api_max_body")
+    if not 1 <= mib <= 1024:
+        raise InputError(
+            f"{mib} MiB is out of range", field="api_max_body", fix="give 1MiB to 1GiB"
+        )
+    return mib
 
 
 def _quota(value: object, where: str) -> TenantQuota:

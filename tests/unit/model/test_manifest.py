@@ -11,6 +11,7 @@ import yaml
 from gpufrac.errors import InputError
 from gpufrac.model import manifest
 from gpufrac.model.manifest import load_manifest_file, parse_manifests
+from gpufrac.model.manifest_fields import load_documents
 from gpufrac.model.workload import GpuRequest, HealthCheck, WorkloadSpec
 
 EXAMPLES = Path(__file__).parents[3] / "examples"
@@ -658,3 +659,40 @@ def test_docs_list_every_field_and_alias() -> None:
         assert f"`spec.resources.gpu.{name}`" in text
     for alias, means in manifest.GPU_ALIASES.items():
         assert f"| `{alias}` |" in text and f"| `{means}` |" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+         + "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefg", "bcdefgh", strict=True)),
+         "expands to more than 100,000 values"),
+        ("s: &s " + "x" * 10_000 + "\nl: [" + ", ".join(["*s"] * 200) + "]", "characters"),
+        ("[" * 100 + "]" * 100, "nested more than 64"),
+        ('{"a": ' * 5000 + "1" + "}" * 5000, "nested more than 64"),
+        ("x: .nan", "not a finite number"),
+        ("x: -.inf", "not a finite number"),
+        ('{"x": NaN}', "not a finite number"),
+        ('{"x": Infinity}', "not a finite number"),
+        ("x: " + "9" * 5000, "too many digits"),
+        ('{"x": ' + "9" * 5000 + "}", "too many digits"),
+    ],
+)  # fmt: skip
+def test_documents_are_bounded(text: str, message: str) -> None:
+    with pytest.raises(InputError) as exc:
+        load_documents(text, source="body")
+    assert message in str(exc.value) and exc.value.fix
+    assert exc.value.field == ("x" if "finite" in message else "body")
+
+
+def test_a_nan_is_named_by_its_document_and_path() -> None:
+    with pytest.raises(InputError) as exc:
+        load_documents("a: 1\n---\nb: {c: [1, .NaN]}\n", source="f")
+    assert exc.value.field == "doc[2].b.c[1]"
+
+
+def test_aliases_within_the_bounds_still_work() -> None:
+    text = "base: &b {a: 1, b: [1.5, 2]}\nuse: [*b, *b]\n"
+    assert load_documents(text, source="x") == [
+        {"base": {"a": 1, "b": [1.5, 2]}, "use": [{"a": 1, "b": [1.5, 2]}] * 2}
+    ]
