@@ -13,6 +13,7 @@ import httpx
 
 from tests.integration.conftest import RunningAgent
 from tests.integration.test_agent_api import wait_for
+from tests.integration.test_cli_contract import cli
 
 PY = sys.executable
 IDLE = "import time; time.sleep(120)"
@@ -141,3 +142,9 @@ def test_a_deployment_whose_replicas_cannot_start_answers_within_its_timeout(
         time.sleep(0.2)
     assert found is not None
     assert any("no_such_module" in (x["last_error"] or "") for x in found["replicas"])
+    # `gpufrac logs DEPLOYMENT` shows its replicas' output, each line named by its replica
+    shown = cli(agent, "logs", "broken")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines and all(line.startswith("[broken-") for line in lines)
+    assert "no_such_module" in shown.stdout
