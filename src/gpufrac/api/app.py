@@ -7,6 +7,7 @@ read them with the very same strict parser: a body is accepted whole or not at a
 
 from __future__ import annotations
 
+import sqlite3
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
@@ -53,6 +54,15 @@ def _problem(e: InputError) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": detail})
 
 
+def _unavailable(e: Exception) -> JSONResponse:
+    """The store refused a write (disk full, I/O error): nothing was changed; try again later."""
+    return JSONResponse(
+        status_code=503,
+        content={"detail": f"the agent cannot use its store now ({e}); nothing was changed"},
+        headers={"retry-after": "5"},
+    )
+
+
 def create_app(
     service: AgentService,
     *,
@@ -69,6 +79,7 @@ def create_app(
 
     app = FastAPI(title="gpufrac agent", version=__version__, lifespan=lifespan)
     app.add_exception_handler(InputError, lambda _r, e: _problem(e))
+    app.add_exception_handler(sqlite3.Error, lambda _r, e: _unavailable(e))
     app.add_middleware(Guard, tokens=tokens, max_body=max_body)  # the token, then a bounded body
 
     def caller(request: Request) -> Caller:
@@ -122,8 +133,11 @@ def create_app(
             return render(service.agent, service.states)
 
     @app.get("/api/v1/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok", "version": __version__}
+    def health() -> dict[str, Any]:
+        """``ok``, or ``degraded`` with the problems (the agent's own steps that keep failing, or
+        no reconcile pass for a while); answered without waiting for the agent's lock."""
+        status, problems = service.health()
+        return {"status": status, "version": __version__, "problems": problems}
 
     @app.post("/api/v1/workloads")
     @app.post("/api/v1/deployments")

@@ -143,4 +143,11 @@ def render(agent: Agent, states: dict[str, WorkloadState]) -> str:
         "How long a pending workload has waited.",
         pending,
     )
+    lines += _family(
+        "gpufrac_agent_failing_steps",
+        "gauge",
+        "The agent's own steps failing now (a reconcile pass, writing the store, watching GPUs);"
+        " above 0, /api/v1/health says degraded.",
+        [("", float(len(agent.failures.of("agent"))))],
+    )
     return "\n".join(lines) + "\n"

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
+from typing import Literal
 
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT, Deployments
 
 RECONCILE_SECONDS = 0.5
+STALLED_SECONDS = 30.0  # no pass finished for this long: the agent says it is degraded
 MIN_GAP_SECONDS = 0.1  # a burst of API calls wakes one pass, not one per call
 
 
@@ -32,6 +35,7 @@ class AgentService:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.states: dict[str, WorkloadState] = {}
+        self.last_pass = time.monotonic()  # when a reconcile pass last finished
         agent.mig.notify = self.wake  # a MIG instance made: the workload waiting for it starts now
 
     def reconcile(self) -> None:
@@ -39,6 +43,20 @@ class AgentService:
         with self.lock:
             self.states = states
             self.deployments.reconcile(self.states)
+        self.last_pass = time.monotonic()
+
+    def health(self) -> tuple[Literal["ok", "degraded"], list[str]]:
+        """Whether the agent is doing its work, and if not, why: the agent's own steps that keep
+        failing (a reconcile pass, writing the store, watching GPUs) and a loop that stopped making
+        passes. Read without the agent's lock, so it answers even when the agent is stuck."""
+        problems = [
+            f"{f.what} failed: {f.error} ({f.count} {'tries' if f.count > 1 else 'try'})"
+            for f in self.agent.failures.of("agent")
+        ]
+        age = time.monotonic() - self.last_pass
+        if self._thread is not None and age > STALLED_SECONDS:
+            problems.append(f"no reconcile pass has finished for {age:.0f}s")
+        return ("degraded" if problems else "ok"), problems
 
     def start(self) -> None:
         self.reconcile()

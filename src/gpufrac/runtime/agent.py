@@ -349,7 +349,7 @@ class Agent:
         """One pass: make the machine match the desired state. Safe to run any number of times."""
         with self.lock:
             self.executor.record_mig()
-            self._care_for_gpus()
+            self._upkeep()
             states = [self._step(w) for w in self.store.workloads()]
             self.qos.sync(
                 [
@@ -384,8 +384,9 @@ class Agent:
         why = f"paused while {by} (a higher class) uses the GPU; resumes when it is idle"
         return replace(st, phase="paused", reason=why)
 
-    def _care_for_gpus(self) -> None:
+    def _upkeep(self) -> None:
         for what, fn in (
+            ("writing the store", self.store.heartbeat),
             ("watching GPU health", self.gpu_care.watch_health),
             ("stopping idle MPS daemons", self.gpu_care.stop_idle_mps),
         ):

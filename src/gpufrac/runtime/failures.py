@@ -9,6 +9,8 @@ shows meanwhile. A success after failures writes one ``action_recovered`` event 
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,17 +49,21 @@ class Failures:
         failure = Failure(what, text, count, now + delay)
         self._by[(subject, what)] = failure
         if before is None or before.error != text:
-            self.store.record_event(
-                "action_failed", subject, f"{what} failed: {text}; retrying with backoff"
-            )
+            self._record("action_failed", subject, f"{what} failed: {text}; retrying with backoff")
         return failure
 
     def succeeded(self, subject: str, what: str) -> None:
         before = self._by.pop((subject, what), None)
         if before is not None:
-            self.store.record_event(
+            self._record(
                 "action_recovered", subject, f"{what} succeeded after {before.count} failed tries"
             )
+
+    def _record(self, kind: str, subject: str, message: str) -> None:
+        """An event, if the store takes it: a failure is counted (and shown) even when the store is
+        what fails."""
+        with contextlib.suppress(sqlite3.Error, OSError):
+            self.store.record_event(kind, subject, message)
 
     def waiting(self, subject: str, what: str | None = None) -> Failure | None:
         """The failure of ``subject`` (of ``what``, or of any action) whose retry is not due yet."""
@@ -79,6 +85,10 @@ class Failures:
 
     def subjects(self) -> set[str]:
         return {s for s, _ in self._by}
+
+    def of(self, subject: str) -> list[Failure]:
+        """Every failure of ``subject`` now, due or not."""
+        return [f for (s, _), f in list(self._by.items()) if s == subject]
 
 
 def _text(error: BaseException | str) -> str:

@@ -73,6 +73,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             at REAL NOT NULL
         )""",
     ),
+    5: (
+        """CREATE TABLE heartbeat (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            at REAL NOT NULL              -- the agent's last write that went through
+        )""",
+    ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 EVENTS_KEPT = 50_000  # the newest events kept; older ones are pruned as new ones come
@@ -335,6 +341,11 @@ class Store:
 
     def mig_pins(self) -> frozenset[str]:
         return frozenset(r[0] for r in self.db.execute("SELECT gpu FROM mig_pins"))
+
+    def heartbeat(self) -> None:
+        """A small write: raises when the store cannot be written (disk full, I/O errors)."""
+        with self.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO heartbeat (id, at) VALUES (1, ?)", (time.time(),))
 
     # -- events ---------------------------------------------------------------------------------
 

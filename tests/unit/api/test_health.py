@@ -1,0 +1,113 @@
+"""The agent stays alive and says when it is not: a store that cannot be written makes /health say
+degraded (with why) and writes answer 503, the reconcile loop keeps going, and all of it recovers by
+itself once the store can be written again. In-process agent, real processes, simulated GPUs."""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from gpufrac.api.app import create_app
+from gpufrac.api.service import AgentService
+from gpufrac.devices import open_simulated
+from gpufrac.runtime.agent import Agent
+from tests.conftest import kill_leftover_runs
+
+WRITES = ("BEGIN", "INSERT", "UPDATE", "DELETE")
+
+
+class FaultyDb:
+    """The store's connection, with writes failing while ``broken`` (as a full or failing disk)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.broken = False
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if self.broken and sql.lstrip().split()[0].upper() in WRITES:
+            raise sqlite3.OperationalError("disk I/O error")
+        return self.db.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.db, name)
+
+
+def manifest(name: str) -> str:
+    return (
+        f"apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {name}}}\nspec:\n"
+        f"  command: [{sys.executable}, -c, 'import time; time.sleep(60)']\n"
+        "  resources: {gpu: {fraction: 0.25}}\n"
+    )
+
+
+def until(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def client(data_dir: Path) -> Iterator[tuple[httpx.Client, FaultyDb]]:
+    """The agent's app served over real HTTP by uvicorn in a thread."""
+    agent = Agent(data_dir, open_simulated("h200:1", data_dir))
+    faulty = FaultyDb(agent.store.db)
+    agent.store.db = faulty  # type: ignore[assignment]
+    service = AgentService(agent, interval=0.1, gateway_port=0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    until(lambda: server.started)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
+        yield c, faulty
+    server.should_exit = True
+    thread.join(timeout=10)
+    kill_leftover_runs(data_dir)
+
+
+def test_an_unwritable_store_is_degraded_health_and_recovers(
+    client: tuple[httpx.Client, FaultyDb],
+) -> None:
+    c, faulty = client
+    assert c.get("/api/v1/health").json() == {
+        "status": "ok",
+        "version": c.get("/api/v1/health").json()["version"],
+        "problems": [],
+    }
+    assert c.post("/api/v1/workloads", content=manifest("before")).status_code == 200
+
+    def phase(name: str) -> str | None:
+        r = c.get(f"/api/v1/workloads/default/{name}")
+        return r.json()["phase"] if r.status_code == 200 else None
+
+    until(lambda: phase("before") == "running")
+    faulty.broken = True
+    until(lambda: c.get("/api/v1/health").json()["status"] == "degraded")
+    problems = c.get("/api/v1/health").json()["problems"]
+    assert any("writing the store failed: disk I/O error" in p for p in problems), problems
+    refused = c.post("/api/v1/workloads", content=manifest("during"))
+    assert refused.status_code == 503 and "nothing was changed" in refused.text
+    assert phase("before") == "running" and phase("during") is None
+    metrics = c.get("/metrics").text
+    assert "gpufrac_agent_failing_steps 1" in metrics or "gpufrac_agent_failing_steps 2" in metrics
+    faulty.broken = False
+    until(lambda: c.get("/api/v1/health").json()["status"] == "ok")
+    assert c.post("/api/v1/workloads", content=manifest("after")).status_code == 200
+    until(lambda: phase("after") == "running")  # the loop went on all along
+    kinds = [(e["kind"], e["subject"]) for e in c.get("/api/v1/events?limit=1000").json()["events"]]
+    assert ("action_recovered", "agent") in kinds
