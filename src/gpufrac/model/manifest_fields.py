@@ -70,11 +70,17 @@ def _not_finite(where: str) -> InputError:
     )
 
 
-def _check_size(node: yaml.Node, max_chars: int) -> None:
+def _nul(where: str) -> InputError:
+    return InputError(
+        "holds a NUL character (\\0)", field=where or None, fix="remove it: no program takes one"
+    )
+
+
+def _check_document(node: yaml.Node, max_chars: int) -> None:
     """Refuse a document whose value, with every alias expanded, has more than ``MAX_NODES`` nodes
     or ``max_chars`` characters of scalars, or is nested more than ``MAX_DEPTH`` deep (the walk stops
-    at the first bound it passes, so a bomb costs no more than the bound), or holds a NaN or an
-    infinity (named by its path)."""
+    at the first bound it passes, so a bomb costs no more than the bound), or holds a NaN, an
+    infinity or a NUL character (named by its path)."""
     count = chars = 0
     stack: list[tuple[yaml.Node, int, str]] = [(node, 1, "")]
     while stack:
@@ -94,6 +100,8 @@ def _check_size(node: yaml.Node, max_chars: int) -> None:
             chars += len(n.value)
             if n.tag == _FLOAT_TAG and not math.isfinite(_yaml_float(n.value)):
                 raise _not_finite(where)
+            if "\x00" in n.value:
+                raise _nul(where)
         elif isinstance(n, yaml.SequenceNode):
             stack.extend((child, depth + 1, f"{where}[{i}]") for i, child in enumerate(n.value))
         elif isinstance(n, yaml.MappingNode):
@@ -116,14 +124,20 @@ def _yaml_float(text: str) -> float:
         return 0.0  # sexagesimal (1:30.5) and other finite forms
 
 
-def _finite_json(value: Any) -> None:
-    """Refuse a NaN or an infinity anywhere in a loaded JSON value, named by its path."""
+def _check_json(value: Any) -> None:
+    """Refuse a NaN, an infinity or a NUL character anywhere in a loaded JSON value, named by its
+    path."""
     stack: list[tuple[Any, str]] = [(value, "")]
     while stack:
         v, where = stack.pop()
         if isinstance(v, float) and not math.isfinite(v):
             raise _not_finite(where)
+        if isinstance(v, str) and "\x00" in v:
+            raise _nul(where)
         if isinstance(v, dict):
+            for k in v:
+                if "\x00" in k:
+                    raise _nul(where)
             stack.extend((x, join(where, k)) for k, x in v.items())
         elif isinstance(v, list):
             stack.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
@@ -137,7 +151,7 @@ def _load_yaml(text: str) -> list[Any]:
             node = loader.get_node()
             if node is not None:
                 try:
-                    _check_size(node, len(text) + MAX_ALIAS_GROWTH)
+                    _check_document(node, len(text) + MAX_ALIAS_GROWTH)
                 except InputError as exc:
                     if exc.field and (documents or loader.check_node()):
                         raise exc.at(f"doc[{len(documents) + 1}]") from None
@@ -179,7 +193,7 @@ def _json(text: str, source: str) -> Any:
     (a syntax error is left as ``json.JSONDecodeError``)."""
     try:
         value = json.loads(text, object_pairs_hook=_json_object)
-        _finite_json(value)
+        _check_json(value)
         return value
     except json.JSONDecodeError:
         raise

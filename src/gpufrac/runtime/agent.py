@@ -58,7 +58,7 @@ from gpufrac.runtime.mig_worker import MigWorker
 from gpufrac.runtime.mps import MpsDaemons
 from gpufrac.runtime.qos_care import QosCare, Running
 from gpufrac.runtime.runs import Runs, handed_env, probe, read_json, write_json
-from gpufrac.runtime.shim import LAUNCH_TIMEOUT_S, ShimStatus, launching, read_status
+from gpufrac.runtime.shim import LAUNCH_TIMEOUT_S, ShimStatus, abandon, launching, read_status
 from gpufrac.runtime.store import Store, StoredWorkload
 
 __all__ = [
@@ -479,11 +479,9 @@ class Agent:
                 return Step(s.state("starting", "starting its process"))  # the shim is on its way
             if status.shim_pid is None:
                 why = f"its shim did not start within {LAUNCH_TIMEOUT_S:.0f}s (see {s.latest / 'shim.log'})"
-                write_json(s.latest / "killed.json", {"reason": why})
-            # the shim vanished without a record (the machine rebooted): count it as a failure
-            status = ShimStatus(
-                status.shim_pid, status.child_pid, status.started, None, None, self.clock(), False
-            )
+            else:  # killed, or the machine rebooted: its workload is stopped, and it is a failure
+                why = "its shim died without a record; the workload was stopped"
+            status = abandon(s.latest, why)
         if status is None:
             return self._start_step(s)
         assert s.latest is not None
@@ -517,15 +515,19 @@ class Agent:
             return Step(self._complete(s, "succeeded", 0))
         restart = spec.restart == "always" or (spec.restart == "on-failure" and not ok)
         limit = spec.backoff_limit if spec.type == "job" else None
-        if not restart or (limit is not None and attempts > limit):
-            code = status.exit_code
-            why = str(killed.get("reason") or "") or (
+        code = status.exit_code
+        ended = (
+            str(killed.get("reason") or "")
+            or status.error
+            or (
                 f"exited with {code}" if code is not None else f"exited with signal {status.signal}"
             )
-            return Step(self._complete(s, "failed", code, why))
+        )
+        if not restart or (limit is not None and attempts > limit):
+            return Step(self._complete(s, "failed", code, ended))
         delay = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (attempts - 1))
         if self.clock() < (status.finished or 0) + delay:
-            why = f"restart {attempts} in {delay:.0f}s"
+            why = f"{ended}; restart {attempts} in {delay:.0f}s"
             return Step(s.state("backoff", why, exit_code=status.exit_code))
         return self._start_step(s)
 

@@ -40,6 +40,7 @@ class ShimStatus:
     signal: int | None
     finished: float | None
     shim_alive: bool
+    error: str | None = None  # why the workload could not start at all
 
     @property
     def done(self) -> bool:
@@ -162,6 +163,7 @@ def read_status(run_dir: Path) -> ShimStatus:
         exit_code=done.get("exit_code"),
         signal=done.get("signal"),
         finished=done.get("finished"),
+        error=done.get("error") if isinstance(done.get("error"), str) else None,
         shim_alive=isinstance(pid, int) and _is_our_shim(pid, run_dir),
     )
 
@@ -173,6 +175,43 @@ def _is_our_shim(pid: int, run_dir: Path) -> bool:
     except OSError:
         return False
     return b"gpufrac.runtime.shim" in cmdline and str(run_dir).encode() in cmdline
+
+
+def abandon(run_dir: Path, why: str) -> ShimStatus:
+    """A run whose shim is gone without a record (killed, or the machine rebooted): its workload's
+    process group, if still there, is killed (no shim is left to watch it), and the run is recorded
+    as ended now with ``why``, once, so later passes read an ordinary failed attempt."""
+    child = _read_json(run_dir / "child.json")
+    if child is not None and _group_is_this_runs(int(child["pgid"]), run_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(child["pgid"]), signal.SIGKILL)
+    _write_json(
+        run_dir / "exit.json",
+        {"exit_code": None, "signal": None, "finished": time.time(), "error": why},
+    )
+    return read_status(run_dir)
+
+
+def _group_is_this_runs(pgid: int, run_dir: Path) -> bool:
+    """The process group ``pgid`` is still the one this run's shim started: its leader was started
+    after the run was launched (a pid reused later by another program is older than nothing, but
+    a process that got the pid after the leader died started later than the shim wrote child.json)."""
+    try:
+        stat = Path(f"/proc/{pgid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    if int(stat[2]) != pgid:  # field 5 (pgrp): no longer a group leader of that id
+        return False
+    started = _boot_time() + int(stat[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time
+    written = (run_dir / "child.json").stat().st_mtime
+    return abs(started - written) < 5.0
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
 
 
 def stop(run_dir: Path, *, grace: float = 10.0) -> None:
@@ -256,11 +295,12 @@ def _run(run_dir: Path) -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group; the shim stays outside it
         )
-    except OSError as e:
-        log.write(f"gpufrac shim: cannot start {spec['command'][0]!r}: {e}\n".encode())
+    except Exception as e:  # no such program, user or directory, a NUL byte: a failed attempt
+        error = _start_error(spec, e)
+        log.write(f"gpufrac shim: {error}\n".encode())
         _write_json(
             run_dir / "exit.json",
-            {"exit_code": 127, "signal": None, "finished": time.time(), "error": str(e)},
+            {"exit_code": 127, "signal": None, "finished": time.time(), "error": error},
         )
         return 0
     _write_json(run_dir / "child.json", {"pid": child.pid, "pgid": child.pid})
@@ -285,6 +325,16 @@ def _run(run_dir: Path) -> int:
         },
     )
     return 0
+
+
+def _start_error(spec: dict[str, Any], e: Exception) -> str:
+    """Why the workload could not start, as a person reads it."""
+    program = spec["command"][0] if spec.get("command") else "?"
+    if isinstance(e, KeyError) and spec.get("user"):  # getpwnam: the user does not exist
+        return f"cannot start {program!r}: no user {spec['user']!r} on this machine"
+    if isinstance(e, FileNotFoundError) and e.filename == spec.get("workdir"):
+        return f"cannot start {program!r}: no directory {spec['workdir']!r}"
+    return f"cannot start {program!r}: {e}"
 
 
 def main(argv: list[str] | None = None) -> int:

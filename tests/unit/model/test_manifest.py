@@ -696,3 +696,17 @@ def test_aliases_within_the_bounds_still_work() -> None:
     assert load_documents(text, source="x") == [
         {"base": {"a": 1, "b": [1.5, 2]}, "use": [{"a": 1, "b": [1.5, 2]}] * 2}
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('spec: {command: [python, "-c\\0"]}', "spec.command[1]"),
+        ('spec: {env: {A: "x\\0y"}}', "spec.env.A"),
+        ('{"spec": {"env": {"A\\u0000": "x"}}}', "spec.env"),
+    ],
+)
+def test_a_nul_character_is_refused_where_it_is(text: str, field: str) -> None:
+    with pytest.raises(InputError) as exc:
+        load_documents(text, source="f")
+    assert exc.value.field == field and "NUL" in exc.value.message
