@@ -94,6 +94,11 @@ def test_bad_bodies_are_4xx_naming_the_field(tenant_agent: RunningAgent) -> None
         ('{"a": ' * 3000 + "1" + "}" * 3000, "nested more than"),
         ("x: " + "9" * 5000, "too many digits"),
         (deployment, "not a finite number"),
+        (
+            "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: boss, tenant: search}\n"
+            "spec: {priority: 1000000000, command: [x], resources: {gpu: {count: 1}}}\n",
+            "above tenant 'search'",
+        ),
     ]
     for text, message in cases:
         started = time.monotonic()

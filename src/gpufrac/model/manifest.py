@@ -35,6 +35,7 @@ from gpufrac.model.manifest_fields import (
 from gpufrac.model.mig import parse_profile_name
 from gpufrac.model.qos import DEFAULT_QOS, MAX_WEIGHT, QOS_MODES
 from gpufrac.model.workload import (
+    MAX_PRIORITY,
     MILLI,
     PREEMPTION_POLICIES,
     PRIORITY_NAMES,
@@ -362,6 +363,14 @@ def _priority(value: object, field: str) -> int:
     if isinstance(value, str) and value in PRIORITY_NAMES:
         return PRIORITY_NAMES[value]
     if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > MAX_PRIORITY:
+            raise InputError(
+                f"{value} is out of range",
+                field=field,
+                fix=f"write an integer from {-MAX_PRIORITY:,} to {MAX_PRIORITY:,}".replace(
+                    ",", "_"
+                ),
+            )
         return value
     raise InputError(
         f"{kind_of(value)} is not a priority",

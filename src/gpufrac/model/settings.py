@@ -25,6 +25,7 @@ from gpufrac.model.manifest_fields import (
     read_share,
     read_text_file,
 )
+from gpufrac.model.workload import MAX_PRIORITY
 
 SETTINGS_FILE = "gpufrac.yaml"
 SETTINGS_FIELDS = (
@@ -36,6 +37,7 @@ SETTINGS_FIELDS = (
     "mig_reconfigure",
     "job_min_share",
     "api_max_body",
+    "max_priority",
 )
 QosPreempt = Literal["overlap", "drain"]  # how a higher QoS class takes the GPU over
 PlacementPolicy = Literal["binpack", "spread"]
@@ -45,7 +47,12 @@ MigReconfigure = Literal["never", "idle", "drain"]
 QOS_PREEMPT: tuple[QosPreempt, ...] = get_args(QosPreempt)
 PLACEMENT_POLICIES: tuple[PlacementPolicy, ...] = get_args(PlacementPolicy)
 MIG_RECONFIGURE: tuple[MigReconfigure, ...] = get_args(MigReconfigure)
-TENANT_FIELDS = ("gpu_memory", "gpus")
+TENANT_FIELDS = ("gpu_memory", "gpus", "max_priority", "preemption")
+# how far a tenant's workloads may evict others: any lower-priority workload; only their own tenant's;
+# none. It caps a workload's own ``spec.preemption``.
+TenantPreemption = Literal["lower-priority", "own-tenant", "never"]
+TENANT_PREEMPTION: tuple[TenantPreemption, ...] = get_args(TenantPreemption)
+DEFAULT_MAX_PRIORITY = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +61,8 @@ class TenantQuota:
 
     gpu_memory_mib: int | None = None
     gpus_milli: int | None = None  # milli-GPU: 2500 is two and a half GPUs
+    max_priority: int | None = None  # None: the operator's max_priority for every tenant
+    preemption: TenantPreemption = "lower-priority"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +76,32 @@ class OperatorSettings:
     # the share of a shared GPU's busy time a job gets when it does not say (no job waits forever)
     job_min_share_milli: int = 100
     api_max_body_mib: int = 1  # the largest request body the control API reads
+    max_priority: int = (
+        DEFAULT_MAX_PRIORITY  # the highest spec.priority of a tenant with no own bound
+    )
+
+    def priority_cap(self, tenant: str) -> int:
+        q = self.tenants.get(tenant)
+        return q.max_priority if q is not None and q.max_priority is not None else self.max_priority
+
+    def check_priority(self, tenant: str, priority: int) -> None:
+        """Refuse a workload whose priority is above its tenant's bound."""
+        cap = self.priority_cap(tenant)
+        if priority > cap:
+            own = tenant in self.tenants and self.tenants[tenant].max_priority is not None
+            setting = f"tenants.{tenant}.max_priority" if own else "max_priority"
+            raise InputError(
+                f"{priority} is above tenant {tenant!r}'s maximum of {cap}",
+                field="spec.priority",
+                fix=f"use at most {cap}, or ask the operator to raise {setting} in gpufrac.yaml",
+            )
+
+    def preemption(self, tenant: str, own: str) -> TenantPreemption:
+        """Whom a workload of ``tenant`` whose ``spec.preemption`` is ``own`` may evict: the
+        stricter of its own setting and its tenant's."""
+        q = self.tenants.get(tenant)
+        bound: TenantPreemption = q.preemption if q is not None else "lower-priority"
+        return "never" if own == "never" else bound
 
 
 def load_settings(data_dir: Path) -> OperatorSettings:
@@ -125,6 +160,12 @@ def parse_settings(text: str, *, source: str = SETTINGS_FILE) -> OperatorSetting
         if "job_min_share" in raw
         else 100,
         api_max_body_mib=_body_limit(raw["api_max_body"]) if "api_max_body" in raw else 1,
+        max_priority=read_int(
+            raw.get("max_priority", DEFAULT_MAX_PRIORITY),
+            "max_priority",
+            minimum=-MAX_PRIORITY,
+            maximum=MAX_PRIORITY,
+        ),
     )
 
 
@@ -152,5 +193,16 @@ def _quota(value: object, where: str) -> TenantQuota:
             join(where, "gpus"),
             maximum=None,
             fix="write a positive number of GPUs, like 4 or 2.5",
+        ),
+        max_priority=None
+        if "max_priority" not in raw
+        else read_int(
+            raw["max_priority"],
+            join(where, "max_priority"),
+            minimum=-MAX_PRIORITY,
+            maximum=MAX_PRIORITY,
+        ),
+        preemption=read_choice(
+            raw.get("preemption", "lower-priority"), join(where, "preemption"), TENANT_PREEMPTION
         ),
     )

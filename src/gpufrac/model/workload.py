@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 PRIORITY_NAMES = {"low": 0, "normal": 50, "high": 100}
+MAX_PRIORITY = 1_000_000_000  # a priority is an integer from -MAX_PRIORITY to MAX_PRIORITY
 Mode = Literal["exclusive", "timeslice", "mps", "mig"]  # how a placed workload shares its GPU
 Sharing = Literal["auto", "mig", "mps", "timeslice", "exclusive"]  # what a manifest may ask for
 WorkloadType = Literal["job", "service"]

@@ -1,5 +1,6 @@
 """Priority preemption: the fewest, lowest-priority workloads whose eviction makes room. Never one of
-equal or higher priority, never past the requester's quota.
+equal or higher priority, never past the requester's quota, and only of its own tenant where the
+operator says so (``tenants.NAME.preemption: own-tenant``).
 
 What it can take, by mode:
 
@@ -69,16 +70,20 @@ def _options(
     prio = req.priority
     if st.min_priority() >= prio:
         return
+    own_only = settings.preemption(req.tenant, req.spec.preemption) == "own-tenant"
+
+    def may_evict(a: Allocation) -> bool:
+        return a.priority < prio and (not own_only or a.tenant == req.tenant)
 
     def lower(key: str) -> bool:  # by the allocation's own priority: no scan of every workload
         allocs = st.allocs.get(key)
-        return allocs is not None and bool(allocs) and allocs[0].priority < prio
+        return allocs is not None and bool(allocs) and may_evict(allocs[0])
 
     if mode == "exclusive":
-        yield from _whole_gpus(st, req, settings)
+        yield from _whole_gpus(st, req, settings, may_evict)
         return
     for g in st.mig_gpus if mode == "mig" else st.plain_gpus:
-        if not g.schedulable or not any(a.priority < prio for a in g.allocs.values()):
+        if not g.schedulable or not any(may_evict(a) for a in g.allocs.values()):
             continue
         if mode == "mig":
             yield from _mig(st, req, g, settings, scope, lower)
@@ -104,12 +109,15 @@ def _options(
 
 
 def _whole_gpus(
-    st: ClusterState, req: SchedRequest, settings: OperatorSettings
+    st: ClusterState,
+    req: SchedRequest,
+    settings: OperatorSettings,
+    may_evict: Callable[[Allocation], bool],
 ) -> Iterator[Option]:
     count = req.spec.gpu.count or 1
     options = []
     for g in st.plain_gpus:
-        if not g.schedulable or not all(a.priority < req.priority for a in g.allocs.values()):
+        if not g.schedulable or not all(may_evict(a) for a in g.allocs.values()):
             continue
         options.append((len(g.allocs), g.index, sorted(g.allocs)))
     if len(options) < count:

@@ -358,12 +358,14 @@ class Scheduler:
                 return [placed]
         if only is not None or scope is not None:  # a cheap retry found nothing: the reason stays
             return [Decision(key, "pending", self.pending[key])]
-        if preempt and req.spec.preemption != "never":
+        policy = self.settings.preemption(req.tenant, req.spec.preemption)
+        if preempt and policy != "never":
             plan = preemption(self.state, req, self.settings, self.recut)
             if plan is not None:
                 return self._preempt(req, *plan)
         elif preempt and self.state.min_priority() < req.priority:
-            reasons.append("it evicts no one (preemption: never)")
+            whose = "" if req.spec.preemption == "never" else "its tenant's "
+            reasons.append(f"it evicts no one ({whose}preemption: never)")
         reason = "; ".join(dict.fromkeys(reasons)) or "no GPU has room"
         self.pending[key] = reason
         return [Decision(key, "pending", reason)]

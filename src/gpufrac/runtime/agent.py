@@ -247,6 +247,7 @@ class Agent:
         ``unchanged`` (nothing done), ``created``, ``replaced`` (the old one is stopped), ``updated``
         (a live change), or ``refused`` (nothing stored: no GPU here could ever run it)."""
         key = workload_key(spec)
+        self.settings.check_priority(spec.tenant, spec.priority)  # nothing stored above the bound
         stored = self.store.workload(spec.tenant, spec.name)
         raw = spec_to_json(spec)
         if stored is not None and stored.spec == raw:

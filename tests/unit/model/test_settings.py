@@ -44,6 +44,12 @@ def test_defaults(attribute: str, expected: Any) -> None:
         ({"mps_share_tenants": True}, OperatorSettings(mps_share_tenants=True)),
         ({"placement_policy": "spread"}, OperatorSettings(placement_policy="spread")),
         ({"placement_policy": "binpack"}, OperatorSettings()),
+        ({"max_priority": 100}, OperatorSettings(max_priority=100)),
+        (
+            {"tenants": {"a": {"max_priority": 10, "preemption": "own-tenant"}}},
+            OperatorSettings(tenants={"a": TenantQuota(max_priority=10, preemption="own-tenant")}),
+        ),
+        ({"api_max_body": "4MiB"}, OperatorSettings(api_max_body_mib=4)),
         ({"tenants": {"a": {}}}, OperatorSettings(tenants={"a": TenantQuota(None, None)})),
         ({"tenants": {"a": {"gpus": 4}}}, OperatorSettings(tenants={"a": TenantQuota(None, 4000)})),
         (
@@ -102,6 +108,12 @@ def test_values(data: dict[str, Any], expected: OperatorSettings) -> None:
         ({"mps_share_tenants": None}, "mps_share_tenants"),
         ({"placement_policy": "random"}, "placement_policy"),
         ({"placement_policy": 1}, "placement_policy"),
+        ({"max_priority": "high"}, "max_priority"),
+        ({"max_priority": 10**10}, "max_priority"),
+        ({"tenants": {"a": {"max_priority": 1.5}}}, "tenants.a.max_priority"),
+        ({"tenants": {"a": {"preemption": "always"}}}, "tenants.a.preemption"),
+        ({"api_max_body": "2GiB"}, "api_max_body"),
+        ({"api_max_body": "lots"}, "api_max_body"),
     ],
 )
 def test_errors_name_their_field(data: dict[str, Any], field: str) -> None:

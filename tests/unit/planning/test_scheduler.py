@@ -379,3 +379,38 @@ def test_replicas_of_one_deployment_spread_over_gpus_while_others_pack() -> None
         for i in range(2)
     ]
     assert plain[0] == plain[1]  # workloads that are not replicas still pack
+
+
+@pytest.mark.parametrize(
+    ("bound", "evicted"),
+    [
+        ("lower-priority", ["b/low"]),  # the lowest priority, of any tenant
+        ("own-tenant", ["a/low"]),
+        ("never", []),
+    ],
+)
+def test_a_tenants_preemption_bound_caps_whom_its_workloads_evict(
+    bound: str, evicted: list[str]
+) -> None:
+    quota = TenantQuota(preemption=bound)  # type: ignore[arg-type]
+    s = Scheduler(fleet(plain=2), OperatorSettings(tenants={"a": quota}))
+    s.submit(w("low", tenant="b", priority=0, count=1))
+    s.submit(w("low", tenant="a", priority=10, count=1))
+    decisions = s.submit(w("urgent", tenant="a", priority=100, count=1))
+    victims = [d.workload for d in decisions[1:]]
+    if evicted:
+        assert decisions[0].outcome == "placed" and len(victims) == 1 and victims[0] in evicted
+    else:
+        assert decisions[0].outcome == "pending" and victims == []
+        assert "its tenant's preemption: never" in decisions[0].reason
+    assert s.allocations("b/low") or bound == "lower-priority"
+
+
+def test_a_priority_above_the_tenants_bound_is_refused() -> None:
+    settings = OperatorSettings(tenants={"a": TenantQuota(max_priority=100)})
+    settings.check_priority("a", 100)
+    with pytest.raises(InputError) as exc:
+        settings.check_priority("a", 1_000_000_000)
+    assert exc.value.field == "spec.priority" and "tenants.a.max_priority" in (exc.value.fix or "")
+    with pytest.raises(InputError, match="maximum of 1000"):
+        OperatorSettings().check_priority("b", 1001)
