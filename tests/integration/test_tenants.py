@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import sys
+import time
+from pathlib import Path
 
 import httpx
 
@@ -10,6 +13,7 @@ from tests.integration.conftest import TOKENS, RunningAgent
 from tests.integration.test_agent_api import manifest
 
 PY = sys.executable
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def h(who: str) -> dict[str, str]:
@@ -65,3 +69,41 @@ def test_tenants_see_and_change_only_their_own(tenant_agent: RunningAgent) -> No
     assert httpx.get(tenant_agent.url + "/metrics", headers=h("search")).status_code == 403
     assert httpx.get(tenant_agent.url + "/metrics", headers=h("admin")).status_code == 200
     assert httpx.delete(url + "/workloads/search/web", headers=h("search")).status_code == 200
+
+
+def test_the_gateway_answers_only_the_deployments_tenant(tenant_agent: RunningAgent) -> None:
+    url = tenant_agent.url + "/api/v1"
+    serve = (
+        "import os, uvicorn; uvicorn.run('tests.integration.echo_asgi:app', "
+        "port=int(os.environ['PORT']), log_level='warning')"
+    )
+
+    def deployment(name: str, public: bool) -> str:
+        return (
+            f"apiVersion: gpufrac/v1\nkind: Deployment\nmetadata: {{name: {name}, tenant: search}}\n"
+            f"spec:\n  public: {str(public).lower()}\n  replicas: 1\n  template:\n"
+            f"    command: [{PY}, -c, {json.dumps(serve)}]\n    workdir: {ROOT}\n"
+            "    resources: {gpu: {fraction: 0.2}}\n    sharing: timeslice\n"
+        )
+
+    for name, public in (("private", False), ("open", True)):
+        r = httpx.post(url + "/deployments", content=deployment(name, public), headers=h("search"))
+        assert r.status_code == 200, r.text
+
+    def ready(name: str) -> bool:
+        d = httpx.get(url + f"/deployments/search/{name}", headers=h("search")).json()
+        return int(d["replicas_ready"]) == 1
+
+    deadline = time.monotonic() + 60
+    while not (ready("private") and ready("open")):
+        assert time.monotonic() < deadline, "the replicas never became ready"
+        time.sleep(0.2)
+    gw = tenant_agent.gateway + "/serve/search."
+    assert httpx.get(gw + "private/x", timeout=10).status_code == 401
+    bad = {"authorization": "Bearer garbage-garbage-garbage"}
+    assert httpx.get(gw + "private/x", headers=bad, timeout=10).status_code == 401
+    assert httpx.get(gw + "private/x", headers=h("research"), timeout=10).status_code == 404
+    for who in ("search", "admin"):
+        r = httpx.get(gw + "private/x", headers=h(who), timeout=10)
+        assert r.status_code == 200 and TOKENS[who] not in r.text  # the token is not passed on
+    assert httpx.get(gw + "open/x", timeout=10).status_code == 200

@@ -26,9 +26,13 @@ class AgentService:
         interval: float = RECONCILE_SECONDS,
         gateway_port: int = DEFAULT_GATEWAY_PORT,
         gateway_host: str = "127.0.0.1",
+        tokens: dict[str, str | None] | None = None,
     ) -> None:
+        """``tokens``: the API tokens' tenants (None for the admin's), for the request gateway."""
         self.agent = agent
-        self.deployments = Deployments(agent, gateway_port=gateway_port, host=gateway_host)
+        self.deployments = Deployments(
+            agent, gateway_port=gateway_port, host=gateway_host, tokens=tokens
+        )
         self.lock = agent.lock  # the agent's own: its reconcile pass releases it for device calls
         self.interval = interval
         self._stop = threading.Event()

@@ -146,7 +146,12 @@ def agent_command(
                 )
         dev = open_devices(simulate_spec(simulate), data)
         agent = Agent(data, dev, _settings(settings_file, data_dir))
-    service = AgentService(agent, gateway_port=gateway_port, gateway_host=gateway_host)
+    service = AgentService(
+        agent,
+        gateway_port=gateway_port,
+        gateway_host=gateway_host,
+        tokens=None if tokens is None else {t: c.tenant for t, c in tokens.items()},
+    )
     auth = f", {len(tokens)} API token(s)" if tokens else ", no API tokens: loopback only"
     console.print(f"gpufrac agent on http://{host}:{port} (data: {data}{auth})", highlight=False)
     here = "127.0.0.1" if host in ("0.0.0.0", "::") else host

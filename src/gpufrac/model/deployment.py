@@ -49,6 +49,7 @@ class DeploymentSpec:
     max_concurrency: int = 8  # requests the gateway sends one replica at once
     queue_limit: int = 256  # requests that may wait for a free replica before 429
     timeout_seconds: float = 60.0
+    public: bool = False  # with API tokens: answered without one (else only its tenant's tokens)
 
     def __hash__(self) -> int:
         return hash((self.tenant, self.name))

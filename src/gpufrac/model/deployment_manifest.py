@@ -16,6 +16,7 @@ from gpufrac.model.manifest_fields import (
     is_number,
     join,
     kind_of,
+    read_bool,
     read_int,
     read_mapping,
     read_str,
@@ -31,6 +32,7 @@ DEPLOYMENT_FIELDS = (
     "max_concurrency",
     "queue_limit",
     "timeout_seconds",
+    "public",
 )
 MODEL_FIELDS = ("model", "max_batch_size", "max_wait_ms")
 # A replica is always a service that the agent health-checks on $PORT: these workload fields do not apply.
@@ -149,6 +151,7 @@ def parse_deployment(
         ),
         256,
     )
+    public = p.check(lambda: read_bool(spec.get("public", False), "spec.public"), False)
     timeout = p.check(lambda: _number(spec.get("timeout_seconds", 60), "spec.timeout_seconds", maximum=86_400, positive=True), 60.0)  # fmt: skip
     p.raise_any()
     assert template is not None
@@ -166,6 +169,7 @@ def parse_deployment(
         max_concurrency=concurrency,
         queue_limit=queue,
         timeout_seconds=timeout,
+        public=public,
     )
 
 

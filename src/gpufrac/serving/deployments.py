@@ -10,6 +10,7 @@ So a rolling update starts new replicas before old ones drain, and scaling down 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import socket
@@ -47,10 +48,23 @@ class ReplicaView:
 
 class Deployments:
     def __init__(
-        self, agent: Agent, *, gateway_port: int = DEFAULT_GATEWAY_PORT, host: str = "127.0.0.1"
+        self,
+        agent: Agent,
+        *,
+        gateway_port: int = DEFAULT_GATEWAY_PORT,
+        host: str = "127.0.0.1",
+        tokens: dict[str, str | None] | None = None,
     ) -> None:
+        """``tokens``: each API token's tenant (None for the admin's), or None without tokens."""
         self.agent = agent
         self.gateway_port, self.host = gateway_port, host
+        self.tokens = (
+            None
+            if tokens is None
+            else {
+                hashlib.sha256(t.encode()).hexdigest(): tenant or "" for t, tenant in tokens.items()
+            }
+        )
         self.gateway = ChildLink(
             "request gateway", "gpufrac.serving.gateway", agent.data_dir / "gateway.log"
         )
@@ -262,7 +276,9 @@ class Deployments:
             return
         try:
             self.gateway.start(["--host", self.host, "--port", str(self.gateway_port)])
-        except RuntimeError as e:
+            self.gateway.call("A " + _json({"tokens": self.tokens}))
+        except (RuntimeError, OSError) as e:
+            self.gateway.close()
             self.agent.store.record_event("gateway_error", "gateway", str(e))
             return
         self._sent = {}
@@ -283,6 +299,8 @@ class Deployments:
         busy = self._gpu_busy(d, serving, states)
         msg = {
             "name": route_name(d),
+            "tenant": d.tenant,
+            "public": d.public,
             "replicas": [
                 {"id": r.name, "port": r.port, "busy": busy.get(r.name, 0.0)} for r in serving
             ],

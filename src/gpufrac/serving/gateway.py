@@ -14,10 +14,19 @@ built on asyncio protocols with no framework on the request path:
   replica (a stale keep-alive connection is first retried fresh on the same one); the failed replica is
   skipped for a second.
 * **Streaming**: ``Content-Length`` and ``chunked`` responses pass through as they arrive.
-* **Timeouts**: ``timeout_s`` per request upstream (``504`` past it).
+* **Timeouts**: ``timeout_s`` per request upstream (``504`` past it); from clients, a request head
+  within ``--head-timeout`` (10 s) and a whole request within ``--request-timeout`` (60 s) of its first
+  byte (``408``), and an idle keep-alive connection closed after ``--idle-timeout`` (75 s).
+* **Bounds**: a body of at most 64 MiB (``413``), and 256 MiB of request bodies held by all
+  connections together (``503`` past it).
+* **Strict HTTP**: requests are parsed by httptools (docs in ``http11``): ambiguous framing is
+  refused, and what goes to a replica is written from the parsed parts; a replica's answer is parsed
+  too, and its connection is pooled again only after exactly one complete answer.
 
 The agent configures it over its own end of a socket pair (``--admin-fd``): ``C {json}`` sets a
-deployment's replicas and limits, ``X name`` removes one, ``T`` answers the statistics the autoscaler
+deployment's replicas, limits, tenant and ``public``, ``X name`` removes one, ``A {"tokens": ...}``
+sets the API tokens (their SHA-256, mapped to a tenant; a deployment that is not public answers only
+its tenant's and the admin's tokens, and ``Authorization`` is not passed on), ``T`` answers the statistics the autoscaler
 reads (in flight, queued, per replica outstanding, rate and p99 latency over the last window).
 """
 
@@ -26,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import signal
 import socket
@@ -34,19 +44,50 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
-from gpufrac.serving.http11 import HttpConnection, HttpError, Request, error_response
+import httptools
+
+from gpufrac.serving.http11 import (
+    REASONS,
+    BodyBudget,
+    HttpConnection,
+    HttpError,
+    Request,
+    error_response,
+)
 from gpufrac.serving.routing import Replica, Route, Upstream
 
-MAX_BODY = 64 * 2**20
+MAX_BODY = 64 * 2**20  # one request's body
+TOTAL_BODIES = 256 * 2**20  # request bodies held by all connections together
 DOWN_SECONDS = 1.0  # a replica that failed to answer is skipped this long
 WINDOW_SECONDS = 10.0
 # hop-by-hop headers, and Expect (the gateway already holds the whole body)
 _HOP = (b"connection", b"keep-alive", b"proxy-connection", b"upgrade", b"te", b"expect")
+# written by the gateway itself from what it parsed, never copied
+_FRAMING = (b"content-length", b"transfer-encoding", b"trailer")
+_NOT_FORWARDED = frozenset(_HOP + _FRAMING + (b"authorization",))
+_NOT_RELAYED = frozenset(_HOP + _FRAMING)
+
+
+ADMIN = ""  # the tenant a token of the admin maps to
 
 
 class Gateway:
     def __init__(self) -> None:
         self.routes: dict[str, Route] = {}
+        # sha256 of each API token -> its tenant (ADMIN for the admin's); None: no tokens, all may call
+        self.tokens: dict[str, str] | None = None
+
+    def set_tokens(self, raw: dict[str, Any]) -> None:
+        tokens = raw.get("tokens")
+        self.tokens = None if tokens is None else {str(k): str(v) for k, v in tokens.items()}
+
+    def caller(self, req: Request) -> str | None:
+        """The tenant of the request's token (ADMIN for the admin's), or None without a valid one."""
+        assert self.tokens is not None
+        value = req.header(b"authorization") or b""
+        if not value.startswith(b"Bearer "):
+            return None
+        return self.tokens.get(hashlib.sha256(value[7:].strip()).hexdigest())
 
     # -- configuration (from the agent) ---------------------------------------------------------
 
@@ -67,6 +108,8 @@ class Gateway:
             if k in raw
         }
         route = self.routes.setdefault(name, Route(name))
+        route.tenant = str(raw.get("tenant", route.tenant))
+        route.public = bool(raw.get("public", route.public))
         if "max_concurrency" in numbers:
             route.max_concurrency = max(1, int(numbers["max_concurrency"]))
         if "queue_limit" in numbers:
@@ -137,6 +180,18 @@ class Gateway:
             return
         name, _, rest = path[7:].partition("/")
         route = self.routes.get(name)
+        if route is not None and self.tokens is not None and not route.public:
+            who = self.caller(req)
+            if who is None:
+                client.send(
+                    error_response(
+                        401, "a valid API token is needed (Authorization: Bearer TOKEN)"
+                    ),
+                    req,
+                )
+                return
+            if who not in (ADMIN, route.tenant):
+                route = None  # another tenant's deployment looks like none at all
         if route is None:
             client.send(error_response(404, f"no deployment {name!r}"), req)
             return
@@ -152,7 +207,7 @@ class Gateway:
             for attempt in range(2):
                 try:
                     async with asyncio.timeout(route.timeout_s):  # cheaper than wait_for: no task
-                        conn, status_head = await self._request(req, replica, "/" + rest)
+                        conn, answer = await self._request(req, replica, "/" + rest)
                     break
                 except _NoResponse:
                     replica.down_until = time.monotonic() + DOWN_SECONDS
@@ -164,7 +219,7 @@ class Gateway:
                     self._release(route, replica)
                     replica = other
             # phase 2, the body as it comes: a stall or a lost client just ends the connection
-            await self._relay(client, req, replica, conn, status_head, route.timeout_s)
+            await self._relay(client, req, replica, conn, answer, route.timeout_s)
             replica.served += 1
             route.done.append((time.monotonic(), time.monotonic() - started))
         except _NoResponse:
@@ -218,30 +273,36 @@ class Gateway:
         replica.outstanding -= 1
         route.wake()
 
-    async def _request(self, req: Request, replica: Replica, path: str) -> tuple[Upstream, bytes]:
-        """Send the request and read the final response head (interim 1xx heads are skipped)."""
-        head = [f"{req.method} {path} HTTP/1.1".encode()]
-        head += [h for h in req.headers if h.partition(b":")[0].strip().lower() not in _HOP]
-        data = b"\r\n".join(head) + b"\r\n\r\n" + req.body
+    async def _request(
+        self, req: Request, replica: Replica, path: str
+    ) -> tuple[Upstream, _Response]:
+        """Send the request, written afresh from its parsed parts, and read the final response
+        head (interim 1xx heads are skipped)."""
+        data = _request_bytes(req, path, keep_authorization=self.tokens is None)
         fresh = False
         while True:
             try:
                 conn, fresh = await replica.connect(fresh)
             except OSError:
                 raise _NoResponse from None
+            answer = _Response(req.method == "HEAD")
             try:
                 conn.writer.write(data)
-                status_head = await conn.reader.readuntil(b"\r\n\r\n")
-                while 100 <= _status(status_head) < 200:  # 100 Continue, 103 Early Hints
-                    status_head = await conn.reader.readuntil(b"\r\n\r\n")
-                return conn, status_head
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                while not answer.head_done:
+                    chunk = await conn.reader.read(65536)
+                    if not chunk:
+                        raise asyncio.IncompleteReadError(b"", None)
+                    answer.feed(chunk)
+                return conn, answer
+            except (OSError, asyncio.IncompleteReadError):
                 conn.close()
+                if answer.seen:  # the answer had begun: not safe to send it again
+                    raise ConnectionError("the replica's answer broke off") from None
                 if fresh:
                     raise _NoResponse from None
                 fresh = True  # a stale pooled connection: once more on a new one
             except BaseException:
-                conn.close()  # timed out or cancelled: the connection is in an unknown state
+                conn.close()  # timed out, cancelled or malformed: its state is unknown
                 raise
 
     async def _relay(
@@ -250,16 +311,16 @@ class Gateway:
         req: Request,
         replica: Replica,
         conn: Upstream,
-        status_head: bytes,
+        answer: _Response,
         idle_s: float,
     ) -> None:
         """Pass the response on as it arrives, with flow control toward the client."""
         try:
-            keep = await self._relay_body(client, req, conn, status_head, idle_s)
+            keep = await self._relay_body(client, req, conn, answer, idle_s)
         except BaseException:
             conn.close()
             raise
-        if keep and not replica.retired and len(replica.idle) < 64:
+        if keep and not replica.retired and len(replica.idle) < 64 and conn.clean():
             replica.idle.append(conn)
         else:
             conn.close()
@@ -267,76 +328,131 @@ class Gateway:
             client.close()
 
     async def _relay_body(
-        self, client: _Client, req: Request, conn: Upstream, status_head: bytes, idle_s: float
+        self, client: _Client, req: Request, conn: Upstream, answer: _Response, idle_s: float
     ) -> bool:
-        """Returns whether the upstream connection may be reused."""
-        lines = status_head[:-4].split(b"\r\n")
-        length: int | None = None
-        chunked = False
-        upstream_keep = True
-        out = [lines[0]]
-        for line in lines[1:]:
-            name = line.partition(b":")[0].strip().lower()
-            if name == b"content-length":
-                length = _length(line.partition(b":")[2])
-            elif name == b"transfer-encoding" and b"chunked" in line.lower():
-                chunked = True
-            elif name == b"connection":
-                upstream_keep = b"close" not in line.lower()
-                continue
-            elif name in _HOP:
-                continue
-            out.append(line)
-        if not req.keep_alive:
-            out.append(b"Connection: close")
-        head_out = b"\r\n".join(out) + b"\r\n\r\n"
-        reader = conn.reader
-
-        async def read(coro: Any) -> bytes:
-            async with asyncio.timeout(idle_s):
-                data: bytes = await coro
-            return data
-
-        status = _status(status_head)
-        if req.method == "HEAD" or status in (204, 304):
-            client.write(head_out)  # no body, whatever Content-Length says
-            return False  # in case the replica sent one anyway: never reuse the connection
+        """Returns whether the upstream connection may be reused: only after exactly one complete
+        response that said nothing against it."""
+        length = answer.header(b"content-length")
+        chunked = answer.header(b"transfer-encoding") is not None
+        out = [f"HTTP/1.1 {answer.status} {REASONS.get(answer.status, 'OK')}".encode()]
+        out += [n + b": " + v for n, v in answer.headers if n.lower() not in _NOT_RELAYED]
         if length is not None:
-            body = await read(reader.readexactly(length)) if length else b""
-            client.write(head_out + body)
-            return upstream_keep
-        client.write(head_out)
-        if chunked:
-            while True:
-                size_line = await read(reader.readuntil(b"\r\n"))
-                size = int(size_line.split(b";")[0], 16)
-                chunk = await read(reader.readexactly(size + 2)) if size else b""
-                client.write(size_line + chunk)
-                await client.drain()
-                if size == 0:
-                    while (trailer := await read(reader.readuntil(b"\r\n"))) != b"\r\n":
-                        client.write(trailer)
-                    client.write(b"\r\n")
-                    return upstream_keep
-        while data := await read(reader.read(65536)):  # the body runs to the end of the connection
-            client.write(data)
+            out.append(b"Content-Length: " + length)
+        elif chunked:
+            out.append(b"Transfer-Encoding: chunked")
+        if not req.keep_alive or (length is None and not chunked and not answer.bodiless):
+            out.append(b"Connection: close")
+        client.write(b"\r\n".join(out) + b"\r\n\r\n")
+        if req.method == "HEAD":
+            return False  # llhttp cannot be told the response has no body: never reused
+        reader = conn.reader
+        while True:
+            for piece in answer.take():
+                client.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+            if answer.complete:
+                break
             await client.drain()
-        client.close()
-        return False
+            async with asyncio.timeout(idle_s):
+                data = await reader.read(65536)
+            if not data:
+                if length is None and not chunked:  # the body ran to the end of the connection
+                    client.close()
+                    return False
+                raise asyncio.IncompleteReadError(b"", None)
+            answer.feed(data)
+        if chunked:
+            client.write(b"0\r\n\r\n")
+        return answer.reusable
 
 
-def _status(head: bytes) -> int:
-    try:
-        return int(head.split(b" ", 2)[1])
-    except (IndexError, ValueError):
-        raise ValueError("a malformed response head from the replica") from None
+class _Response:
+    """An upstream response as httptools parses it: the head, then body pieces as they come."""
+
+    def __init__(self, head_only: bool) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.head_only = head_only
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.status = 0
+        self.seen = False  # some byte of a response arrived (not safe to retry elsewhere)
+        self.head_done = False
+        self.complete = False
+        self.messages = 0
+        self.keep_alive = True
+        self._pieces: list[bytes] = []
+
+    @property
+    def bodiless(self) -> bool:
+        return self.status in (204, 304) or 100 <= self.status < 200
+
+    @property
+    def reusable(self) -> bool:
+        return self.complete and self.messages == 1 and self.keep_alive
+
+    def feed(self, data: bytes) -> None:
+        self.seen = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            if (
+                self.complete
+            ):  # garbage after a whole answer: the answer stands, the connection goes
+                self.messages += 1
+                return
+            raise ValueError(f"a malformed response from the replica: {e}") from None
+
+    def take(self) -> list[bytes]:
+        out, self._pieces = self._pieces, []
+        return out
+
+    def header(self, name: bytes) -> bytes | None:
+        return next((v for n, v in self.headers if n.lower() == name), None)
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.head_done:  # a second response after the first: never reuse this connection
+            self.messages += 1
+            self.complete = True
+            return
+        self.messages += 1
+        self.headers = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.head_done:
+            self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if self.head_done:
+            return
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # 100 Continue, 103 Early Hints: wait for the final head
+            self.messages -= 1
+            self.headers = []
+            return
+        self.status = status
+        self.keep_alive = self.parser.should_keep_alive()
+        self.head_done = True
+        if self.head_only:
+            self.complete = True
+
+    def on_body(self, body: bytes) -> None:
+        if self.head_done and self.messages == 1:
+            self._pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.head_done:
+            self.complete = True
 
 
-def _length(value: bytes) -> int:
-    v = value.strip()
-    if not v.isdigit():
-        raise ValueError("a bad Content-Length from the replica")
-    return int(v)
+def _request_bytes(req: Request, path: str, *, keep_authorization: bool) -> bytes:
+    """The request as sent to a replica: the request line, the headers as parsed but the
+    hop-by-hop ones (and ``Authorization``, the caller's gpufrac token, where tokens are in use),
+    and the whole body with its length."""
+    dropped = _NOT_RELAYED if keep_authorization else _NOT_FORWARDED
+    lines = [f"{req.method} {path} HTTP/1.1".encode()]
+    lines += [n + b": " + v for n, v in req.headers if n.lower() not in dropped]
+    if req.body or req.method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
+        lines.append(b"Content-Length: " + str(len(req.body)).encode())
+    return b"\r\n".join(lines) + b"\r\n\r\n" + req.body
 
 
 class _NoResponse(Exception):
@@ -367,6 +483,9 @@ async def _admin(gateway: Gateway, fd: int, stop: asyncio.Event) -> None:
             elif op == "X":
                 gateway.remove(rest.strip())
                 reply = {}
+            elif op == "A":
+                gateway.set_tokens(json.loads(rest))
+                reply = {}
             elif op == "T":
                 reply = gateway.stats()
             else:
@@ -378,7 +497,14 @@ async def _admin(gateway: Gateway, fd: int, stop: asyncio.Event) -> None:
     stop.set()  # the agent is gone
 
 
-async def run(host: str, port: int, admin_fd: int | None, routes: list[dict[str, Any]]) -> None:
+async def run(
+    host: str,
+    port: int,
+    admin_fd: int | None,
+    routes: list[dict[str, Any]],
+    total_bodies: int = TOTAL_BODIES,
+) -> None:
+    _Client.budget = BodyBudget(total_bodies)
     gateway = Gateway()
     for raw in routes:
         gateway.configure(raw)
@@ -407,14 +533,26 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help='a deployment as JSON: {"name": "m", "replicas": [{"id": "r1", "port": 9000}]}',
     )
+    p.add_argument("--head-timeout", type=float, default=_Client.head_timeout)
+    p.add_argument("--request-timeout", type=float, default=_Client.request_timeout)
+    p.add_argument("--idle-timeout", type=float, default=_Client.idle_timeout)
+    p.add_argument("--max-body", type=int, default=MAX_BODY, help="bytes of one request body")
+    p.add_argument(
+        "--total-bodies", type=int, default=TOTAL_BODIES, help="bytes of all request bodies held"
+    )
     args = p.parse_args(argv)
+    _Client.head_timeout = args.head_timeout
+    _Client.request_timeout = args.request_timeout
+    _Client.idle_timeout = args.idle_timeout
+    _Client.max_body = args.max_body
     try:
         import uvloop  # type: ignore[import-not-found]
 
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(run(args.host, args.port, args.admin_fd, [json.loads(r) for r in args.route]))
+    routes = [json.loads(r) for r in args.route]
+    asyncio.run(run(args.host, args.port, args.admin_fd, routes, args.total_bodies))
     return 0
 
 

@@ -1,9 +1,18 @@
-"""The little of HTTP/1.1 the gateway and the replica server need, on asyncio protocols.
+"""The HTTP/1.1 server side the gateway and the replica server need, on asyncio protocols, with
+requests parsed by httptools (llhttp, the parser uvicorn uses).
 
-No framework sits on the request path: a request head is split on CRLF once, headers are kept as
-raw lines, and a body is read by ``Content-Length`` (request bodies must have one; ``chunked`` request
-bodies are answered 411). Responses may be ``Content-Length`` or ``chunked``; the gateway passes either
-through as it arrives. Connections are kept alive unless either side says ``Connection: close``.
+Strict on purpose, because the gateway forwards requests to servers that may parse differently: an
+obs-folded header line, a bare CR or LF, whitespace before a colon, a header name that is not a token,
+a repeated or conflicting ``Content-Length``, ``Content-Length`` with ``Transfer-Encoding``, or any
+``Transfer-Encoding`` but ``chunked`` is answered 400 and the connection closed. A request is kept as
+parsed (method, target, header pairs, the whole body), never as the bytes it came in, so what goes on
+is written from those parts.
+
+Bounds: a head must arrive within ``head_timeout`` of its first byte and a whole request within
+``request_timeout``; a keep-alive connection idle for ``idle_timeout`` is closed; a head over
+``MAX_HEAD`` bytes is 431, a body over ``max_body`` is 413, and request bodies held by all connections
+of a server together may not pass its ``BodyBudget`` (503). Responses may be ``Content-Length`` or
+``chunked``. Connections are kept alive unless either side says ``Connection: close``.
 """
 
 from __future__ import annotations
@@ -12,18 +21,24 @@ import asyncio
 import contextlib
 import json
 import socket
+from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+import httptools
+
 MAX_HEAD = 64 * 1024
+MAX_HEADERS = 100
 REASONS = {
     200: "OK",
     204: "No Content",
     400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
-    411: "Length Required",
+    408: "Request Timeout",
     413: "Payload Too Large",
     429: "Too Many Requests",
     431: "Request Header Fields Too Large",
@@ -44,46 +59,33 @@ class HttpError(Exception):
 class Request:
     method: str
     target: str
-    headers: list[bytes]  # raw header lines, without CRLF
+    headers: list[tuple[bytes, bytes]]  # as parsed: (name, value), in order
     body: bytes
     keep_alive: bool
 
+    def header(self, name: bytes) -> bytes | None:
+        """The value of the first header called ``name`` (lower case), if any."""
+        for k, v in self.headers:
+            if k.lower() == name:
+                return v
+        return None
 
-def parse_request(buf: bytearray, max_body: int) -> tuple[Request, int] | None:
-    """A complete request at the start of ``buf`` and its length, or None if more bytes are needed."""
-    end = buf.find(b"\r\n\r\n")
-    if end < 0:
-        if len(buf) > MAX_HEAD:
-            raise HttpError(431, "request head too large")
-        return None
-    lines = bytes(buf[:end]).split(b"\r\n")
-    try:
-        method, target, version = lines[0].decode("latin-1").split(" ")
-    except ValueError:
-        raise HttpError(400, "malformed request line") from None
-    length = 0
-    seen_length = False
-    keep_alive = version == "HTTP/1.1"
-    headers = lines[1:]
-    for line in headers:
-        name, _, value = line.partition(b":")
-        lname = name.strip().lower()
-        if lname == b"content-length":
-            v = value.strip()
-            if not v.isdigit() or (seen_length and int(v) != length):
-                raise HttpError(400, "bad Content-Length: give one length, in digits")
-            length, seen_length = int(v), True
-        elif lname == b"transfer-encoding" and b"chunked" in value.lower():
-            raise HttpError(411, "a request body needs Content-Length")
-        elif lname == b"connection":
-            v = value.strip().lower()
-            keep_alive = v == b"keep-alive" if not keep_alive else v != b"close"
-    if length > max_body:
-        raise HttpError(413, f"request body over {max_body} bytes")
-    total = end + 4 + length
-    if len(buf) < total:
-        return None
-    return Request(method, target, headers, bytes(buf[end + 4 : total]), keep_alive), total
+
+class BodyBudget:
+    """Request bytes held by all connections of one server together, up to ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, n: int) -> bool:
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held = max(0, self.held - n)
 
 
 def response(
@@ -123,25 +125,40 @@ def keep_task(task: asyncio.Future[None]) -> None:
 
 
 class HttpConnection(asyncio.Protocol):
-    """One server-side connection: requests are read from the stream and answered in order, one at
+    """One server-side connection: requests are parsed as they arrive and answered in order, one at
     a time. A subclass answers in ``handle``: at once (it writes, and returns None), or later (it
     returns an awaitable, run as a task; an exception there is answered 500 and closes)."""
 
     max_body = 64 * 2**20
+    head_timeout = 10.0
+    request_timeout = 60.0
+    idle_timeout = 75.0
+    budget: BodyBudget | None = None  # shared by the server's connections, if set
 
     def __init__(self) -> None:
-        self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.queue: deque[Request] = deque()  # parsed, not answered yet (pipelining)
         self.busy = False
         self.answered = False  # some of the current answer has been written
-        self._continued = False
         self._task: asyncio.Task[None] | None = None
+        self._current: Request | None = None  # the request whose handler runs
         self._writable = asyncio.Event()
         self._writable.set()
         self._reading_paused = False
+        self._timer: asyncio.TimerHandle | None = None
+        # the request being parsed
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._head_size = 0
+        self._body: list[bytes] = []
+        self._size = 0
+        self._held = 0  # bytes taken from the budget for requests not answered yet
 
     def handle(self, req: Request) -> Awaitable[None] | None:
         raise NotImplementedError
+
+    # -- connection -----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -150,9 +167,12 @@ class HttpConnection(asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._arm(self.idle_timeout, 0, "")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self._disarm()
+        self._give_back()
         self._writable.set()  # a writer waiting in drain() wakes up and finds the client gone
         if self._task is not None:
             self._task.cancel()  # the client went away: its slot and its replica are let go
@@ -170,56 +190,146 @@ class HttpConnection(asyncio.Protocol):
             raise ConnectionError("the client went away")
 
     def data_received(self, data: bytes) -> None:
-        self.buf += data
-        if not self.busy:
-            self._next()
-        elif len(self.buf) > MAX_HEAD + self.max_body and self.transport is not None:
-            self.transport.pause_reading()  # a pipelining client waits until this answer is out
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as e:  # raised in a callback of ours
+            inner = e.__context__
+            status = inner.status if isinstance(inner, HttpError) else 400
+            self._refuse(status, str(inner or e))
+            return
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, "protocol upgrades are not supported")
+            return
+        except httptools.HttpParserError as e:
+            self._refuse(400, f"malformed request: {e}")
+            return
+        if len(self.queue) > 1 and self.transport is not None and not self._reading_paused:
+            self.transport.pause_reading()  # a pipelining client waits until its answers are out
             self._reading_paused = True
+        self._next()
+
+    # -- parser callbacks -----------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._url, self._headers, self._head_size, self._body, self._size = b"", [], 0, [], 0
+        self._arm(self.head_timeout, 408, "the request head did not arrive in time")
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._grow_head(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+        self._grow_head(len(name) + len(value))
+        if len(self._headers) > MAX_HEADERS:
+            raise HttpError(431, f"more than {MAX_HEADERS} header lines")
+
+    def on_headers_complete(self) -> None:
+        self._arm(self.request_timeout, 408, "the request did not arrive in time")
+        te = [v for k, v in self._headers if k.lower() == b"transfer-encoding"]
+        if te and (len(te) > 1 or te[0].strip().lower() != b"chunked"):
+            raise HttpError(400, "Transfer-Encoding other than chunked")
+        length = next((v for k, v in self._headers if k.lower() == b"content-length"), None)
+        if length is not None and int(length) > self.max_body:
+            raise HttpError(413, f"request body over {self.max_body} bytes")
+        expect = next((v for k, v in self._headers if k.lower() == b"expect"), None)
+        if expect is not None and expect.lower() == b"100-continue" and self.transport:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > self.max_body:
+            raise HttpError(413, f"request body over {self.max_body} bytes")
+        if self.budget is not None:
+            if not self.budget.take(len(body)):
+                raise HttpError(503, "the server holds too many request bodies; try again")
+            self._held += len(body)
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        method = self.parser.get_method().decode("latin-1")
+        self.queue.append(
+            Request(
+                method,
+                self._url.decode("latin-1"),
+                self._headers,
+                b"".join(self._body),
+                self.parser.should_keep_alive(),
+            )
+        )
+
+    def _grow_head(self, n: int) -> None:
+        self._head_size += n
+        if self._head_size > MAX_HEAD:
+            raise HttpError(431, "request head too large")
+
+    # -- answering ------------------------------------------------------------------------------
 
     def _next(self) -> None:
-        while self.transport is not None and not self.busy:
-            try:
-                parsed = parse_request(self.buf, self.max_body)
-            except HttpError as e:
-                self.transport.write(error_response(e.status, str(e), keep_alive=False))
-                self.close()
-                return
-            if parsed is None:
-                self._continue()
-                return
-            req, used = parsed
-            self._continued = False
+        while self.transport is not None and not self.busy and self.queue:
+            req = self.queue.popleft()
             self.answered = False
-            del self.buf[:used]
             later = self.handle(req)
             if later is not None:
                 self.busy = True
+                self._current = req
                 task = asyncio.ensure_future(later)
                 self._task = task
                 keep_task(task)
                 task.add_done_callback(self._done)
-
-    def _continue(self) -> None:
-        """A client that sent ``Expect: 100-continue`` waits for this before sending its body."""
-        end = self.buf.find(b"\r\n\r\n")
-        if end < 0 or self._continued or self.transport is None:
-            return
-        if b"\r\nexpect:100-continue" in bytes(self.buf[:end]).lower().replace(b" ", b""):
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            self._continued = True
+            else:
+                self._give_back(len(req.body))
+        if not self.busy and not self.queue and self.transport is not None:
+            if self._reading_paused:
+                self.transport.resume_reading()
+                self._reading_paused = False
+            if self._timer is None:
+                self._arm(self.idle_timeout, 0, "")
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._task = None
         self.busy = False
-        if self._reading_paused and self.transport is not None:
-            self.transport.resume_reading()
-            self._reading_paused = False
+        if self._current is not None:
+            self._give_back(len(self._current.body))
+            self._current = None
         if not task.cancelled() and task.exception() is not None and self.transport is not None:
             if not self.answered:
                 self.transport.write(error_response(500, "internal error", keep_alive=False))
             self.close()
         self._next()
+
+    def _give_back(self, n: int | None = None) -> None:
+        """Return ``n`` bytes (all: the connection is gone) to the server's budget."""
+        n = self._held if n is None else max(0, min(n, self._held))
+        if self.budget is not None and n:
+            self.budget.give(n)
+        self._held -= n
+
+    def _arm(self, seconds: float, status: int, message: str) -> None:
+        """In ``seconds``: answer ``status`` and close (0: close quietly, an idle connection)."""
+        self._disarm()
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(seconds, self._expire, status, message)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self, status: int, message: str) -> None:
+        self._timer = None
+        if self.busy or self.queue:
+            return  # answering: the handler has its own timeouts
+        if status and self.transport is not None:
+            self.transport.write(error_response(status, message, keep_alive=False))
+        self.close()
+
+    def _refuse(self, status: int, message: str) -> None:
+        if self.transport is not None:
+            self.transport.write(error_response(status, message, keep_alive=False))
+        self.queue.clear()
+        self.close()
 
     def write(self, data: bytes) -> None:
         if self.transport is not None:
@@ -236,6 +346,7 @@ class HttpConnection(asyncio.Protocol):
             self.close()
 
     def close(self) -> None:
+        self._disarm()
         if self.transport is not None:
             self.transport.close()
             self.transport = None

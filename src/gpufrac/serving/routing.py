@@ -21,6 +21,12 @@ class Upstream:
     def close(self) -> None:
         self.writer.close()
 
+    def clean(self) -> bool:
+        """Open, with nothing unread waiting: a pooled connection must start at a response's
+        beginning, or a late byte would become the next client's answer."""
+        buffered = getattr(self.reader, "_buffer", b"")
+        return not (self.writer.is_closing() or self.reader.at_eof() or buffered)
+
 
 @dataclass(eq=False)
 class Replica:
@@ -38,8 +44,9 @@ class Replica:
         """A pooled keep-alive connection (unless ``fresh``), else a new one; and whether it is new."""
         while self.idle and not fresh:
             conn = self.idle.pop()
-            if not conn.writer.is_closing():
+            if conn.clean():
                 return conn, False
+            conn.close()
         reader, writer = await asyncio.open_connection(self.host, self.port)
         sock = writer.get_extra_info("socket")
         if sock is not None:
@@ -55,6 +62,8 @@ class Route:
     queue_limit: int = 256
     timeout_s: float = 60.0
     cold_start_timeout_s: float = 120.0
+    tenant: str = "default"
+    public: bool = False
     waiters: deque[asyncio.Future[Replica]] = field(default_factory=deque)
     retiring: dict[str, Replica] = field(default_factory=dict)  # removed, requests still on them
     done: deque[tuple[float, float]] = field(default_factory=deque)  # (at, latency s)
