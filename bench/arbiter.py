@@ -8,12 +8,16 @@
    them, and a high-priority client asking for turns: how long the high one waits for its grant, with
    ``qos_preempt: overlap`` (granted at once) and ``drain`` (granted once the low one yields).
 
+Each client runs in its own session, registered with the arbiter by its process group before it
+says hello, as the agent registers the workloads it starts (the arbiter believes no client's word).
+
 Run: .venv/bin/python bench/arbiter.py [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import socket
@@ -23,12 +27,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 if SRC.is_dir() and str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
-from gpufrac.runtime.arbiter_link import ArbiterLink  # noqa: E402
+from gpufrac.model.qos import QosParams  # noqa: E402
+from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec  # noqa: E402
 from gpufrac.sdk.turns import TurnClient, gpu_turn  # noqa: E402
 
 ECHO = """
@@ -92,43 +98,94 @@ def flag_reads(client: TurnClient, n: int) -> float:
     return (time.perf_counter() - t) / n
 
 
-def contended_waits(address: str, n: int) -> list[float]:
-    """A low-priority loop of 1 ms modules with yield points; a high-priority client's waits."""
-    # the low loop runs in its own process so the two do not share a GIL
-    code = (
-        "import sys, time; sys.path.insert(0, sys.argv[2])\n"
-        "from gpufrac.sdk.turns import TurnClient, gpu_turn\n"
-        "low = TurnClient(sys.argv[1], workload='b/low', domain='gpu', qos={'rank': 0})\n"
-        "while True:\n"
-        "    with gpu_turn(low) as turn:\n"
-        "        for _ in range(8):\n"
-        "            turn.checkpoint()\n"
-        "            end = time.perf_counter() + 0.001\n"
-        "            while time.perf_counter() < end: pass\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code, address, str(SRC)])
-    high = TurnClient(address, workload="b/high", domain="gpu", qos={"rank": 10})
-    try:
+LOW_LOOP = (
+    "import sys, time; sys.path.insert(0, sys.argv[2])\n"
+    "from gpufrac.sdk.turns import TurnClient, gpu_turn\n"
+    "sys.stdin.readline()  # registered with the arbiter: go\n"
+    "low = TurnClient(sys.argv[1], workload='b/low', domain='gpu', qos={'rank': 0})\n"
+    "while True:\n"
+    "    with gpu_turn(low) as turn:\n"
+    "        for _ in range(8):\n"
+    "            turn.checkpoint()\n"
+    "            end = time.perf_counter() + 0.001\n"
+    "            while time.perf_counter() < end: pass\n"
+)
+
+
+def client_role(role: str, address: str, n: int) -> None:
+    """A client of the benchmark, in its own session as a workload would be: it waits until it is
+    registered (the arbiter knows a client by its process group), measures, and prints JSON."""
+    sys.stdin.readline()
+    client = TurnClient(address, workload=f"b/{role}", domain="gpu", qos={})
+    if role == "solo":
+        turns(client, 200)  # warm
+        out: dict[str, object] = {
+            "plain": turns(client, n),
+            "ctx": context_turns(client, n),
+            "flag": flag_reads(client, n * 10),
+        }
+    else:
         time.sleep(0.5)
         waits = []
         rng = random.Random(7)
         for _ in range(n):
             time.sleep(rng.uniform(0.002, 0.008))  # not in step with the 1 ms modules
             t = time.perf_counter()
-            high.acquire()
+            client.acquire()
             waits.append(time.perf_counter() - t)
-            high.release()
+            client.release()
+        out = {"waits": waits}
+    client.close()
+    print(json.dumps(out), flush=True)
+
+
+def registered(
+    link: ArbiterLink, members: dict[str, MemberSpec], key: str, rank: int, cmd: list[str]
+) -> subprocess.Popen[str]:
+    """Start ``cmd`` in its own session, register its process group as ``key``, then let it go."""
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    members[key] = MemberSpec("gpu", QosParams(rank=rank), proc.pid)
+    link.sync(members)
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    return proc
+
+
+def measured(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = proc.communicate(timeout=600)
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def contended_waits(link: ArbiterLink, n: int) -> list[float]:
+    """A low-priority loop of 1 ms modules with yield points; a high-priority client's waits."""
+    members: dict[str, MemberSpec] = {}
+    low = registered(
+        link, members, "b/low", 0, [sys.executable, "-c", LOW_LOOP, link.address, str(SRC)]
+    )
+    try:
+        high = registered(
+            link, members, "b/high", 10,
+            [sys.executable, __file__, "--client", "high", link.address, str(n)],
+        )  # fmt: skip
+        waits: list[float] = measured(high)["waits"]
         return waits
     finally:
-        proc.kill()
-        proc.wait()
-        high.close()
+        low.kill()
+        low.wait()
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--client", nargs=3, metavar=("ROLE", "ADDRESS", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.client:
+        client_role(args.client[0], args.client[1], int(args.client[2]))
+        return 0
     n = 2000 if args.quick else 20000
     with tempfile.TemporaryDirectory(prefix="gpufrac-arb-") as tmp_name:
         tmp = Path(tmp_name)
@@ -136,19 +193,16 @@ def main() -> int:
         link = ArbiterLink(tmp / "arbiter")
         link.sync({}, start=True)
         try:
-            client = TurnClient(link.address, workload="b/solo", domain="gpu", qos={"rank": 0})
-            turns(client, 200)  # warm
-            plain = turns(client, n)
-            ctx = context_turns(client, n)
-            flag = flag_reads(client, n * 10)
-            client.close()
-            waits = contended_waits(link.address, 100 if args.quick else 400)
+            cmd = [sys.executable, __file__, "--client", "solo", link.address, str(n)]
+            solo = measured(registered(link, {}, "b/solo", 0, cmd))
+            plain, ctx, flag = solo["plain"], solo["ctx"], solo["flag"]
+            waits = contended_waits(link, 100 if args.quick else 400)
         finally:
             link.close()
         drain_link = ArbiterLink(tmp / "arbiter-drain", preempt="drain")
         drain_link.sync({}, start=True)
         try:
-            drain_waits = contended_waits(drain_link.address, 100 if args.quick else 400)
+            drain_waits = contended_waits(drain_link, 100 if args.quick else 400)
         finally:
             drain_link.close()
     us = 1e6

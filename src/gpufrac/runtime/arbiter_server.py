@@ -6,8 +6,11 @@ member in ``DIR/arbiter.flags``, which SDK clients map read-only: 1 means "yield
 point". So a trainer checks for contention with a memory read, and talks to the arbiter only to take
 and give back turns.
 
-Messages are lines. On the public socket, a client: ``H {json}`` (hello: workload key, domain, its
-QoS) answered ``K {slot}``; ``A`` (acquire) answered ``G`` when the turn is granted; ``R
+Messages are lines. On the public socket, a client: ``H {json}`` (hello) answered ``K {slot}``:
+the client is the member whose process group its process is in (its pid from the kernel,
+``SO_PEERCRED``; the agent registered each member with the process group it started), with the class,
+weight and min share the agent gave that member; what the hello claims is ignored, and a process in no
+member's group is refused (``E``); ``A`` (acquire) answered ``G`` when the turn is granted; ``R
 [gpu_seconds]`` (release, no answer). Only the agent, on its own connection (one end of a socket pair
 handed over as ``--admin-fd``), may also send ``S {json}`` (set a member: key, domain, qos, pgid),
 ``D key`` (remove), ``T`` (stats), ``Q`` (quit), each answered ``K ...``: a workload cannot pause
@@ -29,6 +32,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import sys
 import time
 from pathlib import Path
@@ -41,6 +45,7 @@ from gpufrac.runtime.arbiter import (
     AskYield,
     ClearYield,
     Grant,
+    Member,
     Pause,
     Resume,
     TurnPolicy,
@@ -64,10 +69,23 @@ def socket_path(directory: Path) -> tuple[str, int | None]:
 
 
 class _Conn:
-    def __init__(self, sock: socket.socket, cid: int, *, admin: bool = False) -> None:
+    def __init__(
+        self, sock: socket.socket, cid: int, *, admin: bool = False, pid: int | None = None
+    ) -> None:
         self.sock, self.cid, self.admin = sock, cid, admin
+        self.pid = pid  # the peer's process, as the kernel reports it (SO_PEERCRED)
         self.buf = b""
         self.member: str | None = None
+
+
+def _peer_pid(sock: socket.socket) -> int | None:
+    """The pid of the process at the other end of a Unix socket, from the kernel."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    pid, _uid, _gid = struct.unpack("3i", creds)
+    return pid if pid > 0 else None
 
 
 class ArbiterServer:
@@ -178,7 +196,7 @@ class ArbiterServer:
         except OSError:  # nothing to accept after all, or out of descriptors: try again later
             return
         sock.setblocking(False)
-        conn = _Conn(sock, self.next_cid)
+        conn = _Conn(sock, self.next_cid, pid=_peer_pid(sock))
         self.next_cid += 1
         self.conns[conn.cid] = conn
         self.sel.register(sock, selectors.EVENT_READ, conn)
@@ -226,11 +244,10 @@ class ArbiterServer:
             gpu = float(rest) if rest.strip() else None
             self._apply(self.policy.release(conn.cid, now, gpu))
         elif op == "H":
-            raw = _mapping(rest)
-            key = str(raw["workload"])
-            qos = QosParams.from_json(_mapping(raw.get("qos") or {}))
-            self._apply(self.policy.connect(conn.cid, key, str(raw["domain"]), qos, now))
-            conn.member = key
+            _mapping(rest)  # what the client says of itself is not believed: the kernel is
+            m = self._member_of_peer(conn)
+            self._apply(self.policy.connect(conn.cid, m.key, m.domain, m.qos, now))
+            conn.member = key = m.key
             self._send(conn, "K " + json.dumps({"slot": self._slot(key), "flags": FLAGS}))
         elif not conn.admin:
             raise ValueError(f"{op!r} is not for workloads: send H, A or R")
@@ -239,6 +256,8 @@ class ArbiterServer:
             pgid = raw.get("pgid")
             if pgid is not None and (not isinstance(pgid, int) or pgid <= 1):
                 raise ValueError(f"pgid {pgid!r} is not a process group")
+            if pgid == os.getpgrp():  # pausing it would stop the arbiter (and its agent) too
+                raise ValueError(f"pgid {pgid} is the arbiter's own process group")
             self._apply(
                 self.policy.set_member(
                     str(raw["key"]),
@@ -260,6 +279,22 @@ class ArbiterServer:
             self.running = False
         else:
             raise ValueError(f"unknown message {op!r}")
+
+    def _member_of_peer(self, conn: _Conn) -> Member:
+        """The member whose process group the peer is in: only the agent registers members, with
+        the process group it started; an unknown peer is refused."""
+        try:
+            pgid = os.getpgid(conn.pid) if conn.pid is not None else None
+        except ProcessLookupError:
+            pgid = None
+        found = next(
+            (m for m in self.policy.members.values() if pgid is not None and m.pgid == pgid), None
+        )
+        if found is None:
+            raise ValueError(
+                "unknown peer: no workload the agent started runs in this process's group"
+            )
+        return found
 
     # -- actions --------------------------------------------------------------------------------
 
