@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from gpufrac.config import shared_path
 from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.devices.simfleet import SimulatedFleet
 from gpufrac.runtime.shim import read_status
@@ -34,7 +36,7 @@ def kill_leftover_runs(data_dir: Path) -> None:
     before it was killed may not have written ``child.json`` yet, and killed now it never starts a
     workload that nobody would stop.
     """
-    where = str(data_dir).encode()
+    where = (str(data_dir).encode(), str(shared_path(data_dir)).encode())
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             args = (proc / "cmdline").read_bytes().split(b"\0")
@@ -48,7 +50,7 @@ def kill_leftover_runs(data_dir: Path) -> None:
                 b"gpufrac.serving.gateway",
             )
         )
-        if ours and any(a.startswith(where) for a in args):
+        if ours and any(a.startswith(w) for a in args for w in where):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(proc.name), signal.SIGKILL)
     for run in data_dir.glob("**/runs/*/*/*"):
@@ -56,6 +58,7 @@ def kill_leftover_runs(data_dir: Path) -> None:
         if status.child_pid and not status.done:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(status.child_pid, signal.SIGKILL)
+    shutil.rmtree(shared_path(data_dir), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

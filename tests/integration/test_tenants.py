@@ -8,8 +8,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.integration.conftest import TOKENS, RunningAgent
+from tests.conftest import kill_leftover_runs
+from tests.integration.conftest import TOKENS, RunningAgent, free_port
 from tests.integration.test_agent_api import manifest
 
 PY = sys.executable
@@ -107,3 +109,37 @@ def test_the_gateway_answers_only_the_deployments_tenant(tenant_agent: RunningAg
         r = httpx.get(gw + "private/x", headers=h(who), timeout=10)
         assert r.status_code == 200 and TOKENS[who] not in r.text  # the token is not passed on
     assert httpx.get(gw + "open/x", timeout=10).status_code == 200
+
+
+def test_a_workload_gets_nothing_of_the_agents_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFRAC_TOKEN", TOKENS["admin"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "agent-only-secret")
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    port = free_port()
+    agent = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None)  # type: ignore[arg-type]
+    agent.start()
+    try:
+        show = "import json, os; print(json.dumps(dict(os.environ)))"
+        text = manifest("env", [PY, "-c", show], kind="job").replace(
+            "resources:", "env: {MINE: mine}\n  resources:"
+        )
+        assert httpx.post(agent.url + "/api/v1/workloads", content=text).status_code == 200
+        deadline = time.monotonic() + 30
+        while (w := httpx.get(agent.url + "/api/v1/workloads/default/env").json())[
+            "phase"
+        ] != "succeeded":
+            assert time.monotonic() < deadline, w
+            time.sleep(0.1)
+        logs = httpx.get(agent.url + "/api/v1/workloads/default/env/logs").json()["lines"]
+        seen = json.loads(logs[-1])
+        assert seen["MINE"] == "mine" and seen["PATH"]
+        assert "GPUFRAC_TOKEN" not in seen and "AWS_SECRET_ACCESS_KEY" not in seen
+        assert "GPUFRAC_DATA_DIR" not in seen and str(data_dir) not in json.dumps(seen)
+        assert "GPUFRAC_TOKEN" not in w["env"] and TOKENS["admin"] not in json.dumps(w)
+    finally:
+        agent.proc.kill()
+        agent.proc.wait(timeout=10)
+        kill_leftover_runs(data_dir)

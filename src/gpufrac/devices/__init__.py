@@ -14,9 +14,10 @@ __all__ = ["DeviceError", "DriverUnavailable", "NvmlDevices", "open_devices", "o
 
 def open_simulated(spec: str, data_dir: Path) -> NvmlDevices:
     """The adapter over a simulated fleet (``h200:1:mig,h200:1``), its state kept in ``data_dir``."""
-    dev = NvmlDevices(FakeNvml(SimulatedFleet.open(spec, data_dir)), simulated=True)
-    # where a workload's gpufrac.sdk.report_gpu_memory() finds the fleet (the SDK channel)
-    dev.sdk_env = {"GPUFRAC_SIMULATE": spec, "GPUFRAC_DATA_DIR": str(data_dir)}
+    fleet = SimulatedFleet.open(spec, data_dir)
+    dev = NvmlDevices(FakeNvml(fleet), simulated=True)
+    # where a workload's gpufrac.sdk.report_gpu_use() reports (a drop box outside the data directory)
+    dev.sdk_env = {"GPUFRAC_GPU_REPORTS": str(fleet.open_reports())}
     return dev
 
 

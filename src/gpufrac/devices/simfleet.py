@@ -117,6 +117,66 @@ class SimulatedFleet:
         with self.mutate():
             pass  # creates the file on first use
 
+    @property
+    def reports_dir(self) -> Path:
+        """Where workloads on this fleet report their GPU use (``gpufrac.sdk.report_gpu_use``):
+        outside the data directory, writable by any process and listable by none but its owner
+        (mode 1733, as a drop box), one file per process."""
+        digest = hashlib.sha1(str(self.path.resolve()).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"gpufrac-sim-{digest}"
+
+    def open_reports(self) -> Path:
+        d = self.reports_dir
+        d.mkdir(mode=0o1733, exist_ok=True)
+        os.chmod(d, 0o1733)
+        return d
+
+    def reported(self) -> list[dict[str, Any]]:
+        """Each live process's report, as the driver would list it: the device is the one the
+        process was handed (its own environment says which), the memory and SM use what it wrote.
+        A report whose file is not owned by the process's user is ignored; those of processes that
+        are gone are removed."""
+        out: list[dict[str, Any]] = []
+        try:
+            entries = list(os.scandir(self.reports_dir))
+        except OSError:
+            return out
+        for entry in entries:
+            stem = entry.name.removesuffix(".json")
+            if not stem.isdigit() or not entry.name.endswith(".json"):
+                continue
+            pid = int(stem)
+            if not pid_alive(pid):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                continue
+            try:
+                st = entry.stat()
+                env = _environ(pid)
+                uid = _uid(pid)
+                with open(entry.path, encoding="utf-8") as f:
+                    raw = json.load(f)
+            except (OSError, ValueError):
+                continue
+            gpu, gi = env.get("GPUFRAC_GPU_UUID"), env.get("GPUFRAC_GI_ID", "")
+            if st.st_uid != uid or not gpu or not isinstance(raw, dict):
+                continue
+            mib, sm = raw.get("mib"), raw.get("sm", 0)
+            if not isinstance(mib, int) or not isinstance(sm, int) or mib < 0:
+                continue
+            out.append(
+                {
+                    "gpu": gpu,
+                    "pid": pid,
+                    "used_mib": mib,
+                    "gi_id": int(gi) if gi.isdigit() else None,
+                    "ci_id": 0 if gi.isdigit() else None,
+                    "mps": False,
+                    "sm_util": max(0, min(100, sm)),
+                }
+            )
+        return out
+
     @classmethod
     def open(cls, spec_text: str, data_dir: Path) -> SimulatedFleet:
         specs = parse_simulate_spec(spec_text)
@@ -256,3 +316,20 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
     except OSError:
         return True
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def _uid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise OSError(f"no Uid for {pid}")

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, get_args
 
+from gpufrac.config import shared_dir
 from gpufrac.devices.health import DeviceHealth
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
@@ -173,7 +174,9 @@ class Agent:
         self.runs = Runs(data_dir / "runs", stop_grace=stop_grace)
         self.failures = Failures(self.store, clock)
         self.arbiter = ArbiterLink(
-            data_dir / "arbiter", quantum_ms=settings.qos_quantum_ms, preempt=settings.qos_preempt
+            shared_dir(data_dir) / "arbiter",
+            quantum_ms=settings.qos_quantum_ms,
+            preempt=settings.qos_preempt,
         )
         self.health = DeviceHealth(dev)
         self.busy_until: dict[str, float] = {}  # workload -> until when it is busy (note_busy)

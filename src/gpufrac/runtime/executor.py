@@ -19,7 +19,6 @@ per condition, retried with backoff (``Failures``).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import assert_never
 
@@ -34,7 +33,7 @@ from gpufrac.planning.sched_decision import (
 )
 from gpufrac.planning.scheduler import Scheduler
 from gpufrac.runtime.failures import Failures
-from gpufrac.runtime.handover import Handover
+from gpufrac.runtime.handover import Handover, base_env
 from gpufrac.runtime.mig_worker import MigWorker
 from gpufrac.runtime.mps import MpsDaemons
 from gpufrac.runtime.runs import Runs, read_json, write_json
@@ -161,7 +160,7 @@ class Executor:
             stored.generation,
             attempt,
             spec.command,
-            env={**os.environ, **spec.env, **env},
+            env={**base_env(), **spec.env, **env},
             workdir=spec.workdir,
             user=spec.user,
         )

@@ -8,6 +8,8 @@ active-thread percentage and the client priority. docs/design.md lists them.
 
 from __future__ import annotations
 
+import os
+
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.qos import mps_client_priority, qos_params
 from gpufrac.model.workload import WorkloadSpec
@@ -21,6 +23,18 @@ def qos_domain(d: Decision, env: dict[str, str]) -> str:
     if d.mig is not None and env.get("CUDA_VISIBLE_DEVICES"):
         return env["CUDA_VISIBLE_DEVICES"].split(",")[0]
     return d.gpus[0] if d.gpus else ""
+
+
+# the agent's own variables a workload gets (where programs are, language and time zone); nothing
+# else of the agent's environment (tokens, its data directory, credentials) reaches a workload
+PASSED_THROUGH = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "HOME", "TMPDIR")
+
+
+def base_env() -> dict[str, str]:
+    """What a workload's environment starts from, before its manifest's ``env`` and gpufrac's."""
+    env = {k: os.environ[k] for k in PASSED_THROUGH if k in os.environ}
+    env.setdefault("PATH", os.defpath)
+    return env
 
 
 class Handover:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -66,17 +67,17 @@ def report_gpu_memory(mib: int) -> bool:
 
 def report_gpu_use(mib: int, sm_percent: int = 0) -> bool:
     """Simulated GPUs only: record that this process holds ``mib`` MiB on its GPU (or MIG instance)
-    and keeps ``sm_percent`` of its SMs busy, as NVML would show a real process's use."""
-    spec = os.environ.get("GPUFRAC_SIMULATE")
-    gpu = os.environ.get("GPUFRAC_GPU_UUID")
-    data = os.environ.get("GPUFRAC_DATA_DIR")
-    if not (spec and gpu and data):
+    and keeps ``sm_percent`` of its SMs busy, as NVML would show a real process's use. The report
+    goes to the drop box the agent names in ``GPUFRAC_GPU_REPORTS`` (one file per process); the
+    device it is about is the one this process was handed. False where there is no such channel."""
+    where = os.environ.get("GPUFRAC_GPU_REPORTS")
+    if not where:
         return False
-    from gpufrac.devices.simfleet import SimulatedFleet
-
-    gi = os.environ.get("GPUFRAC_GI_ID", "")
-    fleet = SimulatedFleet.open(spec, Path(data))
-    fleet.attach_process(
-        gpu, os.getpid(), mib, gi_id=int(gi) if gi.isdigit() else None, sm_util=sm_percent
-    )
+    path = Path(where) / f"{os.getpid()}.json"
+    tmp = path.with_name(f".{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps({"mib": int(mib), "sm": int(sm_percent)}))
+        os.replace(tmp, path)
+    except OSError:
+        return False
     return True

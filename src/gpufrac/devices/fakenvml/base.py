@@ -72,9 +72,20 @@ class FakeNvmlDevices:
             raise nv.NVMLError(nv.NVML_ERROR_INVALID_ARGUMENT)
         return prof
 
-    @staticmethod
-    def _live_processes(gpu: dict[str, Any]) -> list[dict[str, Any]]:
-        return [p for p in gpu["processes"] if pid_alive(p["pid"])]
+    def _live_processes(self, gpu: dict[str, Any]) -> list[dict[str, Any]]:
+        """The processes on ``gpu``: those the fleet records, and those that reported their use
+        themselves (the SDK channel), on this GPU and on one of its instances that exists."""
+        recorded = [p for p in gpu["processes"] if pid_alive(p["pid"])]
+        seen = {p["pid"] for p in recorded}
+        instances = {gi["id"] for gi in gpu["gpu_instances"]}
+        reported = [
+            p
+            for p in self.fleet.reported()
+            if p["gpu"] == gpu["uuid"]
+            and p["pid"] not in seen
+            and (p["gi_id"] is None or p["gi_id"] in instances)
+        ]
+        return recorded + reported
 
     def _mig_devices(self, gpu: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         pairs = []
