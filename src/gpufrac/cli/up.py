@@ -126,6 +126,8 @@ def up_command(
         if not keep:
             for spec in specs:
                 agent.delete(spec.tenant, spec.name)
+            if not agent.runs.wait_stopped(agent.runs.stop_grace + 5):
+                console.print("[yellow]some workloads did not end within their grace[/]")
             console.print("stopped the workloads it started (--keep leaves them running)")
         agent.close()
         dev.close()

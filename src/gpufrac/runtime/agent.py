@@ -354,6 +354,7 @@ class Agent:
         with self.lock:
             self.executor.record_mig()
             self._upkeep()
+            self.runs.sweep()
             states = [self._step(w) for w in self.store.workloads()]
             self.qos.sync(
                 [

@@ -11,12 +11,14 @@ import json
 import os
 import shutil
 import socket
+import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gpufrac.runtime.shim import launch, read_status, stop
+from gpufrac.runtime.shim import launch, live, read_status, stop
 
+GONE = ".gone"  # attempts of removed workloads that are still ending
 HANDED_OVER = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_", "GPUFRAC_")
 
 
@@ -73,9 +75,41 @@ class Runs:
         return stopped
 
     def remove(self, tenant: str, name: str) -> None:
-        """Stop what runs and forget every attempt (the workload is deleted or replaced)."""
+        """Stop what runs and forget every attempt (the workload is deleted or replaced). Attempts
+        still ending (a workload in its grace after SIGTERM) are moved aside to ``.gone`` until
+        they have ended (``sweep``), so the name is free at once."""
         self.stop_live(tenant, name)
-        shutil.rmtree(self.of(tenant, name), ignore_errors=True)
+        root = self.of(tenant, name)
+        if not root.exists():
+            return
+        if all(read_status(r).done or not live(r) for r in root.iterdir() if r.is_dir()):
+            shutil.rmtree(root, ignore_errors=True)
+            return
+        gone = self.root / GONE
+        gone.mkdir(parents=True, exist_ok=True)
+        os.replace(root, gone / f"{tenant}.{name}.{time.time_ns()}")
+
+    def sweep(self) -> None:
+        """Forget removed attempts that have ended since."""
+        gone = self.root / GONE
+        if not gone.exists():
+            return
+        for entry in gone.iterdir():
+            runs = [r for r in entry.iterdir() if r.is_dir()] if entry.is_dir() else []
+            if all(read_status(r).done or not live(r) for r in runs):
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def wait_stopped(self, timeout: float) -> bool:
+        """Wait until every removed attempt has ended; True if they all did within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.sweep()
+            gone = self.root / GONE
+            if not gone.exists() or not any(gone.iterdir()):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
 
 
 def probe(kind: str, port: int, path: str) -> bool:

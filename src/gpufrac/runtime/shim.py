@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -134,6 +135,7 @@ def launched_at(run_dir: Path) -> float | None:
         return None
 
 
+DEFAULT_GRACE_S = 10.0  # SIGTERM, then SIGKILL this long after
 LAUNCH_TIMEOUT_S = 10.0  # how long a launched shim may take to report before its run counts as dead
 
 
@@ -214,37 +216,46 @@ def _boot_time() -> float:
     return 0.0
 
 
-def stop(run_dir: Path, *, grace: float = 10.0) -> None:
-    """SIGTERM the workload's process group, SIGKILL it after ``grace`` seconds if still there.
+def stop(run_dir: Path, *, grace: float = DEFAULT_GRACE_S, wait: float = 0.5) -> bool:
+    """Stop the run: its shim passes SIGTERM to the workload's process group and SIGKILLs the group
+    ``grace`` seconds later if it is still there. Waits at most ``wait`` seconds for it to end (the
+    agent calls this under its lock: a workload that ignores SIGTERM never holds the agent up for
+    its grace). True if the run has ended by the time this returns.
 
-    A run whose shim has not started the workload yet is told not to (``stop.json``), and waited for
-    until it has either given up or started it (then it is stopped as any other)."""
+    A run not started yet never starts (``stop.json``, which its shim reads before and after
+    starting the workload). A run whose shim is gone has its group killed at once."""
     if (run_dir / "exit.json").exists():
-        return
+        return True
+    _write_json(run_dir / "stop.json", {"at": time.time(), "grace": grace})
+    status = read_status(run_dir)
     child = _read_json(run_dir / "child.json")
-    if child is None:
-        _write_json(run_dir / "stop.json", {"at": time.time()})
-        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-        while child is None and time.monotonic() < deadline:
-            status = read_status(run_dir)
-            if status.done or not (status.shim_alive or launching(run_dir, status)):
-                return
-            time.sleep(0.02)
-            child = _read_json(run_dir / "child.json")
-        if child is None:
-            return
-    pgid = int(child["pgid"])
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-            os.killpg(pgid, signal.SIGCONT)  # one the QoS arbiter paused must run to handle SIGTERM
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if (run_dir / "exit.json").exists():
-                return
-            time.sleep(0.02)
+    if status.shim_alive and status.shim_pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(status.shim_pid, signal.SIGTERM)
+    elif child is not None and _group_is_this_runs(int(child["pgid"]), run_dir):
+        _kill_group(int(child["pgid"]))  # no shim to pass it on: at once
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if (run_dir / "exit.json").exists():
+            return True
+        time.sleep(0.01)
+    return (run_dir / "exit.json").exists()
+
+
+def wait_ended(run_dir: Path, timeout: float) -> bool:
+    """Wait until the run has ended (its ``exit.json``), or its shim is gone; True if it ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = read_status(run_dir)
+        if status.done or not (status.shim_alive or launching(run_dir, status)):
+            return status.done
+        time.sleep(0.02)
+    return False
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 class _RotatingLog:
@@ -276,8 +287,36 @@ def _run(run_dir: Path) -> int:
     if spec is None:
         print(f"no spec.json in {run_dir}", file=sys.stderr)
         return 2
+    stopping = threading.Event()
+    started: list[subprocess.Popen[bytes]] = []
+    killer: list[threading.Timer] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        """Pass the signal to the workload's group; after a SIGTERM, SIGKILL it once the grace
+        the agent asked for (``stop.json``) has passed, so nobody waits on a workload that ignores
+        SIGTERM."""
+        stopping.set()
+        if not started:
+            return  # not started yet: it never will be
+        pgid = started[0].pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signum)
+            os.killpg(pgid, signal.SIGCONT)  # one the QoS arbiter paused must run to handle it
+        if signum == signal.SIGTERM and not killer:
+            asked = _read_json(run_dir / "stop.json") or {}
+            grace = asked.get("grace", DEFAULT_GRACE_S)
+            timer = threading.Timer(
+                float(grace) if isinstance(grace, int | float) else DEFAULT_GRACE_S,
+                lambda: _kill_group(pgid),
+            )
+            timer.daemon = True
+            killer.append(timer)
+            timer.start()
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
     _write_json(run_dir / "shim.json", {"pid": os.getpid(), "started": time.time()})
-    if (run_dir / "stop.json").exists():  # stopped before it started: it never starts
+    if stopping.is_set() or (run_dir / "stop.json").exists():  # stopped before it started
         _write_json(
             run_dir / "exit.json",
             {"exit_code": None, "signal": signal.SIGTERM, "finished": time.time()},
@@ -304,13 +343,9 @@ def _run(run_dir: Path) -> int:
         )
         return 0
     _write_json(run_dir / "child.json", {"pid": child.pid, "pgid": child.pid})
-
-    def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    started.append(child)
+    if stopping.is_set() or (run_dir / "stop.json").exists():  # asked to stop while starting
+        forward(signal.SIGTERM, None)
     out = child.stdout
     assert isinstance(out, io.BufferedReader)
     for chunk in iter(lambda: out.read1(65536), b""):

@@ -113,3 +113,28 @@ def test_a_run_launched_without_waiting_reports_by_itself(tmp_path: Path) -> Non
     run = tmp_path / "run"
     launch(run, [PY, "-c", "raise SystemExit(3)"], wait=False)
     assert wait_done(run).exit_code == 3
+
+
+def test_stopping_a_workload_that_ignores_sigterm_returns_at_once_and_it_is_killed_after_the_grace(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('up', flush=True)\ntime.sleep(60)\n"
+    )
+    run = tmp_path / "run"
+    launch(run, [sys.executable, "-c", code])
+    deadline = time.monotonic() + 10
+    while "up" not in (run / LOG).read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    started = time.monotonic()
+    assert stop(run, grace=1.5, wait=0.2) is False  # still in its grace: not waited for
+    assert time.monotonic() - started < 1.0
+    deadline = time.monotonic() + 10
+    while not read_status(run).done:
+        assert time.monotonic() < deadline, "never killed after its grace"
+        time.sleep(0.05)
+    took = time.monotonic() - started
+    assert 1.4 <= took < 6, took
+    assert read_status(run).signal == 9  # SIGKILL, by its shim
