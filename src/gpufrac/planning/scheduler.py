@@ -57,6 +57,10 @@ from gpufrac.planning.sched_state import (
     Statement,
 )
 
+RECUT_BYPASS = 8
+"""How many later MIG requests of its tenant may have a GPU re-cut for them while a MIG request waits
+(backfill), before re-cuts serve it first: it is passed over a bounded number of times, never for ever."""
+
 __all__ = [
     "Decision",
     "SchedAction",
@@ -145,6 +149,7 @@ class Scheduler:
         self.requests: dict[str, SchedRequest] = {}
         self.pending = PendingQueue(self.requests)  # workload -> why it waits
         self._seq = itertools.count()
+        self._passed: dict[str, int] = {}  # waiting MIG request -> later re-cuts that went first
         self.ctx = SchedContext(self.state, self.requests, self.settings, self.policy)
 
     # -- what it knows ---------------------------------------------------------------------------
@@ -260,6 +265,7 @@ class Scheduler:
             raise InputError(f"no workload {key}", field="metadata.name")
         del self.requests[key]
         self.pending.pop(key, None)
+        self._passed.pop(key, None)
         freed = self.state.release(key)
         if not freed:
             return []
@@ -302,6 +308,8 @@ class Scheduler:
         behind: set[str] = set()  # tenants with a MIG request waiting ahead: no re-cut after it
         for req in todo:
             if req.shape in failed:
+                if "mig" in req.kinds and self._holds(req):
+                    behind.add(req.tenant)
                 continue
             spec = req.spec
             only = None if gpus is None or spec.tenant == tenant or spec.gpu.count else gpus
@@ -310,7 +318,7 @@ class Scheduler:
                 out.extend(decisions)
             else:
                 failed.add(req.shape)
-                if "mig" in req.kinds:
+                if "mig" in req.kinds and self._holds(req):
                     behind.add(req.tenant)
 
         return out
@@ -336,18 +344,23 @@ class Scheduler:
             allowed = scope or self.recut
             if mode == "mig" and allowed in ("idle", "drain"):
                 # a free instance or free space first, anywhere; a re-cut only if none, and only
-                # when no earlier MIG request of at least this priority waits (it serves the queue
-                # in order, so a later one cannot cut away the room the one before it waits for)
+                # when no earlier MIG request of at least this priority waits that later ones
+                # have already gone ahead of RECUT_BYPASS times (it then serves the queue in order,
+                # so a later one cannot cut away the room the one before it waits for for ever)
                 chosen = self._choose(req, mode, reasons, only, "create")
                 waits = self._waits_behind(req) if behind is None else behind
                 if not chosen and not waits:
                     chosen = self._choose(req, mode, reasons, only, allowed)
+                    if chosen and chosen[0].destroy:
+                        for other in self._earlier(req):
+                            self._passed[other.key] = self._passed.get(other.key, 0) + 1
                 elif not chosen:
                     reasons.insert(
                         0,
                         f"an earlier MIG request of tenant {req.tenant} waits: re-cuts serve a "
-                        "tenant's requests in order, so this one takes only free instances and "
-                        "free space for now",
+                        "tenant's requests in order once one has been passed over "
+                        f"{RECUT_BYPASS} times, so this one takes only free instances and free "
+                        "space for now",
                     )
             else:
                 chosen = self._choose(req, mode, reasons, only, allowed)
@@ -370,9 +383,10 @@ class Scheduler:
         self.pending[key] = reason
         return [Decision(key, "pending", reason)]
 
-    def _waits_behind(self, req: SchedRequest) -> bool:
-        """Whether an earlier MIG request of the same tenant, of at least ``req``'s priority, is
-        waiting (one tenant's waiting request never holds another tenant's back)."""
+    def _earlier(self, req: SchedRequest) -> list[SchedRequest]:
+        """The waiting MIG requests of ``req``'s tenant that came before it, of at least its
+        priority (one tenant's waiting request never holds another tenant's back)."""
+        out = []
         for key in self.pending.mig:
             other = self.requests[key]
             if (
@@ -380,8 +394,18 @@ class Scheduler:
                 and other.order < req.order
                 and other.priority >= req.priority
             ):
-                return True
-        return False
+                out.append(other)
+        return out
+
+    def _holds(self, req: SchedRequest) -> bool:
+        """Whether waiting ``req`` holds back the re-cuts of later requests of its tenant: once later
+        ones have gone ahead of it by a re-cut ``RECUT_BYPASS`` times."""
+        return self._passed.get(req.key, 0) >= RECUT_BYPASS
+
+    def _waits_behind(self, req: SchedRequest) -> bool:
+        """Whether an earlier MIG request of the same tenant, of at least ``req``'s priority, waits
+        and holds the re-cuts behind it (``_holds``)."""
+        return any(self._holds(other) for other in self._earlier(req))
 
     def _preempt(
         self, req: SchedRequest, victims: list[str], chosen: list[Candidate]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +13,7 @@ from gpufrac.model.catalog import lookup_model
 from gpufrac.model.mig import MigPlacement, check_layout, parse_layout
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
+from gpufrac.planning import scheduler
 from gpufrac.planning.mig_recut import best_recut
 from gpufrac.planning.patterns import geometry
 from gpufrac.planning.sched_state import Allocation, ClusterState, SchedGpu
@@ -256,23 +258,36 @@ def test_a_busy_instance_of_the_profile_asked_for_does_not_hide_the_other_places
     assert got is not None and str(got.create) == "3g.71gb@0" and len(got.destroy) == 4
 
 
-def test_one_tenants_waiting_request_never_holds_another_tenant_back() -> None:
+def test_one_tenants_waiting_request_never_holds_another_tenant_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(scheduler, "RECUT_BYPASS", 1)
     s = Scheduler(mig_fleet())
     fill_with_ones(s)
-    for i in (4, 5, 6):  # slots 4-6 go idle
+    for i in (2, 3, 4, 5, 6):  # slots 2-6 go idle
         owner = s.state.gpus[0].instances[MigPlacement(i, "1g.18gb")]
         assert owner is not None
         s.delete(*owner.split("/"))
-    alpha = WorkloadSpec(
-        name="big", gpu=GpuRequest(mig_profile="7g.141gb"), command=("x",), tenant="alpha"
-    )
-    assert s.submit(alpha)[0].outcome == "pending"  # waits for the whole GPU
-    bravo = WorkloadSpec(
-        name="mid", gpu=GpuRequest(mig_profile="3g.71gb"), command=("x",), tenant="bravo"
-    )
-    assert s.submit(bravo)[0].outcome == "placed"  # a re-cut, though alpha waits
-    again = WorkloadSpec(
-        name="mid2", gpu=GpuRequest(mig_profile="2g.35gb"), command=("x",), tenant="alpha"
-    )
-    d = s.submit(again)[0]  # alpha's own later request does not cut away alpha's room
+
+    def spec(name: str, profile: str, tenant: str) -> WorkloadSpec:
+        return WorkloadSpec(
+            name=name, gpu=GpuRequest(mig_profile=profile), command=("x",), tenant=tenant
+        )
+
+    assert s.submit(spec("big", "7g.141gb", "alpha"))[0].outcome == "pending"  # the whole GPU
+    d = s.submit(spec("mid", "3g.71gb", "bravo"))[0]
+    assert d.outcome == "placed" and str(d.mig) == "3g.71gb@4"  # a re-cut, though alpha waits
+    assert s._passed.get("alpha/big", 0) == 0  # another tenant's re-cut does not count for it
+    # alpha's own later request may go ahead of it by a re-cut, RECUT_BYPASS times (backfill) ...
+    d = s.submit(spec("mid2", "2g.35gb", "alpha"))[0]
+    assert d.outcome == "placed" and str(d.mig) == "2g.35gb@2"
+    for pl in (MigPlacement(0, "1g.18gb"), MigPlacement(1, "1g.18gb")):  # room for another 2g
+        owner = s.state.gpus[0].instances[pl]
+        assert owner is not None
+        s.delete(*owner.split("/"))
+    # ... then re-cuts serve alpha in order: the next does not cut away alpha's room
+    d = s.submit(spec("mid3", "2g.35gb", "alpha"))[0]
     assert d.outcome == "pending" and "an earlier MIG request of tenant alpha waits" in d.reason
+    s.delete("alpha", "big")  # once it no longer waits, the re-cut goes through
+    d = s.retry_pending()[0]
+    assert d.workload == "alpha/mid3" and d.outcome == "placed" and str(d.mig) == "2g.35gb@0"
