@@ -113,17 +113,24 @@ TOKENS = {
 }
 
 
-@pytest.fixture
-def tenant_agent(tmp_path: Path) -> Iterator[RunningAgent]:
-    """An agent with API tokens for two tenants and the admin."""
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    (data_dir / "tokens.yaml").write_text(
+def tokens_yaml() -> str:
+    return (
         "tokens:\n"
         f"  {TOKENS['search']}: {{tenant: search}}\n"
         f"  {TOKENS['research']}: {{tenant: research}}\n"
         f"  {TOKENS['admin']}: {{admin: true}}\n"
     )
+
+
+@pytest.fixture
+def tenant_agent(tmp_path: Path) -> Iterator[RunningAgent]:
+    """An agent with API tokens for two tenants and the admin, running workloads as its own user
+    (these tests run Python workloads from a venv other users cannot reach; the sandbox of tenant
+    users has its own test)."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "gpufrac.yaml").write_text("workload_users: agent\n")
+    (data_dir / "tokens.yaml").write_text(tokens_yaml())
     port = free_port()
     running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None)  # type: ignore[arg-type]
     running.start()

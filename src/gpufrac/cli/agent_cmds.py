@@ -145,7 +145,7 @@ def agent_command(
                     fix="give --tokens FILE, or listen on 127.0.0.1",
                 )
         dev = open_devices(simulate_spec(simulate), data)
-        agent = Agent(data, dev, _settings(settings_file, data_dir))
+        agent = Agent(data, dev, _settings(settings_file, data_dir), tokens_in_use=bool(tokens))
     service = AgentService(
         agent,
         gateway_port=gateway_port,
@@ -154,6 +154,15 @@ def agent_command(
     )
     auth = f", {len(tokens)} API token(s)" if tokens else ", no API tokens: loopback only"
     console.print(f"gpufrac agent on http://{host}:{port} (data: {data}{auth})", highlight=False)
+    if agent.sandbox.mode == "tenant":
+        console.print("workloads run as their tenant's own user (workload_users: tenant)")
+    elif tokens:
+        err_console.print(
+            "[yellow]warning:[/] workloads run as this agent's user, so tenants are not separated"
+            " from each other or from the agent (a workload can read the API tokens); run the agent"
+            " as root to give each tenant its own user (docs/agent.md)",
+            highlight=False,
+        )
     here = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     address = data / AGENT_FILE  # how commands on this data directory find this agent
     address.write_text(jsonlib.dumps({"url": f"http://{here}:{port}", "pid": os.getpid()}))

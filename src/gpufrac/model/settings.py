@@ -23,6 +23,7 @@ from gpufrac.model.manifest_fields import (
     read_memory_mib,
     read_milli,
     read_share,
+    read_str,
     read_text_file,
 )
 from gpufrac.model.workload import MAX_PRIORITY
@@ -38,6 +39,8 @@ SETTINGS_FIELDS = (
     "job_min_share",
     "api_max_body",
     "max_priority",
+    "workload_users",
+    "tenant_uids",
 )
 QosPreempt = Literal["overlap", "drain"]  # how a higher QoS class takes the GPU over
 PlacementPolicy = Literal["binpack", "spread"]
@@ -47,7 +50,12 @@ MigReconfigure = Literal["never", "idle", "drain"]
 QOS_PREEMPT: tuple[QosPreempt, ...] = get_args(QosPreempt)
 PLACEMENT_POLICIES: tuple[PlacementPolicy, ...] = get_args(PlacementPolicy)
 MIG_RECONFIGURE: tuple[MigReconfigure, ...] = get_args(MigReconfigure)
-TENANT_FIELDS = ("gpu_memory", "gpus", "max_priority", "preemption")
+TENANT_FIELDS = ("gpu_memory", "gpus", "max_priority", "preemption", "users")
+# whom workloads run as: the agent's user, or each tenant's own unprivileged uid (root agents only);
+# auto: the tenant's when the agent is root and has API tokens (several tenants), else the agent's
+WorkloadUsers = Literal["auto", "agent", "tenant"]
+WORKLOAD_USERS: tuple[WorkloadUsers, ...] = get_args(WorkloadUsers)
+DEFAULT_TENANT_UIDS = (200_000, 299_999)
 # how far a tenant's workloads may evict others: any lower-priority workload; only their own tenant's;
 # none. It caps a workload's own ``spec.preemption``.
 TenantPreemption = Literal["lower-priority", "own-tenant", "never"]
@@ -63,6 +71,7 @@ class TenantQuota:
     gpus_milli: int | None = None  # milli-GPU: 2500 is two and a half GPUs
     max_priority: int | None = None  # None: the operator's max_priority for every tenant
     preemption: TenantPreemption = "lower-priority"
+    users: tuple[str, ...] = ()  # the user names its workloads may ask for in spec.user
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +85,24 @@ class OperatorSettings:
     # the share of a shared GPU's busy time a job gets when it does not say (no job waits forever)
     job_min_share_milli: int = 100
     api_max_body_mib: int = 1  # the largest request body the control API reads
-    max_priority: int = (
-        DEFAULT_MAX_PRIORITY  # the highest spec.priority of a tenant with no own bound
-    )
+    # the highest spec.priority of a tenant with no bound of its own
+    max_priority: int = DEFAULT_MAX_PRIORITY
+    workload_users: WorkloadUsers = "auto"
+    tenant_uids: tuple[int, int] = DEFAULT_TENANT_UIDS  # first and last uid given to tenants
+
+    def check_user(self, tenant: str, user: str | None) -> None:
+        """Refuse a ``spec.user`` its tenant may not ask for."""
+        if user is None:
+            return
+        q = self.tenants.get(tenant)
+        allowed = q.users if q is not None else ()
+        if user not in allowed:
+            raise InputError(
+                f"user {user!r} is not one tenant {tenant!r} may run as",
+                field="spec.user",
+                fix=f"leave it out, or ask the operator to add it to tenants.{tenant}.users"
+                " in gpufrac.yaml",
+            )
 
     def priority_cap(self, tenant: str) -> int:
         q = self.tenants.get(tenant)
@@ -160,6 +184,10 @@ def parse_settings(text: str, *, source: str = SETTINGS_FILE) -> OperatorSetting
         if "job_min_share" in raw
         else 100,
         api_max_body_mib=_body_limit(raw["api_max_body"]) if "api_max_body" in raw else 1,
+        workload_users=read_choice(
+            raw.get("workload_users", "auto"), "workload_users", WORKLOAD_USERS
+        ),
+        tenant_uids=_uid_range(raw["tenant_uids"]) if "tenant_uids" in raw else DEFAULT_TENANT_UIDS,
         max_priority=read_int(
             raw.get("max_priority", DEFAULT_MAX_PRIORITY),
             "max_priority",
@@ -205,4 +233,24 @@ def _quota(value: object, where: str) -> TenantQuota:
         preemption=read_choice(
             raw.get("preemption", "lower-priority"), join(where, "preemption"), TENANT_PREEMPTION
         ),
+        users=_users(raw.get("users", []), join(where, "users")),
     )
+
+
+def _users(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise InputError(
+            f"must be a list of user names, not {kind_of(value)}", field=where, fix="write [alice]"
+        )
+    return tuple(read_str(v, f"{where}[{i}]") for i, v in enumerate(value))
+
+
+def _uid_range(value: object) -> tuple[int, int]:
+    fix = "write [FIRST, LAST], like [200000, 299999] (uids no account on this machine uses)"
+    if not isinstance(value, list) or len(value) != 2:
+        raise InputError(
+            f"must be [first, last], not {kind_of(value)}", field="tenant_uids", fix=fix
+        )
+    first = read_int(value[0], "tenant_uids[0]", minimum=1000, maximum=2**31 - 2)
+    last = read_int(value[1], "tenant_uids[1]", minimum=first, maximum=2**31 - 2)
+    return first, last

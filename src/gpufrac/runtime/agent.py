@@ -59,6 +59,7 @@ from gpufrac.runtime.mig_worker import MigWorker
 from gpufrac.runtime.mps import MpsDaemons
 from gpufrac.runtime.qos_care import QosCare, Running
 from gpufrac.runtime.runs import Runs, handed_env, probe, read_json, write_json
+from gpufrac.runtime.sandbox import Sandbox, separation
 from gpufrac.runtime.shim import LAUNCH_TIMEOUT_S, ShimStatus, abandon, launching, read_status
 from gpufrac.runtime.store import Store, StoredWorkload
 
@@ -149,9 +150,11 @@ class Agent:
         clock: Callable[[], float] = time.time,
         stop_grace: float = 10.0,
         recut: RecutScope | None = None,
+        tokens_in_use: bool = False,
     ) -> None:
         """``recut`` overrides how far the scheduler may re-cut MIG GPUs (default: the settings'
-        ``mig_reconfigure``); ``bench/mig_demand.py`` uses it for its baselines."""
+        ``mig_reconfigure``); ``bench/mig_demand.py`` uses it for its baselines. ``tokens_in_use``:
+        the API has tokens (several tenants), which ``workload_users: auto`` separates."""
         self.data_dir = data_dir
         self.dev = dev
         self.clock = clock
@@ -172,6 +175,13 @@ class Agent:
         self.settings = settings
         self.store = Store(data_dir / "state.db")
         self.runs = Runs(data_dir / "runs", stop_grace=stop_grace)
+        self.sandbox = Sandbox(
+            separation(settings, tokens_in_use=tokens_in_use),
+            settings,
+            self.store,
+            data_dir,
+            shared_dir(data_dir) / "homes",
+        )
         self.failures = Failures(self.store, clock)
         self.arbiter = ArbiterLink(
             shared_dir(data_dir) / "arbiter",
@@ -209,6 +219,7 @@ class Agent:
             self.mps,
             self.failures,
             self.mig,
+            self.sandbox,
         )
         self.gpu_care = GpuCare(
             self.store, self.scheduler, dev, self.health, self.mps, self.executor
@@ -251,6 +262,7 @@ class Agent:
         (a live change), or ``refused`` (nothing stored: no GPU here could ever run it)."""
         key = workload_key(spec)
         self.settings.check_priority(spec.tenant, spec.priority)  # nothing stored above the bound
+        self.settings.check_user(spec.tenant, spec.user)
         stored = self.store.workload(spec.tenant, spec.name)
         raw = spec_to_json(spec)
         if stored is not None and stored.spec == raw:

@@ -114,6 +114,7 @@ class ArbiterServer:
         fresh = directory / f".{FLAGS}.{os.getpid()}"
         with open(fresh, "wb") as f:
             f.write(b"\0" * SLOTS)
+        os.chmod(fresh, 0o644)  # clients map it read-only
         os.replace(fresh, flags)  # clients of an older arbiter keep their own mapping: no SIGBUS
         self._flags_file = open(flags, "r+b")  # noqa: SIM115
         self.flags = mmap.mmap(self._flags_file.fileno(), SLOTS)
@@ -124,7 +125,9 @@ class ArbiterServer:
         self.listener.bind(address)
         if dir_fd is not None:
             os.close(dir_fd)
-        os.chmod(directory / SOCKET, 0o600)
+        # anyone may connect: who a client is comes from the kernel (SO_PEERCRED), never its word
+        os.chmod(directory / SOCKET, 0o666)
+        os.chmod(directory, 0o755)
         self._inode = os.stat(directory / SOCKET).st_ino
         self.listener.listen(64)
         self.listener.setblocking(False)

@@ -37,6 +37,7 @@ from gpufrac.runtime.handover import Handover, base_env
 from gpufrac.runtime.mig_worker import MigWorker
 from gpufrac.runtime.mps import MpsDaemons
 from gpufrac.runtime.runs import Runs, read_json, write_json
+from gpufrac.runtime.sandbox import Sandbox
 from gpufrac.runtime.shim import live, read_status
 from gpufrac.runtime.store import Store
 
@@ -58,6 +59,7 @@ class Executor:
         mps: MpsDaemons,
         failures: Failures,
         mig: MigWorker,
+        sandbox: Sandbox,
     ) -> None:
         self.store = store
         self.dev = dev
@@ -67,6 +69,7 @@ class Executor:
         self.mps = mps
         self.failures = failures
         self.mig = mig
+        self.sandbox = sandbox
 
     # -- decisions ------------------------------------------------------------------------------
 
@@ -154,15 +157,17 @@ class Executor:
         attempt = len(attempts) + 1
         env = self.handover.env(spec, decision, self.scheduler.allocations(a.workload))
         env["GPUFRAC_ATTEMPT"] = str(attempt)
+        who = self.sandbox.identity(tenant, spec.user)
         self.runs.launch(
             tenant,
             name,
             stored.generation,
             attempt,
             spec.command,
-            env={**base_env(), **spec.env, **env},
-            workdir=spec.workdir,
-            user=spec.user,
+            env={**base_env(), **who.env, **spec.env, **env},
+            workdir=spec.workdir or who.workdir,
+            user=who.user,
+            group=who.group,
         )
         if attempt == 1:
             self.store.record_event("started", a.workload, f"attempt 1 on {where(decision)}")

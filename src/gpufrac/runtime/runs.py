@@ -53,10 +53,11 @@ class Runs:
         *,
         env: Mapping[str, str],
         workdir: str | None,
-        user: str | None,
+        user: str | int | None,
+        group: int | None = None,
     ) -> Path:
         run_dir = self.of(tenant, name) / f"g{generation}-{attempt}"
-        launch(run_dir, command, env=env, workdir=workdir, user=user, wait=False)
+        launch(run_dir, command, env=env, workdir=workdir, user=user, group=group, wait=False)
         return run_dir
 
     def stop_live(self, tenant: str, name: str, reason: str = "") -> bool:

@@ -79,6 +79,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             at REAL NOT NULL              -- the agent's last write that went through
         )""",
     ),
+    6: (
+        """CREATE TABLE tenant_uids (
+            tenant TEXT PRIMARY KEY,
+            uid INTEGER NOT NULL UNIQUE   -- the unprivileged uid the tenant's workloads run as
+        )""",
+    ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 EVENTS_KEPT = 50_000  # the newest events kept; older ones are pruned as new ones come
@@ -341,6 +347,19 @@ class Store:
 
     def mig_pins(self) -> frozenset[str]:
         return frozenset(r[0] for r in self.db.execute("SELECT gpu FROM mig_pins"))
+
+    def tenant_uid(self, tenant: str, first: int, last: int) -> int:
+        """The tenant's own uid: given once, from ``first`` to ``last``, and kept."""
+        with self.transaction() as db:
+            row = db.execute("SELECT uid FROM tenant_uids WHERE tenant = ?", (tenant,)).fetchone()
+            if row is not None:
+                return int(row[0])
+            used = {int(r[0]) for r in db.execute("SELECT uid FROM tenant_uids")}
+            uid = next((u for u in range(first, last + 1) if u not in used), None)
+            if uid is None:
+                raise StoreError(f"no uid left in {first}..{last} for tenant {tenant!r}")
+            db.execute("INSERT INTO tenant_uids (tenant, uid) VALUES (?, ?)", (tenant, uid))
+            return uid
 
     def heartbeat(self) -> None:
         """A small write: raises when the store cannot be written (disk full, I/O errors)."""

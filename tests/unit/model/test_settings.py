@@ -50,6 +50,12 @@ def test_defaults(attribute: str, expected: Any) -> None:
             OperatorSettings(tenants={"a": TenantQuota(max_priority=10, preemption="own-tenant")}),
         ),
         ({"api_max_body": "4MiB"}, OperatorSettings(api_max_body_mib=4)),
+        ({"workload_users": "tenant"}, OperatorSettings(workload_users="tenant")),
+        ({"tenant_uids": [300000, 300100]}, OperatorSettings(tenant_uids=(300000, 300100))),
+        (
+            {"tenants": {"a": {"users": ["alice"]}}},
+            OperatorSettings(tenants={"a": TenantQuota(users=("alice",))}),
+        ),
         ({"tenants": {"a": {}}}, OperatorSettings(tenants={"a": TenantQuota(None, None)})),
         ({"tenants": {"a": {"gpus": 4}}}, OperatorSettings(tenants={"a": TenantQuota(None, 4000)})),
         (
@@ -114,6 +120,11 @@ def test_values(data: dict[str, Any], expected: OperatorSettings) -> None:
         ({"tenants": {"a": {"preemption": "always"}}}, "tenants.a.preemption"),
         ({"api_max_body": "2GiB"}, "api_max_body"),
         ({"api_max_body": "lots"}, "api_max_body"),
+        ({"workload_users": "root"}, "workload_users"),
+        ({"tenant_uids": [5]}, "tenant_uids"),
+        ({"tenant_uids": [300000, 200000]}, "tenant_uids[1]"),
+        ({"tenants": {"a": {"users": "alice"}}}, "tenants.a.users"),
+        ({"tenants": {"a": {"users": [1]}}}, "tenants.a.users[0]"),
     ],
 )
 def test_errors_name_their_field(data: dict[str, Any], field: str) -> None:

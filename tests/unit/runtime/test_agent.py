@@ -13,6 +13,7 @@ import pytest
 
 from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.errors import InputError
+from gpufrac.model.settings import OperatorSettings, TenantQuota
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.shim import LOG, read_status
@@ -351,7 +352,8 @@ def test_a_workload_runs_as_its_user(data_dir: Path, dev: NvmlDevices) -> None:
     import pwd
 
     nobody = pwd.getpwnam("nobody")
-    agent = Agent(data_dir, dev)
+    allowed = OperatorSettings(tenants={"default": TenantQuota(users=("nobody",))})
+    agent = Agent(data_dir, dev, allowed)
     who = WorkloadSpec(
         name="who",
         gpu=GpuRequest(memory_mib=1024),

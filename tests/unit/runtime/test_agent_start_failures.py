@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpufrac.devices import NvmlDevices, open_simulated
+from gpufrac.model.settings import OperatorSettings, TenantQuota
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.runtime.agent import Agent
 from gpufrac.runtime.shim import read_status
@@ -26,7 +27,9 @@ PY = sys.executable
 @pytest.fixture
 def agent(data_dir: Path) -> Iterator[Agent]:
     dev: NvmlDevices = open_simulated("h200:1", data_dir)
-    a = Agent(data_dir, dev)
+    # the operator allows a user this machine does not have: a failed attempt, not a refusal
+    allowed = OperatorSettings(tenants={"default": TenantQuota(users=("no-such-user-here",))})
+    a = Agent(data_dir, dev, allowed)
     yield a
     a.close()
     kill_leftover_runs(data_dir)
