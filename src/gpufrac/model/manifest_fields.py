@@ -197,18 +197,25 @@ def _json(text: str, source: str) -> Any:
         return value
     except json.JSONDecodeError:
         raise
-    except InputError as exc:
-        raise (exc if exc.field else exc.at(source)) from None
-    except RecursionError:
-        raise InputError(
+    except (InputError, RecursionError, ValueError) as exc:
+        raise _located(exc, source, "JSON") from None
+
+
+def _located(exc: Exception, source: str, language: str) -> InputError:
+    """What went wrong reading a document, as an ``InputError`` located at ``source`` unless it
+    already names its field: too deep for Python to follow, or an integer of more digits than it
+    converts (``ValueError``)."""
+    if isinstance(exc, InputError):
+        return exc if exc.field else exc.at(source)
+    if isinstance(exc, RecursionError):
+        return InputError(
             f"is nested more than {MAX_DEPTH} levels deep", field=source, fix="flatten it"
-        ) from None
-    except ValueError:  # an integer of more digits than Python converts
-        raise InputError(
-            "not valid JSON: a number has too many digits",
-            field=source,
-            fix="write a smaller number",
-        ) from None
+        )
+    return InputError(
+        f"not valid {language}: a number has too many digits",
+        field=source,
+        fix="write a smaller number",
+    )
 
 
 def parse_json(text: str | bytes, *, source: str, fix: str) -> Any:
@@ -234,18 +241,8 @@ def load_documents(text: str, *, source: str) -> list[Any]:
     try:
         # A SafeLoader subclass: as safe as yaml.safe_load_all, with bounds on size and depth.
         return _load_yaml(text)
-    except InputError as exc:
-        raise (exc if exc.field else exc.at(source)) from None
-    except RecursionError:
-        raise InputError(
-            f"is nested more than {MAX_DEPTH} levels deep", field=source, fix="flatten it"
-        ) from None
-    except ValueError:  # an integer of more digits than Python converts
-        raise InputError(
-            "not valid YAML: a number has too many digits",
-            field=source,
-            fix="write a smaller number",
-        ) from None
+    except (InputError, RecursionError, ValueError) as exc:
+        raise _located(exc, source, "YAML") from None
     except yaml.YAMLError as exc:
         if "duplicate key" in str(exc):
             fix = "give each key once per mapping"
