@@ -99,6 +99,19 @@ def test_bad_bodies_are_4xx_naming_the_field(tenant_agent: RunningAgent) -> None
             "spec: {priority: 1000000000, command: [x], resources: {gpu: {count: 1}}}\n",
             "above tenant 'search'",
         ),
+        (
+            deployment.replace("timeout_seconds: .nan, ", "").replace(
+                "command: [x],", "command: [x], priority: 1000000000,"
+            ),
+            "above tenant 'search'",
+        ),
+        (
+            "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: hex, tenant: search}\n"
+            "spec: {command: [x], resources: {gpu: {count: 1}}, priority: 0x"
+            + "f" * 100_000
+            + "}\n",
+            "out of range",
+        ),
     ]
     for text, message in cases:
         started = time.monotonic()

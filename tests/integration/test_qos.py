@@ -301,6 +301,10 @@ def test_bad_lines_are_answered_and_workloads_cannot_give_agent_commands(link, s
             assert s.recv(4096).startswith(b"E "), line
         time.sleep(0.2)
         assert proc_state(bg.pid) != "T" and "x" not in link.stats()
+        # a line longer than any message is cut off, with the connection
+        long = _raw(link)
+        long.sendall(b"H " + b"x" * 70_000)
+        assert long.recv(4096).startswith(b"E ") and long.recv(4096) == b""
         # a process the agent did not start is no workload, whatever it claims to be
         s.sendall(b'H {"workload": "t/raw", "domain": "gpu-0", "qos": {"rank": 100}}\n')
         assert s.recv(4096).startswith(b"E ") and "t/raw" not in link.stats()

@@ -102,6 +102,7 @@ def test_the_gateway_answers_only_the_deployments_tenant(tenant_agent: RunningAg
         time.sleep(0.2)
     gw = tenant_agent.gateway + "/serve/search."
     assert httpx.get(gw + "private/x", timeout=10).status_code == 401
+    assert httpx.get(gw + "no-such-one/x", timeout=10).status_code == 401  # the same: no hint
     bad = {"authorization": "Bearer garbage-garbage-garbage"}
     assert httpx.get(gw + "private/x", headers=bad, timeout=10).status_code == 401
     assert httpx.get(gw + "private/x", headers=h("research"), timeout=10).status_code == 404

@@ -17,6 +17,7 @@ import httpx
 import typer
 
 from gpufrac.cli.common import fail
+from gpufrac.config import data_dir as resolve_data_dir
 
 DEFAULT_PORT = 8470
 ServerOpt = Annotated[
@@ -67,9 +68,10 @@ def find_agent(server: str | None, *, probe: bool = True, data: Path | None = No
 
 
 def _server(server: str | None) -> str:
-    return (
-        server or os.environ.get("GPUFRAC_SERVER") or f"http://127.0.0.1:{DEFAULT_PORT}"
-    ).rstrip("/")
+    """``--server``, else ``$GPUFRAC_SERVER``, else the agent running on the data directory
+    (``$GPUFRAC_DATA_DIR`` or the default), else the default port."""
+    found = find_agent(server, probe=False, data=resolve_data_dir(None))
+    return found or f"http://127.0.0.1:{DEFAULT_PORT}"
 
 
 def request(method: str, server: str | None, path: str, **kw: Any) -> httpx.Response:
@@ -81,7 +83,9 @@ def request(method: str, server: str | None, path: str, **kw: Any) -> httpx.Resp
         return httpx.request(method, url, timeout=30, headers=headers, **kw)
     except httpx.HTTPError as e:
         raise fail(
-            f"cannot reach the agent at {_server(server)} ({e})", 2, "start it with: gpufrac agent"
+            f"cannot reach the agent at {_server(server)} ({e})",
+            2,
+            "start it with: gpufrac agent, or say where it is: --server URL or $GPUFRAC_SERVER",
         ) from None
 
 

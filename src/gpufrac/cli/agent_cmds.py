@@ -36,8 +36,7 @@ from gpufrac.cli.common import (
 )
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
-from gpufrac.model.manifest import parse_objects
-from gpufrac.model.manifest_fields import read_text_file
+from gpufrac.model.manifest import load_manifest_files
 
 TenantOpt = Annotated[
     str | None,
@@ -183,12 +182,8 @@ def apply_command(
     Every file is checked first: bad input (not UTF-8, not YAML, a field wrong) applies nothing and
     exits 2, listing every problem. A valid document the agent refuses (no GPU here could ever hold it)
     is reported with why while the others are applied, and the command exits 1."""
-    texts = []
-    with handled_errors():
-        for path in file:
-            text = read_text_file(path, field=f"-f {path}")
-            parse_objects(text, source=str(path))  # all or nothing: every file is valid first
-            texts.append(text)
+    with handled_errors():  # all or nothing: every file is valid first
+        texts = [text for text, _ in load_manifest_files(file)]
     results = []
     for text in texts:
         results += call(

@@ -25,7 +25,7 @@ from gpufrac.cli.common import (
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec
-from gpufrac.model.manifest import load_manifest_file
+from gpufrac.model.manifest import load_manifest_files
 from gpufrac.model.manifest_fields import read_choice, read_text_file
 from gpufrac.model.settings import (
     PLACEMENT_POLICIES,
@@ -49,21 +49,7 @@ FilesArg = Annotated[
 
 
 def _load(files: list[Path]) -> list[WorkloadSpec | DeploymentSpec]:
-    specs: list[WorkloadSpec | DeploymentSpec] = []
-    seen: dict[tuple[str, str, str], Path] = {}
-    for path in files:
-        for spec in load_manifest_file(path):
-            kind = "workload" if isinstance(spec, WorkloadSpec) else "deployment"
-            key = (kind, spec.tenant, spec.name)
-            if key in seen:
-                raise InputError(
-                    f"{kind} {spec.tenant}/{spec.name} is also in {seen[key]}",
-                    field=str(path),
-                    fix=f"give each {kind} one name per tenant",
-                )
-            seen[key] = path
-            specs.append(spec)
-    return specs
+    return [o for _, objects in load_manifest_files(files) for o in objects]
 
 
 def _workloads(objects: list[WorkloadSpec | DeploymentSpec]) -> list[WorkloadSpec]:

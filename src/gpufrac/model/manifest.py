@@ -31,6 +31,7 @@ from gpufrac.model.manifest_fields import (
     read_str_map,
     read_text_file,
     require,
+    shown,
 )
 from gpufrac.model.mig import parse_profile_name
 from gpufrac.model.qos import DEFAULT_QOS, MAX_WEIGHT, QOS_MODES
@@ -95,6 +96,43 @@ def load_manifest_file(path: Path) -> list[WorkloadSpec | DeploymentSpec]:
     """Read and parse a manifest file (YAML or JSON, one or more documents of either kind)."""
     text = read_text_file(path, field=str(path), what="the manifest")
     return parse_objects(text, source=path.name)
+
+
+def load_manifest_files(paths: list[Path]) -> list[tuple[str, list[WorkloadSpec | DeploymentSpec]]]:
+    """Every file's text and objects. Every problem of every file is reported at once, each named
+    by its file (``FILE: field: ...``), and so is a workload or deployment two files both define."""
+    problems = Problems()
+    out: list[tuple[str, list[WorkloadSpec | DeploymentSpec]]] = []
+    seen: dict[tuple[str, str, str], Path] = {}
+    for path in paths:
+        try:
+            text = read_text_file(path, field=str(path), what="the manifest")
+            objects = parse_objects(text, source=str(path))
+        except InputError as exc:
+            problems.found.extend(
+                e
+                if (e.field or "").startswith(str(path))
+                else InputError(
+                    e.message, field=f"{path}: {e.field}" if e.field else str(path), fix=e.fix
+                )
+                for e in exc.errors
+            )
+            continue
+        for o in objects:
+            kind = "workload" if isinstance(o, WorkloadSpec) else "deployment"
+            key = (kind, o.tenant, o.name)
+            if key in seen and seen[key] != path:
+                problems.found.append(
+                    InputError(
+                        f"{kind} {o.tenant}/{o.name} is also in {seen[key]}",
+                        field=str(path),
+                        fix=f"give each {kind} one name per tenant",
+                    )
+                )
+            seen.setdefault(key, path)
+        out.append((text, objects))
+    problems.raise_any()
+    return out
 
 
 def parse_manifests(text: str, *, source: str = "manifest") -> list[WorkloadSpec]:
@@ -177,12 +215,13 @@ def parse_document(raw: Any) -> WorkloadSpec | DeploymentSpec:
             field="kind",
             fix=f"write kind: {' or '.join(KINDS)}",
         )
+    p = Problems()  # the metadata's problems and the spec's, reported together
     meta = read_mapping(
         require(doc, "metadata", "", fix="write metadata: {name: my-workload}"),
         "metadata",
         METADATA_FIELDS,
+        problems=p,
     )
-    p = Problems()  # the metadata's problems and the spec's, reported together
     name = p.check(
         lambda: read_dns_label(
             require(meta, "name", "metadata", fix="name the workload"), "metadata.name"
@@ -201,6 +240,7 @@ def parse_document(raw: Any) -> WorkloadSpec | DeploymentSpec:
             ),
             "spec",
             DEPLOYMENT_FIELDS,
+            problems=p,
         )
         parsed = p.check(
             lambda: parse_deployment(name, tenant, labels, raw_spec, _workload_spec, SPEC_FIELDS),
@@ -211,6 +251,7 @@ def parse_document(raw: Any) -> WorkloadSpec | DeploymentSpec:
             require(doc, "spec", "", fix=f"write spec: with command and resources ({_EXAMPLE})"),
             "spec",
             SPEC_FIELDS,
+            problems=p,
         )
         parsed = p.check(lambda: _workload_spec(name, tenant, labels, spec), None)
     p.raise_any()
@@ -365,7 +406,7 @@ def _priority(value: object, field: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         if abs(value) > MAX_PRIORITY:
             raise InputError(
-                f"{value} is out of range",
+                f"{shown(value)} is out of range",
                 field=field,
                 fix=f"write an integer from {-MAX_PRIORITY:,} to {MAX_PRIORITY:,}".replace(
                     ",", "_"

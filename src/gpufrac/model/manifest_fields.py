@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from gpufrac.errors import InputError
+from gpufrac.errors import InputError, Problems
 from gpufrac.model.units import parse_size_mib
 
 C = TypeVar("C", bound=str)
@@ -287,24 +287,39 @@ def is_number(value: object) -> bool:
 
 
 def read_mapping(
-    value: object, where: str, allowed: tuple[str, ...], *, what: str = "a mapping"
+    value: object,
+    where: str,
+    allowed: tuple[str, ...],
+    *,
+    what: str = "a mapping",
+    problems: Problems | None = None,
 ) -> dict[str, Any]:
-    """A mapping whose keys are all in ``allowed`` (an unknown key is an error listing them)."""
+    """A mapping whose keys are all in ``allowed`` (an unknown key is an error listing them). With
+    ``problems``, unknown keys are recorded there and left out, so the known ones are still read
+    (every problem of a document is reported at once)."""
     if not isinstance(value, dict):
         raise InputError(
             f"must be {what}, not {kind_of(value)}",
             field=where,
             fix=f"write a mapping with some of: {', '.join(allowed)}",
         )
+    unknown = []
     for key in value:
         if key not in allowed:
             close = difflib.get_close_matches(str(key), list(allowed), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise InputError(
-                f"unknown field {key!r}",
-                field=join(where, key),
-                fix=f"{hint}allowed fields here: {', '.join(allowed)}",
+            unknown.append(
+                InputError(
+                    f"unknown field {key!r}",
+                    field=join(where, key),
+                    fix=f"{hint}allowed fields here: {', '.join(allowed)}",
+                )
             )
+    if unknown and problems is None:
+        raise unknown[0]
+    if unknown and problems is not None:
+        problems.found.extend(unknown)
+        return {k: v for k, v in value.items() if k in allowed}
     return value
 
 
@@ -350,9 +365,18 @@ def read_int(
     assert isinstance(value, int)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise InputError(
-            f"{value} is out of range", field=field, fix=f"write a whole number{bounds}"
+            f"{shown(value)} is out of range", field=field, fix=f"write a whole number{bounds}"
         )
     return value
+
+
+def shown(value: int) -> str:
+    """An integer as a message shows it: in digits, or by its size when it has very many."""
+    return (
+        str(value)
+        if abs(value) < 10**30
+        else f"an integer of about {value.bit_length() * 3 // 10} digits"
+    )
 
 
 def _bounds(minimum: int | None, maximum: int | None) -> str:

@@ -385,11 +385,15 @@ class Agent:
         each pause and resume is an event."""
         member = self.arbiter.latest.get(st.key) or {}
         paused = st.phase == "running" and bool(member.get("paused"))
+        by = member.get("paused_by") or "another workload"
+        if member.get("paused_for") == "min share":
+            why = f"paused while {by} has its guaranteed share of the GPU (min share)"
+        else:
+            why = f"paused while {by} (a higher class) uses the GPU"
         if paused != (st.key in self._paused):
             if paused:
                 self._paused.add(st.key)
-                by = member.get("paused_by") or "a higher class"
-                self.store.record_event("paused", st.key, f"while {by} uses the GPU (QoS)")
+                self.store.record_event("paused", st.key, why.removeprefix("paused ") + " (QoS)")
             else:
                 self._paused.discard(st.key)
                 self.store.record_event(
@@ -397,9 +401,7 @@ class Agent:
                 )
         if not paused:
             return st
-        by = member.get("paused_by") or "a higher class"
-        why = f"paused while {by} (a higher class) uses the GPU; resumes when it is idle"
-        return replace(st, phase="paused", reason=why)
+        return replace(st, phase="paused", reason=why + "; resumes when it is idle")
 
     def _upkeep(self) -> None:
         for what, fn in (

@@ -55,6 +55,7 @@ SOCKET = "arbiter.sock"
 FLAGS = "arbiter.flags"
 SLOTS = 4096
 REAP_SECONDS = 0.25
+MAX_LINE = 64 * 1024  # the longest message line; a client sending more is cut off
 _UNIX_PATH_MAX = 100
 
 
@@ -227,6 +228,10 @@ class ArbiterServer:
             self._close(conn)
             return
         conn.buf += data
+        if len(conn.buf) > MAX_LINE and b"\n" not in conn.buf:  # no message is this long
+            self._send(conn, "E " + json.dumps({"error": f"a line over {MAX_LINE} bytes"}))
+            self._close(conn)
+            return
         while b"\n" in conn.buf:
             line, conn.buf = conn.buf.split(b"\n", 1)
             try:
@@ -359,6 +364,14 @@ class ArbiterServer:
         )
         self.trace.flush()
 
+    def _paused_for(self, m: Member) -> str:
+        """Why ``m`` is paused: a higher class holds its GPU, or one of a lower or equal class
+        has its guaranteed share (min share) now."""
+        holder = self.policy.members.get(self.policy.domains[m.domain].holder or "")
+        if holder is not None and holder.qos.rank <= m.qos.rank:
+            return "min share"
+        return "higher class"
+
     def stats(self, now: float) -> dict[str, Any]:
         return {
             "quantum_s": self.policy.quantum,
@@ -372,6 +385,7 @@ class ArbiterServer:
                     "paused": m.paused,
                     "paused_s": round(m.paused_total(now), 3),
                     "paused_by": self.policy.domains[m.domain].holder if m.paused else None,
+                    "paused_for": self._paused_for(m) if m.paused else None,
                     "active": m.active,
                     "holding": self.policy.domains[m.domain].holder == m.key,
                     "turns": m.turns,

@@ -26,6 +26,8 @@ class Runs:
     def __init__(self, root: Path, *, stop_grace: float = 10.0) -> None:
         self.root = root
         self.stop_grace = stop_grace
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o700)  # specs (their env) and logs: the agent's alone
 
     def of(self, tenant: str, name: str) -> Path:
         return self.root / tenant / name

@@ -16,6 +16,7 @@ restarted agent re-attaches by reading the run directory (``read_status``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import json
 import os
@@ -255,6 +256,36 @@ def wait_ended(run_dir: Path, timeout: float) -> bool:
     return False
 
 
+def _become_subreaper() -> None:
+    """Orphans among the workload's processes become this process's children, not init's
+    (``PR_SET_CHILD_SUBREAPER``), so none escapes by leaving its process group."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _kill_descendants(*, reap: bool = True) -> None:
+    """SIGKILL every process below this one (and with ``reap``, collect their exit status)."""
+    me = os.getpid()
+    parent: dict[int, int] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    for pid in parent:
+        p, hops = pid, 0
+        while p in parent and p != me and hops < 64:
+            p, hops = parent[p], hops + 1
+        if p == me and pid != me:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    if not reap:
+        return
+    deadline = time.monotonic() + 2.0
+    with contextlib.suppress(ChildProcessError):
+        while time.monotonic() < deadline:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                time.sleep(0.01)
+
+
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
@@ -307,9 +338,13 @@ def _run(run_dir: Path) -> int:
         if signum == signal.SIGTERM and not killer:
             asked = _read_json(run_dir / "stop.json") or {}
             grace = asked.get("grace", DEFAULT_GRACE_S)
+
+            def kill() -> None:
+                _kill_group(pgid)
+                _kill_descendants(reap=False)  # the main thread waits for its child itself
+
             timer = threading.Timer(
-                float(grace) if isinstance(grace, int | float) else DEFAULT_GRACE_S,
-                lambda: _kill_group(pgid),
+                float(grace) if isinstance(grace, int | float) else DEFAULT_GRACE_S, kill
             )
             timer.daemon = True
             killer.append(timer)
@@ -317,6 +352,7 @@ def _run(run_dir: Path) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    _become_subreaper()
     _write_json(run_dir / "shim.json", {"pid": os.getpid(), "started": time.time()})
     if stopping.is_set() or (run_dir / "stop.json").exists():  # stopped before it started
         _write_json(
@@ -325,10 +361,15 @@ def _run(run_dir: Path) -> int:
         )
         return 0
     log = _RotatingLog(run_dir / LOG, int(spec["log_max_bytes"]), int(spec["log_backups"]))
+    workdir = spec.get("workdir")
+    # a workload run as another user enters its working directory as that user, not as the shim
+    # (whose rights would let it start inside a directory it could never open itself)
+    as_other = spec.get("user") is not None
     try:
         child = subprocess.Popen(
             spec["command"],
-            cwd=spec.get("workdir"),
+            cwd=None if as_other else workdir,
+            preexec_fn=(lambda: os.chdir(workdir)) if as_other and workdir else None,
             env=spec.get("env"),
             user=spec.get("user"),
             group=spec.get("group"),
@@ -352,9 +393,19 @@ def _run(run_dir: Path) -> int:
         forward(signal.SIGTERM, None)
     out = child.stdout
     assert isinstance(out, io.BufferedReader)
-    for chunk in iter(lambda: out.read1(65536), b""):
-        log.write(chunk)
+
+    def copy() -> None:
+        for chunk in iter(lambda: out.read1(65536), b""):
+            log.write(chunk)
+
+    reader = threading.Thread(target=copy, daemon=True)
+    reader.start()
     code = child.wait()
+    # what the workload left behind, in its group or not (a process that left it with setsid is
+    # still this shim's descendant: the shim is their subreaper), ends with it
+    _kill_group(child.pid)
+    _kill_descendants()
+    reader.join(timeout=5.0)
     _write_json(
         run_dir / "exit.json",
         {
@@ -373,6 +424,11 @@ def _start_error(spec: dict[str, Any], e: Exception) -> str:
         return f"cannot start {program!r}: no user {spec['user']!r} on this machine"
     if isinstance(e, FileNotFoundError) and e.filename == spec.get("workdir"):
         return f"cannot start {program!r}: no directory {spec['workdir']!r}"
+    if isinstance(e, subprocess.SubprocessError) and spec.get("workdir"):  # preexec_fn's chdir
+        return (
+            f"cannot start {program!r}: its user cannot enter {spec['workdir']!r}"
+            " (missing, or not open to it)"
+        )
     return f"cannot start {program!r}: {e}"
 
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from gpufrac.errors import InputError
 from gpufrac.model.deployment import (
     LABEL,
     TEMPLATE_LABEL,
@@ -76,6 +77,15 @@ class Deployments:
     # -- desired state --------------------------------------------------------------------------
 
     def apply(self, spec: DeploymentSpec) -> str:
+        # its replicas will be workloads of its tenant: the same bounds, before anything is stored
+        settings = self.agent.settings
+        try:
+            settings.check_priority(spec.tenant, spec.template.priority)
+            settings.check_user(spec.tenant, spec.template.user)
+        except InputError as e:
+            raise InputError(
+                e.message, field=(e.field or "").replace("spec.", "spec.template.", 1), fix=e.fix
+            ) from None
         stored = {(t, n): s for t, n, s, _ in self.agent.store.deployments()}
         before = stored.get((spec.tenant, spec.name))
         changed = self.agent.store.put_deployment(
@@ -120,7 +130,16 @@ class Deployments:
         self._ensure_gateway()
         self.traffic = self._stats()
         for spec, scaled in deployments:
-            self._reconcile_one(spec, scaled, states)
+            # one deployment that fails (a bound lowered since it was stored, say) is its own
+            # failure, recorded once and retried with backoff; the others go on
+            if self.agent.failures.waiting(spec.key, "serving") is not None:
+                continue
+            try:
+                self._reconcile_one(spec, scaled, states)
+            except Exception as e:
+                self.agent.failures.failed(spec.key, "serving", e)
+            else:
+                self.agent.failures.succeeded(spec.key, "serving")
         known = {d.key for d, _ in deployments}
         for key in [k for k in self._sent if k not in known]:
             self._configure_gone(key)

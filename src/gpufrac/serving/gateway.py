@@ -180,7 +180,9 @@ class Gateway:
             return
         name, _, rest = path[7:].partition("/")
         route = self.routes.get(name)
-        if route is not None and self.tokens is not None and not route.public:
+        if self.tokens is not None and (route is None or not route.public):
+            # without a valid token every name that is not public answers the same 401, so none
+            # tells whether a private deployment of that name exists
             who = self.caller(req)
             if who is None:
                 client.send(
@@ -190,7 +192,7 @@ class Gateway:
                     req,
                 )
                 return
-            if who not in (ADMIN, route.tenant):
+            if route is not None and who not in (ADMIN, route.tenant):
                 route = None  # another tenant's deployment looks like none at all
         if route is None:
             client.send(error_response(404, f"no deployment {name!r}"), req)

@@ -103,3 +103,25 @@ def test_unreadable_settings_file_is_an_input_error_naming_the_flag(tmp_path: Pa
         assert r.exit_code == 2, r.output
         assert "--settings" in r.stderr and "cannot read" in r.stderr
         assert "Traceback" not in r.output
+
+
+def test_validate_lists_every_problem_of_every_file_named_by_file(tmp_path: Path) -> None:
+    one, two = tmp_path / "one.yaml", tmp_path / "two.yaml"
+    one.write_text(
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: a}\n"
+        "spec: {command: 5, bogus: 1, resources: {gpu: {count: x}}}\n"
+    )
+    two.write_text(
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: B}\n"
+        "spec: {command: [x], resources: {gpu: {count: 1}}, priority: ultra}\n"
+    )
+    r = runner.invoke(app, ["validate", str(one), str(two)])
+    assert r.exit_code == 2
+    for file, field in [
+        (one, "spec.bogus"),
+        (one, "spec.command"),
+        (one, "spec.resources.gpu.count"),
+        (two, "metadata.name"),
+        (two, "spec.priority"),
+    ]:
+        assert f"{file}: {field}:" in r.output, r.output

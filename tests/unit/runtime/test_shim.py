@@ -138,3 +138,35 @@ def test_stopping_a_workload_that_ignores_sigterm_returns_at_once_and_it_is_kill
     took = time.monotonic() - started
     assert 1.4 <= took < 6, took
     assert read_status(run).signal == 9  # SIGKILL, by its shim
+
+
+def test_a_process_that_leaves_the_workloads_group_ends_with_it(tmp_path: Path) -> None:
+    code = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()  # out of the workload's process group (and session)\n"
+        "    print('escaped', os.getpid(), flush=True)\n"
+        "    time.sleep(300)\n"
+        "    os._exit(0)\n"
+        "time.sleep(300)\n"
+    )
+    run = tmp_path / "run"
+    launch(run, [sys.executable, "-c", code])
+    deadline = time.monotonic() + 10
+    while "escaped" not in (run / LOG).read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    escaped = int((run / LOG).read_text().split("escaped")[1].split()[0])
+    assert os.getpgid(escaped) != read_status(run).child_pid
+    stop(run, grace=1.0)
+    wait_done(run)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            state = Path(f"/proc/{escaped}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break  # gone
+        if state == "Z":
+            break  # killed, not reaped yet
+        assert time.monotonic() < deadline, "the escaped process lives on"
+        time.sleep(0.05)
