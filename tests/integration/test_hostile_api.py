@@ -97,13 +97,13 @@ def test_bad_bodies_are_4xx_naming_the_field(tenant_agent: RunningAgent) -> None
         (
             "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: boss, tenant: search}\n"
             "spec: {priority: 1000000000, command: [x], resources: {gpu: {count: 1}}}\n",
-            "above tenant 'search'",
+            "for tenant search",
         ),
         (
             deployment.replace("timeout_seconds: .nan, ", "").replace(
                 "command: [x],", "command: [x], priority: 1000000000,"
             ),
-            "above tenant 'search'",
+            "for tenant search",
         ),
         (
             "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: hex, tenant: search}\n"

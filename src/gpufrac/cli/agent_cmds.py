@@ -9,6 +9,7 @@ import contextlib
 import ipaddress
 import json as jsonlib
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -155,11 +156,24 @@ def agent_command(
     console.print(f"gpufrac agent on http://{host}:{port} (data: {data}{auth})", highlight=False)
     if agent.sandbox.mode == "tenant":
         console.print("workloads run as their tenant's own user (workload_users: tenant)")
+        if not _open_to_all(Path(sys.executable)):
+            err_console.print(
+                f"[yellow]warning:[/] {sys.executable} cannot be run by other users (a directory"
+                " on its way is closed), so model: deployments, whose replicas run gpufrac's server"
+                " with it as their tenant's user, cannot start: install gpufrac where every user"
+                " can run it, or set workload_users: agent (no separation of tenants)",
+                highlight=False,
+            )
     elif tokens:
+        fix = (
+            "set workload_users: tenant (or auto) in gpufrac.yaml"
+            if os.geteuid() == 0
+            else "run the agent as root"
+        )
         err_console.print(
             "[yellow]warning:[/] workloads run as this agent's user, so tenants are not separated"
-            " from each other or from the agent (a workload can read the API tokens); run the agent"
-            " as root to give each tenant its own user (docs/agent.md)",
+            f" from each other or from the agent (a workload can read the API tokens); {fix} to"
+            " give each tenant its own user (docs/agent.md)",
             highlight=False,
         )
     here = "127.0.0.1" if host in ("0.0.0.0", "::") else host
@@ -533,3 +547,15 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def _open_to_all(program: Path) -> bool:
+    """Whether any user may run ``program``: every directory on its way searchable by others, the
+    file (after links) executable by others."""
+    try:
+        real = program.resolve()
+        if not real.stat().st_mode & 0o001:
+            return False
+        return all(p.stat().st_mode & 0o001 for p in real.parents)
+    except OSError:
+        return False

@@ -115,7 +115,7 @@ class OperatorSettings:
             own = tenant in self.tenants and self.tenants[tenant].max_priority is not None
             setting = f"tenants.{tenant}.max_priority" if own else "max_priority"
             raise InputError(
-                f"{priority} is above tenant {tenant!r}'s maximum of {cap}",
+                f"{priority} is above the maximum of {cap} for tenant {tenant}",
                 field="spec.priority",
                 fix=f"use at most {cap}, or ask the operator to raise {setting} in gpufrac.yaml",
             )

@@ -376,6 +376,8 @@ class Scheduler:
             plan = preemption(self.state, req, self.settings, self.recut)
             if plan is not None:
                 return self._preempt(req, *plan)
+            if policy == "own-tenant" and self.state.min_priority() < req.priority:
+                reasons.append("it may evict only its own tenant's work (its tenant's preemption)")
         elif preempt and self.state.min_priority() < req.priority:
             whose = "" if req.spec.preemption == "never" else "its tenant's "
             reasons.append(f"it evicts no one ({whose}preemption: never)")
