@@ -140,7 +140,7 @@ def tenant_loop(
             with tally.lock:
                 tally.requests += 1
                 if not tally.faulted.is_set():
-                    tally.unexpected.append(f"{type(e).__name__}: {e}")
+                    tally.unexpected.append(f"{type(e).__name__} ({e.request.url.path}): {e}")
         time.sleep(0.02)
 
 
@@ -195,6 +195,11 @@ def main() -> int:
             for who, t in TOKENS.items()
         )
     )
+    # a root agent with tokens runs workloads as tenants' own users (docs/agent.md); they must be
+    # able to run this Python, which is not so where it lives under a closed home directory
+    python_open = all(p.stat().st_mode & 0o001 for p in Path(sys.executable).resolve().parents)
+    users = "tenant" if os.geteuid() == 0 and python_open else "agent"
+    (data / "gpufrac.yaml").write_text(f"workload_users: {users}\n")
     port, gw_port = free_port(), free_port()
     env = {**os.environ, "GPUFRAC_SIMULATE": FLEET, "GPUFRAC_DATA_DIR": str(data)}
     with open(tmp / "agent.log", "wb") as log:
@@ -304,7 +309,10 @@ def main() -> int:
         return f"{sorted(v)[min(len(v) - 1, int(q * len(v)))]:.1f}" if v else "-"
 
     growth = (end_rss - start_rss) / start_rss * 100 if start_rss else 0.0
-    print(f"soak: {args.minutes:g} min, 2 tenants, simulated {FLEET}, {os.cpu_count()} CPU cores")
+    print(
+        f"soak: {args.minutes:g} min, 2 tenants, simulated {FLEET}, {os.cpu_count()} CPU cores,"
+        f" workloads run as: {users}"
+    )
     print(
         f"faults: {len(faults)} ({', '.join(sorted(set(faults)))})"
         + ("" if mounted else "; no tmpfs: no disk fault")
