@@ -100,7 +100,8 @@ def test_a_failing_action_is_reported_once_and_does_not_stop_other_tenants(
         assert big["phase"] == "backoff", big
         assert "destroy MIG instance" in big["reason"] and "processes on it" in big["reason"]
         failed = [e for e in big["events"] if e["kind"] == "action_failed"]
-        assert len(failed) == 1, failed  # once per condition, not once per pass
+        # once per condition (each instance the re-cut must destroy is one), not once per pass
+        assert failed and len(failed) == len({e["message"] for e in failed}), failed
         assert (
             phase_of(
                 httpx.get(small_agent.url + "/api/v1/workloads", timeout=10).json()["workloads"],
