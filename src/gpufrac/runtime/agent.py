@@ -206,7 +206,9 @@ class Agent:
         self.scheduler = Scheduler(
             sched_gpus_from_states(states, models, self.store.mig_pins()), settings, recut=recut
         )
-        self.mps = MpsDaemons(data_dir / "mps", enabled=not dev.simulated)
+        self.mps = MpsDaemons(
+            shared_dir(data_dir) / "mps", log_root=data_dir / "mps", enabled=not dev.simulated
+        )
         self.memory = MemoryWatch(dev)
         self.handover = Handover(dev, self.mps, self.arbiter.address, settings.job_min_share_milli)
         self.mig = MigWorker(dev)

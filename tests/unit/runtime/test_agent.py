@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufrac.config import shared_path
 from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.errors import InputError
 from gpufrac.model.settings import OperatorSettings, TenantQuota
@@ -265,8 +266,30 @@ def test_mps_workloads_get_the_mps_environment(data_dir: Path, dev: NvmlDevices)
     limit, pct, pipe = (data_dir / "runs/default/m/g1-1" / LOG).read_text().split()
     assert (limit, pct) == ("0=4096M", "25")
     assert state_env(agent, "default/m")["CUDA_MPS_CLIENT_PRIORITY"] == "1"  # a job: throughput
-    assert pipe.startswith(str(data_dir / "mps")) and pipe.endswith("/pipe")
+    # the pipe lies where a workload running as a tenant's uid can reach it: not in the data directory
+    assert not Path(pipe).is_relative_to(data_dir) and pipe.endswith("/pipe")
+    assert Path(pipe).is_relative_to(shared_path(data_dir))
+    # the daemon's log directory stays the agent's: it is not handed to workloads
+    assert "CUDA_MPS_LOG_DIRECTORY" not in state_env(agent, "default/m")
     assert not agent.mps.enabled  # simulated GPUs: no daemon is started for them
+
+
+def test_mps_pipe_directories_are_reachable_by_every_uid_and_logs_by_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpufrac.runtime import mps
+
+    daemons = mps.MpsDaemons(tmp_path / "shared/mps", log_root=tmp_path / "data/mps", enabled=True)
+    started: list[dict[str, str]] = []
+    daemons.enabled = True  # no MPS binary here: record the daemon's start instead of running it
+    monkeypatch.setattr(mps.subprocess, "run", lambda *a, **k: started.append(k["env"]))
+    assert daemons.ensure("GPU-x")
+    pipe = daemons.pipe_dir("GPU-x")
+    for d in (pipe, pipe.parent, daemons.root):
+        assert d.stat().st_mode & 0o777 == 0o755, d
+    assert daemons.log_dir("GPU-x").stat().st_mode & 0o777 == 0o700
+    assert started[0]["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+    assert started[0]["CUDA_MPS_LOG_DIRECTORY"] == str(tmp_path / "data/mps/GPU-x/log")
 
 
 def test_a_service_is_running_only_once_its_health_check_passes(
