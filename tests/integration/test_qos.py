@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -322,3 +323,26 @@ def test_an_idle_arbiter_stops_at_once_on_sigterm(link) -> None:  # type: ignore
     link.proc.wait(timeout=5)
     assert time.monotonic() - started < 2
     assert not Path(link.address).exists()
+
+
+def test_a_hung_arbiter_is_killed_and_what_it_paused_runs_again(link, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        members = {"t/a": MemberSpec("gpu-0", QosParams(0, 1, 0), sleeper.pid)}
+        link.sync(members)
+        old = link.proc
+        assert old is not None and link.running
+        os.kill(old.pid, signal.SIGSTOP)  # hung: alive, answering nothing
+        os.killpg(sleeper.pid, signal.SIGSTOP)  # as the hung arbiter had paused it
+        t0 = time.monotonic()
+        assert link.stats() == {}  # no answer within the call timeout: taken for dead
+        took = time.monotonic() - t0
+        assert old.poll() is not None  # and killed after its grace, not left behind
+        assert took < link.child.call_timeout + link.child.grace + 2.0
+        assert proc_state(sleeper.pid) == "T"
+        link.sync(members, start=True)  # the next pass: what was paused runs, a new arbiter starts
+        assert proc_state(sleeper.pid) != "T"
+        assert link.running and link.proc is not None and link.proc.pid != old.pid
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=10)

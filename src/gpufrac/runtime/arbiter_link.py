@@ -10,7 +10,10 @@ sends only what changed, and sends everything again to an arbiter that was resta
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,12 @@ class MemberSpec:
     qos: QosParams
     pgid: int | None
     active: bool = True  # busy on the GPU now: a transparent member wants the GPU only then
+
+
+def _resume(pgid: int | None) -> None:
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGCONT)
 
 
 class ArbiterLink:
@@ -69,13 +78,16 @@ class ArbiterLink:
         """Make the arbiter's members these. Starts it when a domain has two members to arbitrate
         (or at once with ``start``)."""
         if not self.running:
+            # the arbiter is gone (killed, hung and killed, never started): what it paused must run
+            for m in self._sent.values():
+                _resume(m.pgid)
+            self._sent = {}
             per_domain: dict[str, int] = {}
             for m in members.values():
                 per_domain[m.domain] = per_domain.get(m.domain, 0) + 1
             if not start and self.proc is None and max(per_domain.values(), default=0) < 2:
                 return  # nothing to arbitrate yet: a lone workload runs free
-            self.child.start(self.args)
-            self._sent = {}
+            self.child.start(self.args)  # it takes every member as running, as they now are
         try:
             for key, m in members.items():
                 if self._sent.get(key) != m:

@@ -4,6 +4,11 @@ The QoS arbiter and the request gateway both run this way: started with ``--admi
 child's end of the pair), they print ``ready ...`` on stdout once listening, answer each command
 line with ``K {json}`` (or ``E {json}``), and stop, cleaning up after themselves, when the agent's end
 closes: however the agent exits, even ``kill -9``, its helpers follow.
+
+A helper that does not answer a command within ``call_timeout`` (hung, stopped, or spinning) is taken
+for dead: the caller closes the link, and ``close`` gives the process ``grace`` seconds to exit after
+its end of the pair closes, then kills it (SIGKILL, which also ends a stopped process). The caller's
+next pass starts a new one. So a hung helper costs at most ``call_timeout + grace`` once.
 """
 
 from __future__ import annotations
@@ -25,8 +30,11 @@ class ChildRefused(OSError):
 
 
 class ChildLink:
-    def __init__(self, what: str, module: str, log: Path) -> None:
+    def __init__(
+        self, what: str, module: str, log: Path, *, call_timeout: float = 3.0, grace: float = 1.0
+    ) -> None:
         self.what, self.module, self.log = what, module, log
+        self.call_timeout, self.grace = call_timeout, grace
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_line = ""
         self._sock: socket.socket | None = None
@@ -57,7 +65,7 @@ class ChildLink:
             raise
         finally:
             theirs.close()
-        ours.settimeout(10.0)
+        ours.settimeout(self.call_timeout)
         self._sock = ours
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], 15.0)
@@ -95,8 +103,8 @@ class ChildLink:
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
             try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.send_signal(signal.SIGTERM)
-                self.proc.wait(timeout=5)
+                self.proc.wait(timeout=self.grace)
+            except subprocess.TimeoutExpired:  # hung: it did not see its end close, or ignored it
+                self.proc.send_signal(signal.SIGKILL)
+                self.proc.wait()
             self.proc = None
