@@ -129,6 +129,18 @@ def test_smuggling_is_refused_and_answers_never_cross(gateway: int) -> None:
         assert status == 200 and json.loads(answer)["path"] == f"/last-{n}"
 
 
+def test_headers_named_in_connection_are_not_passed_on(gateway: int) -> None:
+    s, buf = connect(gateway), bytearray()
+    s.sendall(
+        b"POST /serve/e/echo HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, X-Hop, x-other\r\n"
+        b"X-Hop: 1\r\nX-Other: 2\r\nX-Kept: 3\r\nContent-Length: 2\r\n\r\nhi"
+    )
+    status, answer = read_response(s, buf)
+    names = {n for n, _ in json.loads(answer)["headers"]}
+    assert status == 200 and "x-kept" in names and "host" in names
+    assert not names & {"x-hop", "x-other"}
+
+
 @pytest.fixture
 def strict_gateway() -> Iterator[int]:
     """A gateway with short client timeouts and small body bounds, over a replica that never

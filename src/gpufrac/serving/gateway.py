@@ -337,7 +337,7 @@ class Gateway:
         length = answer.header(b"content-length")
         chunked = answer.header(b"transfer-encoding") is not None
         out = [f"HTTP/1.1 {answer.status} {REASONS.get(answer.status, 'OK')}".encode()]
-        out += [n + b": " + v for n, v in answer.headers if n.lower() not in _NOT_RELAYED]
+        out += _end_to_end(answer.headers, _NOT_RELAYED)
         if length is not None:
             out.append(b"Content-Length: " + length)
         elif chunked:
@@ -445,13 +445,24 @@ class _Response:
             self.complete = True
 
 
+def _end_to_end(headers: list[tuple[bytes, bytes]], dropped: frozenset[bytes]) -> list[bytes]:
+    """Header lines to pass on: all but ``dropped`` and those the message's ``Connection`` header
+    names (hop-by-hop for this message alone, RFC 9110 7.6.1)."""
+    named = {
+        t.strip().lower() for n, v in headers if n.lower() == b"connection" for t in v.split(b",")
+    } - {b"host"}
+    return [
+        n + b": " + v for n, v in headers if n.lower() not in dropped and n.lower() not in named
+    ]
+
+
 def _request_bytes(req: Request, path: str, *, keep_authorization: bool) -> bytes:
     """The request as sent to a replica: the request line, the headers as parsed but the
     hop-by-hop ones (and ``Authorization``, the caller's gpufrac token, where tokens are in use),
     and the whole body with its length."""
     dropped = _NOT_RELAYED if keep_authorization else _NOT_FORWARDED
     lines = [f"{req.method} {path} HTTP/1.1".encode()]
-    lines += [n + b": " + v for n, v in req.headers if n.lower() not in dropped]
+    lines += _end_to_end(req.headers, dropped)
     if req.body or req.method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
         lines.append(b"Content-Length: " + str(len(req.body)).encode())
     return b"\r\n".join(lines) + b"\r\n\r\n" + req.body
