@@ -12,6 +12,28 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $@
 
+# The browser tests drive Debian's Chromium through Playwright (no browser download): installed once
+# per machine when missing (as root, from Debian's package index).
+CHROMIUM := /usr/bin/chromium
+CHROMIUM_STAMP := $(VENV)/.chromium
+$(CHROMIUM_STAMP): | $(STAMP)
+	@test -x $(CHROMIUM) || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "the browser tests need Chromium: sudo apt-get install chromium" >&2; exit 1; fi; \
+	  echo "installing Chromium for the browser tests (once)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+	@touch $@
+
+# tests/integration/test_top.py drives `gpufrac top` in tmux: installed once per machine when missing
+# (as root, from Debian's package index; the index is updated only when the install needs it).
+TMUX_STAMP := $(VENV)/.tmux
+$(TMUX_STAMP): | $(STAMP)
+	@command -v tmux >/dev/null || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "the terminal tests need tmux: sudo apt-get install tmux" >&2; exit 1; fi; \
+	  echo "installing tmux for the terminal tests (once)"; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq --no-install-recommends tmux >/dev/null 2>&1 \
+	  || { apt-get update -qq && apt-get install -y -qq --no-install-recommends tmux >/dev/null; }; }
+	@touch $@
+
 # The main job: small real workloads under the agent, on the local GPUs or (without a driver) the
 # simulated fleet; `python` in the manifests is this venv's. Then a model deployment under a burst
 # of traffic from the built-in load generator: replicas scale up, then down.
@@ -28,7 +50,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src
 
-unit: $(STAMP)
+unit: $(STAMP) $(CHROMIUM_STAMP) $(TMUX_STAMP)
 	$(BIN)/pytest -q -m "not gpu"
 
 bench: $(STAMP)

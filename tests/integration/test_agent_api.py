@@ -14,6 +14,7 @@ import httpx
 from gpufrac.runtime.shim import read_status
 from tests.conftest import kill_leftover_runs
 from tests.integration.conftest import RunningAgent
+from tests.prom import samples, value
 
 PY = sys.executable
 
@@ -173,38 +174,25 @@ def test_metrics_use_dcgm_names_and_leave_out_what_nvml_does_not_give(agent: Run
     wait_for(agent, lambda ws: len(ws) == 2 and all(w["phase"] == "running" for w in ws))
     deadline = time.monotonic() + 20
     text = ""
+    used = "gpufrac_workload_gpu_memory_used_bytes"
     while time.monotonic() < deadline:
         text = httpx.get(agent.url + "/metrics").text
-        if (
-            'gpufrac_workload_gpu_memory_used_bytes{tenant="default",workload="ts",source="simulated"} 1572864000'
-            in text
-            and 'workload="mg",source="simulated"} 1572864000' in text
+        if all(
+            value(text, used, tenant="default", workload=w, source="simulated") == 1572864000
+            for w in ("ts", "mg")
         ):
             break
         time.sleep(0.2)
-    assert (
-        'gpufrac_workload_gpu_memory_used_bytes{tenant="default",workload="ts",source="simulated"} 1572864000'
-        in text
-    )
-    assert (
-        'gpufrac_workload_gpu_memory_limit_bytes{tenant="default",workload="ts"} 4294967296' in text
-    )
-    assert (
-        "DCGM_FI_DEV_FB_USED{gpu=" in text
-        and 'GPU_I_ID="' in text
-        and 'modelName="NVIDIA H200"' in text
-    )
-    sm = [
-        line
-        for line in text.splitlines()
-        if line.startswith("gpufrac_workload_sm_utilization_percent{")
-    ]
-    assert any('workload="ts"' in line for line in sm) and not any(
-        'workload="mg"' in line for line in sm
-    )
-    util = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
-    assert len(util) == 2  # the two GPUs without MIG; the MIG-enabled ones report none, not zero
-    assert 'gpufrac_workload_state{tenant="default",workload="ts",phase="running"} 1' in text
+    assert value(text, used, workload="ts", source="simulated") == 1572864000
+    assert value(text, "gpufrac_workload_gpu_memory_limit_bytes", workload="ts") == 4294967296
+    fb = samples(text, "DCGM_FI_DEV_FB_USED", modelName="NVIDIA H200")
+    assert len(fb) > 4 and any("GPU_I_ID" in labels for labels, _ in fb)
+    sm_name = "gpufrac_workload_sm_utilization_percent"
+    sm = {labels["workload"] for labels, _ in samples(text, sm_name)}
+    assert "ts" in sm and "mg" not in sm
+    # the two GPUs without MIG; the MIG-enabled ones report none, not zero
+    assert len(samples(text, "DCGM_FI_DEV_GPU_UTIL")) == 2
+    assert value(text, "gpufrac_workload_state", workload="ts", phase="running") == 1
 
 
 def test_cordon_and_drain_through_the_cli(agent: RunningAgent) -> None:

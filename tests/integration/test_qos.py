@@ -22,6 +22,7 @@ import pytest
 from gpufrac.model.qos import QosParams
 from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec
 from tests.integration.conftest import RunningAgent
+from tests.prom import value
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -239,12 +240,7 @@ def test_an_agent_restart_leaves_no_workload_paused(agent: RunningAgent) -> None
 
     def paused_in_metrics() -> bool:  # the metrics show the arbiter's reading of the last pass
         metrics = httpx.get(agent.url + "/metrics", timeout=10).text
-        return any(
-            line.startswith("gpufrac_workload_qos_paused{")
-            and 'workload="busy"' in line
-            and line.endswith(" 1")
-            for line in metrics.splitlines()
-        )
+        return value(metrics, "gpufrac_workload_qos_paused", workload="busy") == 1
 
     wait_for(paused_in_metrics, timeout=10, what="the metrics to show busy paused")
 
@@ -273,7 +269,7 @@ def test_an_agent_restart_leaves_no_workload_paused(agent: RunningAgent) -> None
         timeout=30,
         check=True,
     ).stdout
-    assert "qos: class 2000 (priority 1000, throughput)" in shown and "share of its GPU" in shown
+    assert "Class:     2000 (priority 1000, throughput)" in shown and "Measured:" in shown
     assert _child(agent, "busy") == busy  # the same process: applied live
     assert os.getpgid(busy) == busy
 

@@ -13,14 +13,17 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client.exposition import choose_encoder
 from starlette.concurrency import run_in_threadpool
 
 from gpufrac import __version__
 from gpufrac.api.bodies import json_object
+from gpufrac.api.dashboard import add_dashboard_routes
 from gpufrac.api.deployments_api import add_deployment_routes
+from gpufrac.api.fleet_view import read_fleet
 from gpufrac.api.guard import DEFAULT_MAX_BODY, Guard
-from gpufrac.api.metrics import render
+from gpufrac.api.metrics import metrics_registry
 from gpufrac.api.service import AgentService
 from gpufrac.api.tokens import Caller, authenticate
 from gpufrac.errors import InputError
@@ -63,6 +66,14 @@ def _unavailable(e: Exception) -> JSONResponse:
     )
 
 
+def _unavailable_disk(e: Exception) -> JSONResponse:
+    return JSONResponse(
+        status_code=503,
+        content={"detail": f"the agent cannot write its data directory now ({e}); try again"},
+        headers={"retry-after": "5"},
+    )
+
+
 def create_app(
     service: AgentService,
     *,
@@ -80,6 +91,8 @@ def create_app(
     app = FastAPI(title="gpufrac agent", version=__version__, lifespan=lifespan)
     app.add_exception_handler(InputError, lambda _r, e: _problem(e))
     app.add_exception_handler(sqlite3.Error, lambda _r, e: _unavailable(e))
+    # the data directory refused a write (full, read-only, I/O error) while carrying out a call
+    app.add_exception_handler(OSError, lambda _r, e: _unavailable_disk(e))
     app.add_middleware(Guard, tokens=tokens, max_body=max_body)  # the token, then a bounded body
 
     def caller(request: Request) -> Caller:
@@ -125,12 +138,16 @@ def create_app(
             ),
         }
 
+    registry = metrics_registry(service)  # this app's own, read at scrape time
+
     @app.get("/metrics", response_class=PlainTextResponse)
-    def metrics(request: Request) -> str:
+    def metrics(request: Request) -> Response:
         if not caller(request).admin:
             raise HTTPException(403, "only the admin token may read the metrics")
+        encode, content_type = choose_encoder(request.headers.get("accept", ""))
         with service.lock:
-            return render(service.agent, service.states)
+            body = encode(registry)
+        return Response(body, media_type=content_type)
 
     @app.get("/api/v1/health")
     def health() -> dict[str, Any]:
@@ -192,6 +209,7 @@ def create_app(
         return {"results": results}
 
     add_deployment_routes(app, service, caller, own)
+    add_dashboard_routes(app, service, caller, tokens_required=tokens is not None)  # /ui, history
 
     @app.get("/api/v1/workloads")
     def list_workloads(request: Request) -> dict[str, Any]:
@@ -240,20 +258,11 @@ def create_app(
 
     @app.get("/api/v1/gpus")
     def gpus(request: Request) -> dict[str, Any]:
-        caller(request)
+        """Each GPU with the workloads placed on it (per MIG instance), what they reserved and
+        use, and its cordon; another tenant's workloads are anonymous reserved shares."""
+        who = caller(request)
         with service.lock:
-            pins = service.agent.store.mig_pins()
-            cordons = service.agent.store.cordons()
-            return {
-                "gpus": [
-                    {
-                        **g.to_json(),
-                        "mig_layout_pinned": g.uuid in pins,
-                        "cordoned": cordons.get(g.uuid),
-                    }
-                    for g in service.agent.dev.gpus()
-                ]
-            }
+            return {"gpus": read_fleet(service.agent, service.states, who)}
 
     def _gpu_uuid(gpu: str) -> str:
         for g in service.agent.scheduler.state.gpus:
@@ -343,12 +352,21 @@ def create_app(
         return {"released": uuid, "placed": [d.workload for d in placed if d.outcome == "placed"]}
 
     @app.get("/api/v1/events")
-    def events(request: Request, limit: int = Query(100, ge=1, le=10_000)) -> dict[str, Any]:
-        """The newest events the caller may see (a tenant: its own workloads'), oldest first."""
+    def events(
+        request: Request,
+        limit: int = Query(100, ge=1, le=10_000),
+        after: int | None = Query(None, ge=0),
+        tenant: str | None = Query(None),
+    ) -> dict[str, Any]:
+        """The newest events the caller may see (a tenant: its own workloads'), oldest first; with
+        ``after`` (an event's id), the oldest ones after it, to follow new events without repeats;
+        with ``tenant``, only that tenant's workloads' events."""
         who = caller(request)
+        if tenant is not None and not who.may_see(tenant):
+            raise HTTPException(403, f"your token is for tenant {who.tenant!r}, not {tenant!r}")
         with service.lock:
             found = service.agent.store.events(
-                limit=limit, tenant=None if who.admin else who.tenant
+                limit=limit, tenant=tenant if who.admin else who.tenant, after=after
             )
         return {"events": [asdict(e) for e in found]}
 

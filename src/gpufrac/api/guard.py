@@ -1,10 +1,10 @@
 """What every request to the agent passes before any handler works on it (an ASGI middleware).
 
 With tokens configured, a request without a valid token is answered 401 before its body is read
-(only the health check and the API's own description are open). A body over the limit is answered
-413: at once when its Content-Length says so, else as soon as the bytes read pass the limit; the
-connection is then closed without reading the rest. A handler gets the body already read, so no
-client can hold a handler (or the agent's lock) while it trickles bytes in.
+(only the health check, the API's own description and the dashboard's static page are open). A body
+over the limit is answered 413: at once when its Content-Length says so, else as soon as the bytes
+read pass the limit; the connection is then closed without reading the rest. A handler gets the body
+already read, so no client can hold a handler (or the agent's lock) while it trickles bytes in.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset(
     {"/api/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+    # the dashboard's static page (api/dashboard.py): it asks for a token and sends it from script
+    | {"/ui", "/ui/", "/ui/index.html", "/ui/app.js", "/ui/style.css"}
 )
 DEFAULT_MAX_BODY = 1024 * 1024
 

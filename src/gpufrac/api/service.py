@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Literal
 
+from gpufrac.api.history import History
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT, Deployments
 
@@ -41,6 +42,8 @@ class AgentService:
         self.states: dict[str, WorkloadState] = {}
         self.last_pass = time.monotonic()  # when a reconcile pass last finished
         agent.mig.notify = self.wake  # a MIG instance made: the workload waiting for it starts now
+        # the last 15 minutes for the dashboard's plots (GET /api/v1/history)
+        self.history = History(agent, self.deployments, lambda: self.states)
 
     def reconcile(self) -> None:
         states = {s.key: s for s in self.agent.reconcile()}
@@ -66,6 +69,7 @@ class AgentService:
         self.reconcile()
         self._thread = threading.Thread(target=self._loop, name="gpufrac-reconcile", daemon=True)
         self._thread.start()
+        self.history.start()
 
     def wake(self) -> None:
         """Run the next reconcile pass now rather than at the next tick."""
@@ -91,4 +95,5 @@ class AgentService:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.history.stop()
         self.deployments.close()

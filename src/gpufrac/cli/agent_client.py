@@ -74,13 +74,24 @@ def _server(server: str | None) -> str:
     return found or f"http://127.0.0.1:{DEFAULT_PORT}"
 
 
-def request(method: str, server: str | None, path: str, **kw: Any) -> httpx.Response:
-    """One call to the agent, with the caller's token; an agent that cannot be reached is exit 2."""
+def send(method: str, server: str | None, path: str, **kw: Any) -> httpx.Response:
+    """One call to the agent, with the caller's token; raises ``httpx.HTTPError`` when the agent
+    cannot be reached (what watching commands wait out)."""
     url = _server(server) + path
     token = os.environ.get("GPUFRAC_TOKEN")
     headers = {**kw.pop("headers", {}), **({"authorization": f"Bearer {token}"} if token else {})}
+    return httpx.request(method, url, timeout=kw.pop("timeout", 30), headers=headers, **kw)
+
+
+def agent_address(server: str | None) -> str:
+    """Where calls to the agent go now (for messages)."""
+    return _server(server)
+
+
+def request(method: str, server: str | None, path: str, **kw: Any) -> httpx.Response:
+    """One call to the agent, with the caller's token; an agent that cannot be reached is exit 2."""
     try:
-        return httpx.request(method, url, timeout=30, headers=headers, **kw)
+        return send(method, server, path, **kw)
     except httpx.HTTPError as e:
         raise fail(
             f"cannot reach the agent at {_server(server)} ({e})",

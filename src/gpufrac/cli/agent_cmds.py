@@ -11,11 +11,11 @@ import json as jsonlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from gpufrac.cli.agent_client import (
     AGENT_FILE,
@@ -35,6 +35,9 @@ from gpufrac.cli.common import (
     handled_errors,
     print_json,
 )
+from gpufrac.cli.describe import describe_lines
+from gpufrac.cli.tables import OutputOpt, kind_of, output_format, render
+from gpufrac.cli.watch import IntervalOpt, WatchOpt, out, watch
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
 from gpufrac.model.manifest import load_manifest_files
@@ -119,9 +122,18 @@ def agent_command(
     ] = "127.0.0.1",
     simulate: SimulateOpt = None,
     data_dir: DataDirOpt = None,
+    log_format: Annotated[
+        str,
+        typer.Option(
+            "--log-format",
+            envvar="GPUFRAC_LOG_FORMAT",
+            help="The decision log on stderr: text (for a terminal) or json (one object a line).",
+        ),
+    ] = "text",
 ) -> None:
     """Run the node agent in the foreground: the control API, the scheduler, the reconcile loop,
-    and (once there is a deployment) the request gateway."""
+    and (once there is a deployment) the request gateway. Each decision it makes (placed, evicted,
+    paused, resumed, restarted, MIG changed, scaled ...) is one line on stderr."""
     import uvicorn
 
     from gpufrac.api.app import create_app
@@ -131,8 +143,16 @@ def agent_command(
     from gpufrac.config import simulate_spec
     from gpufrac.devices import open_devices
     from gpufrac.runtime.agent import Agent
+    from gpufrac.runtime.decision_log import LOG_FORMATS, DecisionLog
 
     with handled_errors():
+        fmt = next((f for f in LOG_FORMATS if f == log_format), None)
+        if fmt is None:
+            raise InputError(
+                f"unknown log format {log_format!r}",
+                field="--log-format",
+                fix=f"use one of: {', '.join(LOG_FORMATS)} (or set $GPUFRAC_LOG_FORMAT)",
+            )
         data = resolve_data_dir(data_dir)
         tokens = load_tokens(tokens_file or data / "tokens.yaml")
         if tokens_file is not None and tokens is None:
@@ -146,6 +166,7 @@ def agent_command(
                 )
         dev = open_devices(simulate_spec(simulate), data)
         agent = Agent(data, dev, _settings(settings_file, data_dir), tokens_in_use=bool(tokens))
+        agent.store.listeners.append(DecisionLog(sys.stderr, fmt))
     service = AgentService(
         agent,
         gateway_port=gateway_port,
@@ -257,63 +278,35 @@ def _print_result(r: dict[str, Any]) -> None:
 def get_command(
     what: Annotated[str, typer.Argument(help="workloads, deployments or gpus")],
     tenant: FilterTenantOpt = None,
+    output: OutputOpt = None,
+    watch_: WatchOpt = False,
+    interval: IntervalOpt = 1.0,
     server: ServerOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """List workloads, deployments or GPUs."""
-    if what not in ("workloads", "deployments", "gpus"):
-        raise fail(f"cannot get {what!r}: use workloads, deployments or gpus", 2)
-    data = call("GET", server, f"/api/v1/{what}")
-    if tenant is not None and what != "gpus":
-        data = {what: [x for x in data[what] if x["tenant"] == tenant]}
-    if json:
-        print_json(data)
+    """List workloads (with the GPU, node and slice each runs on), deployments, or GPUs (each with
+    its MIG instances or shares, the workloads on them, reserved against used memory and compute,
+    and cordons). One line per row, so it can be piped to grep; -w prints again on each change."""
+    kind = kind_of(what)
+    fmt = output_format(output, json)
+    if interval <= 0:
+        raise fail("--interval: give a number of seconds above 0", 2)
+
+    def text(get: Callable[[str], Any]) -> str:
+        data = get(f"/api/v1/{kind}")
+        if tenant is not None and kind != "gpus":
+            data = {kind: [x for x in data[kind] if x["tenant"] == tenant]}
+        gpus: list[dict[str, Any]] = []
+        if kind == "gpus":
+            gpus = data["gpus"]
+        elif kind == "workloads" and fmt in ("table", "wide"):
+            gpus = get("/api/v1/gpus")["gpus"]  # where each runs: GPU index, node, its share
+        return render(kind, data, gpus, fmt)
+
+    if watch_:
+        watch(lambda poller: text(poller.get), server, interval)
         return
-    if what == "deployments":
-        from gpufrac.cli.serve_cmds import print_deployments
-
-        print_deployments(data)
-        return
-    if what == "gpus":
-        from gpufrac.cli.gpus import render_gpu
-        from gpufrac.model.gpu import GpuState
-
-        for g in data["gpus"]:
-            console.print(render_gpu(_gpu_from_json(g, GpuState)))
-            notes = [
-                "MIG layout pinned by the operator (gpufrac mig release --gpu "
-                f"{g['index']} lets the agent re-cut it)"
-                if g.get("mig_layout_pinned")
-                else "",
-                f"cordoned: {g['cordoned']}" if g.get("cordoned") else "",
-            ]
-            for note in filter(None, notes):
-                console.print(f"  GPU {g['index']}: {note}", highlight=False)
-        return
-    t = Table()
-    for col in ("tenant", "name", "phase", "restarts", "where", "reason"):
-        t.add_column(col, overflow="fold")
-    for w in data["workloads"]:
-        p = w.get("placement") or {}
-        p = p.get("where") or p  # a finished workload keeps where it ran
-        where = f"{p.get('mode')} {' '.join(p.get('gpus', []))}".strip() if p.get("gpus") else ""
-        if p.get("mig"):
-            where += f" {p['mig']['profile']}@{p['mig']['start']}"
-        t.add_row(w["tenant"], w["name"], w["phase"], str(w["restarts"]), where, w["reason"])
-    console.print(t)
-
-
-def _gpu_from_json(g: dict[str, Any], cls: Any) -> Any:
-    from gpufrac.model.gpu import MigInstanceState, ProcessState
-
-    return cls(
-        uuid=g["uuid"], index=g["index"], name=g["name"], model=g["model"], pci_device_id=g["pci_device_id"],
-        memory_total_mib=g["memory_total_mib"], memory_used_mib=g["memory_used_mib"], utilization_gpu=g.get("utilization_gpu"),
-        mig_current=g["mig_mode"]["current"], mig_pending=g["mig_mode"]["pending"],
-        instances=tuple(MigInstanceState(i["profile"], i["start"], i["gi_id"], i["uuid"], i["busy"], i.get("memory_mib"), tuple(i.get("ci_ids", ()))) for i in g["instances"]),
-        processes=tuple(ProcessState(p["pid"], p["used_memory_mib"], p.get("gi_id")) for p in g["processes"]),
-        simulated=g.get("simulated", False), health=g.get("health", "ok"),
-    )  # fmt: skip
+    out(text(lambda path: call("GET", server, path)))
 
 
 def describe_command(
@@ -323,7 +316,8 @@ def describe_command(
     server: ServerOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """Everything about one workload: placement, environment handed over, attempts, events."""
+    """Everything about one workload: status, placement (where a finished one ran), QoS,
+    environment handed over, and its events."""
     if kind not in ("workload", "deployment"):
         raise fail(f"cannot describe {kind!r}: use workload or deployment", 2)
     tenant_, name = qualified(name, tenant)
@@ -336,49 +330,7 @@ def describe_command(
     if json:
         print_json(w)
         return
-    console.print(
-        f"[bold]{w['tenant']}/{w['name']}[/] generation {w['generation']}: {w['phase']} {w['reason']}",
-        highlight=False,
-    )
-    console.print(
-        f"attempts {w['attempts']}, restarts {w['restarts']}, last exit {w['exit_code']}",
-        highlight=False,
-    )
-    console.print("placement: " + jsonlib.dumps(w["placement"]), highlight=False)
-    q = w.get("qos") or {}
-    if q:
-        console.print(
-            f"qos: class {q['class']} (priority {q['priority']}, {q['qos']}), weight {q['weight']}, "
-            f"min share {q['min_share']:.0%}, {q.get('mode') or 'not arbitrated (alone on its GPU)'}"
-            + (", paused now" if q.get("paused") else ""),
-            highlight=False,
-        )
-        console.print(f"share of its GPU: {_share_text(q)}", highlight=False)
-    for k, v in sorted(w["env"].items()):
-        console.print(f"  {k}={v}", highlight=False)
-    for e in w.get("events", []):
-        console.print(f"  {_when(e['at'])} {e['kind']}: {e['message']}", highlight=False)
-
-
-def _when(at: float) -> str:
-    """An event's time, local, to the second (the date too when it is not today)."""
-    t = time.localtime(at)
-    today = time.localtime()
-    same = (t.tm_year, t.tm_yday) == (today.tm_year, today.tm_yday)
-    return time.strftime("%H:%M:%S" if same else "%Y-%m-%d %H:%M:%S", t)
-
-
-def _share_text(q: dict[str, Any]) -> str:
-    measured = q.get("measured_share")
-    by = {"nvml": "NVML per-process SM use", "sdk": "the SDK's CUDA-event timings"}
-    text = (
-        f"measured {measured:.0%} ({by.get(q.get('measured_by') or '', q.get('measured_by'))})"
-        if measured is not None
-        else "not measured (no NVML per-process reading and no SDK timings)"
-    )
-    if q.get("arbiter_share") is not None:
-        text += f"; the arbiter gave it {q['arbiter_share']:.0%} of the turns' time"
-    return text
+    out("\n".join(describe_lines(w, call("GET", server, "/api/v1/gpus")["gpus"])))
 
 
 def delete_command(

@@ -31,7 +31,9 @@ from gpufrac.cli.mig import mig_app, profiles_table
 from gpufrac.cli.mig_plan import plan_gpu, render_plan
 from gpufrac.cli.schedule import schedule_command, validate_command
 from gpufrac.cli.serve_cmds import load_command
+from gpufrac.cli.top import top_command
 from gpufrac.cli.up import up_command
+from gpufrac.cli.watch import events_command
 from gpufrac.devices import NvmlDevices
 from gpufrac.planning.demand import parse_profile_demand, resolve_demand
 from gpufrac.planning.mig_planner import plan_mig
@@ -50,6 +52,7 @@ app.command("get")(get_command)
 app.command("describe")(describe_command)
 app.command("delete")(delete_command)
 app.command("logs")(logs_command)
+app.command("events")(events_command)
 app.command("up")(up_command)
 app.command("cordon")(cordon_command)
 app.command("uncordon")(uncordon_command)
@@ -57,6 +60,7 @@ app.command("drain")(drain_command)
 app.command("schedule")(schedule_command)
 app.command("scale")(scale_command)
 app.command("load")(load_command)
+app.command("top")(top_command)
 app.add_typer(mig_app, name="mig")
 
 

@@ -14,25 +14,6 @@ from rich.table import Table
 from gpufrac.cli.common import JsonOpt, console, print_json
 
 
-def print_deployments(data: dict[str, Any]) -> None:
-    t = Table()
-    for col in ("tenant", "name", "ready / wanted", "in flight", "queued", "p99 ms", "url"):
-        t.add_column(col, overflow="fold")
-    for d in data["deployments"]:
-        tr = d.get("traffic") or {}
-        p99 = tr.get("p99_ms")
-        t.add_row(
-            d["tenant"],
-            d["name"],
-            f"{d['replicas_ready']} / {d['replicas_wanted']}",
-            str(tr.get("in_flight", 0)),
-            str(tr.get("queued", 0)),
-            "-" if p99 is None else f"{p99:.1f}",
-            d["url"],
-        )
-    console.print(t)
-
-
 def print_deployment(d: dict[str, Any]) -> None:
     tr = d.get("traffic") or {}
     console.print(

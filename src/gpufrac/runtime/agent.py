@@ -57,6 +57,7 @@ from gpufrac.runtime.handover import Handover
 from gpufrac.runtime.memory_watch import MemoryUse, MemoryWatch
 from gpufrac.runtime.mig_worker import MigWorker
 from gpufrac.runtime.mps import MpsDaemons
+from gpufrac.runtime.native_memory import NativeMemory
 from gpufrac.runtime.qos_care import QosCare, Running
 from gpufrac.runtime.runs import Runs, handed_env, probe, read_json, write_json
 from gpufrac.runtime.sandbox import Sandbox, separation
@@ -183,6 +184,7 @@ class Agent:
             shared_dir(data_dir) / "homes",
         )
         self.failures = Failures(self.store, clock)
+        self.native_memory = NativeMemory()
         self.arbiter = ArbiterLink(
             shared_dir(data_dir) / "arbiter",
             quantum_ms=settings.qos_quantum_ms,
@@ -395,11 +397,16 @@ class Agent:
         if paused != (st.key in self._paused):
             if paused:
                 self._paused.add(st.key)
-                self.store.record_event("paused", st.key, why.removeprefix("paused ") + " (QoS)")
+                self.store.record_event(
+                    "paused", st.key, why.removeprefix("paused ") + " (QoS)", {"workload": st.key}
+                )
             else:
                 self._paused.discard(st.key)
                 self.store.record_event(
-                    "resumed", st.key, f"after {float(member.get('paused_s') or 0):.1f}s paused"
+                    "resumed",
+                    st.key,
+                    f"after {float(member.get('paused_s') or 0):.1f}s paused",
+                    {"workload": st.key},
                 )
         if not paused:
             return st
@@ -410,6 +417,7 @@ class Agent:
             ("writing the store", self.store.heartbeat),
             ("watching GPU health", self.gpu_care.watch_health),
             ("stopping idle MPS daemons", self.gpu_care.stop_idle_mps),
+            ("giving free memory back", self.native_memory.upkeep),
         ):
             if self.failures.waiting("agent", what) is not None:
                 continue

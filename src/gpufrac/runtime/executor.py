@@ -86,7 +86,9 @@ class Executor:
             if stored is None:
                 continue
             self.store.set_placement(tenant, name, stored.generation, decision_to_json(d))
-            self.store.record_event(d.outcome, d.workload, d.reason or where(d))
+            self.store.record_event(
+                d.outcome, d.workload, d.reason or where(d), self.details(d.workload, d)
+            )
 
     # -- one action -----------------------------------------------------------------------------
 
@@ -115,7 +117,9 @@ class Executor:
             if not read_status(run).done:
                 write_json(run / "killed.json", {"reason": a.reason, EVICTED: True})
         if self.runs.stop_live(tenant, name):
-            self.store.record_event("evicted", a.workload, a.reason or "lost its place")
+            self.store.record_event(
+                "evicted", a.workload, a.reason or "lost its place", {"workload": a.workload}
+            )
 
     def _stop(self, a: SchedAction) -> None:
         tenant, name = a.workload.split("/", 1)
@@ -170,7 +174,12 @@ class Executor:
             group=who.group,
         )
         if attempt == 1:
-            self.store.record_event("started", a.workload, f"attempt 1 on {where(decision)}")
+            self.store.record_event(
+                "started",
+                a.workload,
+                f"attempt 1 on {where(decision)}",
+                self.details(a.workload, decision),
+            )
         else:
             last = read_status(attempts[-1])
             killed = read_json(attempts[-1] / "killed.json")
@@ -182,7 +191,10 @@ class Executor:
                 else f"signal {last.signal}"
             )
             self.store.record_event(
-                "restarted", a.workload, f"attempt {attempt} on {where(decision)} after {after}"
+                "restarted",
+                a.workload,
+                f"attempt {attempt} on {where(decision)} after {after}",
+                self.details(a.workload, decision),
             )
 
     # -- MIG changes ------------------------------------------------------------------------------
@@ -219,7 +231,29 @@ class Executor:
             if o.changed and a.gpu_uuid is not None:
                 verb = "mig_destroyed" if a.kind == "destroy_mig_instance" else "mig_created"
                 why = "re-cut for" if a.kind == "destroy_mig_instance" else "for"
-                self.store.record_event(verb, a.gpu_uuid, f"{a.mig} ({why} {o.workload})")
+                self.store.record_event(
+                    verb,
+                    a.gpu_uuid,
+                    f"{a.mig} ({why} {o.workload})",
+                    {**self.details(o.workload, None, a.gpu_uuid), "mig": str(a.mig)},
+                )
+
+    def details(
+        self, workload: str, d: Decision | None, gpu_uuid: str | None = None
+    ) -> dict[str, object]:
+        """What the decision log adds to an event about ``workload``: where it is (GPU indexes
+        and UUIDs, mode, MIG placement) and whom it evicted."""
+        uuids = d.gpus if d is not None else (gpu_uuid,) if gpu_uuid else ()
+        index = {g.uuid: g.index for g in self.scheduler.state.gpus}
+        out: dict[str, object] = {"workload": workload}
+        if uuids:
+            out["gpu"] = ",".join(str(index.get(u, "")) for u in uuids)
+            out["UUID"] = ",".join(uuids)
+        if d is not None:
+            out.update(mode=d.mode, mig=str(d.mig) if d.mig else None)
+            if d.evicted:
+                out["evicted"] = list(d.evicted)
+        return out
 
 
 def where(d: Decision) -> str:

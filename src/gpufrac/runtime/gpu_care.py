@@ -174,6 +174,7 @@ class GpuCare:
             uuid,
             f"{len(done)} action(s); MIG {after.mig_current}"
             + ("; layout pinned" if pinned else ""),
+            {"gpu": str(after.index), "UUID": uuid},
         )
         self.executor.record(self.scheduler.retry_pending())
         return done

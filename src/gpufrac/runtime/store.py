@@ -13,7 +13,7 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +91,9 @@ EVENTS_KEPT = 50_000  # the newest events kept; older ones are pruned as new one
 PRUNE_EVERY = 1_000  # events written between two prunes
 
 
+EventListener = Callable[["Event", Mapping[str, object]], None]
+
+
 class StoreError(GpufracError):
     """The database cannot be used (written by a newer gpufrac, or damaged)."""
 
@@ -126,6 +129,9 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
+        # told of each event once its transaction is committed (the agent's decision log)
+        self.listeners: list[EventListener] = []
+        self._untold: list[tuple[Event, Mapping[str, object]]] = []
         self._migrate()
         self._since_prune = 0
 
@@ -157,9 +163,15 @@ class Store:
         try:
             yield self.db
         except BaseException:
+            self._untold.clear()
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+        if self._untold:
+            told, self._untold = self._untold, []
+            for event, details in told:
+                for listener in self.listeners:
+                    listener(event, details)
 
     # -- desired state --------------------------------------------------------------------------
 
@@ -315,7 +327,13 @@ class Store:
                 "UPDATE deployments SET replicas = ?, updated = ? WHERE tenant = ? AND name = ?",
                 (replicas, time.time(), tenant, name),
             )
-            self._event(db, "scaled", f"{tenant}/{name}", f"{replicas} replica(s): {why}")
+            self._event(
+                db,
+                "scaled",
+                f"{tenant}/{name}",
+                f"{replicas} replica(s): {why}",
+                {"deployment": f"{tenant}/{name}", "replicas": replicas},
+            )
 
     def delete_deployment(self, tenant: str, name: str) -> bool:
         with self.transaction() as db:
@@ -368,9 +386,12 @@ class Store:
 
     # -- events ---------------------------------------------------------------------------------
 
-    def record_event(self, kind: str, subject: str, message: str) -> None:
+    def record_event(
+        self, kind: str, subject: str, message: str, details: Mapping[str, object] | None = None
+    ) -> None:
+        """Store an event; ``details`` (where a workload runs, say) go to the listeners only."""
         with self.transaction() as db:
-            self._event(db, kind, subject, message)
+            self._event(db, kind, subject, message, details)
         self._since_prune += 1
         if self._since_prune >= PRUNE_EVERY:
             self.prune_events()
@@ -385,27 +406,48 @@ class Store:
                 ).rowcount
             )
 
-    @staticmethod
-    def _event(db: sqlite3.Connection, kind: str, subject: str, message: str) -> None:
-        db.execute(
+    def _event(
+        self,
+        db: sqlite3.Connection,
+        kind: str,
+        subject: str,
+        message: str,
+        details: Mapping[str, object] | None = None,
+    ) -> None:
+        at = time.time()
+        row = db.execute(
             "INSERT INTO events (at, kind, subject, message) VALUES (?, ?, ?, ?)",
-            (time.time(), kind, subject, message),
+            (at, kind, subject, message),
         )
+        if self.listeners:
+            event = Event(int(row.lastrowid or 0), at, kind, subject, message)
+            self._untold.append((event, details or {}))
 
     def events(
-        self, subject: str | None = None, *, limit: int = 100, tenant: str | None = None
+        self,
+        subject: str | None = None,
+        *,
+        limit: int = 100,
+        tenant: str | None = None,
+        after: int | None = None,
     ) -> list[Event]:
-        """The newest ``limit`` events (of one subject, or of one tenant's workloads), oldest first."""
-        sql = "SELECT id, at, kind, subject, message FROM events"
+        """The newest ``limit`` events (of one subject, or of one tenant's workloads), oldest first;
+        with ``after``, the oldest ``limit`` of those whose id is above it (to follow new ones)."""
+        sql = "SELECT id, at, kind, subject, message FROM events WHERE 1"
         args: tuple[Any, ...] = ()
         if subject is not None:
-            sql += " WHERE subject = ?"
+            sql += " AND subject = ?"
             args = (subject,)
         elif tenant is not None:  # tenant names are DNS labels: no LIKE wildcard in them
-            sql += " WHERE subject LIKE ?"
+            sql += " AND subject LIKE ?"
             args = (f"{tenant}/%",)
-        rows = self.db.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
-        return [Event(int(r[0]), float(r[1]), r[2], r[3], r[4]) for r in reversed(rows)]
+        if after is not None:
+            sql += " AND id > ? ORDER BY id LIMIT ?"
+            rows = self.db.execute(sql, (*args, after, limit)).fetchall()
+        else:
+            rows = self.db.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+            rows.reverse()
+        return [Event(int(r[0]), float(r[1]), r[2], r[3], r[4]) for r in rows]
 
 
 def _workload(row: tuple[Any, ...]) -> StoredWorkload:

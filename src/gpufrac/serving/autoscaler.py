@@ -23,10 +23,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from gpufrac.model.deployment import Autoscale
 
 BOOST = 2
+ScaleDirection = Literal["up", "down", "boost", "unboost"]
+SCALE_DIRECTIONS: tuple[ScaleDirection, ...] = get_args(ScaleDirection)
 
 
 @dataclass(slots=True)
@@ -121,3 +124,15 @@ def decide(
         return ScaleDecision(current, False, "")
     state.below_since = None
     return ScaleDecision(current, state.boosted, "")
+
+
+def directions(current: int, was_boosted: bool, d: ScaleDecision) -> list[ScaleDirection]:
+    """What a decision changed, as counted in ``gpufrac_autoscaler_decisions_total``."""
+    out: list[ScaleDirection] = []
+    if d.replicas > current:
+        out.append("up")
+    elif d.replicas < current:
+        out.append("down")
+    if d.boosted != was_boosted:
+        out.append("boost" if d.boosted else "unboost")
+    return out

@@ -28,7 +28,14 @@ from gpufrac.model.deployment import (
 )
 from gpufrac.model.workload import WorkloadSpec, spec_from_json
 from gpufrac.runtime.child_link import ChildLink, ChildRefused
-from gpufrac.serving.autoscaler import BOOST, ScaleState, decide
+from gpufrac.serving.autoscaler import (
+    BOOST,
+    SCALE_DIRECTIONS,
+    ScaleDirection,
+    ScaleState,
+    decide,
+    directions,
+)
 
 if TYPE_CHECKING:
     from gpufrac.runtime.agent import Agent, WorkloadState
@@ -72,7 +79,12 @@ class Deployments:
         self.scaling: dict[str, ScaleState] = {}
         self.draining: dict[str, float] = {}  # replica key -> since
         self.traffic: dict[str, Any] = {}  # the gateway's last reading, per deployment
+        # per deployment key, for /metrics: the autoscaler's decisions so far (up, down, boost,
+        # unboost), and the replicas wanted, ready (serving) and draining after the last pass
+        self.scale_counts: dict[str, dict[ScaleDirection, int]] = {}
+        self.replica_counts: dict[str, tuple[int, int, int]] = {}
         self._sent: dict[str, str] = {}
+        self._settled = False  # the running gateway was told "G" (every deployment was sent)
 
     # -- desired state --------------------------------------------------------------------------
 
@@ -143,6 +155,15 @@ class Deployments:
         known = {d.key for d, _ in deployments}
         for key in [k for k in self._sent if k not in known]:
             self._configure_gone(key)
+        if self.gateway.running and not self._settled:
+            try:  # tokens and every deployment sent: it may answer requests now
+                self.gateway.call("G")
+                self._settled = True
+            except OSError:
+                self.gateway.close()
+        for counts in (self.scale_counts, self.replica_counts):
+            for key in [k for k in counts if k not in known]:
+                del counts[key]
 
     def _reconcile_one(
         self, d: DeploymentSpec, scaled: int | None, states: dict[str, WorkloadState]
@@ -174,6 +195,11 @@ class Deployments:
         for name in retire:
             self.draining.setdefault(f"{d.tenant}/{name}", now)
         serving = [r for r in replicas if r.ready and f"{d.tenant}/{r.name}" not in self.draining]
+        self.replica_counts[d.key] = (
+            want,
+            len(serving),
+            sum(1 for r in replicas if f"{d.tenant}/{r.name}" in self.draining),
+        )
         self._configure(d, serving, states)
         self._finish_draining(d, traffic, now)
 
@@ -189,6 +215,7 @@ class Deployments:
             return scaled if scaled is not None else (d.replicas or 0)
         state = self.scaling.setdefault(d.key, ScaleState())
         count = scaled if scaled is not None else len(current)
+        was_boosted = state.boosted
         decision = decide(
             d.autoscale,
             state,
@@ -199,8 +226,11 @@ class Deployments:
             traffic.get("p99_ms"),
             can_boost=self._shares_a_gpu(d, current),
         )
+        counts = self.scale_counts.setdefault(d.key, dict.fromkeys(SCALE_DIRECTIONS, 0))
+        for direction in directions(count, was_boosted, decision):
+            counts[direction] += 1
         if decision.why:
-            self.agent.store.record_event("autoscaler", d.key, decision.why)
+            self.agent.store.record_event("autoscaler", d.key, decision.why, {"deployment": d.key})
         if decision.boosted != self._boosted(d, current):
             weight = d.template.weight * (BOOST if decision.boosted else 1)
             for r in current:
@@ -301,6 +331,7 @@ class Deployments:
             self.agent.store.record_event("gateway_error", "gateway", str(e))
             return
         self._sent = {}
+        self._settled = False
         self.agent.store.record_event("gateway_started", "gateway", self.gateway_url)
 
     def _stats(self) -> dict[str, Any]:

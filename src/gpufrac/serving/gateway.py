@@ -27,7 +27,10 @@ The agent configures it over its own end of a socket pair (``--admin-fd``): ``C 
 deployment's replicas, limits, tenant and ``public``, ``X name`` removes one, ``A {"tokens": ...}``
 sets the API tokens (their SHA-256, mapped to a tenant; a deployment that is not public answers only
 its tenant's and the admin's tokens, and ``Authorization`` is not passed on), ``T`` answers the statistics the autoscaler
-reads (in flight, queued, per replica outstanding, rate and p99 latency over the last window).
+reads (in flight, queued, per replica outstanding, rate and p50 and p99 latency over the last window) and
+the counters the agent's ``/metrics`` shows (per replica answers by status code and a latency
+histogram with fixed buckets, ``LATENCY_BUCKETS``; per deployment 429s, retries, errors, cold starts
+and what the gateway answered itself). Counting a request is a few integer increments.
 """
 
 from __future__ import annotations
@@ -76,6 +79,9 @@ class Gateway:
         self.routes: dict[str, Route] = {}
         # sha256 of each API token -> its tenant (ADMIN for the admin's); None: no tokens, all may call
         self.tokens: dict[str, str] | None = None
+        # False from the start of a gateway the agent commands until the agent has sent its tokens and
+        # every deployment ("G"): meanwhile requests get a 503 to retry, never a 404 or an open door
+        self.settled = True
 
     def set_tokens(self, raw: dict[str, Any]) -> None:
         tokens = raw.get("tokens")
@@ -157,6 +163,7 @@ class Gateway:
                 "in_flight": sum(r.outstanding for r in route.replicas.values()),
                 "queued": sum(1 for f in route.waiters if not f.done()),
                 "rate": len(lat) / WINDOW_SECONDS,
+                "p50_ms": lat[int(0.5 * (len(lat) - 1))] * 1000 if lat else None,
                 "p99_ms": lat[int(0.99 * (len(lat) - 1))] * 1000 if lat else None,
                 "rejected": route.rejected,
                 "errors": route.errors,
@@ -166,6 +173,12 @@ class Gateway:
                     for r in route.replicas.values()
                 },
                 "retiring": {r.id: {"outstanding": r.outstanding} for r in route.retiring.values()},
+                # counters since the gateway started, for the agent's /metrics
+                "cold_starts": route.cold_starts,
+                "codes": {str(c): n for c, n in route.codes.items()},
+                "counts": {
+                    r.id: r.counts() for r in (*route.retiring.values(), *route.replicas.values())
+                },
             }
             for rid in [k for k, r in route.retiring.items() if r.outstanding <= 0]:
                 del route.retiring[rid]
@@ -177,6 +190,14 @@ class Gateway:
         path = req.target
         if not path.startswith("/serve/"):
             client.send(error_response(404, "not found: use /serve/{deployment}/..."), req)
+            return
+        if not self.settled:
+            client.send(
+                error_response(
+                    503, "the gateway is starting: try again", extra=[b"Retry-After: 1"]
+                ),
+                req,
+            )
             return
         name, _, rest = path[7:].partition("/")
         route = self.routes.get(name)
@@ -201,9 +222,11 @@ class Gateway:
         try:
             replica = await self._slot(route)
         except HttpError as e:
+            route.codes[e.status] = route.codes.get(e.status, 0) + 1
             extra = [b"Retry-After: 1"] if e.status == 429 else None
             client.send(error_response(e.status, str(e), extra=extra), req)
             return
+        code = 0  # the status the client was answered with (0: none, it went away)
         try:
             # phase 1, up to the response head: retried once elsewhere, 504 past the timeout
             for attempt in range(2):
@@ -221,17 +244,21 @@ class Gateway:
                     self._release(route, replica)
                     replica = other
             # phase 2, the body as it comes: a stall or a lost client just ends the connection
+            code = answer.status
             await self._relay(client, req, replica, conn, answer, route.timeout_s)
             replica.served += 1
-            route.done.append((time.monotonic(), time.monotonic() - started))
+            now = time.monotonic()
+            route.done.append((now, now - started))
         except _NoResponse:
             route.errors += 1
+            code = 502
             client.send(error_response(502, "no replica answered"), req)
         except TimeoutError:
             route.errors += 1
             if client.answered:
                 client.close()  # the answer had begun: it cannot turn into a 504 now
             else:
+                code = 504
                 client.send(error_response(504, f"no answer within {route.timeout_s:g}s"), req)
                 client.close()
         except (
@@ -242,9 +269,12 @@ class Gateway:
             ValueError,
         ):
             route.errors += 1  # the reply broke off midway: the client sees its connection close
+            code = code or 502
             client.close()
         finally:
             self._release(route, replica)
+            if code:
+                replica.observe(code, time.monotonic() - started)
 
     async def _slot(self, route: Route) -> Replica:
         r = route.pick(time.monotonic())
@@ -254,6 +284,8 @@ class Gateway:
         if len(route.waiters) >= route.queue_limit:
             route.rejected += 1
             raise HttpError(429, f"deployment {route.name} is at capacity; its queue is full")
+        if not route.replicas:
+            route.cold_starts += 1  # waits while the autoscaler starts one
         fut: asyncio.Future[Replica] = asyncio.get_running_loop().create_future()
         route.waiters.append(fut)
         route.wake()
@@ -499,6 +531,9 @@ async def _admin(gateway: Gateway, fd: int, stop: asyncio.Event) -> None:
             elif op == "A":
                 gateway.set_tokens(json.loads(rest))
                 reply = {}
+            elif op == "G":
+                gateway.settled = True
+                reply = {}
             elif op == "T":
                 reply = gateway.stats()
             else:
@@ -519,6 +554,7 @@ async def run(
 ) -> None:
     _Client.budget = BodyBudget(total_bodies)
     gateway = Gateway()
+    gateway.settled = admin_fd is None  # commanded: not before the agent says so
     for raw in routes:
         gateway.configure(raw)
     loop = asyncio.get_running_loop()

@@ -8,8 +8,13 @@ import asyncio
 import random
 import socket
 import time
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
+
+# upper bounds (seconds) of the request latency histogram's buckets; one more bucket above the last
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class Upstream:
@@ -39,6 +44,22 @@ class Replica:
     served: int = 0
     retired: bool = False  # taken out of the route: its connections are closed, not pooled
     idle: list[Upstream] = field(default_factory=list)
+    codes: dict[int, int] = field(default_factory=dict)  # answers by status code
+    latency: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    latency_sum: float = 0.0
+
+    def observe(self, code: int, seconds: float) -> None:
+        """Count one answered request: a few increments, no container made."""
+        self.codes[code] = self.codes.get(code, 0) + 1
+        self.latency[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.latency_sum += seconds
+
+    def counts(self) -> dict[str, Any]:
+        return {
+            "codes": {str(c): n for c, n in self.codes.items()},
+            "latency": list(self.latency),  # per bucket, not cumulative; the last is above all
+            "latency_sum": self.latency_sum,
+        }
 
     async def connect(self, fresh: bool) -> tuple[Upstream, bool]:
         """A pooled keep-alive connection (unless ``fresh``), else a new one; and whether it is new."""
@@ -70,6 +91,8 @@ class Route:
     rejected: int = 0
     errors: int = 0
     retries: int = 0
+    cold_starts: int = 0  # requests that came with no replica at all and waited for one
+    codes: dict[int, int] = field(default_factory=dict)  # answered by the gateway, no replica
 
     def pick(self, now: float, avoid: Replica | None = None) -> Replica | None:
         """Power of two choices among replicas with a free slot, by outstanding x GPU busy."""

@@ -1,0 +1,105 @@
+"""The serving series of ``/metrics``: the request gateway's counters per deployment and replica, as
+the agent last read them over the gateway's admin link (its ``T`` statistics, every reconcile pass),
+the replicas wanted, ready and draining, and the autoscaler's decisions. Labels: ``tenant``,
+``deployment``, and ``replica`` (the replica workload's name) where a series is per replica."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.metrics_core import Metric
+
+from gpufrac.api.metrics_family import Family
+from gpufrac.serving.deployments import Deployments, route_name
+from gpufrac.serving.routing import LATENCY_BUCKETS
+
+
+def serving_families(deployments: Deployments) -> Iterator[Metric]:
+    f = {
+        "requests": Family(
+            "gpufrac_gateway_requests",
+            "counter",
+            "Requests the gateway answered, by status code; replica is absent for answers the"
+            " gateway gave itself (429 queue full, 503 no replica in time).",
+        ),
+        "latency": Family(
+            "gpufrac_gateway_request_duration_seconds",
+            "histogram",
+            "Time from a request's arrival at the gateway to the end of its answer (queueing"
+            " included), per replica that answered.",
+        ),
+        "in_flight": Family(
+            "gpufrac_gateway_requests_in_flight",
+            "gauge",
+            "Requests sent to a replica and not answered yet.",
+        ),
+        "queued": Family(
+            "gpufrac_gateway_queue_depth",
+            "gauge",
+            "Requests waiting in the gateway for a free replica slot.",
+        ),
+        "rejected": Family(
+            "gpufrac_gateway_rejected",
+            "counter",
+            "Requests answered 429 because the deployment's queue was full.",
+        ),
+        "retries": Family(
+            "gpufrac_gateway_retries",
+            "counter",
+            "Requests tried again on another replica after one gave no response.",
+        ),
+        "errors": Family(
+            "gpufrac_gateway_errors",
+            "counter",
+            "Requests no replica answered whole (502, 504, or an answer that broke off).",
+        ),
+        "cold": Family(
+            "gpufrac_gateway_cold_starts",
+            "counter",
+            "Requests that came while the deployment had no replica and waited for one to start.",
+        ),
+        "replicas": Family(
+            "gpufrac_deployment_replicas",
+            "gauge",
+            "Replicas by state: wanted (the count asked or the autoscaler's), ready (serving),"
+            " draining (taken out, finishing their requests).",
+        ),
+        "scaled": Family(
+            "gpufrac_autoscaler_decisions",
+            "counter",
+            "The autoscaler's decisions: up and down (replicas), boost and unboost (QoS weight).",
+        ),
+    }
+    for d, _ in deployments.specs():
+        lab = {"tenant": d.tenant, "deployment": d.name}
+        counts = deployments.replica_counts.get(d.key)
+        if counts is not None:
+            for state, n in zip(("wanted", "ready", "draining"), counts, strict=True):
+                f["replicas"].add({**lab, "state": state}, n)
+        for direction, n in deployments.scale_counts.get(d.key, {}).items():
+            f["scaled"].add({**lab, "direction": direction}, n)
+        traffic: dict[str, Any] = deployments.traffic.get(route_name(d), {})
+        if not traffic:
+            continue
+        f["queued"].add(lab, traffic.get("queued", 0))
+        for family, key in (
+            ("rejected", "rejected"),
+            ("retries", "retries"),
+            ("errors", "errors"),
+            ("cold", "cold_starts"),
+        ):
+            f[family].add(lab, traffic.get(key, 0))
+        for code, n in traffic.get("codes", {}).items():
+            f["requests"].add({**lab, "code": code}, n)
+        outstanding = {**traffic.get("retiring", {}), **traffic.get("replicas", {})}
+        for rid, seen in outstanding.items():
+            f["in_flight"].add({**lab, "replica": rid}, seen.get("outstanding", 0))
+        for rid, c in traffic.get("counts", {}).items():
+            at = {**lab, "replica": rid}
+            for code, n in c.get("codes", {}).items():
+                f["requests"].add({**at, "code": code}, n)
+            buckets = c.get("latency", [])
+            if len(buckets) == len(LATENCY_BUCKETS) + 1:
+                f["latency"].add_histogram(at, LATENCY_BUCKETS, buckets, c.get("latency_sum", 0.0))
+    yield from (family.metric for family in f.values())

@@ -1,0 +1,108 @@
+"""``gpufrac describe workload``: one workload as readable sections (status, placement, QoS,
+environment, history), not raw JSON. A finished workload still says where it ran."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufrac.cli.tables import allocation_of, gpu_place, pct, share_text, size, when, where_ran
+
+
+def _section(title: str, fields: list[tuple[str, str]]) -> list[str]:
+    width = max((len(k) for k, _ in fields), default=0) + 2
+    return [f"{title}:"] + [f"  {(k + ':').ljust(width)}{v}" for k, v in fields]
+
+
+def describe_lines(w: dict[str, Any], gpus: list[dict[str, Any]]) -> list[str]:
+    """``w``: ``GET /workloads/{tenant}/{name}``; ``gpus``: ``GET /gpus``'s list."""
+    spec = w.get("spec") or {}
+    lines = [
+        f"Name:        {w['tenant']}/{w['name']}",
+        f"Type:        {spec.get('type', '-')} (restart {spec.get('restart', '-')})",
+        f"Generation:  {w['generation']}",
+        f"Phase:       {w['phase']}",
+    ]
+    if w.get("reason"):
+        lines.append(f"Reason:      {w['reason']}")
+    exit_code = "-" if w.get("exit_code") is None else str(w["exit_code"])
+    lines.append(f"Attempts:    {w['attempts']} (restarts {w['restarts']}, last exit {exit_code})")
+    lines += ["", *placement_lines(w, gpus)]
+    q = w.get("qos") or {}
+    if q:
+        lines += ["", *_section("QoS", qos_fields(q))]
+    env = w.get("env") or {}
+    if env:
+        lines += ["", "Environment:"] + [f"  {k}={v}" for k, v in sorted(env.items())]
+    events = w.get("events") or []
+    lines += ["", "Events:" if events else "Events:      none"]
+    lines += [f"  {when(e['at'])}  {e['kind']:<14}  {e['message']}" for e in events]
+    return lines
+
+
+def placement_lines(w: dict[str, Any], gpus: list[dict[str, Any]]) -> list[str]:
+    p = w.get("placement") or {}
+    where = where_ran(w)
+    alloc = allocation_of(w, gpus)
+    uuids = list(where.get("gpus") or [])
+    if not uuids:
+        why = p.get("reason") or w.get("reason") or "not placed yet"
+        return _section("Placement", [("Where", "nowhere"), ("Why", why)])
+    index, node = gpu_place(uuids, gpus)
+    finished = p.get("outcome") == "completed"
+    fields = [
+        ("Node", node),
+        ("GPU", f"{index} ({', '.join(uuids)})"),
+        ("Mode", str(where.get("mode") or "-")),
+    ]
+    mig = where.get("mig")
+    if mig:
+        gi = (alloc or {}).get("mig", {}) or {}
+        fields.append(
+            (
+                "MIG instance",
+                f"{mig['profile']} at start {mig['start']}"
+                + (f" (GPU instance {gi['gi_id']})" if gi.get("gi_id") is not None else ""),
+            )
+        )
+    else:
+        fields.append(("Share", share_text(w, alloc)))
+    if alloc is not None:
+        used = alloc.get("used_memory_mib")
+        fields.append(
+            (
+                "Memory",
+                f"{size(used)} used of {size(alloc['memory_mib'])} reserved"
+                if used is not None
+                else f"{size(alloc['memory_mib'])} reserved",
+            )
+        )
+        if alloc.get("compute_pct") is not None:
+            fields.append(("Compute", f"{alloc['compute_pct']}% of the SMs (MPS)"))
+        if alloc.get("sm_percent") is not None:
+            fields.append(("SM use", pct(alloc["sm_percent"])))
+    title = "Placement (finished; where it ran)" if finished else "Placement"
+    return _section(title, fields)
+
+
+def qos_fields(q: dict[str, Any]) -> list[tuple[str, str]]:
+    fields = [
+        ("Class", f"{q['class']} (priority {q['priority']}, {q['qos']})"),
+        ("Weight", str(q["weight"])),
+        ("Min share", f"{q['min_share']:.0%}"),
+        ("Arbiter", str(q.get("mode") or "not arbitrated (alone on its GPU)")),
+    ]
+    if q.get("paused"):
+        fields.append(("Paused", f"by {q.get('paused_by') or 'another workload'}"))
+    measured = q.get("measured_share")
+    by = {"nvml": "NVML per-process SM use", "sdk": "the SDK's CUDA-event timings"}
+    fields.append(
+        (
+            "Measured",
+            f"{measured:.0%} of its GPU ({by.get(q.get('measured_by') or '', q.get('measured_by'))})"
+            if measured is not None
+            else "not measured (no NVML per-process reading and no SDK timings)",
+        )
+    )
+    if q.get("arbiter_share") is not None:
+        fields.append(("Given", f"{q['arbiter_share']:.0%} of the turns' time by the arbiter"))
+    return fields
