@@ -206,3 +206,27 @@ def test_a_bad_content_length_is_refused(gateway: int) -> None:
     s, buf = connect(gateway), bytearray()
     s.sendall(post(b'{"inputs": [3]}'))  # and the gateway and its replica still serve
     assert read_response(s, buf) == (200, b'{"outputs": 3}')
+
+
+def test_a_commanded_gateway_answers_503_until_the_agent_has_sent_everything(
+    tmp_path: Path,
+) -> None:
+    """A gateway the agent (re)starts listens before it knows the deployments: until the agent says
+    "G" a request gets a 503 to retry, not a 404 for a deployment that exists."""
+    from gpufrac.runtime.child_link import ChildLink
+
+    port = free_port()
+    link = ChildLink("request gateway", "gpufrac.serving.gateway", tmp_path / "gateway.log")
+    link.start(["--host", "127.0.0.1", "--port", str(port)])
+    try:
+        s, buf = connect(port), bytearray()
+        s.sendall(b"GET /serve/m/x HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(s, buf)[0] == 503
+        link.call("A " + json.dumps({"tokens": None}))
+        s.sendall(post(b"{}"))
+        assert read_response(s, buf)[0] == 503  # tokens alone are not everything
+        link.call("G")
+        s.sendall(b"GET /serve/m/x HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(s, buf)[0] == 404  # settled: an unknown name is unknown
+    finally:
+        link.close()

@@ -4,6 +4,7 @@ itself once the store can be written again. In-process agent, real processes, si
 
 from __future__ import annotations
 
+import errno
 import socket
 import sqlite3
 import sys
@@ -22,6 +23,7 @@ from gpufrac.api.service import AgentService
 from gpufrac.devices import open_simulated
 from gpufrac.runtime.agent import Agent
 from tests.conftest import kill_leftover_runs
+from tests.prom import value
 
 WRITES = ("BEGIN", "INSERT", "UPDATE", "DELETE")
 
@@ -32,6 +34,7 @@ class FaultyDb:
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
         self.broken = False
+        self.agent: Agent | None = None
 
     def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
         if self.broken and sql.lstrip().split()[0].upper() in WRITES:
@@ -63,6 +66,7 @@ def client(data_dir: Path) -> Iterator[tuple[httpx.Client, FaultyDb]]:
     agent = Agent(data_dir, open_simulated("h200:1", data_dir))
     faulty = FaultyDb(agent.store.db)
     agent.store.db = faulty  # type: ignore[assignment]
+    faulty.agent = agent
     service = AgentService(agent, interval=0.1, gateway_port=0)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -104,10 +108,28 @@ def test_an_unwritable_store_is_degraded_health_and_recovers(
     assert refused.status_code == 503 and "nothing was changed" in refused.text
     assert phase("before") == "running" and phase("during") is None
     metrics = c.get("/metrics").text
-    assert "gpufrac_agent_failing_steps 1" in metrics or "gpufrac_agent_failing_steps 2" in metrics
+    assert value(metrics, "gpufrac_agent_failing_steps") in (1, 2)
     faulty.broken = False
     until(lambda: c.get("/api/v1/health").json()["status"] == "ok")
     assert c.post("/api/v1/workloads", content=manifest("after")).status_code == 200
     until(lambda: phase("after") == "running")  # the loop went on all along
     kinds = [(e["kind"], e["subject"]) for e in c.get("/api/v1/events?limit=1000").json()["events"]]
     assert ("action_recovered", "agent") in kinds
+
+
+def test_a_data_directory_that_refuses_a_write_is_a_503_not_a_500(
+    client: tuple[httpx.Client, FaultyDb], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c, faulty = client
+    assert c.post("/api/v1/workloads", content=manifest("w")).status_code == 200
+    assert faulty.agent is not None
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(faulty.agent.runs, "remove", full)
+    r = c.delete("/api/v1/workloads/default/w")
+    assert r.status_code == 503 and "No space left" in r.text, r.text
+    assert r.headers["retry-after"]
+    monkeypatch.undo()
+    assert c.delete("/api/v1/workloads/default/w").status_code == 200
