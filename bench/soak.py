@@ -3,9 +3,10 @@
 A real agent (its own process, API tokens for two tenants and the admin, simulated GPUs) runs for
 ``--minutes`` (10 by default). Meanwhile:
 
-* each tenant applies, reads and deletes short jobs and services through the API, lists and reads
-  events, and calls its own deployment through the gateway (a replica server with the trivial
-  ``echo_sum`` model), and now and then another tenant's (which must be refused);
+* each tenant applies, reads and deletes short jobs and services through the API (keeping at
+  most ``KEEP`` applied, so the agent holds as much state at the end as after the first minute),
+  lists and reads events, and calls its own deployment through the gateway (a replica server with
+  the trivial ``echo_sum`` model), and now and then another tenant's (which must be refused);
 * every ``--fault-every`` seconds one fault, in turn: ``kill -9`` of a random workload's shim, of the
   request gateway, of the QoS arbiter; and the data directory made unwritable for 10 s (it lives on a
   small tmpfs that is filled up, since file modes do not stop root; skipped with a note where tmpfs
@@ -46,6 +47,7 @@ TOKENS = {
     "admin": "admin-token-0123456789abcdef",
 }
 FLEET = "h200:2,h200:2:mig"
+KEEP = 20  # each tenant keeps at most this many workloads applied (then it deletes one first)
 
 
 def free_port() -> int:
@@ -104,7 +106,17 @@ def tenant_loop(
         op = rng.random()
         t0 = time.perf_counter()
         try:
-            if op < 0.25:
+            with tally.lock:
+                mine = sorted(k for k in tally.applied if k.startswith(tenant + "/"))
+            if op < 0.35 and len(mine) >= KEEP:
+                # as many workloads at the end as at the start: the agent's memory is compared
+                key = rng.choice(mine)
+                r = api.delete(f"/workloads/{key}")
+                tally.saw("delete", r, (200,), t0)
+                if r.status_code == 200:
+                    with tally.lock:
+                        tally.applied.discard(key)
+            elif op < 0.25:
                 name = f"{tenant[0]}{n}"
                 r = api.post(
                     "/workloads", content=job(tenant, name, rng.choice(["job", "service"]))

@@ -124,4 +124,6 @@ def test_bad_bodies_are_4xx_naming_the_field(tenant_agent: RunningAgent) -> None
     scale = httpx.post(url + "/deployments/search/none/scale", content=b"", headers=search)
     assert scale.status_code in (404, 422)
     assert httpx.get(url + "/events?limit=100000000", headers=admin).status_code == 422
+    assert httpx.get(url + "/events?after=" + "9" * 26, headers=admin).status_code == 422
+    assert httpx.get(url + "/workloads/search/x/logs?tail=-5", headers=search).status_code == 422
     assert httpx.get(url + "/workloads", headers=admin).json()["workloads"] == []

@@ -110,6 +110,9 @@ def test_the_gateway_answers_only_the_deployments_tenant(tenant_agent: RunningAg
         r = httpx.get(gw + "private/x", headers=h(who), timeout=10)
         assert r.status_code == 200 and TOKENS[who] not in r.text  # the token is not passed on
     assert httpx.get(gw + "open/x", timeout=10).status_code == 200
+    lower = {"authorization": f"bearer {TOKENS['search']}"}  # the scheme is case-insensitive
+    assert httpx.get(gw + "private/x", headers=lower, timeout=10).status_code == 200
+    assert httpx.get(url + "/workloads", headers=lower).status_code == 200
 
 
 def test_a_workload_gets_nothing_of_the_agents_environment(
@@ -144,3 +147,27 @@ def test_a_workload_gets_nothing_of_the_agents_environment(
         agent.proc.kill()
         agent.proc.wait(timeout=10)
         kill_leftover_runs(data_dir)
+
+
+def test_a_preemption_does_not_name_another_tenants_workloads(tenant_agent: RunningAgent) -> None:
+    url = tenant_agent.url + "/api/v1"
+    sleepy = [PY, "-c", "import time; time.sleep(60)"]
+    for i in range(2):  # research fills both time-sliced GPUs at priority 50
+        m = manifest(f"secret-train-{i}", sleepy, gpu="{memory: 140GiB}", tenant="research")
+        assert httpx.post(url + "/workloads", content=m, headers=h("research")).status_code == 200
+    bully = manifest("bully", sleepy, gpu="{memory: 140GiB}", tenant="search").replace(
+        "  type: service\n", "  type: service\n  priority: 100\n"
+    )
+    r = httpx.post(url + "/workloads", content=bully, headers=h("search"))
+    assert r.status_code == 200, r.text
+    decision = r.json()["results"][0]["decision"]
+    assert decision["outcome"] == "placed" and decision["evicted"] == ["another tenant's workload"]
+    assert "secret-train" not in r.text and "research/" not in r.text
+    # and the evicted one's own tenant is not told the other's name
+    time.sleep(1)
+    seen = httpx.get(url + "/workloads", headers=h("research")).json()["workloads"]
+    moved = [w for w in seen if "preempted" in w["reason"]]
+    assert moved and all("search/" not in w["reason"] for w in moved), seen
+    assert "another tenant's workload" in moved[0]["reason"]
+    events = httpx.get(url + "/events", headers=h("research")).text
+    assert "search/bully" not in events and "bully" not in events

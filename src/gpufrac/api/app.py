@@ -66,6 +66,21 @@ def _unavailable(e: Exception) -> JSONResponse:
     )
 
 
+def _as_seen_by(who: Caller, decision: dict[str, Any]) -> dict[str, Any]:
+    """A decision as its caller may see it: another tenant's workloads it evicted are not named."""
+    if who.admin:
+        return decision
+
+    def named(key: Any) -> Any:
+        return key if who.may_see(str(key).split("/", 1)[0]) else "another tenant's workload"
+
+    return {
+        **decision,
+        "evicted": [named(k) for k in decision["evicted"]],
+        "actions": [{**a, "workload": named(a["workload"])} for a in decision["actions"]],
+    }
+
+
 def _unavailable_disk(e: Exception) -> JSONResponse:
     return JSONResponse(
         status_code=503,
@@ -188,7 +203,9 @@ def create_app(
                         "kind": "Workload",
                         "workload": f"{spec.tenant}/{spec.name}",
                         "result": what,
-                        "decision": None if decision is None else decision_to_json(decision),
+                        "decision": None
+                        if decision is None
+                        else _as_seen_by(who, decision_to_json(decision)),
                         "spec": spec_to_json(spec),
                         "diff": diff,
                         "warnings": service.agent.warnings(spec, decision),
@@ -241,7 +258,9 @@ def create_app(
         return {"deleted": f"{tenant}/{name}"}
 
     @app.get("/api/v1/workloads/{tenant}/{name}/logs")
-    def logs(request: Request, tenant: str, name: str, tail: int = 200) -> dict[str, Any]:
+    def logs(
+        request: Request, tenant: str, name: str, tail: int = Query(200, ge=0, le=10**7)
+    ) -> dict[str, Any]:
         own(request, tenant, name)
         with service.lock:
             stored = service.agent.store.workload(tenant, name)
@@ -355,7 +374,7 @@ def create_app(
     def events(
         request: Request,
         limit: int = Query(100, ge=1, le=10_000),
-        after: int | None = Query(None, ge=0),
+        after: int | None = Query(None, ge=0, le=2**63 - 1),  # SQLite integers are 64-bit
         tenant: str | None = Query(None),
     ) -> dict[str, Any]:
         """The newest events the caller may see (a tenant: its own workloads'), oldest first; with

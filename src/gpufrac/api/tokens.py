@@ -43,9 +43,10 @@ def authenticate(tokens: dict[str, Caller] | None, authorization: str) -> Caller
     token's caller, or None for a missing or unknown token."""
     if tokens is None:
         return ADMIN
-    if not authorization.startswith("Bearer "):
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":  # an auth scheme's name is case-insensitive (RFC 9110 11.1)
         return None
-    return tokens.get(authorization.removeprefix("Bearer ").strip())
+    return tokens.get(token.strip())
 
 
 def parse_tokens(text: str, *, source: str = "tokens.yaml") -> dict[str, Caller]:

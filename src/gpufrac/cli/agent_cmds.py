@@ -9,6 +9,7 @@ import contextlib
 import ipaddress
 import json as jsonlib
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -180,9 +181,11 @@ def agent_command(
         if not _open_to_all(Path(sys.executable)):
             err_console.print(
                 f"[yellow]warning:[/] {sys.executable} cannot be run by other users (a directory"
-                " on its way is closed), so model: deployments, whose replicas run gpufrac's server"
-                " with it as their tenant's user, cannot start: install gpufrac where every user"
-                " can run it, or set workload_users: agent (no separation of tenants)",
+                " on its way is closed), so workloads that run it as their tenant's user cannot"
+                " start: model: deployments (their replicas run gpufrac's server with it), and"
+                " manifests whose command is this venv's python (the examples): install Python and"
+                " gpufrac where every user can run them, or set workload_users: agent (no"
+                " separation of tenants)",
                 highlight=False,
             )
     elif tokens:
@@ -202,7 +205,9 @@ def agent_command(
     address.write_text(jsonlib.dumps({"url": f"http://{here}:{port}", "pid": os.getpid()}))
     try:
         app = create_app(service, tokens=tokens, max_body=agent.settings.api_max_body_mib << 20)
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        from gpufrac.api.head_timeout import HeadTimeoutProtocol
+
+        uvicorn.run(app, host=host, port=port, log_level="warning", http=HeadTimeoutProtocol)
     finally:
         address.unlink(missing_ok=True)
 
@@ -360,9 +365,18 @@ def logs_command(
         typer.Option("--follow", "-f", help="Keep printing new output until the workload ends."),
     ] = False,
     server: ServerOpt = None,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Pass control characters through to a terminal (by default they are shown as "
+            "\\xNN there, so a workload's output cannot move the cursor or retitle the window).",
+        ),
+    ] = False,
 ) -> None:
     """Print a workload's output (its newest attempt); with -f, follow it across restarts. For a
     deployment, its replicas' output, each line prefixed with the replica's name."""
+    show = _shown_as_is if raw or not sys.stdout.isatty() else _shown_escaped
     tenant_, name = qualified(name, tenant)
     r = request("GET", server, f"/api/v1/workloads/{tenant_}/{name}")
     if r.status_code == 404:
@@ -370,21 +384,40 @@ def logs_command(
         if d.status_code != 200:
             hint = _elsewhere(server, "workload", tenant_, name)
             raise fail(f"no workload or deployment {tenant_}/{name}", 1, hint)
-        _deployment_logs(server, tenant_, name, tail, follow)
+        _deployment_logs(server, tenant_, name, tail, follow, show)
         return
     answer(r)
     with contextlib.suppress(KeyboardInterrupt):
-        _follow_logs(server, tenant_, name, tail, follow, prefix="")
+        _follow_logs(server, tenant_, name, tail, follow, prefix="", show=show)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _shown_escaped(line: str) -> str:
+    """A workload's line made safe for a terminal: control characters (but tab) as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+
+
+def _shown_as_is(line: str) -> str:
+    return line
 
 
 def _follow_logs(
-    server: str | None, tenant: str, name: str, tail: int, follow: bool, *, prefix: str
+    server: str | None,
+    tenant: str,
+    name: str,
+    tail: int,
+    follow: bool,
+    *,
+    prefix: str,
+    show: Callable[[str], str] = _shown_as_is,
 ) -> None:
     path = f"/api/v1/workloads/{tenant}/{name}"
     data = call("GET", server, path + "/logs", params={"tail": 0 if follow else tail})
     lines = data["lines"]
     for line in lines[-tail:] if tail > 0 else lines:
-        typer.echo(prefix + line)
+        typer.echo(prefix + show(line))
     run, seen = data["run"], len(lines)
     while follow:
         time.sleep(0.5)
@@ -396,13 +429,20 @@ def _follow_logs(
         if seen > len(lines):  # the log rotated
             seen = 0
         for line in lines[seen:]:
-            typer.echo(prefix + line)
+            typer.echo(prefix + show(line))
         seen = len(lines)
         if call("GET", server, path)["phase"] in ("succeeded", "failed"):
             break
 
 
-def _deployment_logs(server: str | None, tenant: str, name: str, tail: int, follow: bool) -> None:
+def _deployment_logs(
+    server: str | None,
+    tenant: str,
+    name: str,
+    tail: int,
+    follow: bool,
+    show: Callable[[str], str] = _shown_as_is,
+) -> None:
     """The replicas' output; with ``follow``, replicas that come later are followed too."""
     seen: dict[str, int] = {}
     runs: dict[str, str | None] = {}
@@ -431,7 +471,7 @@ def _deployment_logs(server: str | None, tenant: str, name: str, tail: int, foll
                 else:
                     start = seen[replica]
                 for line in lines[start:]:
-                    typer.echo(f"[{replica}] {line}")
+                    typer.echo(f"[{replica}] {show(line)}")
                 seen[replica], runs[replica] = len(lines), data["run"]
             if not follow:
                 return

@@ -25,6 +25,7 @@ from gpufrac.model.mig import MigPlacement, check_layout
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.units import format_mib
 from gpufrac.model.workload import MILLI, Mode, WorkloadSpec
+from gpufrac.planning.mig_recut import best_recut
 from gpufrac.planning.sched_candidates import (
     CANDIDATES_PER_MODEL,
     RecutScope,
@@ -133,6 +134,13 @@ class PendingQueue(dict[str, str]):
         return super().pop(key, default)
 
 
+def preempted_by(req: SchedRequest, victim: str) -> str:
+    """A victim's reason: who preempted it, named only to its own tenant (another tenant's
+    workloads are not shown to it, not even by name)."""
+    who = req.key if victim.split("/", 1)[0] == req.tenant else "another tenant's workload"
+    return f"preempted by {who} (priority {req.priority})"
+
+
 class Scheduler:
     def __init__(
         self,
@@ -150,6 +158,9 @@ class Scheduler:
         self.pending = PendingQueue(self.requests)  # workload -> why it waits
         self._seq = itertools.count()
         self._passed: dict[str, int] = {}  # waiting MIG request -> later re-cuts that went first
+        # a held MIG request (see _holds) -> the GPU kept for it: requests it outranks take nothing
+        # there, so the GPU's busy instances end and it can be re-cut for the one that waits
+        self._reserved: dict[str, int] = {}
         self.ctx = SchedContext(self.state, self.requests, self.settings, self.policy)
 
     # -- what it knows ---------------------------------------------------------------------------
@@ -266,6 +277,7 @@ class Scheduler:
         del self.requests[key]
         self.pending.pop(key, None)
         self._passed.pop(key, None)
+        self._reserved.pop(key, None)
         freed = self.state.release(key)
         if not freed:
             return []
@@ -368,7 +380,10 @@ class Scheduler:
                 with self.state.statement() as st:
                     placed = self._commit(st, req, chosen, ())
                     st.commit()
+                self._reserved.pop(key, None)
                 return [placed]
+            if mode == "mig" and allowed in ("idle", "drain") and self._holds(req):
+                self._reserve(req)
         if only is not None or scope is not None:  # a cheap retry found nothing: the reason stays
             return [Decision(key, "pending", self.pending[key])]
         policy = self.settings.preemption(req.tenant, req.spec.preemption)
@@ -404,6 +419,48 @@ class Scheduler:
         ones have gone ahead of it by a re-cut ``RECUT_BYPASS`` times."""
         return self._passed.get(req.key, 0) >= RECUT_BYPASS
 
+    def _kept_from(self, req: SchedRequest) -> set[int]:
+        """The GPUs kept for held MIG requests of ``req``'s tenant that come before it (higher
+        priority, or equal and earlier)."""
+        kept = set()
+        for key, gi in self._reserved.items():
+            other = self.requests.get(key)
+            if (
+                other is not None
+                and key != req.key
+                and other.tenant == req.tenant
+                and (
+                    other.priority > req.priority
+                    or (other.priority == req.priority and other.order < req.order)
+                )
+            ):
+                kept.add(gi)
+        return kept
+
+    def _reserve(self, req: SchedRequest) -> None:
+        """Keep a GPU for held ``req``: the MIG GPU where its profile would destroy the fewest busy
+        instances (were all idle), then the fewest busy memory slots. Kept until it is placed."""
+        if req.key in self._reserved:
+            return
+        taken = set(self._reserved.values())
+        best: tuple[tuple[int, int, int], int] | None = None
+        for g in self.state.gpus:
+            if not g.mig or g.pinned or not g.schedulable or g.index in taken:
+                continue
+            profile = req.mig_profile(g.model)
+            if profile is None:
+                continue
+            found = best_recut(g.model, dict.fromkeys(g.instances), profile)
+            if found is None:
+                continue
+            busy = [pl for pl in found.destroy if g.instances.get(pl) is not None]
+            slots = sum(g.model.profile(pl.profile).memory_slots for pl in busy)
+            cost = (len(busy), slots, g.index)
+            if best is None or cost < best[0]:
+                best = (cost, g.index)
+        if best is not None:
+            self._reserved[req.key] = best[1]
+
     def _waits_behind(self, req: SchedRequest) -> bool:
         """Whether an earlier MIG request of the same tenant, of at least ``req``'s priority, waits
         and holds the re-cuts behind it (``_holds``)."""
@@ -414,20 +471,19 @@ class Scheduler:
     ) -> list[Decision]:
         """Evict ``victims`` and place ``req`` where they were, all or nothing; then let each victim
         find room elsewhere at once (never by preempting in turn)."""
-        why = f"preempted by {req.key} (priority {req.priority})"
         with self.state.statement() as st:
             for v in victims:
                 st.release(v)
                 st.on_rollback(self._restorer(v))
-                self.pending[v] = why
-            placed = self._commit(st, req, chosen, tuple(victims), why)
+                self.pending[v] = preempted_by(req, v)
+            placed = self._commit(st, req, chosen, tuple(victims), preempted_by)
             st.commit()
         moved = []
         for v in victims:
             again = self._try(self.requests[v], preempt=False)
             if again[0].outcome != "placed":
-                self.pending[v] = why
-                again = [Decision(v, "pending", why)]
+                self.pending[v] = preempted_by(req, v)
+                again = [Decision(v, "pending", self.pending[v])]
             moved.append(again[0])
         if placed.mode == "mig":  # the victims' instances became the newcomer's: none is left over
             return [placed, *moved]
@@ -453,10 +509,10 @@ class Scheduler:
         req: SchedRequest,
         chosen: list[Candidate],
         victims: tuple[str, ...],
-        why: str = "",
+        why: Callable[[SchedRequest, str], str] = lambda _r, _v: "",
     ) -> Decision:
         key = req.key
-        actions = [SchedAction("evict", v, reason=why) for v in victims]
+        actions = [SchedAction("evict", v, reason=why(req, v)) for v in victims]
         allocs, create, destroy = [], [], []
         for c in chosen:
             g = self.state.gpus[c.gpu]
@@ -515,7 +571,12 @@ class Scheduler:
             if only is None
             else candidates_on(self.state, req, mode, only, scope)
         )
+        kept = self._kept_from(req)
         for cand in cands:
+            if cand.gpu in kept:
+                if len(reasons) < 3:
+                    reasons.append(f"GPU {cand.gpu} is kept for a MIG request waiting before it")
+                continue
             model = self.state.gpus[cand.gpu].model.key
             if passed.get(model, 0) >= CANDIDATES_PER_MODEL:
                 continue

@@ -390,6 +390,8 @@ class Agent:
         member = self.arbiter.latest.get(st.key) or {}
         paused = st.phase == "running" and bool(member.get("paused"))
         by = member.get("paused_by") or "another workload"
+        if "/" in by and by.split("/", 1)[0] != st.key.split("/", 1)[0]:
+            by = "another tenant's workload"  # not named to this one's tenant
         if member.get("paused_for") == "min share":
             why = f"paused while {by} has its guaranteed share of the GPU (min share)"
         else:

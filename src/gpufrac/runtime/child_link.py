@@ -31,7 +31,7 @@ class ChildRefused(OSError):
 
 class ChildLink:
     def __init__(
-        self, what: str, module: str, log: Path, *, call_timeout: float = 3.0, grace: float = 1.0
+        self, what: str, module: str, log: Path, *, call_timeout: float = 5.0, grace: float = 1.0
     ) -> None:
         self.what, self.module, self.log = what, module, log
         self.call_timeout, self.grace = call_timeout, grace

@@ -41,7 +41,7 @@ def workload_qos(
         "min_share": min_share_of(spec, agent.settings.job_min_share_milli) / 1000,
         "mode": member.get("mode"),  # cooperative (SDK) | transparent (paused by signals) | None
         "paused": member.get("paused"),
-        "paused_by": member.get("paused_by"),
+        "paused_by": _named_to(spec.tenant, member.get("paused_by")),
         "paused_s": member.get("paused_s"),
         "active": member.get("active"),
         "turns": member.get("turns"),
@@ -49,3 +49,10 @@ def workload_qos(
         "measured_share": measured,
         "measured_by": source,
     }
+
+
+def _named_to(tenant: str, key: str | None) -> str | None:
+    """Another workload's key as ``tenant`` may see it: its own tenant's by name, others' not."""
+    if key is None or key.split("/", 1)[0] == tenant:
+        return key
+    return "another tenant's workload"

@@ -91,7 +91,7 @@ class Gateway:
         """The tenant of the request's token (ADMIN for the admin's), or None without a valid one."""
         assert self.tokens is not None
         value = req.header(b"authorization") or b""
-        if not value.startswith(b"Bearer "):
+        if value[:7].lower() != b"bearer ":  # the scheme's name is case-insensitive
             return None
         return self.tokens.get(hashlib.sha256(value[7:].strip()).hexdigest())
 

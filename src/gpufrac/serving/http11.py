@@ -134,6 +134,8 @@ class HttpConnection(asyncio.Protocol):
     request_timeout = 60.0
     idle_timeout = 75.0
     budget: BodyBudget | None = None  # shared by the server's connections, if set
+    max_connections = 4096  # open at once per server process; one more is answered 503 and closed
+    open_connections = 0
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -154,6 +156,7 @@ class HttpConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._held = 0  # bytes taken from the budget for requests not answered yet
+        self._counted = False  # counted in open_connections
 
     def handle(self, req: Request) -> Awaitable[None] | None:
         raise NotImplementedError
@@ -167,9 +170,20 @@ class HttpConnection(asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._arm(self.idle_timeout, 0, "")
+        cls = type(self)
+        cls.open_connections += 1
+        self._counted = True
+        if cls.open_connections > cls.max_connections:  # descriptors are not for the taking
+            transport.write(response(503, b"", extra=[b"Retry-After: 1"], keep_alive=False))
+            transport.close()
+            return
+        # a new connection has no more time than a head does to start its first request
+        self._arm(self.head_timeout, 0, "")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._counted:
+            type(self).open_connections -= 1
+            self._counted = False
         self.transport = None
         self._disarm()
         self._give_back()

@@ -165,3 +165,12 @@ def test_workload_rows_show_gpu_index_node_and_share() -> None:
     lines = describe_lines(done, [MIG_GPU, MPS_GPU])
     assert "Placement (finished; where it ran):" in lines
     assert "  GPU:          0 (GPU-a)" in lines
+
+
+def test_a_workloads_log_line_cannot_drive_the_terminal() -> None:
+    from gpufrac.cli.agent_cmds import _shown_escaped
+
+    line = "\x1b]0;TITLE\x07\x1b[31mRED\x1b[0m\r\x1b[Kfake\tok \x9b2J é"
+    shown = _shown_escaped(line)
+    assert not any((ord(c) < 32 and c != "\t") or 0x7F <= ord(c) <= 0x9F for c in shown)
+    assert shown == "\\x1b]0;TITLE\\x07\\x1b[31mRED\\x1b[0m\\x0d\\x1b[Kfake\tok \\x9b2J é"

@@ -291,3 +291,46 @@ def test_one_tenants_waiting_request_never_holds_another_tenant_back(
     s.delete("alpha", "big")  # once it no longer waits, the re-cut goes through
     d = s.retry_pending()[0]
     assert d.workload == "alpha/mid3" and d.outcome == "placed" and str(d.mig) == "2g.35gb@0"
+
+
+def test_a_held_request_gets_a_gpu_kept_for_it_until_it_is_placed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(scheduler, "RECUT_BYPASS", 1)
+    s = Scheduler([SchedGpu(f"GPU-{i}", i, H200, mig=True) for i in range(2)])
+    for i in range(14):  # both GPUs cut into seven busy 1g
+        assert s.submit(w(f"s{i}", mig_profile="1g.18gb"))[0].outcome == "placed"
+
+    def owner(gpu: int, start: int) -> str:
+        o = s.state.gpus[gpu].instances[MigPlacement(start, "1g.18gb")]
+        assert o is not None
+        return o
+
+    assert s.submit(w("big", mig_profile="7g.141gb"))[0].outcome == "pending"
+    for start in (0, 1):
+        s.delete(*owner(1, start).split("/"))
+    d = s.submit(w("mid", mig_profile="2g.35gb"))[0]  # goes ahead of big by a re-cut: big is held
+    assert d.outcome == "placed" and d.gpus == ("GPU-1",)
+    s.delete(*owner(0, 6).split("/"))  # big is tried again, fails, and a GPU is kept for it
+    assert s.pending.get("default/big") is not None
+    kept = s._reserved["default/big"]
+    assert kept == 0  # six busy instances on each; GPU 0's hold fewer memory slots
+    # a later request takes nothing on the kept GPU, though a free 1g is there
+    d = s.submit(w("small", mig_profile="1g.18gb"))[0]
+    assert d.outcome == "pending" and "kept for a MIG request waiting before it" in d.reason
+    # nor is another tenant's (one tenant's waiting request never holds another's back)
+    other = WorkloadSpec(
+        name="o", gpu=GpuRequest(mig_profile="1g.18gb"), command=("x",), tenant="other"
+    )
+    d = s.submit(other)[0]
+    assert d.outcome == "placed" and d.gpus == ("GPU-0",)
+    s.delete("other", "o")
+    # a request that outranks big is not held back by it
+    d = s.submit(w("urgent", priority=90, mig_profile="1g.18gb"))[0]
+    assert d.outcome == "placed" and str(d.mig) == "1g.18gb@6" and d.gpus == ("GPU-0",)
+    s.delete("default", "urgent")
+    decided = []
+    for start in range(6):  # the kept GPU's work ends: big is placed there
+        decided += s.delete(*owner(0, start).split("/"))
+    placed = {x.workload: x for x in decided if x.outcome == "placed"}
+    assert placed["default/big"].gpus == ("GPU-0",) and "default/big" not in s._reserved
