@@ -149,6 +149,11 @@ def test_autoscaling_up_down_and_to_zero_with_a_cold_start(agent: RunningAgent) 
     notes = [e["message"] for e in view(agent, "elastic")["events"] if e["kind"] == "autoscaler"]
     assert not any("QoS weight" in m for m in notes)  # alone on its GPUs: straight to more replicas
     assert cold < 30
+    # a manual count on an autoscaled deployment is only where the autoscaler goes on from: said so
+    r = httpx.post(
+        f"{agent.url}/api/v1/deployments/default/elastic/scale", json={"replicas": 1}, timeout=10
+    )
+    assert r.status_code == 200 and "autoscaler goes on from this count" in r.json()["warnings"][0]
 
 
 def test_a_rolling_update_drops_no_request(agent: RunningAgent) -> None:

@@ -34,7 +34,7 @@ from gpufrac.model.mig import layout_from_json
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.scheduler import decision_to_json
 from gpufrac.runtime.mig_apply import ApplyRefused
-from gpufrac.runtime.qos_view import workload_qos
+from gpufrac.runtime.qos_view import Readings, workload_qos
 from gpufrac.runtime.shim import LOG
 from gpufrac.serving.deployments import gateway_path
 
@@ -126,7 +126,7 @@ def create_app(
         if not caller(request).admin:
             raise HTTPException(403, "only the admin token may change GPUs")
 
-    def view(key: str) -> dict[str, Any]:
+    def view(key: str, readings: Readings | None = None) -> dict[str, Any]:
         tenant, name = key.split("/", 1)
         stored = service.agent.store.workload(tenant, name)
         if stored is None:
@@ -150,6 +150,8 @@ def create_app(
                 spec_from_json(stored.spec),
                 state.decision if state else None,
                 service.agent.arbiter.latest,  # read by the last reconcile pass
+                readings,
+                state,
             ),
         }
 
@@ -232,9 +234,12 @@ def create_app(
     def list_workloads(request: Request) -> dict[str, Any]:
         who = caller(request)
         with service.lock:
+            readings = Readings(service.agent)  # each GPU read once for the whole list
             return {
                 "workloads": [
-                    view(w.key) for w in service.agent.store.workloads() if who.may_see(w.tenant)
+                    view(w.key, readings)
+                    for w in service.agent.store.workloads()
+                    if who.may_see(w.tenant)
                 ]
             }
 

@@ -114,10 +114,18 @@ def add_deployment_routes(
 
     def scale_to(tenant: str, name: str, replicas: int) -> dict[str, Any]:
         with service.lock:
-            find(tenant, name)
+            d, _ = find(tenant, name)
             service.deployments.scale(tenant, name, replicas)
         service.wake()
-        return {"deployment": f"{tenant}/{name}", "replicas": replicas}
+        out: dict[str, Any] = {"deployment": f"{tenant}/{name}", "replicas": replicas}
+        if d.autoscale is not None:
+            a = d.autoscale
+            out["warnings"] = [
+                f"it autoscales ({a.min_replicas}-{a.max_replicas} replicas): the autoscaler goes "
+                "on from this count with the next load it sees, so it may soon change it; for a "
+                "count that stays, apply the deployment with replicas: N instead of autoscale"
+            ]
+        return out
 
     @app.delete("/api/v1/deployments/{tenant}/{name}")
     def delete_deployment(request: Request, tenant: str, name: str) -> dict[str, Any]:

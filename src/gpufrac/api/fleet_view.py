@@ -23,7 +23,6 @@ from gpufrac.model.gpu import GpuState
 from gpufrac.planning.sched_state import Allocation
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.runs import process_group
-from gpufrac.runtime.shim import read_status
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,11 +140,9 @@ def read_fleet(
     holders: dict[str, Holder] = {}
     for key in {a.workload for allocs in allocations.values() for a in allocs}:
         st = states.get(key)
-        tenant, name = key.split("/", 1)
-        group = None
-        if st is not None and st.phase in ("running", "paused", "starting"):
-            run = agent.runs.latest(tenant, name, st.generation)
-            group = read_status(run).child_pid if run is not None else None
+        group = (
+            st.group if st is not None and st.phase in ("running", "paused", "starting") else None
+        )
         share = (stats.get(key) or {}).get("gpu_share")
         holders[key] = Holder(
             phase=st.phase if st is not None else "starting",

@@ -171,7 +171,7 @@ def workload_families(
                 f["measured"].add(first, member["gpu_share"])
         if st.phase != "running" or d is None or not placed:
             continue
-        use = agent.memory_use(tenant, name)
+        use = agent.memory_use(tenant, name, gpus, st)
         if use is not None:
             # reported through gpufrac.sdk on simulated GPUs
             f["used"].add(

@@ -530,8 +530,10 @@ def scale_command(
         raise fail(
             f"no deployment {tenant_}/{name}", 1, _elsewhere(server, "deployment", tenant_, name)
         )
-    answer(r)
+    got = answer(r)
     console.print(f"{tenant_}/{name}: {replicas} replica(s) wanted", highlight=False)
+    for line in got.get("warnings", []) if isinstance(got, dict) else []:
+        err_console.print(f"[yellow]warning[/]: {line}", highlight=False)
 
 
 def _is_loopback(host: str) -> bool:

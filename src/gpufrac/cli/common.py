@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 a check failed or the devices refused, 2 bad input or n
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,7 +22,10 @@ from gpufrac.devices.errors import DeviceError, DriverUnavailable
 from gpufrac.devices.nvml import open_real_nvml
 from gpufrac.errors import InputError
 
-console = Console()
+# piped (a CI log, `| grep`, `| tee`): lines are not wrapped at 80 columns, and tables get room to
+# keep each row on one line (COLUMNS, when set, still decides)
+_PIPED = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+console = Console(soft_wrap=_PIPED, width=240 if _PIPED else None)
 err_console = Console(stderr=True, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import fcntl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, get_args
@@ -41,6 +41,7 @@ from gpufrac.devices.health import DeviceHealth
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
 from gpufrac.model.advice import request_warnings
+from gpufrac.model.gpu import GpuState
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
 from gpufrac.model.settings import OperatorSettings
@@ -91,6 +92,7 @@ class WorkloadState:
     attempts: int = 0
     exit_code: int | None = None
     env: dict[str, str] = field(default_factory=dict)
+    group: int | None = None  # the process group of its attempt still running, as the pass saw it
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,9 @@ class Seen:
             attempts=len(self.attempts) if attempts is None else attempts,
             exit_code=exit_code,
             env=handed_env(self.latest) if placed or phase != "pending" else {},
+            group=None
+            if self.status is None or self.status.done or not placed
+            else self.status.child_pid,
         )
 
 
@@ -323,8 +328,22 @@ class Agent:
         """The run directory of the newest attempt (its output.log is the workload's log)."""
         return self.runs.latest(tenant, name, generation)
 
-    def memory_use(self, tenant: str, name: str) -> MemoryUse | None:
-        """GPU memory held now by a running workload's processes, as NVML reports it."""
+    def memory_use(
+        self,
+        tenant: str,
+        name: str,
+        gpus: Mapping[str, GpuState] | None = None,
+        state: WorkloadState | None = None,
+    ) -> MemoryUse | None:
+        """GPU memory held now by a running workload's processes, as NVML reports it (``gpus``:
+        the GPUs as just read, where the caller read them all once; ``state``: the workload as
+        the last pass saw it, which spares reading its run directory)."""
+        if state is not None:
+            d = state.decision
+            if state.group is None or d is None or not d.gpus:
+                return None
+            uuid = d.gpus[0]
+            return self.memory.use(uuid, state.group, None if gpus is None else gpus.get(uuid))
         stored = self.store.workload(tenant, name)
         placed = self.store.placement(tenant, name)
         if stored is None or placed is None or not placed[1].get("gpus"):
@@ -333,7 +352,8 @@ class Agent:
         child = read_status(run).child_pid if run else None
         if child is None:
             return None
-        return self.memory.use(str(placed[1]["gpus"][0]), child)
+        uuid = str(placed[1]["gpus"][0])
+        return self.memory.use(uuid, child, None if gpus is None else gpus.get(uuid))
 
     # -- GPUs (GpuCare does the work) -------------------------------------------------------------
 

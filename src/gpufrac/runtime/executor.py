@@ -150,11 +150,12 @@ class Executor:
         attempts = self.runs.attempts(tenant, name, stored.generation)
         if attempts and live(attempts[-1]):
             return  # one runs already (or is on its way): never twice
-        if (
-            decision.mig is not None
-            and self.dev.gpu(decision.gpus[0]).instance_at(decision.mig) is None
-        ):
-            raise ActionRefused(f"its MIG instance {decision.mig} is not there (yet)")
+        if decision.mig is not None:
+            inst = self.dev.gpu(decision.gpus[0]).instance_at(decision.mig)
+            # a GPU instance gets its device (and UUID) with its compute instance, a step later:
+            # started before that, the workload would be handed no device at all
+            if inst is None or not inst.uuid:
+                raise ActionRefused(f"its MIG instance {decision.mig} is not there (yet)")
         spec = spec_from_json(stored.spec)
         if decision.mode == "mps" and decision.gpus and self.mps.ensure(decision.gpus[0]):
             self.store.record_event("mps_started", decision.gpus[0], "MPS control daemon started")

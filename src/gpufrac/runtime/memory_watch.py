@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpufrac.devices.nvml import NvmlDevices
+from gpufrac.model.gpu import GpuState
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.runtime.runs import process_group, read_json, write_json
 
@@ -26,9 +27,11 @@ class MemoryWatch:
     def __init__(self, dev: NvmlDevices) -> None:
         self.dev = dev
 
-    def use(self, gpu_uuid: str, child_pid: int) -> MemoryUse:
-        """GPU memory held now by the process group led by ``child_pid``, as NVML reports it."""
-        procs = [p for p in self.dev.gpu(gpu_uuid).processes if process_group(p.pid) == child_pid]
+    def use(self, gpu_uuid: str, child_pid: int, gpu: GpuState | None = None) -> MemoryUse:
+        """GPU memory held now by the process group led by ``child_pid``, as NVML reports it
+        (``gpu``: the GPU as just read, where the caller has it)."""
+        state = gpu if gpu is not None else self.dev.gpu(gpu_uuid)
+        procs = [p for p in state.processes if process_group(p.pid) == child_pid]
         return MemoryUse(sum(p.used_memory_mib or 0 for p in procs), tuple(p.pid for p in procs))
 
     def over_limit(

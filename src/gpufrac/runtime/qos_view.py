@@ -11,23 +11,52 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufrac.model.gpu import GpuState
 from gpufrac.model.qos import min_share_of, qos_params
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.scheduler import Decision
-from gpufrac.runtime.agent import Agent
+from gpufrac.runtime.agent import Agent, WorkloadState
+
+
+class Readings:
+    """One view's device readings, each GPU read once however many workloads ask (listing 200
+    workloads on 8 GPUs reads 8 GPUs, not 200)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self._gpus: dict[str, GpuState] | None = None
+        self._util: dict[str, dict[int, int] | None] = {}
+
+    @property
+    def gpus(self) -> dict[str, GpuState]:
+        if self._gpus is None:
+            self._gpus = {g.uuid: g for g in self.agent.dev.gpus()}
+        return self._gpus
+
+    def utilization(self, uuid: str) -> dict[int, int] | None:
+        if uuid not in self._util:
+            self._util[uuid] = self.agent.health.process_utilization(uuid)
+        return self._util[uuid]
 
 
 def workload_qos(
-    agent: Agent, spec: WorkloadSpec, decision: Decision | None, stats: dict[str, Any]
+    agent: Agent,
+    spec: WorkloadSpec,
+    decision: Decision | None,
+    stats: dict[str, Any],
+    readings: Readings | None = None,
+    state: WorkloadState | None = None,
 ) -> dict[str, Any]:
-    """``stats`` is the arbiter's, as the last reconcile pass read them (``agent.arbiter.latest``)."""
+    """``stats`` is the arbiter's, as the last reconcile pass read them (``agent.arbiter.latest``);
+    ``readings``: the device readings of the view this is part of."""
     key = f"{spec.tenant}/{spec.name}"
     member = stats.get(key) or {}
     measured: float | None = None
     source: str | None = None
     if decision is not None and decision.gpus and decision.mode == "timeslice" and not decision.mig:
-        use = agent.memory_use(spec.tenant, spec.name)
-        by_pid = agent.health.process_utilization(decision.gpus[0])
+        read = readings or Readings(agent)
+        use = agent.memory_use(spec.tenant, spec.name, read.gpus, state)
+        by_pid = read.utilization(decision.gpus[0])
         if use is not None and use.pids and by_pid is not None:
             measured = sum(by_pid.get(pid, 0) for pid in use.pids) / 100
             source = "nvml"
