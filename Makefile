@@ -3,14 +3,31 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Every version the venv installs (pip and setuptools included, also setuptools for building gpufrac),
+# pinned; `make lock` refreshes it. The torch and onnx extras are not installed here, so not locked.
+LOCK := requirements.lock
 
-.PHONY: demo test lint typecheck unit bench gpu-check clean
+.PHONY: demo test lint typecheck unit bench gpu-check lock clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --upgrade -c $(LOCK) pip setuptools
+	$(BIN)/python -m pip install --quiet -c $(LOCK) --build-constraint $(LOCK) -e '.[dev]'
 	@touch $@
+
+# Resolves pyproject.toml's dependencies afresh (the newest versions that fit) in a throwaway venv
+# and writes what got installed to $(LOCK). Then `make test`, and commit the lock.
+lock:
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/python" -m pip install --quiet --upgrade pip setuptools; \
+	"$$tmp/venv/bin/python" -m pip install --quiet -e '.[dev]'; \
+	{ echo "# gpufrac's locked dependencies: pip constraints that make installs .venv with (-c)."; \
+	  echo "# Written by \`make lock\` (do not edit): '.[dev]' installed unconstrained in a fresh venv"; \
+	  echo "# ($$("$$tmp/venv/bin/python" -c 'import platform as p; print("Python", p.python_version(), p.system(), p.machine())')), then"; \
+	  echo "# pip freeze --all --exclude-editable. The torch and onnx extras are left out."; \
+	  "$$tmp/venv/bin/python" -m pip freeze --all --exclude-editable; } > $(LOCK).tmp; \
+	mv $(LOCK).tmp $(LOCK); echo "wrote $(LOCK): $$(grep -vc '^#' $(LOCK)) packages"
 
 # The browser tests drive Debian's Chromium through Playwright (no browser download): installed once
 # per machine when missing (as root, from Debian's package index).
@@ -46,6 +63,7 @@ test: $(STAMP) lint typecheck unit
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
+	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(BIN)/mypy src
@@ -61,4 +79,4 @@ gpu-check:
 	bash scripts/gpu-check.sh
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis .import_linter_cache .grimp_cache

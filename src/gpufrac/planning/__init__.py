@@ -1,0 +1,1 @@
+"""Pure functions from snapshots to plans: MIG layouts, placement, preemption, quotas."""
