@@ -84,6 +84,14 @@ class Track:
     owner: str | None
     meta: dict[str, Any]
     columns: dict[str, deque[Value]] = field(default_factory=dict)
+    last_seen: float = 0.0  # the time of the last sample it was in
+
+
+# Tracks that are gone (in no sample since) but still have values in the window are kept so the
+# plots show recent history, at most this many: with workloads coming and going fast, each new name
+# would otherwise hold its track (7 columns of the whole window, about 19 KiB) for a whole window,
+# and the agent's memory would grow with the rate of new names (bench/soak.py found it).
+MAX_GONE_TRACKS = 64
 
 
 class Ring:
@@ -107,13 +115,20 @@ class Ring:
                     {m: deque([None] * pad, maxlen=self.size) for m in METRICS[r.kind]},
                 )
             track = self.tracks[ident]
-            track.owner, track.meta = r.owner, r.meta
+            track.owner, track.meta, track.last_seen = r.owner, r.meta, at
+        gone: list[tuple[float, tuple[Kind, str]]] = []
         for ident, track in list(self.tracks.items()):
             got = seen.get(ident)
             for metric, column in track.columns.items():
                 column.append(None if got is None else got.values.get(metric))
-            if got is None and all(v is None for c in track.columns.values() for v in c):
-                del self.tracks[ident]  # gone for a whole window
+            if got is None:
+                if all(v is None for c in track.columns.values() for v in c):
+                    del self.tracks[ident]  # gone for a whole window
+                else:
+                    gone.append((track.last_seen, ident))
+        gone.sort()
+        for _, ident in gone[: max(0, len(gone) - MAX_GONE_TRACKS)]:
+            del self.tracks[ident]  # the longest gone first
 
     def view(self, who: Caller, since: float | None = None) -> dict[str, Any]:
         """The samples after ``since`` (all without it), the tracks ``who`` may see."""

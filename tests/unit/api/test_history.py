@@ -85,3 +85,14 @@ def test_entitled_shares_follow_the_arbiter_classes() -> None:
         }
     )
     assert got == {"t/hi1": 0.75, "t/hi2": 0.25, "t/low": 0.1, "t/idle": None, "t/alone": 1.0}
+
+
+def test_workloads_that_come_and_go_fast_hold_a_bounded_number_of_tracks() -> None:
+    from gpufrac.api.history import MAX_GONE_TRACKS
+
+    ring = Ring(180)
+    for i in range(1000):  # a new workload name in every sample, gone by the next
+        ring.add(float(i), [gpu(i), wl("a", f"w{i}", i)])
+    assert len(ring.tracks) <= 1 + 1 + MAX_GONE_TRACKS  # the GPU, the newest, the recently gone
+    kept = {key for kind, key in ring.tracks if kind == "workload"}
+    assert "a/w999" in kept and "a/w998" in kept and "a/w0" not in kept  # the longest gone go first
