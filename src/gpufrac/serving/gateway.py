@@ -64,7 +64,15 @@ TOTAL_BODIES = 256 * 2**20  # request bodies held by all connections together
 DOWN_SECONDS = 1.0  # a replica that failed to answer is skipped this long
 WINDOW_SECONDS = 10.0
 # hop-by-hop headers, and Expect (the gateway already holds the whole body)
-_HOP = (b"connection", b"keep-alive", b"proxy-connection", b"upgrade", b"te", b"expect")
+_HOP = (
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"proxy-authorization",
+    b"upgrade",
+    b"te",
+    b"expect",
+)
 # written by the gateway itself from what it parsed, never copied
 _FRAMING = (b"content-length", b"transfer-encoding", b"trailer")
 _NOT_FORWARDED = frozenset(_HOP + _FRAMING + (b"authorization",))
