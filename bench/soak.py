@@ -108,15 +108,8 @@ def tenant_loop(
         try:
             with tally.lock:
                 mine = sorted(k for k in tally.applied if k.startswith(tenant + "/"))
-            if op < 0.35 and len(mine) >= KEEP:
-                # as many workloads at the end as at the start: the agent's memory is compared
-                key = rng.choice(mine)
-                r = api.delete(f"/workloads/{key}")
-                tally.saw("delete", r, (200,), t0)
-                if r.status_code == 200:
-                    with tally.lock:
-                        tally.applied.discard(key)
-            elif op < 0.25:
+            # at most KEEP applied: the agent holds as much state at the end as at the start
+            if op < 0.25 and len(mine) < KEEP:
                 name = f"{tenant[0]}{n}"
                 r = api.post(
                     "/workloads", content=job(tenant, name, rng.choice(["job", "service"]))
@@ -125,16 +118,13 @@ def tenant_loop(
                 if r.status_code == 200:
                     with tally.lock:
                         tally.applied.add(f"{tenant}/{name}")
-            elif op < 0.35 and tally.applied:
-                with tally.lock:
-                    mine = sorted(k for k in tally.applied if k.startswith(tenant + "/"))
-                if mine:
-                    key = rng.choice(mine)
-                    r = api.delete(f"/workloads/{key}")
-                    tally.saw("delete", r, (200,), t0)
-                    if r.status_code == 200:
-                        with tally.lock:
-                            tally.applied.discard(key)
+            elif op < 0.35 and mine:
+                key = rng.choice(mine)
+                r = api.delete(f"/workloads/{key}")
+                tally.saw("delete", r, (200,), t0)
+                if r.status_code == 200:
+                    with tally.lock:
+                        tally.applied.discard(key)
             elif op < 0.55:
                 r = api.get("/workloads")
                 tally.saw("list", r, (200,), t0)
