@@ -171,3 +171,27 @@ def test_a_preemption_does_not_name_another_tenants_workloads(tenant_agent: Runn
     assert "another tenant's workload" in moved[0]["reason"]
     events = httpx.get(url + "/events", headers=h("research")).text
     assert "search/bully" not in events and "bully" not in events
+
+
+def test_a_tenants_token_makes_its_tenant_the_default(tenant_agent: RunningAgent) -> None:
+    import os
+    import subprocess
+
+    url = tenant_agent.url + "/api/v1"
+    text = manifest("mine", [PY, "-c", "import time; time.sleep(60)"]).replace(
+        "metadata: {name: mine, tenant: default}", "metadata: {name: mine}"
+    )
+    assert "tenant" not in text.split("spec:")[0]
+    r = httpx.post(url + "/workloads", content=text, headers=h("search"))
+    assert r.status_code == 200 and r.json()["results"][0]["workload"] == "search/mine", r.text
+    assert httpx.get(url + "/whoami", headers=h("search")).json() == {
+        "tenant": "search",
+        "admin": False,
+    }
+    assert httpx.get(url + "/whoami", headers=h("admin")).json()["admin"] is True
+    env = {**os.environ, "GPUFRAC_TOKEN": TOKENS["search"]}
+    out = subprocess.run(
+        [PY, "-m", "gpufrac.cli", "describe", "workload", "mine", "--server", tenant_agent.url],
+        env=env, capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0 and "search/mine" in out.stdout, out.stdout + out.stderr

@@ -166,6 +166,12 @@ def create_app(
             body = encode(registry)
         return Response(body, media_type=content_type)
 
+    @app.get("/api/v1/whoami")
+    def whoami(request: Request) -> dict[str, Any]:
+        """Whom the token is for: a tenant, or the admin (every caller, without tokens)."""
+        who = caller(request)
+        return {"tenant": who.tenant, "admin": who.admin}
+
     @app.get("/api/v1/health")
     def health() -> dict[str, Any]:
         """``ok``, or ``degraded`` with the problems (the agent's own steps that keep failing, or
@@ -182,7 +188,8 @@ def create_app(
 
     def apply_text(who: Caller, text: str) -> dict[str, Any]:
         """Parse (off the event loop: a manifest can be slow to read) and apply, all or nothing."""
-        objects = parse_objects(text, source="body")  # nothing stored on an error
+        # nothing stored on an error; a document naming no tenant is the caller's tenant's
+        objects = parse_objects(text, source="body", default_tenant=who.tenant or "default")
         for o in objects:
             if not who.may_see(o.tenant):
                 raise HTTPException(

@@ -54,8 +54,9 @@ FilterTenantOpt = Annotated[
 ]
 
 
-def qualified(name: str, tenant: str | None) -> tuple[str, str]:
-    """(tenant, name) from NAME with -t TENANT, or from TENANT/NAME (the form gpufrac prints)."""
+def qualified(name: str, tenant: str | None, server: str | None = None) -> tuple[str, str]:
+    """(tenant, name) from NAME with -t TENANT, or from TENANT/NAME (the form gpufrac prints); a
+    bare NAME is the token's tenant's (``$GPUFRAC_TOKEN`` of a tenant), else tenant ``default``."""
     if "/" in name:
         left, _, right = name.partition("/")
         if not left or not right or "/" in right:
@@ -63,7 +64,16 @@ def qualified(name: str, tenant: str | None) -> tuple[str, str]:
         if tenant is not None and tenant != left:
             raise fail(f"{name!r} names tenant {left!r}, but -t says {tenant!r}: give one", 2)
         return left, right
-    return tenant or "default", name
+    return tenant or _token_tenant(server), name
+
+
+def _token_tenant(server: str | None) -> str:
+    """The tenant of ``$GPUFRAC_TOKEN`` (the agent says), or ``default`` (no token, the admin's)."""
+    if not os.environ.get("GPUFRAC_TOKEN"):
+        return "default"
+    r = request("GET", server, "/api/v1/whoami")
+    got = r.json() if r.status_code == 200 else {}
+    return str(got.get("tenant") or "default")
 
 
 def _find(server: str | None, kind: str, tenant: str, name: str) -> Any:
@@ -325,7 +335,7 @@ def describe_command(
     environment handed over, and its events."""
     if kind not in ("workload", "deployment"):
         raise fail(f"cannot describe {kind!r}: use workload or deployment", 2)
-    tenant_, name = qualified(name, tenant)
+    tenant_, name = qualified(name, tenant, server)
     w = _find(server, kind, tenant_, name)
     if kind == "deployment":
         from gpufrac.cli.serve_cmds import print_deployment
@@ -348,7 +358,7 @@ def delete_command(
 ) -> None:
     """Delete a workload (its processes are stopped), or with --deployment a deployment."""
     kind = "deployment" if deployment else "workload"
-    tenant_, name = qualified(name, tenant)
+    tenant_, name = qualified(name, tenant, server)
     r = request("DELETE", server, f"/api/v1/{kind}s/{tenant_}/{name}")
     if r.status_code == 404:
         raise fail(f"no {kind} {tenant_}/{name}", 1, _elsewhere(server, kind, tenant_, name))
@@ -377,7 +387,7 @@ def logs_command(
     """Print a workload's output (its newest attempt); with -f, follow it across restarts. For a
     deployment, its replicas' output, each line prefixed with the replica's name."""
     show = _shown_as_is if raw or not sys.stdout.isatty() else _shown_escaped
-    tenant_, name = qualified(name, tenant)
+    tenant_, name = qualified(name, tenant, server)
     r = request("GET", server, f"/api/v1/workloads/{tenant_}/{name}")
     if r.status_code == 404:
         d = request("GET", server, f"/api/v1/deployments/{tenant_}/{name}")
@@ -522,7 +532,7 @@ def scale_command(
     """Set a deployment's replica count (with autoscale, the autoscaler goes on from there)."""
     if replicas < 0:
         raise fail("--replicas: give 0 or more", 2)
-    tenant_, name = qualified(name, tenant)
+    tenant_, name = qualified(name, tenant, server)
     r = request(
         "POST", server, f"/api/v1/deployments/{tenant_}/{name}/scale", json={"replicas": replicas}
     )

@@ -149,9 +149,12 @@ def parse_manifests(text: str, *, source: str = "manifest") -> list[WorkloadSpec
     return out
 
 
-def parse_objects(text: str, *, source: str = "manifest") -> list[WorkloadSpec | DeploymentSpec]:
+def parse_objects(
+    text: str, *, source: str = "manifest", default_tenant: str = "default"
+) -> list[WorkloadSpec | DeploymentSpec]:
     """Every workload and deployment of a manifest text, in order; the first problem raises
-    ``InputError`` (so a text is accepted whole or not at all)."""
+    ``InputError`` (so a text is accepted whole or not at all). A document that names no tenant is
+    ``default_tenant``'s (the caller's, for a tenant's API token)."""
     documents = load_documents(text, source=source)
     present = [(i, doc) for i, doc in enumerate(documents, start=1) if doc is not None]
     if not present:
@@ -167,7 +170,7 @@ def parse_objects(text: str, *, source: str = "manifest") -> list[WorkloadSpec |
     for position, doc in present:
         prefix = f"doc[{position}]" if several else ""
         try:
-            spec = parse_document(doc)
+            spec = parse_document(doc, default_tenant)
         except InputError as exc:
             problems.found.extend(
                 (exc.at(prefix or source) if prefix or not exc.field else exc).errors
@@ -196,7 +199,7 @@ def parse_workload(raw: Any) -> WorkloadSpec:
     return spec
 
 
-def parse_document(raw: Any) -> WorkloadSpec | DeploymentSpec:
+def parse_document(raw: Any, default_tenant: str = "default") -> WorkloadSpec | DeploymentSpec:
     """One document, already loaded, of either kind; errors are located from the document root."""
     doc = read_mapping(
         raw, "", DOCUMENT_FIELDS, what="a mapping with apiVersion, kind, metadata, spec"
@@ -228,7 +231,9 @@ def parse_document(raw: Any) -> WorkloadSpec | DeploymentSpec:
         ),
         "unnamed",
     )
-    tenant = p.check(lambda: read_dns_label(meta.get("tenant", "default"), "metadata.tenant"), "")
+    tenant = p.check(
+        lambda: read_dns_label(meta.get("tenant", default_tenant), "metadata.tenant"), ""
+    )
     labels: dict[str, str] = p.check(
         lambda: read_str_map(meta.get("labels", {}), "metadata.labels"), {}
     )
