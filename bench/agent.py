@@ -1,7 +1,9 @@
-"""Agent benchmark: durable operations through the API, reconcile time, re-attachment after a restart.
+"""Agent benchmark: durable operations through the API, reconcile time, re-attachment after a
+restart.
 
-1. Applies and deletes through the real HTTP API (the agent as its own process, uvicorn, SQLite commits),
-   against a bare SQLite insert-and-commit loop in the same run (the floor for a durable write).
+1. Applies and deletes through the real HTTP API (the agent as its own process, uvicorn, SQLite
+   commits), against a bare SQLite insert-and-commit loop in the same run (the floor for a durable
+   write).
 2. One reconcile pass over 200 running workloads (real processes under shims).
 3. A new agent over the same data directory (as after a crash) until all 100 running workloads are
    re-attached.
@@ -126,7 +128,8 @@ def main() -> int:
     agent, reconcile_s = running(n_run, root / "run")
     runs = sorted((root / "run" / "runs").glob("*/*/*"))
     try:
-        # a restart: a fresh agent over the same data (the shims keep running), until all are re-attached
+        # a restart: a fresh agent over the same data (the shims keep running), until all are
+        # re-attached
         keep = [f"s{i}" for i in range(n_attach)]
         for i in range(n_attach, n_run):
             agent.delete("default", f"s{i}")
@@ -156,10 +159,14 @@ def main() -> int:
     print(f"| apply through the API ({n_ops} workloads) | {applies:,.0f} ops/s | >= 200 |")
     print(f"| delete through the API | {deletes:,.0f} ops/s | |")
     print(
-        f"| one reconcile pass over {n_run} running workloads | {reconcile_s * 1000:,.0f} ms | < 1,000 ms |"
+        f"| one reconcile pass over {n_run} running workloads | {reconcile_s * 1000:,.0f} "
+        "ms | < 1,000 ms |"
     )
     print(
-        f"| new agent until {n_attach} running workloads re-attached | {reattach_s * 1000:,.0f} ms ({'all re-attached, none started twice' if ok else 'NOT ALL RE-ATTACHED'}) | < 3,000 ms |"
+        f"| new agent until {n_attach} running workloads re-attached | "
+        f"{reattach_s * 1000:,.0f} ms "
+        f"({'all re-attached, none started twice' if ok else 'NOT ALL RE-ATTACHED'}) | < "
+        "3,000 ms |"
     )
     return 0 if ok else 1
 

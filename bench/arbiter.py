@@ -5,8 +5,8 @@
 2. gpufrac: acquire + release of a turn with the real arbiter process, uncontended; the same through
    ``gpu_turn()``; the yield-flag read (shared memory) that yield points do.
 3. Under contention: a low-priority client in a loop of 1 ms "modules" with a yield point between
-   them, and a high-priority client asking for turns: how long the high one waits for its grant, with
-   ``qos_preempt: overlap`` (granted at once) and ``drain`` (granted once the low one yields).
+   them, and a high-priority client asking for turns: how long the high one waits for its grant,
+   with ``qos_preempt: overlap`` (granted at once) and ``drain`` (granted once the low one yields).
 
 Each client runs in its own session, registered with the arbiter by its process group before it
 says hello, as the agent registers the workloads it starts (the arbiter believes no client's word).

@@ -1,25 +1,25 @@
 """Co-location benchmark: a latency-critical inference process beside a trainer on one GPU.
 
-Each cell runs real processes side by side; all cells in one run, so the solo numbers they are compared
-with are measured in the same run:
+Each cell runs real processes side by side; all cells in one run, so the solo numbers they are
+compared with are measured in the same run:
 
 * solo: the trainer, ResNet-50 inference (infer-R) and transformer inference (infer-T), each alone;
 * each inference model beside the trainer under native time-slicing, MPS, MPS with the trainer at
-  client priority 1, and gpufrac (the QoS arbiter: inference as a high-priority latency workload taking
-  a turn per request, the trainer as a throughput workload taking a turn per step, with yield points at
-  module boundaries);
+  client priority 1, and gpufrac (the QoS arbiter: inference as a high-priority latency workload
+  taking a turn per request, the trainer as a throughput workload taking a turn per step, with yield
+  points at module boundaries);
 * two trainers: native time-slicing, gpufrac at weights 1:1 and 3:1, and a low-priority trainer with
   ``min_share: 10%`` beside a high-priority one.
 
-Inference: seeded Poisson arrivals (``--periodic``: fixed intervals, like the baseline file), open loop,
-latency from the scheduled arrival to completion (queueing included). The models and rates are those
-of ``shared/reference/h200/colocation-baseline.md``. Each cell measures back-to-back windows (3 for
-solo, native and gpufrac cells, 1 for the others; ``--quick``: 1 short window each, a subset of cells);
-the table shows the median over windows and the spread (max - min).
+Inference: seeded Poisson arrivals (``--periodic``: fixed intervals, like the baseline file), open
+loop, latency from the scheduled arrival to completion (queueing included). The models and rates are
+those of ``shared/reference/h200/colocation-baseline.md``. Each cell measures back-to-back windows
+(3 for solo, native and gpufrac cells, 1 for the others; ``--quick``: 1 short window each, a subset
+of cells); the table shows the median over windows and the spread (max - min).
 
-``--dry-run`` runs the same processes, arbiter and SDK on the CPU with spin-loop "models" (an inference
-request of 2 ms, a training step of 8 modules of 1 ms): it checks the code path, not GPU behaviour; MPS
-cells are skipped there. Without a GPU the benchmark runs as ``--dry-run``.
+``--dry-run`` runs the same processes, arbiter and SDK on the CPU with spin-loop "models" (an
+inference request of 2 ms, a training step of 8 modules of 1 ms): it checks the code path, not GPU
+behaviour; MPS cells are skipped there. Without a GPU the benchmark runs as ``--dry-run``.
 
 Run: python bench/colocation.py [--quick | --dry-run] [--periodic] [--json PATH]
 The same file is the worker (``--worker infer|train``), started by the benchmark itself.
@@ -156,7 +156,8 @@ def build_train(dry: bool, qos: bool) -> Callable[[], None]:
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Warm up, say ``ready``, wait for ``go T0``, measure ``windows`` windows, print one JSON line."""
+    """Warm up, say ``ready``, wait for ``go T0``, measure ``windows`` windows, print one JSON
+    line."""
     qos = bool(os.environ.get("GPUFRAC_ARBITER"))
     plain = (
         build_infer(args.model, args.dry_run)
@@ -256,7 +257,8 @@ class Runner:
         self.window = args.window or (2.0 if args.dry_run else 4.0 if args.quick else 8.0)
 
     def _start_spare(self) -> subprocess.Popen[str]:
-        """A worker that imports PyTorch (the slow part of a start) and waits to be told its role."""
+        """A worker that imports PyTorch (the slow part of a start) and waits to be told its
+        role."""
         cmd = [sys.executable, __file__, "--worker", "pool"]
         cmd += ["--window", str(self.window), "--seed", str(self.args.seed)]
         cmd += ["--dry-run"] * self.args.dry_run + ["--periodic"] * self.args.periodic
@@ -372,7 +374,8 @@ class Runner:
 
 
 def _mps_serving(pipe: Path) -> bool:
-    """Does the control daemon behind ``pipe`` have a server (so the clients really run under MPS)?"""
+    """Does the control daemon behind ``pipe`` have a server (so the clients really run under
+    MPS)?"""
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
     out = subprocess.run(
         ["nvidia-cuda-mps-control"], input="get_server_list\n", env=env,
@@ -382,7 +385,8 @@ def _mps_serving(pipe: Path) -> bool:
 
 
 def _wait_mps_gone(timeout: float = 15.0) -> None:
-    """``quit`` returns before the server has let go of the GPU: wait for it, so the next cell is clean."""
+    """``quit`` returns before the server has let go of the GPU: wait for it, so the next cell is
+    clean."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if subprocess.run(
@@ -525,9 +529,11 @@ def print_table(rows: list[dict[str, Any]], targets: list[dict[str, Any]], machi
             print(f"{r['scenario']} | error: {r['error']}")
             continue
         print(" | ".join([
-            r["scenario"], str(r["windows"]), _fmt(r.get("p50_ms"), ".2f"), _fmt(r.get("p99_ms"), ".2f"),
-            _fmt(r.get("p99_spread_ms"), ".2f"), _fmt(r.get("p99_vs_solo"), ".2f"), _fmt(r.get("it_s"), ".1f"),
-            _fmt(r.get("it_s_spread"), ".1f"), _fmt(r.get("it_vs_solo"), ".2f"), _fmt(r.get("first_share"), ".2f"),
+            r["scenario"], str(r["windows"]),
+            _fmt(r.get("p50_ms"), ".2f"), _fmt(r.get("p99_ms"), ".2f"),
+            _fmt(r.get("p99_spread_ms"), ".2f"), _fmt(r.get("p99_vs_solo"), ".2f"),
+            _fmt(r.get("it_s"), ".1f"), _fmt(r.get("it_s_spread"), ".1f"),
+            _fmt(r.get("it_vs_solo"), ".2f"), _fmt(r.get("first_share"), ".2f"),
         ]))  # fmt: skip
     print("\ntarget | want | measured | met")
     print("--- | --- | --- | ---")

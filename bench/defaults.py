@@ -106,7 +106,8 @@ def main() -> None:
         ("beside a busy service (high)", busy),
     ]
     print(
-        "## Safe defaults: a plain job (1 s of CPU time) on a shared GPU, simulated H200, under the agent\n"
+        "## Safe defaults: a plain job (1 s of CPU time) on a shared GPU, simulated H200, "
+        "under the agent\n"
     )
     print("| scenario | seconds | vs solo | paused (times) | arbiter share of the GPU |")
     print("| --- | --- | --- | --- | --- |")

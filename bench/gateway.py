@@ -1,23 +1,25 @@
-"""Gateway benchmark: the request gateway's data path and autoscaling, against baselines in the same run.
+"""Gateway benchmark: the request gateway's data path and autoscaling, against baselines in the same
+run.
 
-1. Data path, a trivial CPU model (``examples.serving.models:echo_sum``) behind three configurations,
+1. Data path, a trivial CPU model (``examples.serving.models:echo_sum``) behind three
+   configurations,
    each measured with wrk (Debian's; installed here with apt-get when missing and running as root):
 
    * **direct**: wrk straight to one replica server (the floor);
    * **aiohttp proxy** (the baseline): a minimal reverse proxy written here (one shared
-     ``aiohttp.ClientSession`` with keep-alive, a catch-all route forwarding method, path, headers and
-     body), in front of the same replica;
+     ``aiohttp.ClientSession`` with keep-alive, a catch-all route forwarding method, path, headers
+     and body), in front of the same replica;
    * **gpufrac gateway**: ``python -m gpufrac.serving.gateway`` with one route to the same replica.
 
    Servers are pinned to the first CPU and wrk to the second (``taskset``), as in the peer numbers
-   (``../shared/reference/gateway-peers.md``): p50/p99 at 1 connection; requests per second and p99 at
-   32 connections; then the same 32 connections again with the servers and wrk unpinned.
-2. Autoscaling: a real agent over simulated GPUs (``GPUFRAC_SIMULATE=h200:2``) serves a Deployment of
-   ``slow_sum`` (20 ms a request, at most 4 in flight per replica, autoscaled 1..4 replicas with
+   (``../shared/reference/gateway-peers.md``): p50/p99 at 1 connection; requests per second and p99
+   at 32 connections; then the same 32 connections again with the servers and wrk unpinned.
+2. Autoscaling: a real agent over simulated GPUs (``GPUFRAC_SIMULATE=h200:2``) serves a Deployment
+   of ``slow_sum`` (20 ms a request, at most 4 in flight per replica, autoscaled 1..4 replicas with
    ``target_in_flight`` 2); the project's own load generator (``gpufrac.cli.serve_cmds.run_load``)
    steps from 1 to 20 closed-loop clients and back to 1, while the deployment is polled for its
-   replicas: replicas over time, time from the start of the overload until a second replica is ready,
-   non-2xx responses below capacity, and errors while the deployment scales back down.
+   replicas: replicas over time, time from the start of the overload until a second replica is
+   ready, non-2xx responses below capacity, and errors while the deployment scales back down.
 
 Targets (the issue): the gateway adds no more latency at p50 than the aiohttp baseline and sustains
 at least its throughput; a new replica serves within 10 s of sustained overload; zero non-2xx below
@@ -63,7 +65,7 @@ HOP = {
 }
 
 
-# -- the baseline: a minimal aiohttp reverse proxy (run as its own process) ---------------------------
+# -- the baseline: a minimal aiohttp reverse proxy (run as its own process) ------------------------
 
 
 def aiohttp_proxy(port: int, upstream_port: int) -> None:
@@ -111,7 +113,7 @@ def aiohttp_proxy(port: int, upstream_port: int) -> None:
     asyncio.run(main())
 
 
-# -- processes ------------------------------------------------------------------------------------------
+# -- processes -------------------------------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -165,7 +167,7 @@ def set_affinity(pid: int, cpus: set[int]) -> None:
             os.sched_setaffinity(int(task.name), cpus)
 
 
-# -- wrk --------------------------------------------------------------------------------------------------
+# -- wrk -------------------------------------------------------------------------------------------
 
 
 def ensure_wrk() -> str | None:
@@ -287,7 +289,7 @@ def data_path(wrk: str, seconds: int, tmp: Path) -> dict[str, dict[str, float]]:
     return results
 
 
-# -- part 2: the autoscaling step ---------------------------------------------------------------------------
+# -- part 2: the autoscaling step ------------------------------------------------------------------
 
 AGENT = [sys.executable, "-m", "gpufrac.cli", "agent"]
 MANIFEST = """\
@@ -462,7 +464,7 @@ def autoscaling(quick: bool, tmp: Path) -> dict[str, Any]:
     }
 
 
-# -- report --------------------------------------------------------------------------------------------------
+# -- report ----------------------------------------------------------------------------------------
 
 
 def verdict(ok: bool) -> str:
@@ -471,10 +473,12 @@ def verdict(ok: bool) -> str:
 
 def report_data_path(res: dict[str, dict[str, float]], seconds: int) -> list[bool]:
     print(
-        f"\n## Data path: trivial CPU model, servers on CPU 0, wrk -t1 on CPU 1, {seconds} s a run\n"
+        "\n## Data path: trivial CPU model, servers on CPU 0, wrk -t1 on CPU 1, "
+        f"{seconds} s a run\n"
     )
     print(
-        "| config | p50 c=1 ms | p99 c=1 ms | req/s c=32 | p99 c=32 ms | unpinned req/s c=32 | non-2xx |"
+        "| config | p50 c=1 ms | p99 c=1 ms | req/s c=32 | p99 c=32 ms | unpinned req/s "
+        "c=32 | non-2xx |"
     )
     print("|---|---|---|---|---|---|---|")
     for name, r in res.items():
@@ -528,7 +532,8 @@ def report_autoscaling(a: dict[str, Any]) -> list[bool]:
         p50 = "-" if r["p50_ms"] is None else f"{r['p50_ms']:.1f}"
         p99 = "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f}"
         print(
-            f"| {r['clients']} | {r['requests']} | {r['rate']:.0f} | {p50} | {p99} | {r['non_2xx']} |"
+            f"| {r['clients']} | {r['requests']} | {r['rate']:.0f} | {p50} | {p99} | "
+            f"{r['non_2xx']} |"
         )
     overload = next((t for t, n in a["step_starts"] if n > 1), None)
     ready_at = next((p[0] for p in polls if overload and p[0] >= overload and p[1] > 1), None)

@@ -1,22 +1,24 @@
 """MIG re-cut by demand against static layouts: a stream of MIG requests through the real agent.
 
-Per seed: about 150 requests for MIG slices of mixed sizes, Poisson arrivals at about 85% of the fleet's
-compute slices, lognormal durations (median 5 s). Each runs as a real job (``sleep``) under a real shim,
-placed and carried out by the real agent on 8 simulated H200s in MIG mode whose fake NVML takes 0.5 s to
-create or destroy an instance. Side by side, in the same run (the three at once, each in its own
+Per seed: about 150 requests for MIG slices of mixed sizes, Poisson arrivals at about 85% of the
+fleet's compute slices, lognormal durations (median 5 s). Each runs as a real job (``sleep``) under
+a real shim, placed and carried out by the real agent on 8 simulated H200s in MIG mode whose fake
+NVML takes 0.5 s to create or destroy an instance. Side by side, in the same run (the three at once,
+each in its own
 process):
 
 * static: the best single fleet layout for the trace's mix, found by replaying candidate layouts
-  through the scheduler in simulated time (every uniform pattern, and the MIG planner's layouts for the
-  mix at several scales); the agent never changes it (``mig_reconfigure: never``);
+  through the scheduler in simulated time (every uniform pattern, and the MIG planner's layouts for
+  the mix at several scales); the agent never changes it (``mig_reconfigure: never``);
 * whole-GPU re-cut: instances are created in free space, and a GPU is cut again only once all its
   instances are idle (what gpufrac did before);
 * gpufrac: re-cut by demand (``mig_reconfigure: idle``): the fewest idle instances in the way go.
 
-Reported per policy: mean and p95 time pending (arrival to start), requests never placed (not started
-within 40 s of the last arrival), slice-seconds idle (compute slices of instances that exist with no
-running workload, sampled every 0.25 s), instances created and destroyed, and busy instances destroyed
-(a run whose MIG device vanished while it ran, from the devices sampled independently of the agent).
+Reported per policy: mean and p95 time pending (arrival to start), requests never placed (not
+started within 40 s of the last arrival), slice-seconds idle (compute slices of instances that exist
+with no running workload, sampled every 0.25 s), instances created and destroyed, and busy instances
+destroyed (a run whose MIG device vanished while it ran, from the devices sampled independently of
+the agent).
 
 Simulated GPUs; the agent, its scheduler, shims and processes are real.
 Run: .venv/bin/python bench/mig_demand.py [--seeds 1,2,3] [--quick]
@@ -94,13 +96,14 @@ def make_trace(seed: int, n: int) -> list[Request]:
     return out
 
 
-# -- the static baseline: candidate layouts replayed in simulated time --------------------------------
+# -- the static baseline: candidate layouts replayed in simulated time -----------------------------
 
 Layout = list[tuple[MigPlacement, ...]]
 
 
 def replay(trace: list[Request], layout: Layout) -> tuple[int, float]:
-    """(never placed, mean wait) of the trace on a fleet cut once as ``layout``, in simulated time."""
+    """(never placed, mean wait) of the trace on a fleet cut once as ``layout``, in simulated
+    time."""
     gpus = []
     for i, placements in enumerate(layout):
         g = SchedGpu(f"GPU-{i}", i, H200, mig=True, pinned=True)
@@ -153,7 +156,7 @@ def best_static(trace: list[Request]) -> tuple[Layout, int]:
     return layout, len(scored)
 
 
-# -- one policy through the real agent ---------------------------------------------------------------
+# -- one policy through the real agent -------------------------------------------------------------
 
 
 def spec(i: int, r: Request) -> WorkloadSpec:
@@ -303,7 +306,7 @@ def run_policy(
     return out
 
 
-# -- the table ---------------------------------------------------------------------------------------
+# -- the table -------------------------------------------------------------------------------------
 
 
 def table(rows: list[dict[str, Any]], title: str) -> str:
@@ -359,7 +362,8 @@ def main() -> None:
     print(
         f"## MIG re-cut by demand: {n} requests per seed on {GPUS} simulated H200 (MIG), "
         f"{LATENCY_S} s per instance created or destroyed, load {LOAD:.0%}, median {MEDIAN_S} s; "
-        f"the re-cut policies start from {'the static layout' if args.start == 'static' else 'empty GPUs'}\n"
+        "the re-cut policies start from "
+        f"{'the static layout' if args.start == 'static' else 'empty GPUs'}\n"
     )
     every: list[dict[str, Any]] = []
     for seed in seeds:
@@ -412,7 +416,8 @@ def main() -> None:
     )
     print(
         f"target (gpufrac re-cut: lowest mean wait and fewest never placed per seed, 0 busy "
-        f"destroyed): {'met' if target else 'MISSED'}; whole benchmark {time.monotonic() - started:.0f} s"
+        f"destroyed): {'met' if target else 'MISSED'}; whole benchmark "
+        f"{time.monotonic() - started:.0f} s"
     )
     if args.json:
         args.json.write_text(json.dumps(every, indent=2))

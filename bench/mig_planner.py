@@ -1,9 +1,10 @@
-"""MIG planner benchmark: GPUs used against the exact optimum, a lower bound, first-fit-decreasing and
-static mig-parted layouts; then churn with half the instances busy. Pure planning, no devices.
+"""MIG planner benchmark: GPUs used against the exact optimum, a lower bound, first-fit-decreasing
+and static mig-parted layouts; then churn with half the instances busy. Pure planning, no devices.
 
 Run: .venv/bin/python bench/mig_planner.py [--quick]
-Every number is measured in this run; the optimum and the LP bound come from an integer program over all
-per-GPU patterns (scipy's HiGHS), first-fit-decreasing and the static layouts are implemented here.
+Every number is measured in this run; the optimum and the LP bound come from an integer program over
+all per-GPU patterns (scipy's HiGHS), first-fit-decreasing and the static layouts are implemented
+here.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ def run_gpufrac(case: Case) -> tuple[int, float, int, float]:
 
 
 def run_ffd(case: Case) -> tuple[int, float, int]:
-    """First-fit-decreasing with real placements: biggest instances first, first GPU and start that fit."""
+    """First-fit-decreasing with real placements: biggest instances first, first GPU and start that
+    fit."""
     items = []
     for c in case.resolved():
         items += [c] * c.count
@@ -161,8 +163,8 @@ def run_static(case: Case, layout_name: str) -> tuple[int, int]:
     """GPUs a static layout needs for the demand (as many GPUs as it takes, models in the fleet's
     proportions), and what it can never place.
 
-    An item takes an instance of exactly its profile (by profile) or the smallest instance with enough
-    memory and compute (by need)."""
+    An item takes an instance of exactly its profile (by profile) or the smallest instance with
+    enough memory and compute (by need)."""
     remaining = []
     for c in case.resolved():
         remaining += [c] * c.count
@@ -203,13 +205,14 @@ def run_static(case: Case, layout_name: str) -> tuple[int, int]:
     return used, len(remaining)
 
 
-# -- the integer program: exact optimum (integral) and LP bound (relaxed) ----------------------------
+# -- the integer program: exact optimum (integral) and LP bound (relaxed) --------------------------
 
 
 def solve_ip(
     case: Case, integral: bool, time_limit: float = 20.0
 ) -> tuple[float, float, int, bool]:
-    """(cost, gpus, unplaced items, proven optimal) for: place as much value as possible, then least cost."""
+    """(cost, gpus, unplaced items, proven optimal) for: place as much value as possible, then least
+    cost."""
     classes = case.resolved()
     models = {m.key: m for m in case.fleet}
     avail = Counter(m.key for m in case.fleet)
@@ -260,7 +263,8 @@ def solve_ip(
 
 
 def simple_bound(case: Case) -> int:
-    """GPUs at least needed on an H200-only fleet: memory slots, compute slices, per-profile maxima, 7g."""
+    """GPUs at least needed on an H200-only fleet: memory slots, compute slices, per-profile maxima,
+    7g."""
     slots = compute = 0
     per: Counter[str] = Counter()
     whole = 0
@@ -281,7 +285,7 @@ def simple_bound(case: Case) -> int:
     )
 
 
-# -- churn --------------------------------------------------------------------------------------------
+# -- churn -----------------------------------------------------------------------------------------
 
 
 def churn(case: Case, rng: random.Random) -> dict[str, float]:
@@ -331,7 +335,7 @@ def churn(case: Case, rng: random.Random) -> dict[str, float]:
     }
 
 
-# -- the report ----------------------------------------------------------------------------------------
+# -- the report ------------------------------------------------------------------------------------
 
 
 def main() -> int:
@@ -344,7 +348,8 @@ def main() -> int:
         "## 8-GPU fleets: gpufrac against the exact optimum (integer program over all patterns)\n"
     )
     print(
-        "| case | demand items | optimum GPUs (cost) | gpufrac GPUs (cost) | FFD GPUs | unplaced opt/gpufrac | match |"
+        "| case | demand items | optimum GPUs (cost) | gpufrac GPUs (cost) | FFD GPUs | "
+        "unplaced opt/gpufrac | match |"
     )
     print("|---|---|---|---|---|---|---|")
     matches = proven = 0
@@ -364,18 +369,22 @@ def main() -> int:
         proven += ok
         items = sum(c.count for c in case.classes)
         print(
-            f"| {case.name} #{k} | {items} | {ogpus:.0f} ({ocost:,.0f}) | {gused} ({gcost:,.0f}) | {fused} | {ounpl}/{gunpl} | {'yes' if match else 'NO'} |"
+            f"| {case.name} #{k} | {items} | {ogpus:.0f} ({ocost:,.0f}) | {gused} "
+            f"({gcost:,.0f}) | {fused} | {ounpl}/{gunpl} | {'yes' if match else 'NO'} |"
         )
     share = 100.0 * matches / n8
     print(
-        f"\noptimum matched on {matches}/{n8} cases = {share:.0f}% (target >= 95%); optimality proven by the solver on {proven}/{n8}\n"
+        f"\noptimum matched on {matches}/{n8} cases = {share:.0f}% (target >= 95%); "
+        f"optimality proven by the solver on {proven}/{n8}\n"
     )
 
     print(
-        "## 100 and 1,000 GPUs: against the LP lower bound, first-fit-decreasing and static layouts\n"
+        "## 100 and 1,000 GPUs: against the LP lower bound, first-fit-decreasing and "
+        "static layouts\n"
     )
     print(
-        "| case | items | bound | gpufrac | ratio | FFD | all-1g GPUs (never placed) | all-balanced GPUs (never placed) | plan time |"
+        "| case | items | bound | gpufrac | ratio | FFD | all-1g GPUs (never placed) | "
+        "all-balanced GPUs (never placed) | plan time |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     ratios: dict[int, list[float]] = {100: [], 1000: []}
@@ -420,12 +429,14 @@ def main() -> int:
                 static_gain[kind].append(100.0 * (best_static - gused) / best_static)
             items = sum(c.count for c in case.classes)
             print(
-                f"| {case.name} | {items} | {shown[0]} | {shown[1]} | {ratio:.3f} | {shown[2]} | {s1} ({u1}) | {s2} ({u2}) | {dt * 1000:.0f} ms |"
+                f"| {case.name} | {items} | {shown[0]} | {shown[1]} | {ratio:.3f} | "
+                f"{shown[2]} | {s1} ({u1}) | {s2} ({u2}) | {dt * 1000:.0f} ms |"
             )
     print()
     for n, rs in ratios.items():
         print(
-            f"{n} GPUs: mean ratio to bound {statistics.mean(rs):.4f} (target <= 1.03), worst {max(rs):.4f}"
+            f"{n} GPUs: mean ratio to bound {statistics.mean(rs):.4f} (target <= 1.03), "
+            f"worst {max(rs):.4f}"
         )
     print(f"cases where gpufrac is worse than first-fit-decreasing: {worse_than_ffd} (target 0)")
     for kind, gains in static_gain.items():
@@ -443,7 +454,8 @@ def main() -> int:
 
     print("## Churn: 10% of the demand shifted, half the instances busy\n")
     print(
-        "| case | instances | shifted | destroyed | created | busy destroyed | changed | unplaced | time |"
+        "| case | instances | shifted | destroyed | created | busy destroyed | changed | "
+        "unplaced | time |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     worst = 0.0
@@ -453,10 +465,14 @@ def main() -> int:
             c = churn(case, rng)
             worst = max(worst, c["changed_pct"])
             print(
-                f"| {case.name} | {c['instances']:.0f} | {c['shifted']:.0f} | {c['destroyed']:.0f} | {c['created']:.0f} | {c['busy_destroyed']:.0f} | {c['changed_pct']:.1f}% | {c['unplaced']:.0f} | {c['seconds'] * 1000:.0f} ms |"
+                f"| {case.name} | {c['instances']:.0f} | {c['shifted']:.0f} | "
+                f"{c['destroyed']:.0f} | {c['created']:.0f} | {c['busy_destroyed']:.0f} | "
+                f"{c['changed_pct']:.1f}% | {c['unplaced']:.0f} | "
+                f"{c['seconds'] * 1000:.0f} ms |"
             )
     print(
-        f"\nworst share of instances changed: {worst:.1f}% (target < 15%); busy instances destroyed must be 0"
+        f"\nworst share of instances changed: {worst:.1f}% (target < 15%); busy instances "
+        "destroyed must be 0"
     )
     return 0
 

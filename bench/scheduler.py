@@ -38,7 +38,8 @@ def fleet(n: int) -> list[SchedGpu]:
 
 
 def request(rng: random.Random, k: int) -> WorkloadSpec:
-    """Mixed sizes, about 7% of a GPU on average, so 10 submissions per GPU fill the fleet to ~70%."""
+    """Mixed sizes, about 7% of a GPU on average, so 10 submissions per GPU fill the fleet to
+    ~70%."""
     r = rng.random()
     gib = 1024
     if r < 0.48:
@@ -137,10 +138,12 @@ def main() -> int:
     args = ap.parse_args()
     n_gpus, n_submit, n_churn = (200, 2000, 600) if args.quick else (1000, 10_000, 3000)
     print(
-        f"## Scheduler: {n_submit:,} submissions onto {n_gpus:,} GPUs (70% H200, 20% H200 in MIG mode, 10% A100-80GB), then {n_churn:,} deletes + {n_churn:,} arrivals\n"
+        f"## Scheduler: {n_submit:,} submissions onto {n_gpus:,} GPUs (70% H200, 20% H200 "
+        f"in MIG mode, 10% A100-80GB), then {n_churn:,} deletes + {n_churn:,} arrivals\n"
     )
     print(
-        "| policy | placements | placements/s | p50 decision | p99 decision | GPUs used after submissions | after churn | pending at end | refused | preempted |"
+        "| policy | placements | placements/s | p50 decision | p99 decision | GPUs used "
+        "after submissions | after churn | pending at end | refused | preempted |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     results = {}
@@ -149,8 +152,10 @@ def main() -> int:
         results[policy] = r
         assert r.latencies is not None
         print(
-            f"| {policy} | {r.placements:,} | {r.placements / r.seconds:,.0f} | {pct(r.latencies, 0.5) * 1e3:.3f} ms | "
-            f"{pct(r.latencies, 0.99) * 1e3:.3f} ms | {r.gpus_after_submit} | {r.gpus_after_churn} | {r.pending} | {r.refused} | {r.preemptions} |"
+            f"| {policy} | {r.placements:,} | {r.placements / r.seconds:,.0f} | "
+            f"{pct(r.latencies, 0.5) * 1e3:.3f} ms | "
+            f"{pct(r.latencies, 0.99) * 1e3:.3f} ms | {r.gpus_after_submit} | "
+            f"{r.gpus_after_churn} | {r.pending} | {r.refused} | {r.preemptions} |"
         )
     tracemalloc.start()
     run("binpack", n_gpus, n_submit, n_churn, seed=7)
@@ -161,10 +166,13 @@ def main() -> int:
     print()
     print(f"placements/s (binpack): {b.placements / b.seconds:,.0f} (target >= 5,000)")
     print(
-        f"p99 decision latency (binpack): {pct(b.latencies, 0.99) * 1e3:.2f} ms (target < 5 ms); mean {statistics.mean(b.latencies) * 1e3:.3f} ms"
+        f"p99 decision latency (binpack): {pct(b.latencies, 0.99) * 1e3:.2f} ms (target < "
+        f"5 ms); mean {statistics.mean(b.latencies) * 1e3:.3f} ms"
     )
     print(
-        f"GPUs used, binpack vs first-fit: {b.gpus_after_submit} vs {f.gpus_after_submit} after submissions, {b.gpus_after_churn} vs {f.gpus_after_churn} after churn (target: no more than first-fit)"
+        f"GPUs used, binpack vs first-fit: {b.gpus_after_submit} vs {f.gpus_after_submit} "
+        f"after submissions, {b.gpus_after_churn} vs {f.gpus_after_churn} after churn "
+        "(target: no more than first-fit)"
     )
     print(f"peak traced memory of the binpack run: {peak / 2**20:.1f} MiB")
     return 0

@@ -7,10 +7,10 @@ A real agent (its own process, API tokens for two tenants and the admin, simulat
   most ``KEEP`` applied, so the agent holds as much state at the end as after the first minute),
   lists and reads events, and calls its own deployment through the gateway (a replica server with
   the trivial ``echo_sum`` model), and now and then another tenant's (which must be refused);
-* every ``--fault-every`` seconds one fault, in turn: ``kill -9`` of a random workload's shim, of the
-  request gateway, of the QoS arbiter; and the data directory made unwritable for 10 s (it lives on a
-  small tmpfs that is filled up, since file modes do not stop root; skipped with a note where tmpfs
-  cannot be mounted).
+* every ``--fault-every`` seconds one fault, in turn: ``kill -9`` of a random workload's shim, of
+  the request gateway, of the QoS arbiter; and the data directory made unwritable for 10 s (it lives
+  on a small tmpfs that is filled up, since file modes do not stop root; skipped with a note where
+  tmpfs cannot be mounted).
 
 Reported: requests made, unexpected answers (a 5xx other than the 503 the API gives while its store
 cannot be written, or a 4xx where none was expected), workloads lost (applied and acknowledged but
@@ -334,7 +334,8 @@ def main() -> int:
     print(f"| unexpected answers | {len(tally.unexpected)} | 0 |")
     print(f"| workloads lost / doubled | {len(lost)} / {len(doubled)} | 0 / 0 |")
     print(
-        f"| agent RSS start -> end MiB | {start_rss:.0f} -> {end_rss:.0f} ({growth:+.1f}%) | < 10% |"
+        f"| agent RSS start -> end MiB | {start_rss:.0f} -> {end_rss:.0f} "
+        f"({growth:+.1f}%) | < 10% |"
     )
     print(
         "| agent RSS over time (min: MiB) | "

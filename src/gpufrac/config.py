@@ -14,7 +14,8 @@ DEMO_FLEET = "h200:1:mig,h200:1"
 
 
 def data_dir(explicit: Path | None = None) -> Path:
-    """``--data-dir``, else ``$GPUFRAC_DATA_DIR``, else ``$XDG_DATA_HOME/gpufrac`` (~/.local/share)."""
+    """``--data-dir``, else ``$GPUFRAC_DATA_DIR``, else ``$XDG_DATA_HOME/gpufrac``
+    (~/.local/share)."""
     if explicit is not None:
         return explicit
     if os.environ.get(DATA_DIR_ENV):

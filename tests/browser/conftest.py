@@ -1,7 +1,7 @@
 """The browser tests: Playwright (the Python package) driving Debian's Chromium, which ``make test``
 installs once (``/usr/bin/chromium``; no browser download), against a real agent
-(tests/integration/conftest.py). Screenshots go to ``$GPUFRAC_ARTIFACTS`` when it is set, else to the
-test's temporary directory."""
+(tests/integration/conftest.py). Screenshots go to ``$GPUFRAC_ARTIFACTS`` when it is set, else to
+the test's temporary directory."""
 
 from __future__ import annotations
 

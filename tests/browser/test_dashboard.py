@@ -1,7 +1,7 @@
-"""The dashboard at /ui in a real browser (Debian's Chromium through Playwright) against a real agent
-on simulated GPUs: it loads without console errors, shows the numbers the API gives, follows changes
-without a reload, asks for a token when the agent has tokens, and shows a tenant only its own
-workloads by name. Screenshots are saved (see conftest.py)."""
+"""The dashboard at /ui in a real browser (Debian's Chromium through Playwright) against a real
+agent on simulated GPUs: it loads without console errors, shows the numbers the API gives, follows
+changes without a reload, asks for a token when the agent has tokens, and shows a tenant only its
+own workloads by name. Screenshots are saved (see conftest.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,10 @@ def workload(
     tenant: str, name: str, gpu: dict[str, Any], sharing: str, use_mib: int, sm: int = 0
 ) -> dict[str, Any]:
     """A service that reports its GPU use (simulated GPUs) and keeps running."""
-    code = f"from gpufrac import sdk; import time; sdk.report_gpu_use({use_mib}, {sm}); time.sleep(600)"
+    code = (
+        f"from gpufrac import sdk; import time; sdk.report_gpu_use({use_mib}, {sm}); "
+        "time.sleep(600)"
+    )
     return {
         "apiVersion": "gpufrac/v1",
         "kind": "Workload",
@@ -118,7 +121,8 @@ SHOWN = """() => ({
     })),
   })),
   workloads: Object.fromEntries([...document.querySelectorAll('#workloads tr[data-key]')].map(
-    tr => [tr.dataset.key, {phase: tr.children[1].textContent, restarts: tr.children[3].textContent}])),
+    tr => [tr.dataset.key, \
+{phase: tr.children[1].textContent, restarts: tr.children[3].textContent}])),
   deployments: Object.fromEntries([...document.querySelectorAll('#deployments tr[data-key]')].map(
     tr => [tr.dataset.key, tr.querySelector('.replicas').textContent])),
 })"""
@@ -161,7 +165,8 @@ def expected(agent: RunningAgent, token: str | None = None) -> dict[str, Any]:
 
 
 def page_matches_api(tab: Page, agent: RunningAgent, token: str | None = None) -> dict[str, Any]:
-    """Wait (a few of the page's polls) until it shows what the API says; fail with the difference."""
+    """Wait (a few of the page's polls) until it shows what the API says; fail with the
+    difference."""
     want: dict[str, Any] = {}
     shown: dict[str, Any] = {}
     deadline = time.monotonic() + 15

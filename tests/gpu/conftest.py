@@ -1,4 +1,5 @@
-"""GPU tests: run by `make gpu-check` on a machine with an NVIDIA driver (and PyTorch for the workloads).
+"""GPU tests: run by `make gpu-check` on a machine with an NVIDIA driver (and PyTorch for the
+workloads).
 
 Elsewhere they skip, unless GPUFRAC_REQUIRE_GPU=1 (set by scripts/gpu-check.sh), where a missing
 driver is a failure.

@@ -2,8 +2,9 @@
 higher class taking the GPU from a trainer at a module boundary. Written without a GPU at hand (none
 was lent to the sessions that wrote it): `make gpu-check` runs it.
 
-Each client runs in its own session and is registered with the arbiter by its process group before it
-says hello, as the agent registers the workloads it starts (the arbiter believes no client's word)."""
+Each client runs in its own session and is registered with the arbiter by its process group before
+it says hello, as the agent registers the workloads it starts (the arbiter believes no client's
+word)."""
 
 from __future__ import annotations
 

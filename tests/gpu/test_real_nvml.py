@@ -1,4 +1,5 @@
-"""The NVML adapter on a real GPU: the driver's profile table, processes, and MIG mode left alone."""
+"""The NVML adapter on a real GPU: the driver's profile table, processes, and MIG mode left
+alone."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def test_reads_the_driver_profile_table_and_it_matches_the_catalog(real: NvmlDev
         print(f"GPU {gpu.index} {gpu.name} {gpu.uuid} MIG {gpu.mig_current}; driver profiles:")
         for p in table.profiles:
             print(
-                f"  {p.name:12} id={p.profile_id:2} starts={p.placement_starts} mem={p.memory_mib} sms={p.sm_count}"
+                f"  {p.name:12} id={p.profile_id:2} starts={p.placement_starts} "
+                f"mem={p.memory_mib} sms={p.sm_count}"
             )
         diffs = real.catalog_differences(gpu.uuid)
         print("  differences from the catalog:", diffs or "none")

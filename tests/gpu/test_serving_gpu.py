@@ -1,5 +1,5 @@
-"""The replica server's PyTorch adapter on a real GPU. Written without a GPU at hand (none was lent to
-the session that wrote it): `make gpu-check` runs it."""
+"""The replica server's PyTorch adapter on a real GPU. Written without a GPU at hand (none was lent
+to the session that wrote it): `make gpu-check` runs it."""
 
 from __future__ import annotations
 

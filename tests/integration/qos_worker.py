@@ -1,7 +1,8 @@
 """A workload for the QoS tests: its "GPU work" is a timed critical section inside ``gpu_turn``.
 
 python -m tests.integration.qos_worker ARBITER KEY RANK WEIGHT MIN_SHARE_MILLI MODE [SECTION_MS]
-MODE: ``loop`` (a turn of SECTION_MS after another, until killed) or ``hold`` (one turn, held forever).
+MODE: ``loop`` (a turn of SECTION_MS after another, until killed) or ``hold`` (one turn, held
+forever).
 """
 
 from __future__ import annotations

@@ -28,7 +28,11 @@ def manifest(
 ) -> str:
     cmd = ", ".join(f'"{c}"' for c in command)
     extra = "  restart: always\n" if kind == "service" else ""
-    return f"apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {name}, tenant: {tenant}}}\nspec:\n  type: {kind}\n  command: [{cmd}]\n  resources: {{gpu: {gpu}}}\n  sharing: timeslice\n{extra}"
+    return (
+        f"apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {name}, tenant: "
+        f"{tenant}}}\nspec:\n  type: {kind}\n  command: [{cmd}]\n  resources: {{gpu: "
+        f"{gpu}}}\n  sharing: timeslice\n{extra}"
+    )
 
 
 def wait_for(agent: RunningAgent, predicate, timeout: float = 30.0) -> dict:  # type: ignore[no-untyped-def, type-arg]
@@ -42,7 +46,10 @@ def wait_for(agent: RunningAgent, predicate, timeout: float = 30.0) -> dict:  # 
 
 
 def test_apply_runs_the_workload_with_its_gpu_and_logs(agent: RunningAgent) -> None:
-    code = "import os,time; print('on', os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(60)"
+    code = (
+        "import os,time; print('on', os.environ['CUDA_VISIBLE_DEVICES'], flush=True); "
+        "time.sleep(60)"
+    )
     r = httpx.post(
         agent.url + "/api/v1/workloads", content=manifest("web", [PY, "-c", code]), timeout=10
     )
@@ -462,7 +469,10 @@ def test_restarts_with_backoff_and_on_failure_after_an_agent_restart(agent: Runn
 
 
 def test_the_memory_watchdog_stops_an_over_limit_workload(agent: RunningAgent) -> None:
-    hog = "from gpufrac import sdk; import time; sdk.report_gpu_memory(sdk.memory_limit_mib() * 2); time.sleep(60)"
+    hog = (
+        "from gpufrac import sdk; import time; sdk.report_gpu_memory(sdk.memory_limit_mib() * "
+        "2); time.sleep(60)"
+    )
     job = manifest("hog", [PY, "-c", hog], kind="job").replace(
         "  sharing: timeslice\n", "  sharing: timeslice\n  restart: never\n"
     )

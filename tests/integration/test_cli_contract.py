@@ -1,5 +1,5 @@
-"""The CLI a script can trust, against a real agent: exit codes, every input problem at once, tenants
-in names, and warnings about units that were probably not meant."""
+"""The CLI a script can trust, against a real agent: exit codes, every input problem at once,
+tenants in names, and warnings about units that were probably not meant."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Decisions carried out through a real agent (real processes, simulated GPUs): MIG re-cut by demand,
-a failing action that stays one workload's problem, and `gpufrac mig apply` through the agent."""
+"""Decisions carried out through a real agent (real processes, simulated GPUs): MIG re-cut by
+demand, a failing action that stays one workload's problem, and `gpufrac mig apply` through the
+agent."""
 
 from __future__ import annotations
 

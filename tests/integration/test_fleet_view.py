@@ -1,4 +1,5 @@
-"""``GET /api/v1/gpus`` shows which workload is on which GPU and MIG instance, through a real agent."""
+"""``GET /api/v1/gpus`` shows which workload is on which GPU and MIG instance, through a real
+agent."""
 
 from __future__ import annotations
 

@@ -163,7 +163,8 @@ def narrow_gateway() -> Iterator[int]:
         "max_concurrency": 1, "queue_limit": 8, "timeout_s": 1.0,
     }  # fmt: skip
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpufrac.serving.gateway", "--port", str(port), "--route", json.dumps(route)],
+        [sys.executable, "-m", "gpufrac.serving.gateway",
+         "--port", str(port), "--route", json.dumps(route)],
         cwd=ROOT, stdout=subprocess.PIPE,
     )  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline()

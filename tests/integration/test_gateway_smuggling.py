@@ -1,6 +1,7 @@
 """Request smuggling through the gateway: byte sequences that parsers disagree on are refused (400,
 connection closed) before anything reaches a replica, and with several clients at once against an
-upstream of either parser uvicorn has (h11, httptools), no response ever reaches the wrong client."""
+upstream of either parser uvicorn has (h11, httptools), no response ever reaches the wrong
+client."""
 
 from __future__ import annotations
 

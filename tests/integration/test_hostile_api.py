@@ -36,7 +36,8 @@ def test_no_token_and_too_big_are_refused_before_the_body_is_read(
     tenant_agent: RunningAgent,
 ) -> None:
     url = tenant_agent.url + "/api/v1"
-    # 100 MB announced, 64 KiB sent: the answer comes while the client still has all the rest to send
+    # 100 MB announced, 64 KiB sent: the answer comes while the client still has all the rest to
+    # send
     for auth, status in (("", 401), ("Authorization: Bearer not-a-token\r\n", 401), (AUTH, 413)):
         with _connect(tenant_agent) as s:
             s.sendall(_headers("104857600", auth) + b"x" * 65536)
@@ -82,11 +83,13 @@ def test_bad_bodies_are_4xx_naming_the_field(tenant_agent: RunningAgent) -> None
     big = "x" * 100_000
     bomb = (
         "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: bomb, tenant: search}\n"
-        f"spec:\n  env: {{BIG: &s {big}}}\n  resources: {{gpu: {{fraction: 0.25}}}}\n  command: [{', '.join(['*s'] * 200)}]\n"
+        f"spec:\n  env: {{BIG: &s {big}}}\n  resources: {{gpu: {{fraction: 0.25}}}}\n  "
+        f"command: [{', '.join(['*s'] * 200)}]\n"
     )
     deployment = (
         "apiVersion: gpufrac/v1\nkind: Deployment\nmetadata: {name: d, tenant: search}\n"
-        "spec: {timeout_seconds: .nan, template: {command: [x], resources: {gpu: {fraction: 0.25}}}}\n"
+        "spec: {timeout_seconds: .nan, template: {command: [x], resources: {gpu: "
+        "{fraction: 0.25}}}}\n"
     )
     cases = [
         (bomb, "expands to more than"),

@@ -107,8 +107,8 @@ def test_weights_split_the_turns_of_two_busy_loops(link, spawn, wa: int, wb: int
     a, b = end["t/a"] - start["t/a"], end["t/b"] - start["t/b"]
     # The exact split is the arbiter's rule, checked with a simulated clock in test_arbiter.py. Here
     # real processes ask again after each turn; on a loaded CPU a client sometimes asks late and the
-    # GPU goes to the other (work-conserving), which pulls a 3:1 split toward 1:1 (0.68 with a CPU hog
-    # on both cores). So: equal weights split evenly, and the heavier weight gets clearly more.
+    # GPU goes to the other (work-conserving), which pulls a 3:1 split toward 1:1 (0.68 with a CPU
+    # hog on both cores). So: equal weights split evenly, and the heavier weight gets clearly more.
     if wa == wb:
         assert a / (a + b) == pytest.approx(0.5, abs=0.08)
     else:

@@ -1,6 +1,6 @@
 """Safe defaults through a real agent (real processes, simulated GPUs): nothing starves beside idle
-services, pauses and evictions are shown, a workload that says `preemption: never` evicts no one, and
-a deployment whose replicas cannot start answers within its timeout with their error on show."""
+services, pauses and evictions are shown, a workload that says `preemption: never` evicts no one,
+and a deployment whose replicas cannot start answers within its timeout with their error on show."""
 
 from __future__ import annotations
 

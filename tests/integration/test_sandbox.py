@@ -1,7 +1,7 @@
-"""The workload sandbox: an agent running as root with API tokens runs each tenant's workloads as the
-tenant's own unprivileged user, so a tenant's job cannot read the tokens, the store, or another
-tenant's runs and logs, nor signal another tenant's processes. Workloads here are shell commands (the
-test's Python lives where other users cannot reach)."""
+"""The workload sandbox: an agent running as root with API tokens runs each tenant's workloads as
+the tenant's own unprivileged user, so a tenant's job cannot read the tokens, the store, or another
+tenant's runs and logs, nor signal another tenant's processes. Workloads here are shell commands
+(the test's Python lives where other users cannot reach)."""
 
 from __future__ import annotations
 

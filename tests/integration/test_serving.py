@@ -1,5 +1,5 @@
-"""Deployments end to end: a real agent (simulated GPUs), real replica processes, real HTTP through the
-gateway. Traffic comes from the project's own load generator (``gpufrac load``)."""
+"""Deployments end to end: a real agent (simulated GPUs), real replica processes, real HTTP through
+the gateway. Traffic comes from the project's own load generator (``gpufrac load``)."""
 
 from __future__ import annotations
 

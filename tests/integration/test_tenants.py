@@ -82,7 +82,8 @@ def test_the_gateway_answers_only_the_deployments_tenant(tenant_agent: RunningAg
 
     def deployment(name: str, public: bool) -> str:
         return (
-            f"apiVersion: gpufrac/v1\nkind: Deployment\nmetadata: {{name: {name}, tenant: search}}\n"
+            f"apiVersion: gpufrac/v1\nkind: Deployment\nmetadata: {{name: {name}, tenant: "
+            "search}\n"
             f"spec:\n  public: {str(public).lower()}\n  replicas: 1\n  template:\n"
             f"    command: [{PY}, -c, {json.dumps(serve)}]\n    workdir: {ROOT}\n"
             "    resources: {gpu: {fraction: 0.2}}\n    sharing: timeslice\n"

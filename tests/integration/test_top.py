@@ -167,7 +167,8 @@ def test_top_shows_the_fleet_answers_keys_and_quits(
 
 
 def test_top_once_and_without_a_terminal() -> None:
-    """--once without an agent: the frame says so, exit 2 (as every command); no terminal: exit 2."""
+    """--once without an agent: the frame says so, exit 2 (as every command); no terminal: exit
+    2."""
     top = [sys.executable, "-m", "gpufrac.cli", "top", "--server", "http://127.0.0.1:9"]
     env = {**os.environ, "COLUMNS": "160"}
     gone = subprocess.run([*top, "--once"], capture_output=True, text=True, env=env)

@@ -1,7 +1,7 @@
 """The package's import graph: no cycles, and the layers' direction (docs/design.md).
 
-Every ``import`` and ``from ... import`` in ``src/gpufrac`` counts, also those under ``TYPE_CHECKING``
-and inside functions: a cycle hidden there is still a cycle for a reader.
+Every ``import`` and ``from ... import`` in ``src/gpufrac`` counts, also those under
+``TYPE_CHECKING`` and inside functions: a cycle hidden there is still a cycle for a reader.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The agent's control API (FastAPI) under ``/api/v1``, and the reconcile loop behind it.
 
-Manifests are sent as their text (YAML or JSON, several documents), so the API and ``gpufrac apply -f``
-read them with the very same strict parser: a body is accepted whole or not at all, and bad input is a
-422 whose ``detail`` names the field path and the fix. The OpenAPI description is at ``/openapi.json``.
+Manifests are sent as their text (YAML or JSON, several documents), so the API and ``gpufrac apply
+-f`` read them with the very same strict parser: a body is accepted whole or not at all, and bad
+input is a 422 whose ``detail`` names the field path and the fix. The OpenAPI description is at
+``/openapi.json``.
 """
 
 from __future__ import annotations

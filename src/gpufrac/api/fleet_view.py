@@ -5,10 +5,10 @@ shared view behind ``GET /api/v1/gpus``, ``gpufrac get gpus``, ``gpufrac top`` a
 scheduler's allocations, each placed workload's process group and phase) to the JSON shape;
 ``read_fleet`` reads those from a running agent (the caller holds the agent's lock) and calls it.
 
-Per GPU, beside ``GpuState.to_json()``: ``node``, ``mig_layout_pinned``, ``cordoned``, ``allocations``
-(one per workload placed there) and the totals ``reserved_memory_mib`` and ``reserved_compute_pct``.
-A tenant sees another tenant's allocation only as an anonymous reserved share (no name, no use, no
-processes); the admin sees everything. docs/json.md has the shape.
+Per GPU, beside ``GpuState.to_json()``: ``node``, ``mig_layout_pinned``, ``cordoned``,
+``allocations`` (one per workload placed there) and the totals ``reserved_memory_mib`` and
+``reserved_compute_pct``. A tenant sees another tenant's allocation only as an anonymous reserved
+share (no name, no use, no processes); the admin sees everything. docs/json.md has the shape.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 uvicorn arms no timer before a request's head is complete (its keep-alive timeout starts only after
 a response), so a client that connects and sends nothing, or trickles a header a byte at a time,
 holds its connection (a file descriptor of the agent's) for ever; a few thousand of them exhaust the
-agent's descriptors without any token. This protocol is uvicorn's httptools one with a timer from the
-connection's start, and from each new request's first byte, to the end of its head: a head not
+agent's descriptors without any token. This protocol is uvicorn's httptools one with a timer from
+the connection's start, and from each new request's first byte, to the end of its head: a head not
 complete by then is answered 408 and the connection closed. A handler's own time, and the body's, do
-not count (the API guard bounds the body). And at most ``MAX_CONNECTIONS`` are open at once: one more
-is answered 503 and closed at once, so a flood of connections never takes the descriptors the
+not count (the API guard bounds the body). And at most ``MAX_CONNECTIONS`` are open at once: one
+more is answered 503 and closed at once, so a flood of connections never takes the descriptors the
 reconcile loop needs (run directories, shims, the store).
 """
 

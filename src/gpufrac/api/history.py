@@ -1,15 +1,17 @@
-"""The last 15 minutes of the fleet, kept in memory for the dashboard's plots (``GET /api/v1/history``).
+"""The last 15 minutes of the fleet, kept in memory for the dashboard's plots (``GET
+/api/v1/history``).
 
-A sampler thread of the agent reads, every ``interval`` seconds (5 by default): per GPU the memory used,
-the utilization and the memory reserved; per MIG instance holding a workload the memory its processes
-use; per placed workload its used and reserved memory, SM use and compute cap, and what the QoS arbiter
-gave it against what it is entitled to; per deployment the gateway's rate, latency, queue and the
+A sampler thread of the agent reads, every ``interval`` seconds (5 by default): per GPU the memory
+used, the utilization and the memory reserved; per MIG instance holding a workload the memory its
+processes use; per placed workload its used and reserved memory, SM use and compute cap, and what
+the QoS arbiter gave it against what it is entitled to; per deployment the gateway's rate, latency,
+queue and the
 replicas. Each value is one column of a ring of ``window / interval`` samples, so memory is bounded:
 a track (a GPU, an instance, a workload, a deployment) absent for a whole window is dropped.
 
-Sampling holds the agent's lock only to copy what the scheduler, the store and the last reconcile pass
-already know; the device reads (NVML), run directories and ``/proc`` are read outside it, and the
-sample is put together by :func:`gpufrac.api.fleet_view.fleet_view`, the pure function behind
+Sampling holds the agent's lock only to copy what the scheduler, the store and the last reconcile
+pass already know; the device reads (NVML), run directories and ``/proc`` are read outside it, and
+the sample is put together by :func:`gpufrac.api.fleet_view.fleet_view`, the pure function behind
 ``GET /api/v1/gpus``. The view is filtered by the caller as the other views are: a tenant gets the
 whole GPUs' series and only its own instances, workloads and deployments.
 """

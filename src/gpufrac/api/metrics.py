@@ -7,8 +7,8 @@ Per GPU, the DCGM exporter's names and labels (``gpu``, ``UUID``, ``modelName``;
 exporter's series. Serving series come from ``metrics_serving``. A value NVML does not give
 (utilization on a MIG instance, per-client SM use under MPS) is left out, never reported as zero.
 
-Each app has its own registry holding one collector, and every family is built afresh on each scrape,
-so nothing of a workload that is gone lingers and no global state is shared between agents.
+Each app has its own registry holding one collector, and every family is built afresh on each
+scrape, so nothing of a workload that is gone lingers and no global state is shared between agents.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class AgentCollector:
         failing = Family(
             "gpufrac_agent_failing_steps",
             "gauge",
-            "The agent's own steps failing now (a reconcile pass, writing the store, watching GPUs);"
+            "The agent's own steps failing now (a reconcile pass, writing the store, "
+            "watching GPUs);"
             " above 0, /api/v1/health says degraded.",
         )
         failing.add({}, len(agent.failures.of("agent")))

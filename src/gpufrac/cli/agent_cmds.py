@@ -230,8 +230,8 @@ def apply_command(
     """Apply manifests: create, replace (when changed) or leave unchanged.
 
     Every file is checked first: bad input (not UTF-8, not YAML, a field wrong) applies nothing and
-    exits 2, listing every problem. A valid document the agent refuses (no GPU here could ever hold it)
-    is reported with why while the others are applied, and the command exits 1."""
+    exits 2, listing every problem. A valid document the agent refuses (no GPU here could ever hold
+    it) is reported with why while the others are applied, and the command exits 1."""
     with handled_errors():  # all or nothing: every file is valid first
         texts = [text for text, _ in load_manifest_files(file)]
     results = []

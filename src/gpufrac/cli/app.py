@@ -84,7 +84,8 @@ DEMO_DEMAND = "1g.18gb=2,2g.35gb=1,3g.71gb=1"
 
 @app.command("demo")
 def demo_command(simulate: SimulateOpt = None, data_dir: DataDirOpt = None) -> None:
-    """The main job on the embedded default: the GPUs, their MIG profiles, and a MIG plan for a demand.
+    """The main job on the embedded default: the GPUs, their MIG profiles, and a MIG plan for a
+    demand.
 
     On the demo's own simulated GPUs the plan is applied; on real GPUs it is only shown (a dry run):
     the demo never changes real hardware.
@@ -127,7 +128,8 @@ def _demo(dev: NvmlDevices) -> None:
         for a in diff_actions(dev, targets):
             console.print(f"would {a.describe()}    [dim]{a.nvidia_smi()}[/]", highlight=False)
         console.print(
-            "real GPUs: shown only; apply with gpufrac mig plan ... -o plan.json and gpufrac mig apply --plan plan.json"
+            "real GPUs: shown only; apply with gpufrac mig plan ... -o plan.json and "
+            "gpufrac mig apply --plan plan.json"
         )
         return
     done = apply_targets(dev, targets)

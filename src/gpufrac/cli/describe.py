@@ -98,7 +98,8 @@ def qos_fields(q: dict[str, Any]) -> list[tuple[str, str]]:
     fields.append(
         (
             "Measured",
-            f"{measured:.0%} of its GPU ({by.get(q.get('measured_by') or '', q.get('measured_by'))})"
+            f"{measured:.0%} of its GPU "
+            f"({by.get(q.get('measured_by') or '', q.get('measured_by'))})"
             if measured is not None
             else "not measured (no NVML per-process reading and no SDK timings)",
         )

@@ -17,7 +17,8 @@ GpuModelOpt = Annotated[
     str,
     typer.Option(
         "--gpu",
-        help="GPU model: h200, h100, h100-nvl, h100-96gb, gh200, a100-80gb, a100-40gb, a30, b200, or a catalog key.",
+        help="GPU model: h200, h100, h100-nvl, h100-96gb, gh200, a100-80gb, a100-40gb, a30, "
+        "b200, or a catalog key.",
     ),
 ]
 
@@ -28,7 +29,8 @@ def profiles_command(gpu: GpuModelOpt, json: JsonOpt = False) -> None:
     with handled_errors():
         model = _model(gpu)
     if json:
-        # each profile says whether its values were read from a driver and whether the entry is verified
+        # each profile says whether its values were read from a driver and whether the entry is
+        # verified
         flags = {"from_driver": model.from_driver, "verified": model.verified}
         print_json([{**p.to_json(), **flags} for p in model.profiles])
         return
@@ -39,7 +41,8 @@ def profiles_command(gpu: GpuModelOpt, json: JsonOpt = False) -> None:
 
 def profiles_table(model: GpuModel) -> Table:
     t = Table(
-        title=f"{model.key}: {model.compute_slices} compute slices, {model.memory_slots} memory slots, {model.memory_total_mib:,} MiB"
+        title=f"{model.key}: {model.compute_slices} compute slices, {model.memory_slots} memory "
+        f"slots, {model.memory_total_mib:,} MiB"
     )
     for col in ("profile", "id", "compute", "memory slots", "max", "starts", "memory MiB", "SMs"):
         t.add_column(col, overflow="fold")

@@ -226,8 +226,8 @@ def _through_agent(
     drain: bool,
     allow_mode_change: bool,
 ) -> list[GpuOutcome]:
-    """Each GPU of the plan through the agent, one at a time: a GPU already as asked is left alone, a
-    refusal or failure on one GPU is reported and the others still go."""
+    """Each GPU of the plan through the agent, one at a time: a GPU already as asked is left alone,
+    a refusal or failure on one GPU is reported and the others still go."""
     index = {g["uuid"]: int(g["index"]) for g in gpus}
     out: list[GpuOutcome] = []
     for t in targets:
@@ -316,7 +316,8 @@ def assert_command(
     data_dir: DataDirOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """Check that the GPUs match a plan or a mig-parted config. Exit 0 match, 1 mismatch, 2 bad input."""
+    """Check that the GPUs match a plan or a mig-parted config. Exit 0 match, 1 mismatch, 2 bad
+    input."""
     with handled_errors(), devices(simulate, data_dir) as dev:
         if config_file is not None and plan is None:
             if not selected_config:
@@ -346,11 +347,13 @@ def _plan_mismatches(dev: NvmlDevices, targets: list[GpuTarget]) -> list[str]:
         g = dev.gpu(t.uuid)
         if g.mig_enabled != t.mig_enabled:
             out.append(
-                f"GPU {g.index}: MIG mode {g.mig_current}, plan wants {'enabled' if t.mig_enabled else 'disabled'}"
+                f"GPU {g.index}: MIG mode {g.mig_current}, plan wants "
+                f"{'enabled' if t.mig_enabled else 'disabled'}"
             )
         elif t.mig_enabled and g.layout != tuple(sorted(t.layout)):
             out.append(
-                f"GPU {g.index}: layout {format_layout(g.layout) or '(empty)'}, plan wants {format_layout(t.layout) or '(empty)'}"
+                f"GPU {g.index}: layout {format_layout(g.layout) or '(empty)'}, plan "
+                f"wants {format_layout(t.layout) or '(empty)'}"
             )
     return out
 
@@ -441,7 +444,8 @@ def _set_mode(
             )
         if pending:
             console.print(
-                f"To {verb} MIG mode a GPU must be idle: stop every process on it (and destroy its MIG "
+                f"To {verb} MIG mode a GPU must be idle: stop every process on it (and "
+                "destroy its MIG "
                 "instances to disable), then run this again. gpufrac never resets a GPU.",
                 highlight=False,
             )

@@ -148,7 +148,8 @@ def schedule_command(
         ]
         if recuts:
             console.print(
-                f"{len(recuts)} placement(s) re-cut a MIG GPU: idle instances in the way are destroyed "
+                f"{len(recuts)} placement(s) re-cut a MIG GPU: idle instances in the way "
+                "are destroyed "
                 f"first (mig_reconfigure: {cfg.mig_reconfigure}).",
                 highlight=False,
             )
@@ -157,7 +158,8 @@ def schedule_command(
 
 def _take_agent_placements(sched: Scheduler, data: Path | None) -> int:
     """On the live GPUs of a data directory an agent runs on, the dry run starts from what the agent
-    has placed (instances it gave out are taken, shares used): the same picture its scheduler has."""
+    has placed (instances it gave out are taken, shares used): the same picture its scheduler
+    has."""
     url = find_agent(None, probe=False, data=resolve_data_dir(data))
     if url is None:
         return 0
@@ -171,7 +173,8 @@ def _take_agent_placements(sched: Scheduler, data: Path | None) -> int:
 
 
 def _changes(d: Decision) -> str:
-    """What must happen before the workload starts: evictions, MIG instances destroyed and created."""
+    """What must happen before the workload starts: evictions, MIG instances destroyed and
+    created."""
     parts = []
     evicted = [a.workload for a in d.actions if a.kind == "evict"]
     if evicted:

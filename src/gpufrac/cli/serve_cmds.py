@@ -1,5 +1,5 @@
-"""CLI for deployments: ``get deployments``, ``describe deployment``, ``scale``, and ``load`` (a small
-load generator with a traffic schedule, for demos and for watching the autoscaler work)."""
+"""CLI for deployments: ``get deployments``, ``describe deployment``, ``scale``, and ``load`` (a
+small load generator with a traffic schedule, for demos and for watching the autoscaler work)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def print_deployment(d: dict[str, Any]) -> None:
             console.print(f"  {stamp} {e['kind']}: {e['message']}", highlight=False)
 
 
-# -- the load generator -----------------------------------------------------------------------------
+# -- the load generator ----------------------------------------------------------------------------
 
 
 def load_table(rows: list[dict[str, Any]], title: str) -> Table:

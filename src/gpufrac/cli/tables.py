@@ -1,9 +1,9 @@
 """What ``gpufrac get`` and ``gpufrac events`` print: the output formats, and tables as plain text.
 
-A table is plain text in aligned columns, one line per row whatever the width of the terminal (a long
-reason makes a long line; it is never broken into fragments), so ``gpufrac get workloads | grep NAME``
-gives the whole row. ``-o json`` is the API's answer as it came, ``-o yaml`` the same in YAML,
-``-o name`` one ``TENANT/NAME`` (a GPU: its index) per line, as other commands take them.
+A table is plain text in aligned columns, one line per row whatever the width of the terminal (a
+long reason makes a long line; it is never broken into fragments), so ``gpufrac get workloads | grep
+NAME`` gives the whole row. ``-o json`` is the API's answer as it came, ``-o yaml`` the same in
+YAML, ``-o name`` one ``TENANT/NAME`` (a GPU: its index) per line, as other commands take them.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def when(at: float) -> str:
 
 
 def render(kind: Kind, data: dict[str, Any], gpus: list[dict[str, Any]], output: Output) -> str:
-    """``data``: the API's answer for ``kind``; ``gpus``: ``GET /gpus``'s list (where things run)."""
+    """``data``: the API's answer for ``kind``; ``gpus``: ``GET /gpus``'s list (where things
+    run)."""
     match output:
         case "json":
             return json.dumps(data, indent=2)

@@ -1,9 +1,9 @@
 """``gpufrac top``: a full-screen live view of a running agent, redrawn every second.
 
 The frames come from ``cli/top_view.py`` (pure); this module does the rest: asking the agent (three
-GETs a refresh, with the caller's token), the terminal (cbreak mode for single keys, restored on exit,
-on Ctrl-C and on SIGTERM), and the loop. An agent that stops answering is shown as such and asked
-again every refresh; the view keeps its last answer meanwhile.
+GETs a refresh, with the caller's token), the terminal (cbreak mode for single keys, restored on
+exit, on Ctrl-C and on SIGTERM), and the loop. An agent that stops answering is shown as such and
+asked again every refresh; the view keeps its last answer meanwhile.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ from gpufrac.cli.top_view import (
     tenants_of,
 )
 
-PATHS = {"gpus": "/api/v1/gpus", "workloads": "/api/v1/workloads", "deployments": "/api/v1/deployments"}  # fmt: skip
+PATHS = {
+    "gpus": "/api/v1/gpus", "workloads": "/api/v1/workloads", "deployments": "/api/v1/deployments",
+}  # fmt: skip
 
 
 def fetch(client: httpx.Client, last: Snapshot) -> Snapshot:

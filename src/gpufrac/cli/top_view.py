@@ -421,7 +421,8 @@ def frame(snap: Snapshot, view: ViewState) -> Group:
 
 
 def render(snap: Snapshot, view: ViewState) -> RenderableType:
-    """One full-screen frame: the body cut to the screen's height, the keys always on its last line."""
+    """One full-screen frame: the body cut to the screen's height, the keys always on its last
+    line."""
     layout = Layout()
     layout.split_column(
         Layout(header(snap, view), size=2),

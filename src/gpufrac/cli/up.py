@@ -1,9 +1,9 @@
 """``gpufrac up FILE...``: the agent in the foreground with a live view, then a summary.
 
 It applies the manifests, reconciles twice a second while showing GPUs and workloads, and stops at
-Ctrl-C, when every job is done (``--until-done``), or after ``--duration`` seconds. On the way out it
-stops the workloads it started (unless ``--keep``), so nothing is left behind, and prints what happened:
-placements, restarts, limits enforced and the memory each workload was measured to use.
+Ctrl-C, when every job is done (``--until-done``), or after ``--duration`` seconds. On the way out
+it stops the workloads it started (unless ``--keep``), so nothing is left behind, and prints what
+happened: placements, restarts, limits enforced and the memory each workload was measured to use.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def up_command(
         str | None,
         typer.Option(
             "--load",
-            help="Send traffic to the (first) deployment: concurrent clients per step, e.g. 1,12,1.",
+            help="Send traffic to the (first) deployment: concurrent clients per step, e.g. "
+            "1,12,1.",
         ),
     ] = None,
     load_step: Annotated[float, typer.Option("--load-step", help="Seconds per load step.")] = 5.0,
@@ -155,7 +156,8 @@ def _load_steps(text: str | None, deployments: list[DeploymentSpec]) -> list[int
 
 
 def _done(specs: list[WorkloadSpec], states: dict[str, WorkloadState]) -> bool:
-    """Every job has finished, or none can make progress (what is left waits; services do not count)."""
+    """Every job has finished, or none can make progress (what is left waits; services do not
+    count)."""
     jobs = [states.get(f"{s.tenant}/{s.name}") for s in specs if s.type == "job"]
     if any(j is None for j in jobs):
         return False
@@ -258,7 +260,8 @@ def _summary(
         limit = f"{usage.get('limit_mib')} MiB" if usage.get("limit_mib") else "-"
         qos = read_json(run / "qos.json") if run is not None else {}
         turns = (
-            f"{qos.get('mode')}, {float(str(qos.get('held_s', 0))):.1f}s in {qos.get('turns')} turns"
+            f"{qos.get('mode')}, {float(str(qos.get('held_s', 0))):.1f}s in "
+            f"{qos.get('turns')} turns"
             if qos
             else "-"
         )
@@ -298,6 +301,8 @@ def _summary(
         console.print(f"  [yellow]note[/]: {line}", highlight=False)
     done = sum(1 for s in states.values() if s.phase == "succeeded")
     console.print(
-        f"{len(specs)} workloads: {done} succeeded, {sum(1 for s in states.values() if s.phase == 'failed')} failed; memory limits enforced: {limits}",
+        f"{len(specs)} workloads: {done} succeeded, "
+        f"{sum(1 for s in states.values() if s.phase == 'failed')} failed; memory limits "
+        f"enforced: {limits}",
         highlight=False,
     )

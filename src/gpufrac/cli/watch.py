@@ -1,9 +1,9 @@
 """Watching the agent: ``gpufrac get ... -w`` and ``gpufrac events [-w]``.
 
 A watch polls the agent and prints again only when what it would print changed. It outlives the
-agent: while the agent does not answer (restarting, say) it says so once on stderr, keeps trying, and
-says when the agent is back. Ctrl-C ends it with exit 0. ``events -w`` follows new events by their
-id (``GET /events?after=ID``), so none is printed twice and none is skipped across a restart.
+agent: while the agent does not answer (restarting, say) it says so once on stderr, keeps trying,
+and says when the agent is back. Ctrl-C ends it with exit 0. ``events -w`` follows new events by
+their id (``GET /events?after=ID``), so none is printed twice and none is skipped across a restart.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class Poller:
         self.down = False
 
     def get(self, path: str, **params: Any) -> Any:
-        """The answer to GET ``path``; exits as ``answer`` does on a refusal (401, 403, 404, 422)."""
+        """The answer to GET ``path``; exits as ``answer`` does on a refusal (401, 403, 404,
+        422)."""
         while True:
             try:
                 r = send("GET", self.server, path, params=params or None, timeout=10)

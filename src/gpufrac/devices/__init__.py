@@ -1,4 +1,5 @@
-"""The device layer: GPUs read and changed through one NVML adapter, real or simulated beneath it."""
+"""The device layer: GPUs read and changed through one NVML adapter, real or simulated beneath
+it."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ __all__ = ["DeviceError", "DriverUnavailable", "NvmlDevices", "open_devices", "o
 
 
 def open_simulated(spec: str, data_dir: Path) -> NvmlDevices:
-    """The adapter over a simulated fleet (``h200:1:mig,h200:1``), its state kept in ``data_dir``."""
+    """The adapter over a simulated fleet (``h200:1:mig,h200:1``), its state kept in
+    ``data_dir``."""
     fleet = SimulatedFleet.open(spec, data_dir)
     dev = NvmlDevices(FakeNvml(fleet), simulated=True)
-    # where a workload's gpufrac.sdk.report_gpu_use() reports (a drop box outside the data directory)
+    # where a workload's gpufrac.sdk.report_gpu_use() reports (a drop box outside the data
+    # directory)
     dev.sdk_env = {"GPUFRAC_GPU_REPORTS": str(fleet.open_reports())}
     return dev
 

@@ -1,7 +1,7 @@
 """Errors of the device layer, one per kind of answer the driver gives.
 
-The NVML adapter turns every NVML error into one of these, whichever library (real or simulated) is below
-it, so the layers above never see an NVML code.
+The NVML adapter turns every NVML error into one of these, whichever library (real or simulated) is
+below it, so the layers above never see an NVML code.
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ class DriverUnavailable(DeviceError):
 
 
 class NotSupported(DeviceError):
-    """The GPU or its current mode does not support the call (for example MIG calls with MIG off)."""
+    """The GPU or its current mode does not support the call (for example MIG calls with MIG
+    off)."""
 
 
 class InsufficientResources(DeviceError):
-    """The GPU has no room: overlapping placement, profile at its instance limit, no compute slices."""
+    """The GPU has no room: overlapping placement, profile at its instance limit, no compute
+    slices."""
 
 
 class InUse(DeviceError):

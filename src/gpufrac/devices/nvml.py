@@ -1,9 +1,9 @@
 """The one adapter between gpufrac and NVML.
 
-``NvmlDevices`` talks to a library with pynvml's surface: the real ``pynvml`` (imported here and nowhere
-else) or ``FakeNvml`` over simulated GPUs. The code path is the same for both; every NVML error becomes a
-``DeviceError`` subclass, "not supported" readings become ``None``, and a missing driver becomes one
-clear error with a hint.
+``NvmlDevices`` talks to a library with pynvml's surface: the real ``pynvml`` (imported here and
+nowhere else) or ``FakeNvml`` over simulated GPUs. The code path is the same for both; every NVML
+error becomes a ``DeviceError`` subclass, "not supported" readings become ``None``, and a missing
+driver becomes one clear error with a hint.
 """
 
 from __future__ import annotations
@@ -159,7 +159,8 @@ class NvmlDevices:
     # -- the profile table ----------------------------------------------------------------------
 
     def model(self, uuid: str) -> GpuModel:
-        """The GPU's MIG geometry as its driver reports it (the driver's table wins over the catalog)."""
+        """The GPU's MIG geometry as its driver reports it (the driver's table wins over the
+        catalog)."""
         if uuid not in self._models:
             self._models[uuid] = self._read_model(self.handle(uuid))
         return self._models[uuid]
@@ -476,7 +477,8 @@ class NvmlDevices:
     def create_instance(self, uuid: str, profile: str, start: int) -> MigInstanceState:
         """Create a GPU instance at an explicit placement, with one compute instance filling it.
 
-        All or nothing: if the compute instance cannot be created, the GPU instance is destroyed again.
+        All or nothing: if the compute instance cannot be created, the GPU instance is destroyed
+        again.
         """
         gi_id = self.create_gpu_instance(uuid, profile, start)
         try:

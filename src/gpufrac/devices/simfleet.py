@@ -1,9 +1,11 @@
-"""Simulated GPUs: the fleet spec, its state on disk, and the controls a test or the SDK uses to act on it.
+"""Simulated GPUs: the fleet spec, its state on disk, and the controls a test or the SDK uses to act
+on it.
 
-The state lives in one JSON file in the data directory, so separate commands see the same GPUs. Every
-change takes an exclusive lock, re-reads the file and replaces it atomically; readers re-read only when the
-file changed. The NVML-shaped view of this state is ``fakenvml.FakeNvml``; nothing above the device
-adapter sees this module except to choose it and, in tests and the demo, to inject faults.
+The state lives in one JSON file in the data directory, so separate commands see the same GPUs.
+Every change takes an exclusive lock, re-reads the file and replaces it atomically; readers re-read
+only when the file changed. The NVML-shaped view of this state is ``fakenvml.FakeNvml``; nothing
+above the device adapter sees this module except to choose it and, in tests and the demo, to inject
+faults.
 """
 
 from __future__ import annotations
@@ -61,10 +63,12 @@ def parse_simulate_spec(text: str, *, field: str = "--simulate") -> tuple[Simula
         unknown = [p.name for p in model.profiles if p.memory_mib is None or p.sm_count is None]
         if unknown:
             raise InputError(
-                f"{model.key} cannot be simulated: its catalog entry is unverified and the memory or "
+                f"{model.key} cannot be simulated: its catalog entry is unverified and "
+                "the memory or "
                 f"SM count of {', '.join(unknown)} is unknown",
                 field=field,
-                fix="simulate a GPU whose geometry was read from a driver or documented (h200, h100, a100-40gb, a30, ...)",
+                fix="simulate a GPU whose geometry was read from a driver or documented "
+                "(h200, h100, a100-40gb, a30, ...)",
             )
         gpus.extend(SimulatedGpuSpec(model, mig) for _ in range(count))
     if len(gpus) > 4096:
@@ -302,7 +306,8 @@ class SimulatedFleet:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process still runs (a zombie has exited: like the driver, it holds no GPU memory)."""
+    """Whether a process still runs (a zombie has exited: like the driver, it holds no GPU
+    memory)."""
     if pid <= 0:
         return False
     try:

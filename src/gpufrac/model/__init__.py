@@ -1,1 +1,2 @@
-"""Frozen values: GPU models and MIG geometry, layouts, snapshots. No I/O beyond reading package data."""
+"""Frozen values: GPU models and MIG geometry, layouts, snapshots. No I/O beyond reading package
+data."""

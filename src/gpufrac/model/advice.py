@@ -1,8 +1,8 @@
-"""Warnings about what a request probably meant: sizes in decimal units where binary ones were likely
-meant, and a memory request that lands on a MIG slice far larger than it asked for.
+"""Warnings about what a request probably meant: sizes in decimal units where binary ones were
+likely meant, and a memory request that lands on a MIG slice far larger than it asked for.
 
-A warning changes nothing: the request is placed as written, and `apply` prints why it may not be what
-the user wanted and what to write instead.
+A warning changes nothing: the request is placed as written, and `apply` prints why it may not be
+what the user wanted and what to write instead.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def request_warnings(spec: WorkloadSpec, mig: MigProfile | None = None) -> list[
         out.append(
             f"{FIELD}: {asked:,} MiB takes a MIG {mig.name} ({format_mib(mig.memory_mib)}), "
             f"{mig.memory_mib / asked:.1f}x what was asked; a profile's size (like the 18gb of "
-            "1g.18gb) is the slice, not a memory request: ask for a little less memory, or name the "
+            "1g.18gb) is the slice, not a memory request: ask for a little less memory, "
+            "or name the "
             "profile with mig:"
         )
     return out

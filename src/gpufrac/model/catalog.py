@@ -1,8 +1,9 @@
 """GPU models and their MIG geometry: the catalog shipped with gpufrac.
 
-The catalog is read from ``data/mig-geometry.json`` (a copy of the project's reference data). It serves
-planning and simulation; on a real GPU the driver's own profile table wins (see ``devices.nvml``).
-Unknown values (for example B200 per-profile memory) stay ``None``: never invented.
+The catalog is read from ``data/mig-geometry.json`` (a copy of the project's reference data). It
+serves planning and simulation; on a real GPU the driver's own profile table wins (see
+``devices.nvml``). Unknown values (for example B200 per-profile memory) stay ``None``: never
+invented.
 """
 
 from __future__ import annotations

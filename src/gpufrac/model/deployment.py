@@ -1,9 +1,9 @@
 """Deployments as values: a replicated model server (``kind: Deployment``), after validation.
 
 A deployment is a replica template (a ``Workload`` spec of type service, where ``model:`` may stand
-instead of ``command``) plus either a fixed ``replicas`` count or ``autoscale``. The agent turns it into
-replica workloads (``replica_spec``), each listening on its own ``$PORT``, and the gateway spreads
-``/serve/{name}/...`` over the ready ones. ``docs/serving.md`` documents every field.
+instead of ``command``) plus either a fixed ``replicas`` count or ``autoscale``. The agent turns it
+into replica workloads (``replica_spec``), each listening on its own ``$PORT``, and the gateway
+spreads ``/serve/{name}/...`` over the ready ones. ``docs/serving.md`` documents every field.
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ DEPLOYMENT_FIELDS = (
     "public",
 )
 MODEL_FIELDS = ("model", "max_batch_size", "max_wait_ms")
-# A replica is always a service that the agent health-checks on $PORT: these workload fields do not apply.
+# A replica is always a service that the agent health-checks on $PORT: these workload fields do not
+# apply.
 NOT_IN_TEMPLATE = ("type", "health", "backoff_limit", "deadline_seconds", "restart")
 AUTOSCALE_FIELDS = (
     "min_replicas",
@@ -152,7 +153,12 @@ def parse_deployment(
         256,
     )
     public = p.check(lambda: read_bool(spec.get("public", False), "spec.public"), False)
-    timeout = p.check(lambda: _number(spec.get("timeout_seconds", 60), "spec.timeout_seconds", maximum=86_400, positive=True), 60.0)  # fmt: skip
+    timeout = p.check(
+        lambda: _number(
+            spec.get("timeout_seconds", 60), "spec.timeout_seconds", maximum=86_400, positive=True
+        ),
+        60.0,
+    )  # fmt: skip
     p.raise_any()
     assert template is not None
     return DeploymentSpec(
@@ -261,7 +267,10 @@ def _autoscale(value: object) -> Autoscale:
     return Autoscale(
         min_replicas=lo,
         max_replicas=hi,
-        target_in_flight=read_int(raw.get("target_in_flight", 4), join(where, "target_in_flight"), minimum=1, maximum=10_000),
+        target_in_flight=read_int(
+            raw.get("target_in_flight", 4), join(where, "target_in_flight"),
+            minimum=1, maximum=10_000,
+        ),
         p99_latency_ms=p99,
         **seconds,
     )  # fmt: skip

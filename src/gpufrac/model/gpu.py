@@ -1,4 +1,5 @@
-"""Snapshots of GPUs as the device layer reads them: frozen values, with the JSON shape later work reads.
+"""Snapshots of GPUs as the device layer reads them: frozen values, with the JSON shape later work
+reads.
 
 ``gpufrac gpus --json`` prints ``{"gpus": [GpuState.to_json(), ...]}``; see docs/json.md.
 """

@@ -1,9 +1,10 @@
 """Workload manifests (``apiVersion: gpufrac/v1``, ``kind: Workload``) to ``WorkloadSpec`` values.
 
 One strict schema: unknown fields are errors, types are never coerced, and cross-field rules are
-checked once here. A file is accepted whole or not at all; the first problem raises an ``InputError``
-whose ``field`` is the path of the offending field (``doc[2].spec.resources.gpu.memory`` when the file
-holds several documents). ``docs/manifest.md`` is the reference for every field; keep the two in step.
+checked once here. A file is accepted whole or not at all; the first problem raises an
+``InputError`` whose ``field`` is the path of the offending field
+(``doc[2].spec.resources.gpu.memory`` when the file holds several documents). ``docs/manifest.md``
+is the reference for every field; keep the two in step.
 """
 
 from __future__ import annotations
@@ -181,7 +182,8 @@ def parse_objects(
         if first != position:
             problems.found.append(
                 InputError(
-                    f"{kind} {spec.name!r} of tenant {spec.tenant!r} is already defined in doc[{first}]",
+                    f"{kind} {spec.name!r} of tenant {spec.tenant!r} is already defined "
+                    f"in doc[{first}]",
                     field=join(join(prefix, "metadata"), "name"),
                     fix=f"give each {kind} of a tenant its own name",
                 )
@@ -192,7 +194,8 @@ def parse_objects(
 
 
 def parse_workload(raw: Any) -> WorkloadSpec:
-    """One ``kind: Workload`` document, already loaded; errors are located from the document root."""
+    """One ``kind: Workload`` document, already loaded; errors are located from the document
+    root."""
     spec = parse_document(raw)
     if not isinstance(spec, WorkloadSpec):
         raise InputError("is a Deployment", field="kind", fix=f"write kind: {KIND}")
@@ -304,7 +307,8 @@ def _workload_spec(
                 InputError(
                     f"{job_only} is for jobs only",
                     field=f"spec.{job_only}",
-                    fix=f"remove {job_only}: a service runs until deleted and is restarted per spec.restart",
+                    fix=f"remove {job_only}: a service runs until deleted and is restarted "
+                    "per spec.restart",
                 )
             )
     backoff = p.check(
@@ -467,7 +471,8 @@ def _health(value: object, where: str) -> HealthCheck:
 
 
 def _gpu_request(value: object, where: str) -> tuple[GpuRequest, str | None]:
-    """The request and the key its compute cap was written under (``compute``/``gpucores``), if any."""
+    """The request and the key its compute cap was written under (``compute``/``gpucores``), if
+    any."""
     raw = read_mapping(value, where, GPU_FIELDS)
     values: dict[str, Any] = {}
     written: dict[str, str] = {}
@@ -480,7 +485,8 @@ def _gpu_request(value: object, where: str) -> tuple[GpuRequest, str | None]:
                 f"{written[canonical]} and {key} ask for different amounts "
                 f"({_show(canonical, values[canonical])} and {_show(canonical, parsed)})",
                 field=field,
-                fix=f"give only one of {written[canonical]} and {key}: {_alias_note(written[canonical], key)}",
+                fix=f"give only one of {written[canonical]} and {key}: "
+                f"{_alias_note(written[canonical], key)}",
             )
         values.setdefault(canonical, parsed)
         written.setdefault(canonical, key)
@@ -489,7 +495,8 @@ def _gpu_request(value: object, where: str) -> tuple[GpuRequest, str | None]:
         raise InputError(
             f"asks for {' and '.join(kinds)} at once" if kinds else "asks for no GPU",
             field=where,
-            fix="give exactly one of count, fraction, memory, mig (with compute only beside memory)",
+            fix="give exactly one of count, fraction, memory, mig (with compute only beside "
+            "memory)",
         )
     if "compute" in values and kinds[0] != "memory":
         raise InputError(
@@ -564,7 +571,8 @@ def _mig(value: object, field: str) -> tuple[str, str | None]:
         raise InputError(
             f"{text!r} is a compute-instance profile",
             field=profile_field,
-            fix=f"ask for the GPU instance {name.gpu_instance_name}: a workload gets a whole GPU instance",
+            fix=f"ask for the GPU instance {name.gpu_instance_name}: a workload gets a whole "
+            "GPU instance",
         )
     if "model" not in raw:
         return str(name), None

@@ -78,8 +78,8 @@ def _nul(where: str) -> InputError:
 
 def _check_document(node: yaml.Node, max_chars: int) -> None:
     """Refuse a document whose value, with every alias expanded, has more than ``MAX_NODES`` nodes
-    or ``max_chars`` characters of scalars, or is nested more than ``MAX_DEPTH`` deep (the walk stops
-    at the first bound it passes, so a bomb costs no more than the bound), or holds a NaN, an
+    or ``max_chars`` characters of scalars, or is nested more than ``MAX_DEPTH`` deep (the walk
+    stops at the first bound it passes, so a bomb costs no more than the bound), or holds a NaN, an
     infinity or a NUL character (named by its path)."""
     count = chars = 0
     stack: list[tuple[yaml.Node, int, str]] = [(node, 1, "")]
@@ -229,7 +229,8 @@ def parse_json(text: str | bytes, *, source: str, fix: str) -> Any:
 
 
 def load_documents(text: str, *, source: str) -> list[Any]:
-    """Every document of a YAML stream (``---`` between documents), or the one object of a JSON file.
+    """Every document of a YAML stream (``---`` between documents), or the one object of a JSON
+    file.
 
     Empty documents come back as ``None``, so positions match the file as written.
     """
@@ -341,7 +342,8 @@ def read_str(value: object, field: str, *, fix: str | None = None) -> str:
 
 
 def read_choice(value: object, field: str, choices: tuple[C, ...]) -> C:
-    """One of a closed set of words (``choices``, the ``get_args`` of a ``Literal``), in any case."""
+    """One of a closed set of words (``choices``, the ``get_args`` of a ``Literal``), in any
+    case."""
     fix = f"use one of: {', '.join(choices)}"
     word = value.strip().lower() if isinstance(value, str) else value
     for choice in choices:
@@ -475,7 +477,8 @@ def read_share(value: object, field: str) -> int:
 
 
 def read_milli(value: object, field: str, *, maximum: int | None, fix: str) -> int:
-    """A positive number of GPUs to milli-GPU (``0.25`` -> 250), rounded to the nearest milli-GPU."""
+    """A positive number of GPUs to milli-GPU (``0.25`` -> 250), rounded to the nearest
+    milli-GPU."""
     if not is_number(value):
         raise InputError(f"must be a number, not {kind_of(value)}", field=field, fix=fix)
     try:

@@ -1,8 +1,8 @@
 """MIG values: profile names, placements, layouts, and the rules a layout must obey.
 
-A profile name means something only together with a GPU model: ``1g.10gb`` is a one-slot profile on the
-A100-80GB and a two-slot one on the A100-40GB. So parsing a name checks its syntax only; ``check_layout``
-checks it against a model.
+A profile name means something only together with a GPU model: ``1g.10gb`` is a one-slot profile on
+the A100-80GB and a two-slot one on the A100-40GB. So parsing a name checks its syntax only;
+``check_layout`` checks it against a model.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ KNOWN_ATTRIBUTES = ("me",)
 
 @dataclass(frozen=True, slots=True)
 class MigProfileName:
-    """A parsed profile name: ``1g.18gb``, ``1g.18gb+me`` or the compute-instance form ``1c.3g.71gb``."""
+    """A parsed profile name: ``1g.18gb``, ``1g.18gb+me`` or the compute-instance form
+    ``1c.3g.71gb``."""
 
     gpu_slices: int
     memory_gb: int
@@ -68,7 +69,8 @@ def parse_profile_name(text: str, *, field: str = "profile") -> MigProfileName:
         raise InputError(
             f"{text!r} has impossible slice counts",
             field=field,
-            fix="slices and GB are positive, and a compute instance (Nc.) is no larger than its GPU instance",
+            fix="slices and GB are positive, and a compute instance (Nc.) is no larger than "
+            "its GPU instance",
         )
     return MigProfileName(gi, int(m.group("gb")), attrs, ci)
 
@@ -142,7 +144,8 @@ def _instance_profile(text: str, *, field: str) -> str:
         raise InputError(
             f"{text!r} is a compute-instance profile; a layout lists GPU instances",
             field=field,
-            fix=f"place the GPU instance {name.gpu_instance_name} (each gets one full compute instance)",
+            fix=f"place the GPU instance {name.gpu_instance_name} (each gets one full compute "
+            "instance)",
         )
     return str(name)
 
@@ -225,7 +228,8 @@ def check_layout(model: GpuModel, placements: tuple[MigPlacement, ...]) -> list[
         problems.append(
             LayoutProblem(
                 "compute",
-                f"the instances need {compute} compute slices, {model.key} has {model.compute_slices}",
+                f"the instances need {compute} compute slices, {model.key} has "
+                f"{model.compute_slices}",
                 tuple(sorted(placements)),
             )
         )

@@ -1,8 +1,9 @@
-"""A MIG plan: the target layout per GPU, the ordered actions that reach it, and what could not be placed.
+"""A MIG plan: the target layout per GPU, the ordered actions that reach it, and what could not be
+placed.
 
-The JSON shape reuses ``gpufrac gpus --json``: ``gpus`` is a list with ``uuid``, ``index``, ``model`` and
-``instances`` (``{"profile", "start"}`` each), plus ``unplaced``, ``actions`` and ``summary``.
-See docs/json.md.
+The JSON shape reuses ``gpufrac gpus --json``: ``gpus`` is a list with ``uuid``, ``index``,
+``model`` and ``instances`` (``{"profile", "start"}`` each), plus ``unplaced``, ``actions`` and
+``summary``. See docs/json.md.
 """
 
 from __future__ import annotations
@@ -51,7 +52,10 @@ class MigAction:
             case "create_ci":
                 if self.gi_id is None:
                     return "# made by -C above"
-                return f"nvidia-smi mig -i {i} -gi {self.gi_id} -cci  # the compute instance filling it"
+                return (
+                    f"nvidia-smi mig -i {i} -gi {self.gi_id} -cci  # the compute instance "
+                    "filling it"
+                )
             case _:
                 assert_never(self.kind)
 
@@ -97,8 +101,8 @@ def actions_between(
 ) -> list[MigAction]:
     """The ordered actions from a GPU as it is to a target: mode on, destroys, creates, mode off.
 
-    An instance is identified by (profile, start). One left without a compute instance (an apply killed
-    between the two creates) gets its compute instance if wanted, and is destroyed if not.
+    An instance is identified by (profile, start). One left without a compute instance (an apply
+    killed between the two creates) gets its compute instance if wanted, and is destroyed if not.
     """
 
     def act(
@@ -184,7 +188,8 @@ class MigPlan:
 def targets_from_json(
     raw: Any, *, field: str = "plan"
 ) -> list[tuple[str, int, bool, tuple[MigPlacement, ...]]]:
-    """(uuid, index, mig_enabled, target layout) per GPU from a plan file (or ``gpufrac gpus --json``)."""
+    """(uuid, index, mig_enabled, target layout) per GPU from a plan file (or ``gpufrac gpus
+    --json``)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("gpus"), list):
         raise InputError(
             "must be an object with a 'gpus' list",

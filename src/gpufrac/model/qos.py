@@ -1,15 +1,15 @@
-"""Quality of service as values: how a workload's ``priority`` and ``qos`` become an arbiter class, and
-the MPS client priority that goes with it.
+"""Quality of service as values: how a workload's ``priority`` and ``qos`` become an arbiter class,
+and the MPS client priority that goes with it.
 
-The arbiter (``runtime/arbiter.py``) serves classes in strict order (a higher ``rank`` first), shares
-time within a class by ``weight``, and guarantees each workload its ``min_share`` of a GPU's busy time
-even against higher classes. ``docs/qos.md`` documents the mapping; keep the two in step.
+The arbiter (``runtime/arbiter.py``) serves classes in strict order (a higher ``rank`` first),
+shares time within a class by ``weight``, and guarantees each workload its ``min_share`` of a GPU's
+busy time even against higher classes. ``docs/qos.md`` documents the mapping; keep the two in step.
 
-* rank = 2 x priority, plus 1 for ``qos: latency``. So a higher priority always wins, and between equal
-  priorities a latency workload comes before a throughput one.
-* MPS has two client priorities (``CUDA_MPS_CLIENT_PRIORITY``): 0 (normal) for ``qos: latency``, 1 (below
-  normal) for ``qos: throughput``. CUDA reads it when the process creates its context, so a change
-  reaches MPS at the workload's next start; the arbiter applies every change at once.
+* rank = 2 x priority, plus 1 for ``qos: latency``. So a higher priority always wins, and between
+  equal priorities a latency workload comes before a throughput one.
+* MPS has two client priorities (``CUDA_MPS_CLIENT_PRIORITY``): 0 (normal) for ``qos: latency``, 1
+  (below normal) for ``qos: throughput``. CUDA reads it when the process creates its context, so a
+  change reaches MPS at the workload's next start; the arbiter applies every change at once.
 """
 
 from __future__ import annotations

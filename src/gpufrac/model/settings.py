@@ -44,8 +44,9 @@ SETTINGS_FIELDS = (
 )
 QosPreempt = Literal["overlap", "drain"]  # how a higher QoS class takes the GPU over
 PlacementPolicy = Literal["binpack", "spread"]
-# when the agent may re-cut MIG GPUs for waiting workloads: never; idle instances and free space only;
-# or also by evicting lower-priority MIG work (the preemption rules). MIG mode itself never changes.
+# when the agent may re-cut MIG GPUs for waiting workloads: never; idle instances and free space
+# only; or also by evicting lower-priority MIG work (the preemption rules). MIG mode itself never
+# changes.
 MigReconfigure = Literal["never", "idle", "drain"]
 QOS_PREEMPT: tuple[QosPreempt, ...] = get_args(QosPreempt)
 PLACEMENT_POLICIES: tuple[PlacementPolicy, ...] = get_args(PlacementPolicy)
@@ -56,8 +57,8 @@ TENANT_FIELDS = ("gpu_memory", "gpus", "max_priority", "preemption", "users")
 WorkloadUsers = Literal["auto", "agent", "tenant"]
 WORKLOAD_USERS: tuple[WorkloadUsers, ...] = get_args(WorkloadUsers)
 DEFAULT_TENANT_UIDS = (200_000, 299_999)
-# how far a tenant's workloads may evict others: any lower-priority workload; only their own tenant's;
-# none. It caps a workload's own ``spec.preemption``.
+# how far a tenant's workloads may evict others: any lower-priority workload; only their own
+# tenant's; none. It caps a workload's own ``spec.preemption``.
 TenantPreemption = Literal["lower-priority", "own-tenant", "never"]
 TENANT_PREEMPTION: tuple[TenantPreemption, ...] = get_args(TenantPreemption)
 DEFAULT_MAX_PRIORITY = 1000

@@ -1,4 +1,5 @@
-"""Units users write: memory sizes (``12GiB``) and percentages (``30%``), to fixed-point integers."""
+"""Units users write: memory sizes (``12GiB``) and percentages (``30%``), to fixed-point
+integers."""
 
 from __future__ import annotations
 

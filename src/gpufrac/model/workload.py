@@ -1,8 +1,8 @@
 """Workloads as values: what a user asks for, after a manifest has been validated.
 
-A ``WorkloadSpec`` is produced by ``model.manifest`` (which owns the field names, defaults, aliases and
-error messages) and consumed by the scheduler and, later, the node agent. Fixed-point units throughout:
-memory in MiB, GPU shares in milli-GPU (1000 = one whole GPU), compute in percent.
+A ``WorkloadSpec`` is produced by ``model.manifest`` (which owns the field names, defaults, aliases
+and error messages) and consumed by the scheduler and, later, the node agent. Fixed-point units
+throughout: memory in MiB, GPU shares in milli-GPU (1000 = one whole GPU), compute in percent.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ class GpuRequest:
 
 @dataclass(frozen=True, slots=True)
 class HealthCheck:
-    """A service's readiness check: HTTP GET ``path`` on ``port`` (2xx/3xx), or a TCP connect to ``port``."""
+    """A service's readiness check: HTTP GET ``path`` on ``port`` (2xx/3xx), or a TCP connect to
+    ``port``."""
 
     kind: ProbeKind
     port: int

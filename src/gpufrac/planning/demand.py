@@ -1,8 +1,9 @@
-"""MIG demand: instances asked for by profile (``1g.18gb=5``) or by need (``20GiB=6``, ``60GiB/3c=2``).
+"""MIG demand: instances asked for by profile (``1g.18gb=5``) or by need (``20GiB=6``,
+``60GiB/3c=2``).
 
-A demand class is resolved against the GPU models of a fleet into the one profile it takes on each model:
-the named profile, or for a need the smallest profile that fits it (fewest memory slots, then fewest
-compute slices, then least memory; never a ``+me`` profile unless named).
+A demand class is resolved against the GPU models of a fleet into the one profile it takes on each
+model: the named profile, or for a need the smallest profile that fits it (fewest memory slots, then
+fewest compute slices, then least memory; never a ``+me`` profile unless named).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Exact search for small fleets: which pattern to put on each empty GPU, by branch and bound.
 
-The greedy fill is near the optimum on large fleets but can be a GPU off on small ones, where one GPU is
-a large share. For up to ``MAX_GPUS`` empty GPUs this search tries pattern combinations in a canonical
-order (so each multiset of GPU patterns is visited once), pruned by a lower bound, and stops after a node
-or time budget with the best combination found so far. Objective: least unplaced value, then least cost.
+The greedy fill is near the optimum on large fleets but can be a GPU off on small ones, where one
+GPU is a large share. For up to ``MAX_GPUS`` empty GPUs this search tries pattern combinations in a
+canonical order (so each multiset of GPU patterns is visited once), pruned by a lower bound, and
+stops after a node or time budget with the best combination found so far. Objective: least unplaced
+value, then least cost.
 """
 
 from __future__ import annotations

@@ -108,4 +108,4 @@ def consolidate(fresh: list[WorkGpu], need: Remaining) -> None:
             w.added = {pl: pool[pl.profile].pop() for pl in lay.placements}
 
 
-# -- 4. make room by moving idle instances ----------------------------------------------------------
+# -- 4. make room by moving idle instances ---------------------------------------------------------

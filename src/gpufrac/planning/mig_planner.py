@@ -1,13 +1,14 @@
-"""The MIG planner: target layouts per GPU from demand, and the ordered actions that reach them. Pure.
+"""The MIG planner: target layouts per GPU from demand, and the ordered actions that reach them.
+Pure.
 
 Order of work, so that running instances are disturbed as little as possible:
 
-1. keep every current instance some demand can use (busy ones first); busy instances nobody asked for stay
-   (unless ``drain``); idle ones nobody asked for go;
+1. keep every current instance some demand can use (busy ones first); busy instances nobody asked
+   for stay (unless ``drain``); idle ones nobody asked for go;
 2. grow GPUs that keep instances, leaving those instances where they are;
-3. fill empty GPUs, pattern by pattern, choosing each time the pattern of the model with the lowest cost
-   per MiB placed (on a mixed fleet: the cheapest fitting model), then empty the least-filled new GPUs
-   into spare room elsewhere;
+3. fill empty GPUs, pattern by pattern, choosing each time the pattern of the model with the lowest
+   cost per MiB placed (on a mixed fleet: the cheapest fitting model), then empty the least-filled
+   new GPUs into spare room elsewhere;
 4. only if demand is still left: move idle kept instances (never busy ones) to make room.
 """
 
@@ -44,8 +45,8 @@ def plan_mig(
     1. greedy by memory placed;
     2. greedy by price, the prices corrected pass after pass (sequential value correction, a classic
        cutting-stock heuristic): each profile starts at its share of a GPU (half memory slots, half
-       compute slices) and moves towards what it actually cost in the last pass, so profiles that ended
-       up on wasteful GPUs are placed earlier next time;
+       compute slices) and moves towards what it actually cost in the last pass, so profiles that
+       ended up on wasteful GPUs are placed earlier next time;
     3. on small fleets, exact search (``planning.exact``), given the best so far to beat.
 
     The best plan places the most value, then costs least, then destroys least.
@@ -102,7 +103,8 @@ def _plan_once(
     strategy: Weights | str | None,
     incumbent: tuple[float, float],
 ) -> tuple[MigPlan, float]:
-    """One plan; ``strategy`` says how empty GPUs are filled. Also returns what the filled GPUs cost."""
+    """One plan; ``strategy`` says how empty GPUs are filled. Also returns what the filled GPUs
+    cost."""
     work = [WorkGpu(g, geometry(g.model), _usable(g, opts)) for g in gpus]
     geos = {w.key: w.geo for w in work if w.usable}
     need = Remaining(demand, geos)
@@ -128,7 +130,7 @@ def _usable(g: PlanGpu, opts: PlanOptions) -> bool:
     return g.mig_enabled or (opts.allow_mode_change and g.idle)
 
 
-# -- 1. keep what demand can use --------------------------------------------------------------------
+# -- 1. keep what demand can use -------------------------------------------------------------------
 
 
 def _keep_current(work: list[WorkGpu], need: Remaining, opts: PlanOptions) -> None:
@@ -156,7 +158,7 @@ def _keep_current(work: list[WorkGpu], need: Remaining, opts: PlanOptions) -> No
                 claim(w, inst)
 
 
-# -- 2. grow GPUs that keep instances ---------------------------------------------------------------
+# -- 2. grow GPUs that keep instances --------------------------------------------------------------
 
 
 def _grow_partial(work: list[WorkGpu], need: Remaining) -> None:
@@ -192,7 +194,8 @@ _EXTENSIONS: dict[tuple[int, tuple[MigPlacement, ...]], list[Layout]] = {}
 
 
 def _extensions(geo: Geometry, fixed: tuple[MigPlacement, ...]) -> list[Layout]:
-    """Layouts containing ``fixed``, one per distinct multiset (the one with the best free space)."""
+    """Layouts containing ``fixed``, one per distinct multiset (the one with the best free
+    space)."""
     key = (id(geo), fixed)
     if key not in _EXTENSIONS:
         best: dict[Counts, Layout] = {}
@@ -242,7 +245,7 @@ def _repack(work: list[WorkGpu], need: Remaining) -> None:
         add_placements(w, tuple(free), (), need)
 
 
-# -- the plan ---------------------------------------------------------------------------------------
+# -- the plan --------------------------------------------------------------------------------------
 
 
 def _build_plan(

@@ -1,12 +1,13 @@
 """Re-cutting one MIG GPU for a waiting request: the fewest instances destroyed to make room. Pure.
 
-A MIG GPU's layout was cut for earlier demand. When a request waits for a profile that no free instance
-offers and no free space can take, some of the GPU's instances may be in the way while nothing runs on
-them. ``best_recut`` looks through the model's enumerated layouts (``planning.patterns``, the MIG
-planner's own geometry) for the one that keeps every instance that must stay where it is, adds the
-profile asked for, and keeps as many of the other instances as it can: so the idle instances destroyed
-are only those in the way, and a busy instance is destroyed only when the caller says its owner may be
-evicted (``mig_reconfigure: drain``, lower priority), and then as few as possible.
+A MIG GPU's layout was cut for earlier demand. When a request waits for a profile that no free
+instance offers and no free space can take, some of the GPU's instances may be in the way while
+nothing runs on them. ``best_recut`` looks through the model's enumerated layouts
+(``planning.patterns``, the MIG planner's own geometry) for the one that keeps every instance that
+must stay where it is, adds the profile asked for, and keeps as many of the other instances as it
+can: so the idle instances destroyed are only those in the way, and a busy instance is destroyed
+only when the caller says its owner may be evicted (``mig_reconfigure: drain``, lower priority), and
+then as few as possible.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ def best_recut(
     evictable: frozenset[str] = frozenset(),
 ) -> Recut | None:
     """The cheapest way to fit one instance of ``profile`` by destroying instances of this GPU: idle
-    ones (owner ``None``) and those owned by a workload in ``evictable``. Cheapest: fewest evictions,
-    then the fewest memory slots destroyed, then the fewest instances destroyed, then the most room
-    left for large profiles. None if no such way exists, or if the profile fits without destroying
-    anything (that is an addition, not a re-cut).
+    ones (owner ``None``) and those owned by a workload in ``evictable``. Cheapest: fewest
+    evictions, then the fewest memory slots destroyed, then the fewest instances destroyed, then the
+    most room left for large profiles. None if no such way exists, or if the profile fits without
+    destroying anything (that is an addition, not a re-cut).
 
     Slots count before instances: one large idle instance destroyed is harder to get back (its whole
     span must be idle at once) than two small ones."""

@@ -75,7 +75,8 @@ class Remaining:
     ) -> tuple[float, list[tuple[int, int, int]]]:
         """Value of placing ``counts`` on a model-``key`` GPU, and (profile, class, n) taken.
 
-        The value is the memory asked for, or with ``weights`` the share of the GPU each instance uses.
+        The value is the memory asked for, or with ``weights`` the share of the GPU each instance
+        uses.
         """
         value: float = 0
         taken = []
@@ -116,4 +117,4 @@ def add_placements(
                 break
 
 
-# -- 3. fill empty GPUs -----------------------------------------------------------------------------
+# -- 3. fill empty GPUs ----------------------------------------------------------------------------

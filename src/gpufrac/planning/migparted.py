@@ -1,9 +1,10 @@
 """NVIDIA mig-parted config files: read, resolve against a fleet, export, write and check. Pure.
 
 A mig-parted file (``version: v1``) names configs; each config is a list of entries, and each entry
-selects GPUs (``devices: all`` or a list of indices, narrowed by an optional ``device-filter`` of PCI
-device ids) and says whether MIG is on and which GPU instances to create (profile -> count). GPUs no
-entry selects are left alone. gpufrac turns a config into one target layout per selected GPU.
+selects GPUs (``devices: all`` or a list of indices, narrowed by an optional ``device-filter`` of
+PCI device ids) and says whether MIG is on and which GPU instances to create (profile -> count).
+GPUs no entry selects are left alone. gpufrac turns a config into one target layout per selected
+GPU.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ _PLAIN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 @dataclass(frozen=True, slots=True)
 class MigPartedEntry:
-    """One entry of a config: which GPUs, MIG on or off, and the GPU instances (sorted by profile)."""
+    """One entry of a config: which GPUs, MIG on or off, and the GPU instances (sorted by
+    profile)."""
 
     devices: tuple[int, ...] | None  # None: all GPUs
     device_filter: tuple[str, ...]  # PCI device ids, "0x" + upper-case hex; empty: no filter
@@ -196,7 +198,8 @@ def _mig_devices(value: Any, field: str) -> tuple[tuple[str, int], ...]:
             raise InputError(
                 f"{key!r} is a compute-instance profile; gpufrac configs list GPU instances only",
                 field=where,
-                fix=f"use {name.gpu_instance_name} (each GPU instance gets one full compute instance)",
+                fix=f"use {name.gpu_instance_name} (each GPU instance gets one full compute "
+                "instance)",
             )
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise InputError(f"count {n!r} is not a whole number >= 0", field=where)
@@ -214,8 +217,8 @@ def resolve_config(
 ) -> list[DeviceTarget]:
     """The target of every GPU config ``name`` selects, by index; ``models`` maps GPU uuid -> model.
 
-    A GPU without MIG support that an entry with ``mig-enabled: false`` selects is left out: it has no
-    MIG mode to set. Asking such a GPU for MIG is an error.
+    A GPU without MIG support that an entry with ``mig-enabled: false`` selects is left out: it has
+    no MIG mode to set. Asking such a GPU for MIG is an error.
     """
     if name not in config.configs:
         raise InputError(
@@ -293,7 +296,10 @@ def _why_not(model: GpuModel, counts: dict[str, int]) -> str:
         if n > model.profile(name).max_instances:
             return f"at most {model.profile(name).max_instances} {name} fit on one {model.key}"
     compute = sum(model.profile(p).compute_slices * n for p, n in counts.items())
-    return f"they use {compute} of {model.compute_slices} compute slices; the memory slots must fit too"
+    return (
+        f"they use {compute} of {model.compute_slices} compute slices; the memory slots must "
+        "fit too"
+    )
 
 
 def device_states(
@@ -309,7 +315,8 @@ def device_states(
 def assert_config(
     config: MigPartedConfig, name: str, gpus: list[GpuState], models: dict[str, GpuModel]
 ) -> list[str]:
-    """How the live GPUs differ from config ``name`` (MIG mode, instance counts); empty: they match."""
+    """How the live GPUs differ from config ``name`` (MIG mode, instance counts); empty: they
+    match."""
     by_index = {g.index: g for g in gpus}
     problems = []
     for index, (enabled, wanted) in device_states(config, name, gpus, models).items():
@@ -366,7 +373,8 @@ def dump_migparted(config: MigPartedConfig) -> str:
             if e.device_filter:
                 ids = [f'"{d}"' for d in e.device_filter]
                 lines.append(
-                    f"      device-filter: {ids[0] if len(ids) == 1 else '[' + ', '.join(ids) + ']'}"
+                    "      device-filter: "
+                    f"{ids[0] if len(ids) == 1 else '[' + ', '.join(ids) + ']'}"
                 )
             lines.append(f"      mig-enabled: {'true' if e.mig_enabled else 'false'}")
             if e.mig_enabled:

@@ -1,9 +1,9 @@
 """Every way one GPU of a model can be cut: all valid MIG layouts, grouped into patterns.
 
 A *pattern* is a multiset of profiles (how many of each) that fits on one GPU; its *layout* is the
-placement gpufrac uses for it, chosen to leave the free space most useful for large profiles (no 1g at
-slot 0 while a 4g could still go there). On the H200, 2,319 valid layouts make 128 patterns, so both are
-enumerated once per model and cached.
+placement gpufrac uses for it, chosen to leave the free space most useful for large profiles (no 1g
+at slot 0 while a 4g could still go there). On the H200, 2,319 valid layouts make 128 patterns, so
+both are enumerated once per model and cached.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""Where a request could go: candidate GPUs per model, best first, taken from the state's indexes (the
-filters and scores then decide).
+"""Where a request could go: candidate GPUs per model, best first, taken from the state's indexes
+(the filters and scores then decide).
 
 On MIG GPUs, in order: a free instance of the profile; a new instance in free space; a re-cut that
-destroys the fewest idle instances in the way (``mig_recut``). How far that may go is the ``RecutScope``:
-``none`` uses existing instances only (static layouts), ``create`` also creates instances in free
-space, ``whole_gpu`` also cuts a GPU again once all its instances are idle (the old behaviour, kept as
-the benchmark's baseline), ``idle`` and ``drain`` re-cut around busy instances (``drain`` lets
-preemption take busy ones too; see ``sched_preempt``).
+destroys the fewest idle instances in the way (``mig_recut``). How far that may go is the
+``RecutScope``: ``none`` uses existing instances only (static layouts), ``create`` also creates
+instances in free space, ``whole_gpu`` also cuts a GPU again once all its instances are idle (the
+old behaviour, kept as the benchmark's baseline), ``idle`` and ``drain`` re-cut around busy
+instances (``drain`` lets preemption take busy ones too; see ``sched_preempt``).
 """
 
 from __future__ import annotations

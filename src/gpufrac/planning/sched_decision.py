@@ -1,10 +1,11 @@
-"""The scheduler's output as values: decisions, and the closed set of actions the node agent carries out.
+"""The scheduler's output as values: decisions, and the closed set of actions the node agent carries
+out.
 
 A ``Decision`` says where one workload runs (or why it waits, or why it is refused) and lists the
-``SchedAction`` values that make it so, in order: evictions first, then MIG instances destroyed, then the
-instance created, then the start. The agent carries each kind out in one ``match`` with ``assert_never``
-(``runtime/carry_out.py``), so a kind added here and left out there fails mypy. Decisions are stored as
-JSON with the placement; docs/json.md has the shape.
+``SchedAction`` values that make it so, in order: evictions first, then MIG instances destroyed,
+then the instance created, then the start. The agent carries each kind out in one ``match`` with
+``assert_never`` (``runtime/carry_out.py``), so a kind added here and left out there fails mypy.
+Decisions are stored as JSON with the placement; docs/json.md has the shape.
 """
 
 from __future__ import annotations

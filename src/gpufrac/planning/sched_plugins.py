@@ -1,12 +1,12 @@
-"""The scheduler's plugins, as in the Kubernetes scheduler framework: small functions that get a narrow,
-read-only view of the fleet (``PluginContext``), the request (``SchedRequest``, its needs worked out
-once) and one candidate placement.
+"""The scheduler's plugins, as in the Kubernetes scheduler framework: small functions that get a
+narrow, read-only view of the fleet (``PluginContext``), the request (``SchedRequest``, its needs
+worked out once) and one candidate placement.
 
 * pre-filters run once per request and GPU model: they rule out every GPU of the model at once (a
   tenant's quota);
-* filters rule one GPU out, returning a ``Status``: ``unschedulable`` (taken now; room may come back, or
-  be made by preemption) or ``unresolvable`` (nothing on that GPU can change the answer: cordoned, the
-  wrong mode); ``None`` means the GPU passes;
+* filters rule one GPU out, returning a ``Status``: ``unschedulable`` (taken now; room may come
+  back, or be made by preemption) or ``unresolvable`` (nothing on that GPU can change the answer:
+  cordoned, the wrong mode); ``None`` means the GPU passes;
 * scores rank the GPUs that passed (higher is better).
 
 Plugins never change anything: the context offers no way to.
@@ -110,17 +110,23 @@ def quota(ctx: PluginContext, req: SchedRequest, need: Need, count: int) -> Stat
         return None
     used_mem, used_milli = ctx.tenant_use(req.tenant)
     if q.gpu_memory_mib is not None and used_mem + need.memory_mib * count > q.gpu_memory_mib:
-        why = f"tenant {req.tenant} quota: {format_mib(used_mem)} of {format_mib(q.gpu_memory_mib)} GPU memory used"
+        why = (
+            f"tenant {req.tenant} quota: {format_mib(used_mem)} of "
+            f"{format_mib(q.gpu_memory_mib)} GPU memory used"
+        )
         return Status("unschedulable", why, "quota")
     if q.gpus_milli is not None and used_milli + need.milli * count > q.gpus_milli:
-        why = f"tenant {req.tenant} quota: {used_milli / MILLI:g} of {q.gpus_milli / MILLI:g} GPUs used"
+        why = (
+            f"tenant {req.tenant} quota: {used_milli / MILLI:g} of {q.gpus_milli / MILLI:g} "
+            "GPUs used"
+        )
         return Status("unschedulable", why, "quota")
     return None
 
 
 PREFILTERS: tuple[PreFilter, ...] = (quota,)
 
-# -- filters: one GPU -------------------------------------------------------------------------------
+# -- filters: one GPU ------------------------------------------------------------------------------
 
 Filter = Callable[[PluginContext, SchedRequest, Candidate], Status | None]
 
@@ -160,7 +166,8 @@ def capacity(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | No
 
 
 def mps_tenants(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:
-    """One MPS client's fatal fault reaches every client: tenants do not share an MPS GPU unless allowed."""
+    """One MPS client's fatal fault reaches every client: tenants do not share an MPS GPU unless
+    allowed."""
     g = ctx.gpus[c.gpu]
     if c.mode != "mps" or ctx.settings.mps_share_tenants:
         return None
@@ -182,14 +189,14 @@ def first_refusal(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status
     return None
 
 
-# -- scores: higher is better -----------------------------------------------------------------------
+# -- scores: higher is better ----------------------------------------------------------------------
 
 Score = Callable[[PluginContext, SchedRequest, Candidate], int]
 
 
 def packing(ctx: PluginContext, req: SchedRequest, c: Candidate) -> int:
-    """binpack: the less of the GPU is left after placing, the better; spread: the more; first-fit: the
-    lowest index."""
+    """binpack: the less of the GPU is left after placing, the better; spread: the more; first-fit:
+    the lowest index."""
     g = ctx.gpus[c.gpu]
     if ctx.policy == "first-fit":
         return -c.gpu

@@ -1,15 +1,15 @@
-"""Priority preemption: the fewest, lowest-priority workloads whose eviction makes room. Never one of
-equal or higher priority, never past the requester's quota, and only of its own tenant where the
+"""Priority preemption: the fewest, lowest-priority workloads whose eviction makes room. Never one
+of equal or higher priority, never past the requester's quota, and only of its own tenant where the
 operator says so (``tenants.NAME.preemption: own-tenant``).
 
 What it can take, by mode:
 
 * whole GPUs and shared (time-sliced, MPS) GPUs: any lower-priority workloads on one GPU whose going
   leaves room for the request there (the GPU's other work must be of the request's mode);
-* MIG: with ``mig_reconfigure: idle`` (or ``never``), only an instance of exactly the profile asked for
-  whose owner has a lower priority; with ``drain``, instances of any profile on one GPU, as few and as
-  low as possible, destroyed with the GPU's idle instances in the way (``mig_recut``) to create the
-  profile asked for.
+* MIG: with ``mig_reconfigure: idle`` (or ``never``), only an instance of exactly the profile asked
+  for whose owner has a lower priority; with ``drain``, instances of any profile on one GPU, as few
+  and as low as possible, destroyed with the GPU's idle instances in the way (``mig_recut``) to
+  create the profile asked for.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def _priority(st: ClusterState, key: str) -> int:
 def _quota_after(
     st: ClusterState, req: SchedRequest, settings: OperatorSettings, victims: list[str], total: Need
 ) -> bool:
-    """Would the request, taking ``total`` in all, fit its tenant's quota once ``victims`` are gone?"""
+    """Would the request, taking ``total`` in all, fit its tenant's quota once ``victims`` are
+    gone?"""
     q = settings.tenants.get(req.tenant)
     if q is None:
         return True

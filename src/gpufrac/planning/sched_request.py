@@ -1,5 +1,6 @@
-"""One workload as the scheduler sees it: its spec, the sharing modes it may use, and what it needs on
-each GPU model, worked out once per submission and remembered (not recomputed by every plugin)."""
+"""One workload as the scheduler sees it: its spec, the sharing modes it may use, and what it needs
+on each GPU model, worked out once per submission and remembered (not recomputed by every
+plugin)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def need_on(spec: WorkloadSpec, model: GpuModel, mode: Mode, profile: str | None = None) -> Need:
-    """What ``spec`` takes on one GPU of ``model`` under ``mode`` (on a MIG ``profile``, if given)."""
+    """What ``spec`` takes on one GPU of ``model`` under ``mode`` (on a MIG ``profile``, if
+    given)."""
     req = spec.gpu
     total = model.memory_total_mib
     if req.count is not None or mode == "exclusive":

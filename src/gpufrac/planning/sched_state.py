@@ -1,17 +1,18 @@
 """The scheduler's picture of the GPUs: what is allocated where, in fixed-point units, with indexes.
 
-Every change goes through ``allocate`` and ``release``, which keep the accounting and the indexes in step:
+Every change goes through ``allocate`` and ``release``, which keep the accounting and the indexes in
+step:
 
-* per (model, mode) a list of (headroom, GPU index) sorted by headroom (the smaller of free memory and
-  free shares, in milli-GPU), for GPUs shared by time-slicing or MPS, so the best-fitting GPU is found by
-  bisection, not by scanning 1,000 GPUs;
+* per (model, mode) a list of (headroom, GPU index) sorted by headroom (the smaller of free memory
+  and free shares, in milli-GPU), for GPUs shared by time-slicing or MPS, so the best-fitting GPU is
+  found by bisection, not by scanning 1,000 GPUs;
 * per model the empty whole GPUs;
-* per (model, profile) the free MIG instances, and the MIG GPUs where an instance of that profile could
-  still be created (looked up in the model's enumerated layouts, cached per layout);
+* per (model, profile) the free MIG instances, and the MIG GPUs where an instance of that profile
+  could still be created (looked up in the model's enumerated layouts, cached per layout);
 * per model the MIG GPUs with an idle instance (where a re-cut could make room).
 
-Trial changes go through a ``Statement`` (KAI-Scheduler's): every change made through it is undone by
-``rollback``, in reverse order, and kept by ``commit``.
+Trial changes go through a ``Statement`` (KAI-Scheduler's): every change made through it is undone
+by ``rollback``, in reverse order, and kept by ``commit``.
 
 ``violations`` recomputes everything from the allocations alone: what the property tests check.
 """
@@ -89,7 +90,8 @@ class SchedGpu:
 
 @cache
 def additions(model: GpuModel, layout: tuple[MigPlacement, ...]) -> dict[str, MigPlacement]:
-    """For each profile that still fits beside ``layout``: where to put it (most room left after)."""
+    """For each profile that still fits beside ``layout``: where to put it (most room left
+    after)."""
     geo = geometry(model)
     base = list(geo.counts_of(layout))
     best: dict[str, tuple[tuple[int, ...], MigPlacement]] = {}
@@ -276,8 +278,8 @@ class ClusterState:
         create: tuple[tuple[int, MigPlacement], ...] = (),
         destroy: tuple[tuple[int, MigPlacement], ...] = (),
     ) -> None:
-        """The inverse of ``allocate``: release, remove the instances it created, bring back the idle
-        ones it destroyed."""
+        """The inverse of ``allocate``: release, remove the instances it created, bring back the
+        idle ones it destroyed."""
         self.release(workload)
         for gpu_index, pl in create:
             self._instance(gpu_index, pl, present=False)
@@ -321,7 +323,8 @@ class ClusterState:
         return allocs
 
     def min_priority(self) -> int:
-        """The lowest priority of any placed workload (no preemption can help a request at or below it)."""
+        """The lowest priority of any placed workload (no preemption can help a request at or below
+        it)."""
         return min(self.priorities, default=2**62)
 
     def gpus_used(self) -> int:
@@ -372,7 +375,8 @@ class ClusterState:
 class Statement:
     """Trial changes to a ``ClusterState``: made at once, undone in reverse order by ``rollback``.
 
-    Used as a context manager, a block that raises is rolled back; ``commit`` keeps what was done."""
+    Used as a context manager, a block that raises is rolled back; ``commit`` keeps what was
+    done."""
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
@@ -420,11 +424,11 @@ class Statement:
 def sched_gpus_from_states(
     states: list[GpuState], models: dict[str, GpuModel], pinned: frozenset[str] = frozenset()
 ) -> list[SchedGpu]:
-    """The scheduler's GPUs from a device snapshot: healthy GPUs with a known model (``models`` maps UUID
-    to the driver's table). Existing MIG instances become free instances, except busy ones, which count
-    as taken (``EXTERNAL``) until a restored workload claims its own. Processes outside MIG are not
-    accounted here: the agent restores its own placements, and memory it did not place is not known.
-    GPUs in ``pinned`` (UUIDs) keep the MIG layout an operator set."""
+    """The scheduler's GPUs from a device snapshot: healthy GPUs with a known model (``models`` maps
+    UUID to the driver's table). Existing MIG instances become free instances, except busy ones,
+    which count as taken (``EXTERNAL``) until a restored workload claims its own. Processes outside
+    MIG are not accounted here: the agent restores its own placements, and memory it did not place
+    is not known. GPUs in ``pinned`` (UUIDs) keep the MIG layout an operator set."""
     out: list[SchedGpu] = []
     for g in states:
         model = models.get(g.uuid)

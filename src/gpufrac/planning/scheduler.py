@@ -1,15 +1,18 @@
-"""The placement scheduler: where each workload runs, under which sharing mode, and what waits. Pure.
+"""The placement scheduler: where each workload runs, under which sharing mode, and what waits.
+Pure.
 
-For each submission: refuse at once what no GPU could ever hold; work out once what the request needs
-(``SchedRequest``); choose the sharing modes to try (``auto``: MIG where a fitting instance is free, can
-be created, or can be made by re-cutting idle instances on a GPU in MIG mode; then MPS where a compute
-cap is asked, else time-slicing); for each mode take a few candidates from the state's indexes, run the
-pre-filter and filter plugins, score the survivors with the score plugins, and reserve the best. If
-nothing fits, preempt the fewest, lowest-priority workloads that make room (never one of equal or higher
-priority); else the workload waits in the pending queue with a reason a person can read.
+For each submission: refuse at once what no GPU could ever hold; work out once what the request
+needs (``SchedRequest``); choose the sharing modes to try (``auto``: MIG where a fitting instance is
+free, can be created, or can be made by re-cutting idle instances on a GPU in MIG mode; then MPS
+where a compute cap is asked, else time-slicing); for each mode take a few candidates from the
+state's indexes, run the pre-filter and filter plugins, score the survivors with the score plugins,
+and reserve the best. If nothing fits, preempt the fewest, lowest-priority workloads that make room
+(never one of equal or higher priority); else the workload waits in the pending queue with a reason
+a person can read.
 
-Plugins see the fleet through a narrow read-only ``PluginContext`` (``SchedContext`` here). Every change
-of the state goes through a ``Statement`` that is rolled back if the change does not go through whole.
+Plugins see the fleet through a narrow read-only ``PluginContext`` (``SchedContext`` here). Every
+change of the state goes through a ``Statement`` that is rolled back if the change does not go
+through whole.
 
 Decisions are values (``Decision`` with its ``SchedAction`` list) that the node agent carries out.
 """
@@ -59,8 +62,9 @@ from gpufrac.planning.sched_state import (
 )
 
 RECUT_BYPASS = 8
-"""How many later MIG requests of its tenant may have a GPU re-cut for them while a MIG request waits
-(backfill), before re-cuts serve it first: it is passed over a bounded number of times, never for ever."""
+"""How many later MIG requests of its tenant may have a GPU re-cut for them while a MIG request
+waits (backfill), before re-cuts serve it first: it is passed over a bounded number of times, never
+for ever."""
 
 __all__ = [
     "Decision",
@@ -178,7 +182,8 @@ class Scheduler:
     # -- the public operations -----------------------------------------------------------------
 
     def submit(self, spec: WorkloadSpec) -> list[Decision]:
-        """Place ``spec`` (possibly preempting); returns its decision, then those of evicted workloads."""
+        """Place ``spec`` (possibly preempting); returns its decision, then those of evicted
+        workloads."""
         key = workload_key(spec)
         if key in self.requests:
             raise InputError(
@@ -200,8 +205,9 @@ class Scheduler:
     def relayout(
         self, uuid: str, mig: bool, placements: list[MigPlacement], *, pinned: bool = True
     ) -> None:
-        """A GPU's MIG mode or instances were changed outside the scheduler (by an operator): take the
-        new picture. Instances that stay keep their owners; ``pinned`` keeps the layout as it is."""
+        """A GPU's MIG mode or instances were changed outside the scheduler (by an operator): take
+        the new picture. Instances that stay keep their owners; ``pinned`` keeps the layout as it
+        is."""
         self.state.relayout(self.state.by_uuid[uuid], mig, placements, pinned=pinned)
 
     def set_pinned(self, uuid: str, pinned: bool) -> list[Decision]:
@@ -212,8 +218,9 @@ class Scheduler:
 
     def update_live(self, spec: WorkloadSpec) -> list[Decision]:
         """Take a spec whose change needs no new placement (priority, QoS): a placed workload stays
-        where it is, with its allocations carrying the new priority (so preemption sees it); a pending
-        one whose priority rose is tried again, with preemption, as a new submission would be."""
+        where it is, with its allocations carrying the new priority (so preemption sees it); a
+        pending one whose priority rose is tried again, with preemption, as a new submission would
+        be."""
         key = workload_key(spec)
         old = self.requests.get(key)
         if old is None:
@@ -231,8 +238,9 @@ class Scheduler:
     def restore(self, spec: WorkloadSpec, decision: Decision) -> None:
         """Take back a placement recorded earlier (after an agent restart), exactly where it was.
 
-        A recorded placement that no longer fits (its GPU is gone, or the GPUs changed underneath) puts
-        the workload in the pending queue, to be placed again like any other; nothing of the trial stays.
+        A recorded placement that no longer fits (its GPU is gone, or the GPUs changed underneath)
+        puts the workload in the pending queue, to be placed again like any other; nothing of the
+        trial stays.
         """
         key = workload_key(spec)
         req = self.requests[key] = SchedRequest(spec, next(self._seq))
@@ -304,8 +312,9 @@ class Scheduler:
             todo.append(req)
         todo.sort(key=lambda r: (-r.priority, r.order))
         if self.recut != "none":
-            # first, MIG instances that are free as they are, to whoever waits for their very profile
-            # (no MIG change at all); only then may the first in line have a GPU re-cut for it
+            # first, MIG instances that are free as they are, to whoever waits for their very
+            # profile (no MIG change at all); only then may the first in line have a GPU re-cut for
+            # it
             unfit: set[int] = set()
             for req in [r for r in todo if "mig" in r.kinds]:
                 if req.shape in unfit:
@@ -415,8 +424,8 @@ class Scheduler:
         return out
 
     def _holds(self, req: SchedRequest) -> bool:
-        """Whether waiting ``req`` holds back the re-cuts of later requests of its tenant: once later
-        ones have gone ahead of it by a re-cut ``RECUT_BYPASS`` times."""
+        """Whether waiting ``req`` holds back the re-cuts of later requests of its tenant: once
+        later ones have gone ahead of it by a re-cut ``RECUT_BYPASS`` times."""
         return self._passed.get(req.key, 0) >= RECUT_BYPASS
 
     def _kept_from(self, req: SchedRequest) -> set[int]:
@@ -703,9 +712,15 @@ class Scheduler:
                 quota.gpu_memory_mib is not None and n.memory_mib * count > quota.gpu_memory_mib
                 for n in options
             ):
-                return f"asks for more GPU memory than tenant {req.tenant}'s whole quota ({format_mib(quota.gpu_memory_mib or 0)})"
+                return (
+                    f"asks for more GPU memory than tenant {req.tenant}'s whole quota "
+                    f"({format_mib(quota.gpu_memory_mib or 0)})"
+                )
             if options and all(
                 quota.gpus_milli is not None and n.milli * count > quota.gpus_milli for n in options
             ):
-                return f"asks for more GPUs than tenant {req.tenant}'s whole quota ({(quota.gpus_milli or 0) / MILLI:g})"
+                return (
+                    f"asks for more GPUs than tenant {req.tenant}'s whole quota "
+                    f"({(quota.gpus_milli or 0) / MILLI:g})"
+                )
         return None

@@ -1,29 +1,31 @@
 """The node agent's core: desired state in, running supervised workloads out. No HTTP here.
 
-``apply`` and ``delete`` store the desired state first (SQLite, all or nothing) and let the scheduler
-decide; ``reconcile`` makes the machine match. The agent is built from parts, each owning its state and
+``apply`` and ``delete`` store the desired state first (SQLite, all or nothing) and let the
+scheduler decide; ``reconcile`` makes the machine match. The agent is built from parts, each owning
+its state and
 given what it needs when it is made:
 
 * ``Runs``: the run directories, one per attempt, with the shim's record of how it went;
-* ``Executor``: carries out the closed set of actions (evict, destroy and create MIG instances, start,
-  stop), and ``Failures``: a failed action recorded once per condition and retried with backoff;
+* ``Executor``: carries out the closed set of actions (evict, destroy and create MIG instances,
+  start, stop), and ``Failures``: a failed action recorded once per condition and retried with
+  backoff;
 * ``GpuCare`` (cordon, drain, health, MIG layouts an operator sets), ``MemoryWatch`` (memory limits
   where nothing else enforces them), ``QosCare`` (the QoS arbiter kept in step), ``Handover`` (the
   environment a workload gets).
 
 A reconcile pass takes each workload through three phases: observe (its placement, its attempts, its
 process), decide its next step (wait, keep running, stop, complete, or start), and carry the step's
-actions out. A start whose placement still needs MIG changes first queues them for the GPU's MIG worker
-(``MigWorker``, a thread per GPU that talks to the driver outside the agent's lock, so the API answers
-while a GPU is re-cut); a later pass records what the worker did and starts the workload once its
-instance is there. A step that raises is one workload's failure, shown as its reason and retried with
-backoff; the rest of the pass goes on.
+actions out. A start whose placement still needs MIG changes first queues them for the GPU's MIG
+worker (``MigWorker``, a thread per GPU that talks to the driver outside the agent's lock, so the
+API answers while a GPU is re-cut); a later pass records what the worker did and starts the workload
+once its instance is there. A step that raises is one workload's failure, shown as its reason and
+retried with backoff; the rest of the pass goes on.
 
 Every step reads the truth from disk: a workload's attempts are run directories
 ``runs/<tenant>/<name>/g<generation>-<attempt>``, each with the shim's record of how it ended. So a
 restarted agent (even after ``kill -9``) re-attaches to the shims still running, counts the attempts
-already made, never starts a workload twice, and still applies ``on-failure`` to a workload that failed
-while it was down.
+already made, never starts a workload twice, and still applies ``on-failure`` to a workload that
+failed while it was down.
 """
 
 from __future__ import annotations
@@ -267,8 +269,9 @@ class Agent:
 
     def apply(self, spec: WorkloadSpec) -> tuple[str, Decision | None]:
         """Store ``spec`` and schedule it. Returns (what happened, the decision):
-        ``unchanged`` (nothing done), ``created``, ``replaced`` (the old one is stopped), ``updated``
-        (a live change), or ``refused`` (nothing stored: no GPU here could ever run it)."""
+        ``unchanged`` (nothing done), ``created``, ``replaced`` (the old one is stopped),
+        ``updated`` (a live change), or ``refused`` (nothing stored: no GPU here could ever run
+        it)."""
         key = workload_key(spec)
         self.settings.check_priority(spec.tenant, spec.priority)  # nothing stored above the bound
         self.settings.check_user(spec.tenant, spec.user)
@@ -529,7 +532,10 @@ class Agent:
             if launching(s.latest, status):
                 return Step(s.state("starting", "starting its process"))  # the shim is on its way
             if status.shim_pid is None:
-                why = f"its shim did not start within {LAUNCH_TIMEOUT_S:.0f}s (see {s.latest / 'shim.log'})"
+                why = (
+                    f"its shim did not start within {LAUNCH_TIMEOUT_S:.0f}s (see "
+                    f"{s.latest / 'shim.log'})"
+                )
             else:  # killed, or the machine rebooted: its workload is stopped, and it is a failure
                 why = "its shim died without a record; the workload was stopped"
             status = abandon(s.latest, why)

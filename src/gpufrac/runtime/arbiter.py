@@ -1,35 +1,38 @@
-"""The QoS arbiter's policy: who may submit GPU work on each GPU (or MIG instance), moment to moment.
+"""The QoS arbiter's policy: who may submit GPU work on each GPU (or MIG instance), moment to
+moment.
 
-Pure: no sockets, no signals. Events go in (a member registered, a client asked for a turn or gave it
-back, the clock moved) and actions come out (grant a client its turn, ask a holder to yield, pause or
-resume a process group); ``runtime/arbiter_server.py`` carries the actions out. The clock is passed in,
-so tests drive it by counted quanta.
+Pure: no sockets, no signals. Events go in (a member registered, a client asked for a turn or gave
+it back, the clock moved) and actions come out (grant a client its turn, ask a holder to yield,
+pause or resume a process group); ``runtime/arbiter_server.py`` carries the actions out. The clock
+is passed in, so tests drive it by counted quanta.
 
-One *domain* (a GPU, or a MIG instance) has at most one holder at a time. A *member* is a workload in a
-domain; it is *cooperative* while it has SDK clients connected (they ask for turns and give them back),
-else *transparent* (a process group; not holding means SIGSTOP). A transparent member wants the GPU
-only while the agent says it is *active* (its processes busy on the GPU by NVML's per-process reading,
-or requests in flight to it through the gateway), or always if it is guaranteed a min share: an idle
-service holds nothing, so it never stops a workload of a lower class.
+One *domain* (a GPU, or a MIG instance) has at most one holder at a time. A *member* is a workload
+in a domain; it is *cooperative* while it has SDK clients connected (they ask for turns and give
+them back), else *transparent* (a process group; not holding means SIGSTOP). A transparent member
+wants the GPU only while the agent says it is *active* (its processes busy on the GPU by NVML's
+per-process reading, or requests in flight to it through the gateway), or always if it is guaranteed
+a min share: an idle service holds nothing, so it never stops a workload of a lower class.
 
 Who is served next, among the members that want a turn:
-1. a member below its ``min_share`` of the domain's busy time over the last ``window`` seconds (so low
-   priority never starves), then
+1. a member below its ``min_share`` of the domain's busy time over the last ``window`` seconds (so
+   low priority never starves), then
 2. the highest ``rank`` (strict priority between classes), then
-3. the lowest virtual time (weighted fair share within a class: holding for ``dt`` adds ``dt/weight``).
+3. the lowest virtual time (weighted fair share within a class: holding for ``dt`` adds
+   ``dt/weight``).
 
 A holder of a lower class is asked to yield at once; one of the same class after it has held for a
-``quantum`` (and a member served for its min share keeps its turn for a quantum). A cooperative holder
-yields at its next yield point (the SDK checks a flag in shared memory) or when its turn ends; a
-transparent one is paused at once. How a higher class takes over a cooperative holder is ``preempt``:
-``overlap`` (the default) grants the higher class at once, so its work starts while the holder's last
-queued work drains beside it; ``drain`` grants it once the holder has given the turn back.
+``quantum`` (and a member served for its min share keeps its turn for a quantum). A cooperative
+holder yields at its next yield point (the SDK checks a flag in shared memory) or when its turn
+ends; a transparent one is paused at once. How a higher class takes over a cooperative holder is
+``preempt``: ``overlap`` (the default) grants the higher class at once, so its work starts while the
+holder's last queued work drains beside it; ``drain`` grants it once the holder has given the turn
+back.
 
-Anticipation: a cooperative member that gives its turn back unasked, while it still has more right to
-the GPU than anyone waiting, and that usually asks again within ``grace`` seconds (a training loop
-between steps), keeps the turn reserved for ``grace``. So a busy high-priority loop is not overtaken
-between two steps, and weights hold between loops; a member that comes back later (an inference
-server between requests) reserves nothing, so nobody waits for it.
+Anticipation: a cooperative member that gives its turn back unasked, while it still has more right
+to the GPU than anyone waiting, and that usually asks again within ``grace`` seconds (a training
+loop between steps), keeps the turn reserved for ``grace``. So a busy high-priority loop is not
+overtaken between two steps, and weights hold between loops; a member that comes back later (an
+inference server between requests) reserves nothing, so nobody waits for it.
 """
 
 from __future__ import annotations
@@ -197,8 +200,9 @@ class TurnPolicy:
         return out + self._schedule(d, now)
 
     def remove_member(self, key: str, now: float) -> list[Action]:
-        """The agent no longer runs this workload here. A member whose SDK clients are still connected
-        stays (as if made by their hello), no longer paused by signals; the rest is forgotten."""
+        """The agent no longer runs this workload here. A member whose SDK clients are still
+        connected stays (as if made by their hello), no longer paused by signals; the rest is
+        forgotten."""
         m = self.members.get(key)
         if m is None:
             return []
@@ -231,7 +235,8 @@ class TurnPolicy:
     def connect(
         self, client: int, key: str, domain: str, qos: QosParams, now: float
     ) -> list[Action]:
-        """An SDK client says hello. A member the agent did not register is made from its own word."""
+        """An SDK client says hello. A member the agent did not register is made from its own
+        word."""
         out: list[Action] = []
         if client in self.client_member:
             return []  # a second hello on one connection changes nothing
@@ -253,7 +258,8 @@ class TurnPolicy:
         return out
 
     def disconnect(self, client: int, now: float) -> list[Action]:
-        """A client went away (it closed, or its process died): its turn, if it held one, is over."""
+        """A client went away (it closed, or its process died): its turn, if it held one, is
+        over."""
         key = self.client_member.pop(client, None)
         m = self.members.get(key) if key else None
         if m is None:
@@ -371,7 +377,8 @@ class TurnPolicy:
         return self._recent(m, now) / total if total > 0 else 0.0
 
     def gpu_share(self, key: str, now: float) -> float | None:
-        """GPU time the SDK measured for the member over the last window, as a part of the window."""
+        """GPU time the SDK measured for the member over the last window, as a part of the
+        window."""
         m = self.members[key]
         self._trim(m, now)
         if m.gpu_s == 0:

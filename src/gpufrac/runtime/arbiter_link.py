@@ -1,11 +1,13 @@
-"""The agent's side of the QoS arbiter: start its process, keep its members in step, read what it gave.
+"""The agent's side of the QoS arbiter: start its process, keep its members in step, read what it
+gave.
 
-The arbiter runs as a child process (``runtime/arbiter_server.py``, through ``runtime/child_link.py``),
-started the first time a GPU (or MIG instance) has two workloads to arbitrate between. The agent talks
-to it over its own end of a socket pair (workloads use the public socket, which takes no agent
-commands); when the agent exits, however it exits, that end closes, and the arbiter resumes what it
-paused and stops. ``sync`` is called every reconcile pass with the members that should exist; it
-sends only what changed, and sends everything again to an arbiter that was restarted.
+The arbiter runs as a child process (``runtime/arbiter_server.py``, through
+``runtime/child_link.py``), started the first time a GPU (or MIG instance) has two workloads to
+arbitrate between. The agent talks to it over its own end of a socket pair (workloads use the public
+socket, which takes no agent commands); when the agent exits, however it exits, that end closes, and
+the arbiter resumes what it paused and stops. ``sync`` is called every reconcile pass with the
+members that should exist; it sends only what changed, and sends everything again to an arbiter that
+was restarted.
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ class ArbiterLink:
             self.child.close()  # started again, with everything, on the next pass
 
     def stats(self) -> dict[str, Any]:
-        """Per member: mode, paused, turns, held share, GPU share the SDK measured. Empty if not running."""
+        """Per member: mode, paused, turns, held share, GPU share the SDK measured. Empty if not
+        running."""
         if not self.running:
             self.latest = {}
             return {}

@@ -1,25 +1,27 @@
-"""The arbiter process: one per node agent, carrying out ``TurnPolicy`` over a local socket and signals.
+"""The arbiter process: one per node agent, carrying out ``TurnPolicy`` over a local socket and
+signals.
 
 ``python -m gpufrac.runtime.arbiter_server --dir DIR [--admin-fd N] [--quantum-ms Q]`` listens on
-``DIR/arbiter.sock`` (a Unix stream socket; see ``socket_path`` for long paths) and keeps one byte per
-member in ``DIR/arbiter.flags``, which SDK clients map read-only: 1 means "yield at your next yield
-point". So a trainer checks for contention with a memory read, and talks to the arbiter only to take
-and give back turns.
+``DIR/arbiter.sock`` (a Unix stream socket; see ``socket_path`` for long paths) and keeps one byte
+per member in ``DIR/arbiter.flags``, which SDK clients map read-only: 1 means "yield at your next
+yield point". So a trainer checks for contention with a memory read, and talks to the arbiter only
+to take and give back turns.
 
 Messages are lines. On the public socket, a client: ``H {json}`` (hello) answered ``K {slot}``:
 the client is the member whose process group its process is in (its pid from the kernel,
-``SO_PEERCRED``; the agent registered each member with the process group it started), with the class,
-weight and min share the agent gave that member; what the hello claims is ignored, and a process in no
-member's group is refused (``E``); ``A`` (acquire) answered ``G`` when the turn is granted; ``R
-[gpu_seconds]`` (release, no answer). Only the agent, on its own connection (one end of a socket pair
-handed over as ``--admin-fd``), may also send ``S {json}`` (set a member: key, domain, qos, pgid),
-``D key`` (remove), ``T`` (stats), ``Q`` (quit), each answered ``K ...``: a workload cannot pause
-another's process group. A malformed line is answered ``E {error}`` and changes nothing.
+``SO_PEERCRED``; the agent registered each member with the process group it started), with the
+class, weight and min share the agent gave that member; what the hello claims is ignored, and a
+process in no member's group is refused (``E``); ``A`` (acquire) answered ``G`` when the turn is
+granted; ``R [gpu_seconds]`` (release, no answer). Only the agent, on its own connection (one end of
+a socket pair handed over as ``--admin-fd``), may also send ``S {json}`` (set a member: key, domain,
+qos, pgid), ``D key`` (remove), ``T`` (stats), ``Q`` (quit), each answered ``K ...``: a workload
+cannot pause another's process group. A malformed line is answered ``E {error}`` and changes
+nothing.
 
 It runs in its own process, not a thread of the agent, so no other Python thread's GIL time delays a
 grant. When the agent goes away, even by ``kill -9``, its end of the pair closes; the arbiter then
-resumes every process group it paused and exits. A new arbiter resumes each member's group when it is
-registered, so a crash of the arbiter itself leaves nothing paused either.
+resumes every process group it paused and exits. A new arbiter resumes each member's group when it
+is registered, so a crash of the arbiter itself leaves nothing paused either.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ _UNIX_PATH_MAX = 100
 
 
 def socket_path(directory: Path) -> tuple[str, int | None]:
-    """An address for ``directory/arbiter.sock`` that fits a Unix socket's 108 bytes: the path itself,
-    or ``/proc/self/fd/N/arbiter.sock`` through an open descriptor of the directory (returned too)."""
+    """An address for ``directory/arbiter.sock`` that fits a Unix socket's 108 bytes: the path
+    itself, or ``/proc/self/fd/N/arbiter.sock`` through an open descriptor of the directory
+    (returned too)."""
     full = str(directory / SOCKET)
     if len(full) <= _UNIX_PATH_MAX:
         return full, None

@@ -2,13 +2,14 @@
 
 The QoS arbiter and the request gateway both run this way: started with ``--admin-fd N`` (the
 child's end of the pair), they print ``ready ...`` on stdout once listening, answer each command
-line with ``K {json}`` (or ``E {json}``), and stop, cleaning up after themselves, when the agent's end
-closes: however the agent exits, even ``kill -9``, its helpers follow.
+line with ``K {json}`` (or ``E {json}``), and stop, cleaning up after themselves, when the agent's
+end closes: however the agent exits, even ``kill -9``, its helpers follow.
 
-A helper that does not answer a command within ``call_timeout`` (hung, stopped, or spinning) is taken
-for dead: the caller closes the link, and ``close`` gives the process ``grace`` seconds to exit after
-its end of the pair closes, then kills it (SIGKILL, which also ends a stopped process). The caller's
-next pass starts a new one. So a hung helper costs at most ``call_timeout + grace`` once.
+A helper that does not answer a command within ``call_timeout`` (hung, stopped, or spinning) is
+taken for dead: the caller closes the link, and ``close`` gives the process ``grace`` seconds to
+exit after its end of the pair closes, then kills it (SIGKILL, which also ends a stopped process).
+The caller's next pass starts a new one. So a hung helper costs at most ``call_timeout + grace``
+once.
 """
 
 from __future__ import annotations

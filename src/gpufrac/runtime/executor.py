@@ -1,16 +1,18 @@
 """The part of the agent that carries decisions out: one ``match`` over the closed set of actions.
 
-The scheduler decides (``planning``); the agent's reconcile pass decides when (``runtime/agent.py``);
+The scheduler decides (``planning``); the agent's reconcile pass decides when
+(``runtime/agent.py``);
 this part does it, reading the truth first so that every action is idempotent:
 
-* ``evict`` stops a workload that lost its place; it is marked evicted in its run, so it starts again
-  (a new attempt of the same generation) wherever it is placed next, and is not counted as a failure;
-* ``destroy_mig_instance`` is refused for an instance that a placed workload owns; otherwise it, like
-  ``create_mig_instance``, is queued for the GPU's MIG worker (``runtime/mig_worker.py``), which carries
-  it out in the background, outside the agent's lock (the driver refuses to destroy an instance in use,
-  and an instance already gone, or already there, is left as it is);
-* ``start`` starts the next attempt of the workload's current generation, if it is still placed as the
-  action says and nothing of it runs;
+* ``evict`` stops a workload that lost its place; it is marked evicted in its run, so it starts
+  again (a new attempt of the same generation) wherever it is placed next, and is not counted as a
+  failure;
+* ``destroy_mig_instance`` is refused for an instance that a placed workload owns; otherwise it,
+  like ``create_mig_instance``, is queued for the GPU's MIG worker (``runtime/mig_worker.py``),
+  which carries it out in the background, outside the agent's lock (the driver refuses to destroy an
+  instance in use, and an instance already gone, or already there, is left as it is);
+* ``start`` starts the next attempt of the workload's current generation, if it is still placed as
+  the action says and nothing of it runs;
 * ``stop`` stops what runs of a workload, keeping why in its run.
 
 What the MIG worker did is recorded by ``record_mig``: an event per change, and a failed action once

@@ -1,10 +1,12 @@
-"""Actions that failed: each recorded once per condition, retried with exponential backoff, and shown.
+"""Actions that failed: each recorded once per condition, retried with exponential backoff, and
+shown.
 
-One mechanism for every action the agent carries out (creating or destroying a MIG instance, starting a
-workload) and for a reconcile step that raised: the first failure of a (subject, action) pair, or a
-failure with a different error than the last, writes one ``action_failed`` event; the same error again
-writes nothing. The next try waits 1 s, 2 s, 4 s ... up to a minute; ``reason`` is the line the workload
-shows meanwhile. A success after failures writes one ``action_recovered`` event and forgets the pair.
+One mechanism for every action the agent carries out (creating or destroying a MIG instance,
+starting a workload) and for a reconcile step that raised: the first failure of a (subject, action)
+pair, or a failure with a different error than the last, writes one ``action_failed`` event; the
+same error again writes nothing. The next try waits 1 s, 2 s, 4 s ... up to a minute; ``reason`` is
+the line the workload shows meanwhile. A success after failures writes one ``action_recovered``
+event and forgets the pair.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class Failures:
         self._by: dict[tuple[str, str], Failure] = {}
 
     def failed(self, subject: str, what: str, error: BaseException | str) -> Failure:
-        """Count a failure of ``what`` for ``subject`` (a workload or a GPU); record it if it is new."""
+        """Count a failure of ``what`` for ``subject`` (a workload or a GPU); record it if it is
+        new."""
         text = _text(error)
         before = self._by.get((subject, what))
         count = 1 if before is None else before.count + 1

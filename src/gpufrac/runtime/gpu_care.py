@@ -1,5 +1,5 @@
-"""The agent's care of GPUs as a whole: cordon, uncordon, drain; Xid/ECC events and lost GPUs; idle MPS
-daemons; MIG layouts an operator sets (pinned until released)."""
+"""The agent's care of GPUs as a whole: cordon, uncordon, drain; Xid/ECC events and lost GPUs; idle
+MPS daemons; MIG layouts an operator sets (pinned until released)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,8 @@ class GpuCare:
         return decisions
 
     def drain(self, uuid: str, reason: str = "drained by hand") -> list[Decision]:
-        """Cordon the GPU and move its workloads elsewhere (stopped here, placed again, or pending)."""
+        """Cordon the GPU and move its workloads elsewhere (stopped here, placed again, or
+        pending)."""
         self.cordon(uuid, reason)
         g = self.scheduler.state.by_uuid[uuid]
         owners = {a.workload for a in g.allocs.values()}
@@ -113,8 +114,8 @@ class GpuCare:
         pin: bool = True,
     ) -> list[MigAction]:
         """Change a GPU's MIG mode or instances for an operator, so the scheduler stays true. With
-        ``pin`` the layout is kept as set (also across restarts) until ``release_mig``; without it (a
-        mode change alone) the agent may cut the GPU for its workloads.
+        ``pin`` the layout is kept as set (also across restarts) until ``release_mig``; without it
+        (a mode change alone) the agent may cut the GPU for its workloads.
 
         A GPU already as asked is left alone (only pinned). Workloads on instances that go (or on a
         GPU whose mode changes) are moved elsewhere with ``drain``; without it the change is refused

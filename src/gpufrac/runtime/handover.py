@@ -1,9 +1,9 @@
 """What a workload is handed in its environment: its GPU or MIG device, its limits, its QoS, MPS.
 
-``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES`` name the GPU (or the MIG device, once its instance
-exists); ``GPUFRAC_*`` variables carry the memory limit and the QoS arbiter's address and class for the
-SDK; on MPS the ``CUDA_MPS_*`` variables carry the pipe directory, the pinned memory limit, the
-active-thread percentage and the client priority. docs/design.md lists them.
+``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES`` name the GPU (or the MIG device, once its
+instance exists); ``GPUFRAC_*`` variables carry the memory limit and the QoS arbiter's address and
+class for the SDK; on MPS the ``CUDA_MPS_*`` variables carry the pipe directory, the pinned memory
+limit, the active-thread percentage and the client priority. docs/design.md lists them.
 """
 
 from __future__ import annotations

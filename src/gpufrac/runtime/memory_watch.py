@@ -2,8 +2,8 @@
 
 On time-sliced and MPS GPUs (a MIG instance is a hard limit by itself) each reconcile pass sums the
 GPU memory NVML reports for the processes of a workload's process group, records the peak in the run
-(``usage.json``), and says when the workload is over its limit; the agent then stops it. ``use`` is the
-same reading for metrics and views.
+(``usage.json``), and says when the workload is over its limit; the agent then stops it. ``use`` is
+the same reading for metrics and views.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Apply target MIG layouts through the device adapter: checked first, idempotent, resumable.
 
-``apply_targets`` never replays a stored action list. It reads the GPUs, works out the actions from what
-is there to what should be (identity of an instance = its profile and start), checks all of them before
-touching anything, then carries them out. So applying twice changes nothing the second time, and an apply
-killed part-way is finished by running it again: a GPU instance left without its compute instance is
-given one (or destroyed, if it is not wanted).
+``apply_targets`` never replays a stored action list. It reads the GPUs, works out the actions from
+what is there to what should be (identity of an instance = its profile and start), checks all of
+them before touching anything, then carries them out. So applying twice changes nothing the second
+time, and an apply killed part-way is finished by running it again: a GPU instance left without its
+compute instance is given one (or destroyed, if it is not wanted).
 
-If an action fails part-way, the GPUs touched so far are taken back to the layouts they had (with new MIG
-device UUIDs for re-created instances) and the error is raised.
+If an action fails part-way, the GPUs touched so far are taken back to the layouts they had (with
+new MIG device UUIDs for re-created instances) and the error is raised.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class GpuTarget:
 
 
 class ApplyRefused(GpufracError):
-    """The change is possible but not allowed without a flag (``--drain``, ``--allow-mode-change``)."""
+    """The change is possible but not allowed without a flag (``--drain``,
+    ``--allow-mode-change``)."""
 
 
 def diff_actions(
@@ -48,7 +49,8 @@ def diff_actions(
     allow_mode_change: bool = False,
     field: str = "plan",
 ) -> list[MigAction]:
-    """Every action from the GPUs as they are now to ``targets``; raises before any change if not allowed."""
+    """Every action from the GPUs as they are now to ``targets``; raises before any change if not
+    allowed."""
     actions: list[MigAction] = []
     refusals: list[str] = []
     seen: set[str] = set()
@@ -69,8 +71,8 @@ def diff_actions(
             problems = check_layout(dev.model(t.uuid), t.layout)
             if problems:
                 raise InputError(
-                    f"layout {format_layout(t.layout)} is not valid on GPU {gpu.index} ({gpu.name}): "
-                    + "; ".join(p.message for p in problems),
+                    f"layout {format_layout(t.layout)} is not valid on GPU {gpu.index} "
+                    f"({gpu.name}): " + "; ".join(p.message for p in problems),
                     field=f"{where}.instances",
                 )
         refusals += _refusals(gpu, t, drain=drain, allow_mode_change=allow_mode_change)
@@ -86,8 +88,10 @@ def _refusals(gpu: GpuState, t: GpuTarget, *, drain: bool, allow_mode_change: bo
     busy = [i for i in gpu.instances if i.busy and i.placement not in wanted]
     if busy and not drain:
         out.append(
-            f"GPU {gpu.index}: would destroy busy instance(s) {', '.join(str(i.placement) for i in busy)} "
-            f"(stop their processes {', '.join(str(p) for p in _holders(gpu, busy))}, or pass --drain to "
+            f"GPU {gpu.index}: would destroy busy instance(s) "
+            f"{', '.join(str(i.placement) for i in busy)} "
+            f"(stop their processes {', '.join(str(p) for p in _holders(gpu, busy))}, or "
+            "pass --drain to "
             "have gpufrac stop them: SIGTERM, then SIGKILL after the grace period)"
         )
     if t.mig_enabled != gpu.mig_enabled and not allow_mode_change:
@@ -98,7 +102,8 @@ def _refusals(gpu: GpuState, t: GpuTarget, *, drain: bool, allow_mode_change: bo
         )
     if t.mig_enabled != gpu.mig_enabled and gpu.processes and not gpu.mig_enabled:
         out.append(
-            f"GPU {gpu.index}: MIG mode cannot change while processes use the GPU ({len(gpu.processes)} running)"
+            f"GPU {gpu.index}: MIG mode cannot change while processes use the GPU "
+            f"({len(gpu.processes)} running)"
         )
     return out
 
@@ -118,7 +123,8 @@ def _gpu_actions(dev: NvmlDevices, gpu: GpuState, t: GpuTarget) -> list[MigActio
 def run_action(
     dev: NvmlDevices, action: MigAction, created: dict[tuple[str, int, str], int]
 ) -> None:
-    """Carry out one action. ``created`` maps (GPU, start, profile) to the GI id of instances made here."""
+    """Carry out one action. ``created`` maps (GPU, start, profile) to the GI id of instances made
+    here."""
     a = action
     match a.kind:
         case "enable_mig" | "disable_mig":
@@ -156,8 +162,8 @@ def _holders(gpu: GpuState, instances: list[MigInstanceState]) -> list[int]:
 def drain_instances(
     dev: NvmlDevices, targets: list[GpuTarget], *, grace: float = 30.0
 ) -> list[int]:
-    """Stop the processes holding busy instances the targets do not keep: SIGTERM, then SIGKILL after
-    ``grace`` seconds. Returns the pids signalled."""
+    """Stop the processes holding busy instances the targets do not keep: SIGTERM, then SIGKILL
+    after ``grace`` seconds. Returns the pids signalled."""
     pids: list[int] = []
     for t in targets:
         gpu = dev.gpu(t.uuid)
@@ -201,7 +207,8 @@ def apply_targets(
 ) -> list[MigAction]:
     """Bring the GPUs to ``targets``; returns the actions carried out (empty when already there).
 
-    With ``drain``, processes in busy instances that must go are stopped first (after every check)."""
+    With ``drain``, processes in busy instances that must go are stopped first (after every
+    check)."""
     actions = diff_actions(
         dev, targets, drain=drain, allow_mode_change=allow_mode_change, field=field
     )

@@ -1,12 +1,13 @@
 """MIG changes carried out in the background: one thread per GPU, never under the agent's lock.
 
-Creating or destroying a MIG instance takes the driver a while (about half a second each on an H100).
-The agent's reconcile pass queues a workload's MIG actions here and goes on; a thread per GPU carries
-them out in order (a workload's destroys, then its create), through the device adapter alone: it never
-touches the store or the scheduler, so it needs no lock but the GPU's own. What happened is collected
-(``take``) by the next pass, which records it (events, failures with backoff) and starts the workloads
-whose instances are ready. An action of a workload that failed is not followed by the rest of its
-actions. ``gpu_lock`` is held for every change of a GPU's MIG layout, also an operator's.
+Creating or destroying a MIG instance takes the driver a while (about half a second each on an
+H100). The agent's reconcile pass queues a workload's MIG actions here and goes on; a thread per GPU
+carries them out in order (a workload's destroys, then its create), through the device adapter
+alone: it never touches the store or the scheduler, so it needs no lock but the GPU's own. What
+happened is collected (``take``) by the next pass, which records it (events, failures with backoff)
+and starts the workloads whose instances are ready. An action of a workload that failed is not
+followed by the rest of its actions. ``gpu_lock`` is held for every change of a GPU's MIG layout,
+also an operator's.
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ class MigWorker:
             self.notify()
 
     def _device(self, a: SchedAction) -> tuple[str | None, bool]:
-        """Carry one MIG action out on the device: (the error as text or None, whether it changed)."""
+        """Carry one MIG action out on the device: (the error as text or None, whether it
+        changed)."""
         assert a.gpu_uuid is not None and a.mig is not None
         try:
             inst = self.dev.gpu(a.gpu_uuid).instance_at(a.mig)

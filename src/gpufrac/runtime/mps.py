@@ -1,16 +1,17 @@
-"""One MPS control daemon per GPU that hosts MPS workloads, each with its own pipe and log directory.
+"""One MPS control daemon per GPU that hosts MPS workloads, each with its own pipe and log
+directory.
 
-The agent starts a daemon (``nvidia-cuda-mps-control -d`` with ``CUDA_VISIBLE_DEVICES`` set to the GPU,
-``CUDA_MPS_PIPE_DIRECTORY`` in the agent's shared directory, where workloads running as tenants' own
-uids can reach it, and ``CUDA_MPS_LOG_DIRECTORY`` in the data directory, which they cannot read) before
-the first MPS workload on a GPU starts, and stops it (``echo quit``) when the last one is gone. Each
-client gets the pipe directory, its pinned device memory limit (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``)
-and its active thread percentage (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``) in its environment, never the
-log directory.
+The agent starts a daemon (``nvidia-cuda-mps-control -d`` with ``CUDA_VISIBLE_DEVICES`` set to the
+GPU, ``CUDA_MPS_PIPE_DIRECTORY`` in the agent's shared directory, where workloads running as
+tenants' own uids can reach it, and ``CUDA_MPS_LOG_DIRECTORY`` in the data directory, which they
+cannot read) before the first MPS workload on a GPU starts, and stops it (``echo quit``) when the
+last one is gone. Each client gets the pipe directory, its pinned device memory limit
+(``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``) and its active thread percentage
+(``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``) in its environment, never the log directory.
 
-The control daemon runs one MPS server per uid: clients of another uid wait until the running server's
-clients have all ended. Tenants that share an MPS GPU (``mps_share_tenants``) therefore take turns
-rather than run at once, while one tenant's workloads (one uid) share a server.
+The control daemon runs one MPS server per uid: clients of another uid wait until the running
+server's clients have all ended. Tenants that share an MPS GPU (``mps_share_tenants``) therefore
+take turns rather than run at once, while one tenant's workloads (one uid) share a server.
 
 On simulated GPUs, or where the MPS binaries are missing, no daemon is started; the environment is
 still handed over, so a workload sees what it would see on a real GPU. This module has not yet run

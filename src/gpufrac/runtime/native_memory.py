@@ -4,8 +4,8 @@ The agent answers API calls from a pool of threads. glibc gives threads their ow
 to eight per core) and keeps freed memory in them, so under steady traffic the process's RSS creeps
 up while Python's own heap stays flat (measured by bench/soak.py with tracemalloc: the heap stayed
 within 3 MiB while RSS grew about 4 MiB a minute). Two arenas, and handing free pages back to the
-system now and then (``malloc_trim``), keep RSS near what is in use. Where the C library is not glibc
-both calls do nothing.
+system now and then (``malloc_trim``), keep RSS near what is in use. Where the C library is not
+glibc both calls do nothing.
 """
 
 from __future__ import annotations

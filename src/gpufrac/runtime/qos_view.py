@@ -1,10 +1,10 @@
 """What a workload got from the QoS arbiter, for ``describe`` and the API: its class and settings,
 and the share of its GPU it actually got, measured, beside the share the arbiter gave it.
 
-Measured means: NVML's per-process SM utilization of the workload's processes where the driver reports
-it (a whole, time-sliced GPU); otherwise the GPU time the SDK timed with CUDA events and reported with
-each turn (MPS, where NVML sums all clients into the server, and MIG, where it reports no processes'
-use). Neither is guessed: without a reading the measured share is ``None``.
+Measured means: NVML's per-process SM utilization of the workload's processes where the driver
+reports it (a whole, time-sliced GPU); otherwise the GPU time the SDK timed with CUDA events and
+reported with each turn (MPS, where NVML sums all clients into the server, and MIG, where it reports
+no processes' use). Neither is guessed: without a reading the measured share is ``None``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Run directories and the processes in them.
 
-``Runs`` owns ``runs/<tenant>/<name>/g<generation>-<attempt>``: one directory per attempt, each with the
-shim's record of how it went (``runtime/shim.py``). The agent reads the truth from these directories, so
-a restarted agent knows what ran. The small helpers below are shared with the CLI and metrics.
+``Runs`` owns ``runs/<tenant>/<name>/g<generation>-<attempt>``: one directory per attempt, each with
+the shim's record of how it went (``runtime/shim.py``). The agent reads the truth from these
+directories, so a restarted agent knows what ran. The small helpers below are shared with the CLI
+and metrics.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ class Runs:
         return run_dir
 
     def stop_live(self, tenant: str, name: str, reason: str = "") -> bool:
-        """Stop every attempt still running (SIGTERM, SIGKILL after the grace); ``reason`` is kept in
-        the run as why it was stopped. True if one was running."""
+        """Stop every attempt still running (SIGTERM, SIGKILL after the grace); ``reason`` is kept
+        in the run as why it was stopped. True if one was running."""
         root = self.of(tenant, name)
         stopped = False
         if not root.exists():

@@ -1,11 +1,12 @@
 """Whom a workload runs as, and what it can reach.
 
-With ``workload_users: tenant`` (the default for an agent that runs as root and has API tokens), each
-tenant's workloads run as that tenant's own unprivileged uid and gid (given once from the operator's
-``tenant_uids`` range and kept in the store), with no supplementary groups, in a home directory of
-their own (``HOME``, and the working directory unless the manifest gives one) that only that uid can
-enter. The data directory is closed to everyone but the agent's user (mode 0700), so no workload
-reads the tokens, the store, or another tenant's run directories and logs; what workloads must reach
+With ``workload_users: tenant`` (the default for an agent that runs as root and has API tokens),
+each tenant's workloads run as that tenant's own unprivileged uid and gid (given once from the
+operator's ``tenant_uids`` range and kept in the store), with no supplementary groups, in a home
+directory of their own (``HOME``, and the working directory unless the manifest gives one) that only
+that uid can enter. The data directory is closed to everyone but the agent's user (mode 0700), so no
+workload reads the tokens, the store, or another tenant's run directories and logs; what workloads
+must reach
 (the QoS arbiter's socket, the simulated GPUs' drop box) lives outside it. With ``workload_users:
 agent`` (the default otherwise) workloads run as the agent's user and nothing separates tenants from
 each other or from the agent; the agent says so at start when it has API tokens.

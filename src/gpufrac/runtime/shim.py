@@ -1,10 +1,10 @@
 """The shim: a small process that runs one workload, outlives the agent, and records how it ended.
 
-``launch`` starts ``python -m gpufrac.runtime.shim RUN_DIR`` detached (double fork, new session), so the
-agent can be killed, even with ``kill -9``, without taking workloads with it. The shim:
+``launch`` starts ``python -m gpufrac.runtime.shim RUN_DIR`` detached (double fork, new session), so
+the agent can be killed, even with ``kill -9``, without taking workloads with it. The shim:
 
-* writes ``shim.json`` (its pid, start time) then starts the workload in its own process group (the shim
-  stays outside it, so signalling the group never hits the shim), and writes ``child.json``;
+* writes ``shim.json`` (its pid, start time) then starts the workload in its own process group (the
+  shim stays outside it, so signalling the group never hits the shim), and writes ``child.json``;
 * copies the workload's output into ``output.log``, rotated by size (``output.log.1``, ...);
 * passes SIGTERM/SIGINT on to the workload's process group;
 * when the workload ends, writes ``exit.json`` (exit code or signal) atomically, then exits.
@@ -200,7 +200,8 @@ def abandon(run_dir: Path, why: str) -> ShimStatus:
 def _group_is_this_runs(pgid: int, run_dir: Path) -> bool:
     """The process group ``pgid`` is still the one this run's shim started: its leader was started
     after the run was launched (a pid reused later by another program is older than nothing, but
-    a process that got the pid after the leader died started later than the shim wrote child.json)."""
+    a process that got the pid after the leader died started later than the shim wrote
+    child.json)."""
     try:
         stat = Path(f"/proc/{pgid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:

@@ -1,10 +1,10 @@
 """The node agent's state in SQLite: desired workloads, placements, events. All-or-nothing writes.
 
 Desired state is written first; the agent reconciles towards it. Every write happens inside one
-transaction (``BEGIN IMMEDIATE`` .. ``COMMIT``), so a crash at any point leaves either the old state or the
-new one, never half. The schema carries a version; ``MIGRATIONS`` lists, per version, the statements that
-bring the previous version to it, applied in one transaction on open. A database written by a newer
-gpufrac is refused rather than guessed at.
+transaction (``BEGIN IMMEDIATE`` .. ``COMMIT``), so a crash at any point leaves either the old state
+or the new one, never half. The schema carries a version; ``MIGRATIONS`` lists, per version, the
+statements that bring the previous version to it, applied in one transaction on open. A database
+written by a newer gpufrac is refused rather than guessed at.
 """
 
 from __future__ import annotations
@@ -158,7 +158,8 @@ class Store:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One all-or-nothing unit of work: committed if the block ends, rolled back if it raises."""
+        """One all-or-nothing unit of work: committed if the block ends, rolled back if it
+        raises."""
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield self.db
@@ -176,7 +177,8 @@ class Store:
     # -- desired state --------------------------------------------------------------------------
 
     def put_workload(self, tenant: str, name: str, spec: dict[str, Any]) -> tuple[int, bool]:
-        """Store the desired spec; returns (generation, changed). An unchanged spec changes nothing."""
+        """Store the desired spec; returns (generation, changed). An unchanged spec changes
+        nothing."""
         text = json.dumps(spec, sort_keys=True)
         now = time.time()
         with self.transaction() as db:
@@ -194,7 +196,8 @@ class Store:
                 )
             else:
                 db.execute(
-                    "UPDATE workloads SET spec = ?, generation = ?, updated = ? WHERE tenant = ? AND name = ?",
+                    "UPDATE workloads SET spec = ?, generation = ?, updated = ? WHERE "
+                    "tenant = ? AND name = ?",
                     (text, generation, now, tenant, name),
                 )
             self._event(
@@ -229,7 +232,8 @@ class Store:
 
     def workload(self, tenant: str, name: str) -> StoredWorkload | None:
         row = self.db.execute(
-            "SELECT tenant, name, spec, generation, created, updated FROM workloads WHERE tenant = ? AND name = ?",
+            "SELECT tenant, name, spec, generation, created, updated FROM workloads WHERE "
+            "tenant = ? AND name = ?",
             (tenant, name),
         ).fetchone()
         return None if row is None else _workload(row)
@@ -251,8 +255,10 @@ class Store:
     ) -> None:
         with self.transaction() as db:
             db.execute(
-                "INSERT INTO placements VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, name) DO UPDATE SET "
-                "generation = excluded.generation, decision = excluded.decision, updated = excluded.updated",
+                "INSERT INTO placements VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, name) "
+                "DO UPDATE SET "
+                "generation = excluded.generation, decision = excluded.decision, updated "
+                "= excluded.updated",
                 (tenant, name, generation, json.dumps(decision, sort_keys=True), time.time()),
             )
 
@@ -272,7 +278,8 @@ class Store:
     def cordon(self, gpu: str, reason: str) -> None:
         with self.transaction() as db:
             db.execute(
-                "INSERT INTO cordons VALUES (?, ?, ?) ON CONFLICT (gpu) DO UPDATE SET reason = excluded.reason",
+                "INSERT INTO cordons VALUES (?, ?, ?) ON CONFLICT (gpu) DO UPDATE SET "
+                "reason = excluded.reason",
                 (gpu, reason, time.time()),
             )
             self._event(db, "cordoned", gpu, reason)
@@ -315,7 +322,8 @@ class Store:
             return True
 
     def deployments(self) -> list[tuple[str, str, dict[str, Any], int | None]]:
-        """(tenant, name, spec, replica count set by scale or the autoscaler) for each deployment."""
+        """(tenant, name, spec, replica count set by scale or the autoscaler) for each
+        deployment."""
         rows = self.db.execute(
             "SELECT tenant, name, spec, replicas FROM deployments ORDER BY tenant, name"
         )
@@ -352,7 +360,8 @@ class Store:
     def pin_mig(self, gpu: str) -> None:
         with self.transaction() as db:
             db.execute(
-                "INSERT INTO mig_pins VALUES (?, ?) ON CONFLICT (gpu) DO UPDATE SET at = excluded.at",
+                "INSERT INTO mig_pins VALUES (?, ?) ON CONFLICT (gpu) DO UPDATE SET at = "
+                "excluded.at",
                 (gpu, time.time()),
             )
 

@@ -1,15 +1,16 @@
 """Helpers imported inside workloads.
 
 * ``memory_limit_mib()``: the GPU memory this workload was given (``GPUFRAC_GPU_MEMORY_LIMIT_MIB``).
-* ``cap_torch_memory()``: cap PyTorch's CUDA allocator to that limit, so an over-limit allocation fails
-  inside the workload (a clean ``OutOfMemoryError``) before the agent's watchdog has to stop it.
-* ``report_gpu_memory(mib)``: on simulated GPUs, the documented channel through which a workload says
-  how much GPU memory it holds. The agent reads it back through the device adapter, like NVML's
-  per-process memory on a real GPU, and shows it labelled as simulated. On a real GPU it does nothing:
-  the driver already knows.
-* ``gpu_turn()``: hold this workload's turn on its GPU for one request or one step, as the node's QoS
-  arbiter grants it (``gpufrac.sdk.turns``); ``yield_points(model)`` adds yield points inside a PyTorch
-  step (``gpufrac.sdk.torch_turns``). See docs/qos.md.
+* ``cap_torch_memory()``: cap PyTorch's CUDA allocator to that limit, so an over-limit allocation
+  fails inside the workload (a clean ``OutOfMemoryError``) before the agent's watchdog has to stop
+  it.
+* ``report_gpu_memory(mib)``: on simulated GPUs, the documented channel through which a workload
+  says how much GPU memory it holds. The agent reads it back through the device adapter, like NVML's
+  per-process memory on a real GPU, and shows it labelled as simulated. On a real GPU it does
+  nothing: the driver already knows.
+* ``gpu_turn()``: hold this workload's turn on its GPU for one request or one step, as the node's
+  QoS arbiter grants it (``gpufrac.sdk.turns``); ``yield_points(model)`` adds yield points inside a
+  PyTorch step (``gpufrac.sdk.torch_turns``). See docs/qos.md.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def attempt() -> int:
 
 
 def cap_torch_memory(device: int = 0) -> bool:
-    """Limit PyTorch's caching allocator on ``device`` to this workload's memory; False if not possible."""
+    """Limit PyTorch's caching allocator on ``device`` to this workload's memory; False if not
+    possible."""
     limit = memory_limit_mib()
     if limit is None:
         return False
@@ -61,7 +63,8 @@ def cap_torch_memory(device: int = 0) -> bool:
 
 
 def report_gpu_memory(mib: int) -> bool:
-    """Simulated GPUs only: record that this process holds ``mib`` MiB on its GPU (or MIG instance)."""
+    """Simulated GPUs only: record that this process holds ``mib`` MiB on its GPU (or MIG
+    instance)."""
     return report_gpu_use(mib)
 
 

@@ -1,17 +1,19 @@
 """GPU turns: how a workload asks the node's QoS arbiter before it submits GPU work.
 
 ``with gpu_turn(): ...`` around one request or one training step. The turn is taken when the block
-starts and given back when the GPU work it queued is done (a CUDA event is recorded at the end of the
-block and waited for; CUDA is asynchronous, so the Python call returning is not the GPU being free).
-Inside a turn, ``turn.checkpoint()`` (the PyTorch integration calls it at module boundaries) keeps the
-work in flight short and, when the arbiter has asked this workload to yield (one byte in shared memory,
-read without a system call), finishes the work in flight, gives the turn back and waits for the next.
+starts and given back when the GPU work it queued is done (a CUDA event is recorded at the end of
+the block and waited for; CUDA is asynchronous, so the Python call returning is not the GPU being
+free). Inside a turn, ``turn.checkpoint()`` (the PyTorch integration calls it at module boundaries)
+keeps the work in flight short and, when the arbiter has asked this workload to yield (one byte in
+shared memory, read without a system call), finishes the work in flight, gives the turn back and
+waits for the next.
 
-Everything fails open: without an arbiter (no ``GPUFRAC_ARBITER``, or it cannot be reached), or when the
-connection breaks, turns are granted at once and the client tries to reconnect at most once a second.
-The environment the agent hands over: ``GPUFRAC_ARBITER`` (socket), ``GPUFRAC_QOS_DOMAIN`` (the GPU or
-MIG instance), ``GPUFRAC_TENANT``/``GPUFRAC_WORKLOAD`` and ``GPUFRAC_QOS_RANK``, ``..._WEIGHT``,
-``..._MIN_SHARE_MILLI`` (used only where the agent did not register the workload itself).
+Everything fails open: without an arbiter (no ``GPUFRAC_ARBITER``, or it cannot be reached), or when
+the connection breaks, turns are granted at once and the client tries to reconnect at most once a
+second. The environment the agent hands over: ``GPUFRAC_ARBITER`` (socket), ``GPUFRAC_QOS_DOMAIN``
+(the GPU or MIG instance), ``GPUFRAC_TENANT``/``GPUFRAC_WORKLOAD`` and ``GPUFRAC_QOS_RANK``,
+``..._WEIGHT``, ``..._MIN_SHARE_MILLI`` (used only where the agent did not register the workload
+itself).
 """
 
 from __future__ import annotations
@@ -57,7 +59,10 @@ class TurnClient:
     @classmethod
     def from_env(cls) -> TurnClient:
         env = os.environ
-        workload = f"{env.get('GPUFRAC_TENANT', 'default')}/{env.get('GPUFRAC_WORKLOAD', str(os.getpid()))}"
+        workload = (
+            f"{env.get('GPUFRAC_TENANT', 'default')}/"
+            f"{env.get('GPUFRAC_WORKLOAD', str(os.getpid()))}"
+        )
         qos = {
             k: int(env[f"GPUFRAC_QOS_{k.upper()}"])
             for k in ("rank", "weight", "min_share_milli")
@@ -150,7 +155,8 @@ class TurnClient:
                 self._drop()
 
     def should_yield(self) -> bool:
-        """Has the arbiter asked this workload to give its turn back? (A memory read, no system call.)"""
+        """Has the arbiter asked this workload to give its turn back? (A memory read, no system
+        call.)"""
         flags = self._flags
         try:
             return flags is not None and flags[self._slot] == 1
@@ -170,7 +176,8 @@ def _read_line(sock: socket.socket) -> bytes:
 
 
 class Turn:
-    """One turn: GPU work between ``begin`` and ``end``, timed by CUDA events where CUDA is in use."""
+    """One turn: GPU work between ``begin`` and ``end``, timed by CUDA events where CUDA is in
+    use."""
 
     def __init__(self, client: TurnClient, *, max_in_flight: int = 2) -> None:
         self.client = client
@@ -259,8 +266,8 @@ def current_turn() -> Turn | None:
 def gpu_turn(
     client: TurnClient | None = None, *, max_in_flight: int | None = None
 ) -> Iterator[Turn]:
-    """Hold the GPU turn for the block: one request, or one training step. ``max_in_flight``: how many
-    modules' work may be queued ahead of the GPU at a yield point (default 2, or
+    """Hold the GPU turn for the block: one request, or one training step. ``max_in_flight``: how
+    many modules' work may be queued ahead of the GPU at a yield point (default 2, or
     ``GPUFRAC_QOS_MAX_IN_FLIGHT``); fewer makes a yield quicker, more keeps the GPU fed better."""
     global _current, _holders
     if max_in_flight is None:

@@ -4,17 +4,17 @@ Each reconcile pass gives it the gateway's reading (requests in flight and waiti
 the replica count now; it answers the count wanted and why. The rules, in the names hosted platforms
 use (docs/serving.md):
 
-* **up**: when in-flight plus queued requests per replica stay above ``target_in_flight`` (or the p99
-  above ``p99_latency_ms``) for ``scale_up_delay_seconds``, to as many replicas as the load needs (at
-  most ``max_replicas``). From zero replicas, a waiting request starts one at once (a cold start; the
-  gateway holds the request meanwhile).
+* **up**: when in-flight plus queued requests per replica stay above ``target_in_flight`` (or the
+  p99 above ``p99_latency_ms``) for ``scale_up_delay_seconds``, to as many replicas as the load
+  needs (at most ``max_replicas``). From zero replicas, a waiting request starts one at once (a cold
+  start; the gateway holds the request meanwhile).
 * **boost first**: before adding a replica, it first raises the replicas' QoS weight on their GPU
   (``BOOST`` times) where they share it with other workloads (``can_boost``), so a busy deployment
   takes more of a GPU it shares before it takes another slice;
   the weight goes back down when the load is below target for ``scale_down_delay_seconds``.
 * **down**: when the load averaged over ``traffic_history_seconds`` needs fewer replicas for
-  ``scale_down_delay_seconds``, to that many (at least ``min_replicas``, and at least 1 while there is
-  any traffic); to zero only after ``scale_to_zero_delay_seconds`` (and at least
+  ``scale_down_delay_seconds``, to that many (at least ``min_replicas``, and at least 1 while there
+  is any traffic); to zero only after ``scale_to_zero_delay_seconds`` (and at least
   ``scale_down_delay_seconds``) without any request, and only if ``min_replicas`` is 0.
 """
 

@@ -1,11 +1,12 @@
 """Deployments under the agent: replicas as workloads, the gateway kept in step, the autoscaler run.
 
-Every reconcile pass, for each deployment: the replica count wanted (fixed ``replicas``, a ``scale``,
-or the autoscaler's), replica workloads of the current template created up to it (each a service with
-its own ``$PORT`` and a readiness check, placed by the scheduler like any workload), ready replicas
-given to the gateway, and replicas that should go (surplus, or of an old template once enough new ones
-are ready) taken out of the gateway first and deleted only once the gateway has no request left on them.
-So a rolling update starts new replicas before old ones drain, and scaling down loses no request.
+Every reconcile pass, for each deployment: the replica count wanted (fixed ``replicas``, a
+``scale``, or the autoscaler's), replica workloads of the current template created up to it (each a
+service with its own ``$PORT`` and a readiness check, placed by the scheduler like any workload),
+ready replicas given to the gateway, and replicas that should go (surplus, or of an old template
+once enough new ones are ready) taken out of the gateway first and deleted only once the gateway has
+no request left on them. So a rolling update starts new replicas before old ones drain, and scaling
+down loses no request.
 """
 
 from __future__ import annotations
@@ -184,8 +185,8 @@ class Deployments:
         # surplus replicas of this template: those not ready first, then the highest indexes
         surplus = sorted(current, key=lambda r: (r.ready, -int(r.name.rsplit("-", 1)[1])))
         retire = [r.name for r in surplus[: max(0, len(current) - want)]]
-        # replicas of an old template: one not ready serves nothing and goes at once; a ready one goes
-        # only while the ready replicas left still number at least ``want`` (new before old)
+        # replicas of an old template: one not ready serves nothing and goes at once; a ready one
+        # goes only while the ready replicas left still number at least ``want`` (new before old)
         old = [r for r in replicas if r.template != d.template_hash and not r.draining]
         retire += [r.name for r in old if not r.ready]
         ready_old = [r for r in old if r.ready]
@@ -259,7 +260,8 @@ class Deployments:
         return False
 
     def _finish_draining(self, d: DeploymentSpec, traffic: dict[str, Any], now: float) -> None:
-        """Delete a retired replica once the gateway holds no request on it (or after the timeout)."""
+        """Delete a retired replica once the gateway holds no request on it (or after the
+        timeout)."""
         busy = {**traffic.get("retiring", {}), **traffic.get("replicas", {})}
         for key in [k for k in self.draining if k.split("/", 1)[0] == d.tenant]:
             name = key.split("/", 1)[1]
@@ -301,7 +303,8 @@ class Deployments:
 
     def _free_port(self) -> int:
         """A port no replica has and nothing listens on, below Linux's ephemeral range (32768 and
-        up), so no outgoing connection (the gateway's own, say) takes it before the replica binds."""
+        up), so no outgoing connection (the gateway's own, say) takes it before the replica
+        binds."""
         used = {
             int(w.spec.get("env", {}).get("PORT", 0))
             for w in self.agent.store.workloads()
@@ -384,7 +387,8 @@ class Deployments:
     def _gpu_busy(
         self, d: DeploymentSpec, serving: list[ReplicaView], states: dict[str, WorkloadState]
     ) -> dict[str, float]:
-        """Each replica's SM utilization (0..1) where NVML reports it per process (time-sliced GPUs)."""
+        """Each replica's SM utilization (0..1) where NVML reports it per process (time-sliced
+        GPUs)."""
         out: dict[str, float] = {}
         for r in serving:
             st = states.get(f"{d.tenant}/{r.name}")

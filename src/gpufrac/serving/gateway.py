@@ -7,16 +7,16 @@ built on asyncio protocols with no framework on the request path:
   ``max_concurrency`` slots; its score is its outstanding requests weighted by how busy its GPU is
   (``busy``, 0..1, which the agent sends: SM utilization where NVML reports it).
 * **Waiting**: when every slot is taken, a request waits in the deployment's FIFO queue (at most
-  ``queue_limit``), and is woken when a slot frees or a replica is added, never by polling. Only a full
-  queue is answered ``429`` with ``Retry-After``. With no replica at all (scaled to zero) requests wait
-  the same way while one starts (``cold_start_timeout_s``).
-* **Retries**: a connection that fails before any response byte arrived is tried once more on another
-  replica (a stale keep-alive connection is first retried fresh on the same one); the failed replica is
-  skipped for a second.
+  ``queue_limit``), and is woken when a slot frees or a replica is added, never by polling. Only a
+  full queue is answered ``429`` with ``Retry-After``. With no replica at all (scaled to zero)
+  requests wait the same way while one starts (``cold_start_timeout_s``).
+* **Retries**: a connection that fails before any response byte arrived is tried once more on
+  another replica (a stale keep-alive connection is first retried fresh on the same one); the failed
+  replica is skipped for a second.
 * **Streaming**: ``Content-Length`` and ``chunked`` responses pass through as they arrive.
 * **Timeouts**: ``timeout_s`` per request upstream (``504`` past it); from clients, a request head
-  within ``--head-timeout`` (10 s) and a whole request within ``--request-timeout`` (60 s) of its first
-  byte (``408``), and an idle keep-alive connection closed after ``--idle-timeout`` (75 s).
+  within ``--head-timeout`` (10 s) and a whole request within ``--request-timeout`` (60 s) of its
+  first byte (``408``), and an idle keep-alive connection closed after ``--idle-timeout`` (75 s).
 * **Bounds**: a body of at most 64 MiB (``413``), and 256 MiB of request bodies held by all
   connections together (``503`` past it).
 * **Strict HTTP**: requests are parsed by httptools (docs in ``http11``): ambiguous framing is
@@ -26,11 +26,12 @@ built on asyncio protocols with no framework on the request path:
 The agent configures it over its own end of a socket pair (``--admin-fd``): ``C {json}`` sets a
 deployment's replicas, limits, tenant and ``public``, ``X name`` removes one, ``A {"tokens": ...}``
 sets the API tokens (their SHA-256, mapped to a tenant; a deployment that is not public answers only
-its tenant's and the admin's tokens, and ``Authorization`` is not passed on), ``T`` answers the statistics the autoscaler
-reads (in flight, queued, per replica outstanding, rate and p50 and p99 latency over the last window) and
-the counters the agent's ``/metrics`` shows (per replica answers by status code and a latency
-histogram with fixed buckets, ``LATENCY_BUCKETS``; per deployment 429s, retries, errors, cold starts
-and what the gateway answered itself). Counting a request is a few integer increments.
+its tenant's and the admin's tokens, and ``Authorization`` is not passed on), ``T`` answers the
+statistics the autoscaler reads (in flight, queued, per replica outstanding, rate and p50 and p99
+latency over the last window) and the counters the agent's ``/metrics`` shows (per replica answers
+by status code and a latency histogram with fixed buckets, ``LATENCY_BUCKETS``; per deployment 429s,
+retries, errors, cold starts and what the gateway answered itself). Counting a request is a few
+integer increments.
 """
 
 from __future__ import annotations
@@ -85,10 +86,12 @@ ADMIN = ""  # the tenant a token of the admin maps to
 class Gateway:
     def __init__(self) -> None:
         self.routes: dict[str, Route] = {}
-        # sha256 of each API token -> its tenant (ADMIN for the admin's); None: no tokens, all may call
+        # sha256 of each API token -> its tenant (ADMIN for the admin's); None: no tokens, all may
+        # call
         self.tokens: dict[str, str] | None = None
-        # False from the start of a gateway the agent commands until the agent has sent its tokens and
-        # every deployment ("G"): meanwhile requests get a 503 to retry, never a 404 or an open door
+        # False from the start of a gateway the agent commands until the agent has sent its tokens
+        # and every deployment ("G"): meanwhile requests get a 503 to retry, never a 404 or an open
+        # door
         self.settled = True
 
     def set_tokens(self, raw: dict[str, Any]) -> None:
@@ -96,7 +99,8 @@ class Gateway:
         self.tokens = None if tokens is None else {str(k): str(v) for k, v in tokens.items()}
 
     def caller(self, req: Request) -> str | None:
-        """The tenant of the request's token (ADMIN for the admin's), or None without a valid one."""
+        """The tenant of the request's token (ADMIN for the admin's), or None without a valid
+        one."""
         assert self.tokens is not None
         value = req.header(b"authorization") or b""
         if value[:7].lower() != b"bearer ":  # the scheme's name is case-insensitive

@@ -2,17 +2,18 @@
 requests parsed by httptools (llhttp, the parser uvicorn uses).
 
 Strict on purpose, because the gateway forwards requests to servers that may parse differently: an
-obs-folded header line, a bare CR or LF, whitespace before a colon, a header name that is not a token,
-a repeated or conflicting ``Content-Length``, ``Content-Length`` with ``Transfer-Encoding``, or any
-``Transfer-Encoding`` but ``chunked`` is answered 400 and the connection closed. A request is kept as
-parsed (method, target, header pairs, the whole body), never as the bytes it came in, so what goes on
-is written from those parts.
+obs-folded header line, a bare CR or LF, whitespace before a colon, a header name that is not a
+token, a repeated or conflicting ``Content-Length``, ``Content-Length`` with ``Transfer-Encoding``,
+or any ``Transfer-Encoding`` but ``chunked`` is answered 400 and the connection closed. A request is
+kept as parsed (method, target, header pairs, the whole body), never as the bytes it came in, so
+what goes on is written from those parts.
 
 Bounds: a head must arrive within ``head_timeout`` of its first byte and a whole request within
 ``request_timeout``; a keep-alive connection idle for ``idle_timeout`` is closed; a head over
-``MAX_HEAD`` bytes is 431, a body over ``max_body`` is 413, and request bodies held by all connections
-of a server together may not pass its ``BodyBudget`` (503). Responses may be ``Content-Length`` or
-``chunked``. Connections are kept alive unless either side says ``Connection: close``.
+``MAX_HEAD`` bytes is 431, a body over ``max_body`` is 413, and request bodies held by all
+connections of a server together may not pass its ``BodyBudget`` (503). Responses may be
+``Content-Length`` or ``chunked``. Connections are kept alive unless either side says ``Connection:
+close``.
 """
 
 from __future__ import annotations

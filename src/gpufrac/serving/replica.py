@@ -3,17 +3,17 @@
 ``python -m gpufrac.serving.replica package.module:factory [--port P] [--max-batch-size N]
 [--max-wait-ms W]``. The factory is called once; what it returns is adapted:
 
-* a PyTorch ``nn.Module``: inputs become a tensor on the module's device (the GPU when there is one),
-  run under ``torch.inference_mode()``, outputs come back as lists;
+* a PyTorch ``nn.Module``: inputs become a tensor on the module's device (the GPU when there is
+  one), run under ``torch.inference_mode()``, outputs come back as lists;
 * an ONNX Runtime ``InferenceSession``: inputs become a float32 array fed to its first input;
 * any other callable: called with the inputs as they are.
 
 ``POST /predict`` (or ``POST /``) takes ``{"inputs": X}`` and answers ``{"outputs": Y}``; ``GET
-/healthz`` answers 200 once the model is loaded. With ``--max-batch-size`` above 1, concurrent requests
-are batched: the first request of a batch waits at most ``--max-wait-ms`` for others, then the model is
-called once with the list of their inputs and must return one output per input; batches run in one
-worker thread, so the event loop keeps taking requests meanwhile. Without batching the model is called
-on the event loop, one request at a time, with no thread hop.
+/healthz`` answers 200 once the model is loaded. With ``--max-batch-size`` above 1, concurrent
+requests are batched: the first request of a batch waits at most ``--max-wait-ms`` for others, then
+the model is called once with the list of their inputs and must return one output per input; batches
+run in one worker thread, so the event loop keeps taking requests meanwhile. Without batching the
+model is called on the event loop, one request at a time, with no thread hop.
 """
 
 from __future__ import annotations

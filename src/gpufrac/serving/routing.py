@@ -62,7 +62,8 @@ class Replica:
         }
 
     async def connect(self, fresh: bool) -> tuple[Upstream, bool]:
-        """A pooled keep-alive connection (unless ``fresh``), else a new one; and whether it is new."""
+        """A pooled keep-alive connection (unless ``fresh``), else a new one; and whether it is
+        new."""
         while self.idle and not fresh:
             conn = self.idle.pop()
             if conn.clean():

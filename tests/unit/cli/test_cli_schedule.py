@@ -21,7 +21,8 @@ def test_validate_accepts_the_examples_and_names_the_field_of_a_bad_one(tmp_path
     assert r.exit_code == 0 and json.loads(r.stdout)["valid"]
     bad = tmp_path / "bad.yaml"
     bad.write_text(
-        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: x}\nspec:\n  command: [run]\n  resources: {gpu: {memory: 12GiB, count: 1}}\n"
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: x}\nspec:\n  command: "
+        "[run]\n  resources: {gpu: {memory: 12GiB, count: 1}}\n"
     )
     r = runner.invoke(app, ["validate", str(bad)])
     assert r.exit_code == 2 and "spec.resources.gpu" in r.stderr
@@ -52,9 +53,12 @@ def test_schedule_places_the_examples_on_a_paper_fleet() -> None:
 def test_schedule_reports_what_waits_and_why(tmp_path: Path) -> None:
     f = tmp_path / "two.yaml"
     f.write_text(
-        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: a}\nspec: {command: [run], resources: {gpu: {count: 1}}}\n"
-        "---\napiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: b}\nspec: {command: [run], resources: {gpu: {count: 1}}}\n"
-        "---\napiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: c}\nspec: {command: [run], resources: {gpu: {memory: 500GiB}}}\n"
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: a}\nspec: {command: "
+        "[run], resources: {gpu: {count: 1}}}\n"
+        "---\napiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: b}\nspec: "
+        "{command: [run], resources: {gpu: {count: 1}}}\n"
+        "---\napiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: c}\nspec: "
+        "{command: [run], resources: {gpu: {memory: 500GiB}}}\n"
     )
     r = runner.invoke(app, ["schedule", str(f), "--gpus", "h200:1", "--json"])
     assert r.exit_code == 1

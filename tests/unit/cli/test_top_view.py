@@ -65,11 +65,14 @@ SNAP = Snapshot(
     ),
     workloads=(
         workload("search", "ranker", "running", MIG_PLACED, restarts=2),
-        workload("search", "encoder", "starting", {**MIG_PLACED, "mig": {"profile": "3g.71gb", "start": 4}}),
+        workload("search", "encoder", "starting",
+                 {**MIG_PLACED, "mig": {"profile": "3g.71gb", "start": 4}}),
         workload("research", "trainer", "running", {"gpus": ["GPU-1"], "mode": "mps", "mig": None}),
-        workload("research", "bigjob", "pending", None, reason="needs 1 whole GPU(s) without MIG; 0 free now",
+        workload("research", "bigjob", "pending", None,
+                 reason="needs 1 whole GPU(s) without MIG; 0 free now",
                  spec={"priority": 10, "gpu": {"count": 1}}),
-        workload("research", "done", "succeeded", {"outcome": "finished", "where": {"gpus": ["GPU-1"], "mode": "mps"}}),
+        workload("research", "done", "succeeded",
+                 {"outcome": "finished", "where": {"gpus": ["GPU-1"], "mode": "mps"}}),
     ),
     deployments=(
         {"tenant": "search", "name": "chat", "replicas_ready": 1, "replicas_wanted": 3,

@@ -193,7 +193,8 @@ def test_simulate_spec_forms() -> None:
 def test_the_driver_table_wins_and_differences_are_warned(
     sim: NvmlDevices, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A driver whose 3g.71gb reports different memory than the catalog: gpufrac uses and shows the driver's."""
+    """A driver whose 3g.71gb reports different memory than the catalog: gpufrac uses and shows the
+    driver's."""
     lib = sim.lib
     real = lib.nvmlDeviceGetGpuInstanceProfileInfo
 

@@ -523,7 +523,8 @@ def test_workloads_and_deployments_in_file_order() -> None:
 @pytest.mark.parametrize(
     ("documents", "field"),
     [
-        ([WORKLOAD, doc({"spec.template.resources.gpu": {"count": 0}})], "doc[2].spec.template.resources.gpu.count"),
+        ([WORKLOAD, doc({"spec.template.resources.gpu": {"count": 0}})],
+         "doc[2].spec.template.resources.gpu.count"),
         ([doc(), doc({"spec.replicas": -1, "metadata.name": "e"})], "doc[2].spec.replicas"),
         ([doc(), doc()], "doc[2].metadata.name"),
     ],

@@ -665,7 +665,8 @@ def test_docs_list_every_field_and_alias() -> None:
     ("text", "message"),
     [
         ("a: &a [x, x, x, x, x, x, x, x, x, x]\n"
-         + "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefg", "bcdefgh", strict=True)),
+         + "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n"
+                   for p, c in zip("abcdefg", "bcdefgh", strict=True)),
          "expands to more than 100,000 values"),
         ("s: &s " + "x" * 10_000 + "\nl: [" + ", ".join(["*s"] * 200) + "]", "characters"),
         ("[" * 100 + "]" * 100, "nested more than 64"),

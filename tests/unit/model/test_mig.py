@@ -221,7 +221,8 @@ def _valid_placements(model: GpuModel) -> list[MigPlacement]:
 
 
 def maximal_layouts(model: GpuModel) -> list[tuple[MigPlacement, ...]]:
-    """Every valid layout no placement can be added to, by exhaustive search with the brute force."""
+    """Every valid layout no placement can be added to, by exhaustive search with the brute
+    force."""
     options = _valid_placements(model)
     found: set[tuple[MigPlacement, ...]] = set()
 

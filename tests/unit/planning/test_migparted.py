@@ -94,7 +94,8 @@ def counts(target: DeviceTarget) -> dict[str, int]:
     return dict(Counter(p.profile for p in target.layout))
 
 
-# --- parsing ---------------------------------------------------------------------------------------
+# --- parsing
+# ---------------------------------------------------------------------------------------
 
 
 def test_there_are_examples_for_each_feature() -> None:
@@ -264,7 +265,8 @@ def test_compute_instance_error_says_what_to_use_and_source_names_the_file() -> 
     assert err.value.field == "/etc/mig.yaml"
 
 
-# --- resolving -------------------------------------------------------------------------------------
+# --- resolving
+# -------------------------------------------------------------------------------------
 
 
 def test_resolve_custom_config_on_a_fleet() -> None:
@@ -392,7 +394,8 @@ def test_asking_mig_of_a_gpu_without_mig_is_an_error() -> None:
     assert "GPU 0" in err.value.message and "no known MIG geometry" in err.value.message
 
 
-# --- export, dump, assert --------------------------------------------------------------------------
+# --- export, dump, assert
+# --------------------------------------------------------------------------
 
 SEVEN = tuple(inst("1g.18gb", s, s + 1) for s in range(7))
 MIXED = (inst("3g.71gb", 4), inst("2g.35gb", 2), inst("1g.18gb", 0), inst("1g.18gb", 1))

@@ -58,7 +58,10 @@ def dev(data_dir: Path) -> Iterator[NvmlDevices]:
 
 def test_a_job_runs_with_its_gpu_in_the_environment(data_dir: Path, dev: NvmlDevices) -> None:
     agent = Agent(data_dir, dev)
-    code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['GPUFRAC_GPU_MEMORY_LIMIT_MIB'])"
+    code = (
+        "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], "
+        "os.environ['GPUFRAC_GPU_MEMORY_LIMIT_MIB'])"
+    )
     what, decision = agent.apply(job("env", code, sharing="timeslice"))
     assert what == "created" and decision is not None and decision.mode == "timeslice"
     state = settle(agent, "default/env", {"succeeded"})
@@ -91,7 +94,10 @@ def test_on_failure_restarts_with_backoff_until_success(
     clock = Clock()
     agent = Agent(data_dir, dev, clock=clock)
     counter = tmp_path / "count"
-    code = f"import pathlib,sys; p=pathlib.Path({str(counter)!r}); n=int(p.read_text()) if p.exists() else 0; p.write_text(str(n+1)); sys.exit(0 if n >= 2 else 1)"
+    code = (
+        f"import pathlib,sys; p=pathlib.Path({str(counter)!r}); n=int(p.read_text()) if "
+        "p.exists() else 0; p.write_text(str(n+1)); sys.exit(0 if n >= 2 else 1)"
+    )
     agent.apply(job("flaky", code))
     state = settle(agent, "default/flaky", {"backoff"})
     assert state.attempts == 1 and state.exit_code == 1
@@ -170,7 +176,8 @@ def test_a_workload_over_its_memory_is_stopped_by_the_watchdog(
     data_dir: Path, dev: NvmlDevices
 ) -> None:
     """On simulated GPUs a workload reports its memory through gpufrac.sdk; the agent reads it back
-    through the device adapter, as NVML's per-process memory on a real GPU, and stops it when over."""
+    through the device adapter, as NVML's per-process memory on a real GPU, and stops it when
+    over."""
     agent = Agent(data_dir, dev, stop_grace=2)
     code = (
         "import time\nfrom gpufrac import sdk\n"
@@ -260,13 +267,18 @@ def test_a_qos_change_applies_live_without_a_restart(data_dir: Path, dev: NvmlDe
 
 def test_mps_workloads_get_the_mps_environment(data_dir: Path, dev: NvmlDevices) -> None:
     agent = Agent(data_dir, dev)
-    code = "import os; print(os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'], os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'], os.environ['CUDA_MPS_PIPE_DIRECTORY'])"
+    code = (
+        "import os; print(os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'], "
+        "os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'], "
+        "os.environ['CUDA_MPS_PIPE_DIRECTORY'])"
+    )
     agent.apply(job("m", code, gpu=GpuRequest(memory_mib=4096, compute_pct=25), sharing="mps"))
     settle(agent, "default/m", {"succeeded"})
     limit, pct, pipe = (data_dir / "runs/default/m/g1-1" / LOG).read_text().split()
     assert (limit, pct) == ("0=4096M", "25")
     assert state_env(agent, "default/m")["CUDA_MPS_CLIENT_PRIORITY"] == "1"  # a job: throughput
-    # the pipe lies where a workload running as a tenant's uid can reach it: not in the data directory
+    # the pipe lies where a workload running as a tenant's uid can reach it: not in the data
+    # directory
     assert not Path(pipe).is_relative_to(data_dir) and pipe.endswith("/pipe")
     assert Path(pipe).is_relative_to(shared_path(data_dir))
     # the daemon's log directory stays the agent's: it is not handed to workloads
@@ -305,7 +317,8 @@ def test_a_service_is_running_only_once_its_health_check_passes(
     server = (
         "import http.server, socketserver, time\n"
         "time.sleep(1.5)\n"
-        f"socketserver.TCPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler).serve_forever()\n"
+        f"socketserver.TCPServer(('127.0.0.1', {port}), "
+        "http.server.SimpleHTTPRequestHandler).serve_forever()\n"
     )
     spec = job(
         "web",

@@ -1,4 +1,5 @@
-"""The arbiter's policy on a driven clock: every assertion counts quanta or turns, never wall time."""
+"""The arbiter's policy on a driven clock: every assertion counts quanta or turns, never wall
+time."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ def grants(actions: list[Action]) -> list[int]:
 def busy_loops(
     p: TurnPolicy, members: dict[str, QosParams], turns: int, *, turn_s: float = MS
 ) -> Counter[str]:
-    """Each member is a client that holds each turn for ``turn_s`` and asks again at once (a training
-    loop). Returns the turns each got out of ``turns``."""
+    """Each member is a client that holds each turn for ``turn_s`` and asks again at once (a
+    training loop). Returns the turns each got out of ``turns``."""
     now = 0.0
     key_of = dict(enumerate(members))
     first: list[int] = []

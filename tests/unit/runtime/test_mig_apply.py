@@ -1,4 +1,5 @@
-"""Applying MIG targets to simulated GPUs through the real adapter: converges, idempotent, resumable."""
+"""Applying MIG targets to simulated GPUs through the real adapter: converges, idempotent,
+resumable."""
 
 from __future__ import annotations
 
@@ -114,9 +115,11 @@ def test_killed_with_sigkill_part_way_then_rerun_converges(data_dir: Path) -> No
         def maybe_die(action):
             global n
             n += 1
-            if n == 5:  # after create_gi, create_ci, create_gi, create_ci, create_gi: a GI without CI
+            if n == 5:  # after create_gi, create_ci, create_gi, create_ci, create_gi: \
+a GI without CI
                 os.kill(os.getpid(), signal.SIGKILL)
-        apply_targets(dev, [GpuTarget(dev.gpus()[0].uuid, True, parse_layout({target!r}))], on_action=maybe_die)
+        apply_targets(dev, [GpuTarget(dev.gpus()[0].uuid, True, parse_layout({target!r}))], \
+on_action=maybe_die)
         """
     )
     proc = subprocess.run(

@@ -86,7 +86,8 @@ def test_the_shim_outlives_a_killed_launcher(tmp_path: Path) -> None:
         import os, signal, sys
         from pathlib import Path
         from gpufrac.runtime.shim import launch
-        launch(Path({str(run)!r}), [sys.executable, "-c", "import time; time.sleep(1); raise SystemExit(5)"])
+        launch(Path({str(run)!r}), [sys.executable, "-c", \
+"import time; time.sleep(1); raise SystemExit(5)"])
         os.kill(os.getpid(), signal.SIGKILL)  # the agent dies with kill -9
         """
     )

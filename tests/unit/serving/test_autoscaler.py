@@ -334,7 +334,10 @@ def test_cold_start_after_zero() -> None:
 # --- the p99 objective ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("p99", "grows"), [(None, False), (50.0, False), (100.0, False), (101.0, True), (900.0, True)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("p99", "grows"),
+    [(None, False), (50.0, False), (100.0, False), (101.0, True), (900.0, True)],
+)  # fmt: skip
 def test_p99_above_the_objective_adds_replicas(p99: float | None, grows: bool) -> None:
     sim = Sim(policy(p99_latency_ms=100, scale_up_delay_seconds=2, max_replicas=4), current=1)
     sim.run(3, in_flight=1, p99=p99)

@@ -139,7 +139,8 @@ def test_busy_weighs_against_outstanding() -> None:
 
 
 def spread(route: Route, picks: int, held: int) -> Counter[str]:
-    """Pick ``picks`` times, keeping the last ``held`` requests outstanding and releasing the rest."""
+    """Pick ``picks`` times, keeping the last ``held`` requests outstanding and releasing the
+    rest."""
     counts: Counter[str] = Counter()
     in_flight: deque[Replica] = deque()
     for _ in range(picks):

@@ -1,6 +1,6 @@
 """The gateway's HTTP/1.1 connections (serving/http11.py) over real sockets: at most
-``max_connections`` at once (one more is answered 503 and closed), and a connection that never starts
-a request is closed after the head timeout, not the keep-alive one."""
+``max_connections`` at once (one more is answered 503 and closed), and a connection that never
+starts a request is closed after the head timeout, not the keep-alive one."""
 
 from __future__ import annotations
 

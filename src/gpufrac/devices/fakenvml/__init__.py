@@ -1,14 +1,17 @@
 """A fake NVML library over simulated GPUs, with pynvml's calls, argument shapes and error codes.
 
-``FakeNvml`` stands where the ``pynvml`` module stands: the device adapter (``devices.nvml``) calls the
-same functions on either, builds the same ctypes argument arrays from ``lib.c_nvml...`` types, and catches
-``lib.NVMLError`` by its ``value``. Behaviour follows the NVML documentation and what was read on an H200:
+``FakeNvml`` stands where the ``pynvml`` module stands: the device adapter (``devices.nvml``) calls
+the same functions on either, builds the same ctypes argument arrays from ``lib.c_nvml...`` types,
+and catches ``lib.NVMLError`` by its ``value``. Behaviour follows the NVML documentation and what
+was read on an
+H200:
 
 * profile info and possible placements answer whether MIG is on or off;
-* GPU/compute instance create and list answer NOT_SUPPORTED while MIG is off; a placement that overlaps a
-  used memory slot, or a profile at its instance limit, answers INSUFFICIENT_RESOURCES;
-* destroying an instance that still has compute instances or processes answers IN_USE, and a MIG mode
-  change while processes hold the GPU reports IN_USE as its activation status, leaving the change pending;
+* GPU/compute instance create and list answer NOT_SUPPORTED while MIG is off; a placement that
+  overlaps a used memory slot, or a profile at its instance limit, answers INSUFFICIENT_RESOURCES;
+* destroying an instance that still has compute instances or processes answers IN_USE, and a MIG
+  mode change while processes hold the GPU reports IN_USE as its activation status, leaving the
+  change pending;
 * per-process utilization is NOT_SUPPORTED on MIG devices (and on a GPU in MIG mode);
 * a lost GPU answers GPU_IS_LOST to everything, including getting its handle.
 """

@@ -88,7 +88,7 @@ def nvmlErrorString(result: int) -> str:
     return _ERROR_TEXT.get(result, f"NVML error {result}")
 
 
-# -- ctypes argument types, laid out like pynvml's ----------------------------------------------------
+# -- ctypes argument types, laid out like pynvml's -------------------------------------------------
 
 
 class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
@@ -114,7 +114,7 @@ class c_nvmlEventSet_t(ctypes.c_void_p):
     pass
 
 
-# -- returned values (pynvml returns ctypes structs or friendly objects with these attributes) --------
+# -- returned values (pynvml returns ctypes structs or friendly objects with these attributes) -----
 
 
 class Struct:
@@ -142,7 +142,8 @@ def decode_handle(handle: Any, kind: int) -> tuple[int, int, int]:
 
 
 def profile_enum(profile: MigProfile) -> int:
-    """The NVML_GPU_INSTANCE_PROFILE_* enum a profile answers to (what GetGpuInstanceProfileInfo takes)."""
+    """The NVML_GPU_INSTANCE_PROFILE_* enum a profile answers to (what GetGpuInstanceProfileInfo
+    takes)."""
     if profile.compute_slices == 1 and profile.memory_slots >= 2:
         return NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2
     if profile.media_extensions:

@@ -1,4 +1,5 @@
-"""The fake NVML library: pynvml's surface over simulated GPUs. MIG calls here, the rest in ``base``."""
+"""The fake NVML library: pynvml's surface over simulated GPUs. MIG calls here, the rest in
+``base``."""
 
 from __future__ import annotations
 
@@ -326,7 +327,8 @@ class FakeNvml(FakeNvmlDevices):
 
 
 def _fits(model: GpuModel, gpu: dict[str, Any], prof: MigProfile, start: int) -> int | None:
-    """None if ``prof`` can be created at ``start`` now, else the NVML error code the driver gives."""
+    """None if ``prof`` can be created at ``start`` now, else the NVML error code the driver
+    gives."""
     used_slots: set[int] = set()
     compute = 0
     same = 0
