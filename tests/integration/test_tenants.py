@@ -196,3 +196,46 @@ def test_a_tenants_token_makes_its_tenant_the_default(tenant_agent: RunningAgent
         env=env, capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert out.returncode == 0 and "search/mine" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_tenant_cannot_hold_more_workloads_than_its_bound(tmp_path: Path) -> None:
+    from tests.integration.conftest import tokens_yaml
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "gpufrac.yaml").write_text(
+        "workload_users: agent\ntenants: {search: {max_workloads: 2}}\n"
+    )
+    (data_dir / "tokens.yaml").write_text(tokens_yaml())
+    port = free_port()
+    agent = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None)  # type: ignore[arg-type]
+    agent.start()
+    try:
+        url = agent.url + "/api/v1"
+        sleepy = ["sleep", "60"]
+
+        def many(*names: str, tenant: str = "search") -> str:
+            return "---\n".join(manifest(n, sleepy, tenant=tenant) for n in names)
+
+        r = httpx.post(url + "/workloads", content=many("a", "b", "c"), headers=h("search"))
+        assert r.status_code == 409 and "tenants.search.max_workloads" in r.text, r.text
+        assert httpx.get(url + "/workloads", headers=h("admin")).json()["workloads"] == []
+        ok = httpx.post(url + "/workloads", content=many("a", "b"), headers=h("search"))
+        assert ok.status_code == 200
+        assert (
+            httpx.post(url + "/workloads", content=many("c"), headers=h("search")).status_code
+            == 409
+        )
+        # changing one it has is no new workload; another tenant has its own bound
+        assert (
+            httpx.post(url + "/workloads", content=many("a"), headers=h("search")).status_code
+            == 200
+        )
+        other = many("x", "y", "z", tenant="research")
+        assert (
+            httpx.post(url + "/workloads", content=other, headers=h("research")).status_code == 200
+        )
+    finally:
+        agent.proc.kill()
+        agent.proc.wait(timeout=10)
+        kill_leftover_runs(data_dir)

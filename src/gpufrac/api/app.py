@@ -67,6 +67,29 @@ def _unavailable(e: Exception) -> JSONResponse:
     )
 
 
+def _check_workload_caps(service: AgentService, specs: list[WorkloadSpec]) -> None:
+    """Refuse (409, nothing applied) a manifest that would take a tenant above its operator bound on
+    stored workloads (``max_workloads``, replicas included): no tenant fills the node with
+    processes."""
+    stored: dict[str, set[str]] = {}
+    for w in service.agent.store.workloads():
+        stored.setdefault(w.tenant, set()).add(w.name)
+    new: dict[str, set[str]] = {}
+    for spec in specs:
+        if spec.name not in stored.get(spec.tenant, set()):
+            new.setdefault(spec.tenant, set()).add(spec.name)
+    for tenant, names in new.items():
+        cap, setting = service.agent.settings.workload_cap(tenant)
+        have = len(stored.get(tenant, ()))
+        if have + len(names) > cap:
+            raise HTTPException(
+                409,
+                f"tenant {tenant} has {have} workloads and this adds {len(names)}: above its "
+                f"maximum of {cap}; delete some first, or ask the operator to raise {setting} in "
+                "gpufrac.yaml",
+            )
+
+
 def _as_seen_by(who: Caller, decision: dict[str, Any]) -> dict[str, Any]:
     """A decision as its caller may see it: another tenant's workloads it evicted are not named."""
     if who.admin:
@@ -200,6 +223,7 @@ def create_app(
         deployments = [o for o in objects if isinstance(o, DeploymentSpec)]
         results = []
         with service.lock:
+            _check_workload_caps(service, specs)
             for spec in specs:
                 before = service.agent.store.workload(spec.tenant, spec.name)
                 what, decision = service.agent.apply(spec)

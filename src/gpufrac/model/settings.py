@@ -39,6 +39,7 @@ SETTINGS_FIELDS = (
     "job_min_share",
     "api_max_body",
     "max_priority",
+    "max_workloads",
     "workload_users",
     "tenant_uids",
 )
@@ -51,7 +52,8 @@ MigReconfigure = Literal["never", "idle", "drain"]
 QOS_PREEMPT: tuple[QosPreempt, ...] = get_args(QosPreempt)
 PLACEMENT_POLICIES: tuple[PlacementPolicy, ...] = get_args(PlacementPolicy)
 MIG_RECONFIGURE: tuple[MigReconfigure, ...] = get_args(MigReconfigure)
-TENANT_FIELDS = ("gpu_memory", "gpus", "max_priority", "preemption", "users")
+TENANT_FIELDS = ("gpu_memory", "gpus", "max_priority", "max_workloads", "preemption", "users")
+DEFAULT_MAX_WORKLOADS = 1000  # workloads (replicas included) one tenant may have stored at once
 # whom workloads run as: the agent's user, or each tenant's own unprivileged uid (root agents only);
 # auto: the tenant's when the agent is root and has API tokens (several tenants), else the agent's
 WorkloadUsers = Literal["auto", "agent", "tenant"]
@@ -71,6 +73,7 @@ class TenantQuota:
     gpu_memory_mib: int | None = None
     gpus_milli: int | None = None  # milli-GPU: 2500 is two and a half GPUs
     max_priority: int | None = None  # None: the operator's max_priority for every tenant
+    max_workloads: int | None = None  # None: the operator's max_workloads for every tenant
     preemption: TenantPreemption = "lower-priority"
     users: tuple[str, ...] = ()  # the user names its workloads may ask for in spec.user
 
@@ -88,6 +91,7 @@ class OperatorSettings:
     api_max_body_mib: int = 1  # the largest request body the control API reads
     # the highest spec.priority of a tenant with no bound of its own
     max_priority: int = DEFAULT_MAX_PRIORITY
+    max_workloads: int = DEFAULT_MAX_WORKLOADS  # of a tenant with no bound of its own
     workload_users: WorkloadUsers = "auto"
     tenant_uids: tuple[int, int] = DEFAULT_TENANT_UIDS  # first and last uid given to tenants
 
@@ -120,6 +124,13 @@ class OperatorSettings:
                 field="spec.priority",
                 fix=f"use at most {cap}, or ask the operator to raise {setting} in gpufrac.yaml",
             )
+
+    def workload_cap(self, tenant: str) -> tuple[int, str]:
+        """The most workloads ``tenant`` may have stored, and the setting that says so."""
+        q = self.tenants.get(tenant)
+        if q is not None and q.max_workloads is not None:
+            return q.max_workloads, f"tenants.{tenant}.max_workloads"
+        return self.max_workloads, "max_workloads"
 
     def preemption(self, tenant: str, own: str) -> TenantPreemption:
         """Whom a workload of ``tenant`` whose ``spec.preemption`` is ``own`` may evict: the
@@ -195,6 +206,12 @@ def parse_settings(text: str, *, source: str = SETTINGS_FILE) -> OperatorSetting
             minimum=-MAX_PRIORITY,
             maximum=MAX_PRIORITY,
         ),
+        max_workloads=read_int(
+            raw.get("max_workloads", DEFAULT_MAX_WORKLOADS),
+            "max_workloads",
+            minimum=1,
+            maximum=1_000_000,
+        ),
     )
 
 
@@ -230,6 +247,11 @@ def _quota(value: object, where: str) -> TenantQuota:
             join(where, "max_priority"),
             minimum=-MAX_PRIORITY,
             maximum=MAX_PRIORITY,
+        ),
+        max_workloads=None
+        if "max_workloads" not in raw
+        else read_int(
+            raw["max_workloads"], join(where, "max_workloads"), minimum=1, maximum=1_000_000
         ),
         preemption=read_choice(
             raw.get("preemption", "lower-priority"), join(where, "preemption"), TENANT_PREEMPTION

@@ -125,6 +125,8 @@ def test_values(data: dict[str, Any], expected: OperatorSettings) -> None:
         ({"tenant_uids": [300000, 200000]}, "tenant_uids[1]"),
         ({"tenants": {"a": {"users": "alice"}}}, "tenants.a.users"),
         ({"tenants": {"a": {"users": [1]}}}, "tenants.a.users[0]"),
+        ({"max_workloads": 0}, "max_workloads"),
+        ({"tenants": {"a": {"max_workloads": "many"}}}, "tenants.a.max_workloads"),
     ],
 )
 def test_errors_name_their_field(data: dict[str, Any], field: str) -> None:
@@ -196,3 +198,10 @@ def test_the_qos_preempt_mode_is_a_setting() -> None:
     with pytest.raises(InputError) as exc:
         parse_settings("qos_preempt: never")
     assert exc.value.field == "qos_preempt"
+
+
+def test_a_tenants_workload_bound_is_its_own_or_the_operators() -> None:
+    settings = parse_settings(dump({"max_workloads": 50, "tenants": {"a": {"max_workloads": 5}}}))
+    assert settings.workload_cap("a") == (5, "tenants.a.max_workloads")
+    assert settings.workload_cap("b") == (50, "max_workloads")
+    assert parse_settings("").workload_cap("b") == (1000, "max_workloads")
