@@ -154,6 +154,18 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def stop_workloads(data: Path) -> None:
+    """Kill what the agent's shims started (their process groups): the workloads, replicas among
+    them, outlive a killed agent and its shims by design (a restarted agent re-attaches)."""
+    from gpufrac.runtime.shim import read_status
+
+    for run in data.glob("runs/**/g*-*"):
+        status = read_status(run)
+        if status.child_pid and not status.done:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(status.child_pid, signal.SIGKILL)
+
+
 def pids_of(module: str, where: str) -> list[int]:
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
@@ -310,6 +322,7 @@ def main() -> int:
             for pid in pids_of(module, str(data)):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+        stop_workloads(data)
         if mounted:
             subprocess.run(["umount", "-l", str(data)], check=False)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -131,7 +131,10 @@ def main() -> None:
     finally:
         agent.kill()
         agent.wait(timeout=10)
-        subprocess.run(["pkill", "-KILL", "-f", str(data)], check=False)
+        subprocess.run(["pkill", "-KILL", "-f", str(data)], check=False)  # the shims
+        from soak import stop_workloads  # and what they started
+
+        stop_workloads(data)
 
     def cell(v: list[float]) -> str:
         return f"{statistics.median(v):.1f} / {sorted(v)[int(0.95 * (len(v) - 1))]:.1f}"
