@@ -76,6 +76,23 @@ def test_create_and_destroy_instances(sim: NvmlDevices) -> None:
     assert again.uuid != b.uuid  # a re-created instance is a new MIG device
 
 
+def test_an_instance_takes_the_latency_set_once_to_create_and_once_to_destroy(
+    sim: NvmlDevices, fleet: SimulatedFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``set_latency`` is the time of a whole instance (its GPU and compute instance): creating
+    one sleeps the create time once, destroying it the destroy time once, nothing more."""
+    import gpufrac.devices.fakenvml.base as fake_base
+
+    slept: list[float] = []
+    monkeypatch.setattr(fake_base.time, "sleep", slept.append)
+    fleet.set_latency(create_s=0.3, destroy_s=0.2)
+    uuid = sim.gpus()[0].uuid
+    made = sim.create_instance(uuid, "1g.18gb", 0)
+    assert slept == [0.3]
+    sim.destroy_instance(uuid, made.gi_id)
+    assert slept == [0.3, 0.2]
+
+
 def test_every_error_kind_is_translated(sim: NvmlDevices, fleet: SimulatedFleet) -> None:
     mig, plain = (g.uuid for g in sim.gpus())
     with pytest.raises(NotSupported):

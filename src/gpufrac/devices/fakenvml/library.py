@@ -223,7 +223,6 @@ class FakeNvml(FakeNvmlDevices):
         self, gpuInstance: Any, profileId: int
     ) -> nv.c_nvmlComputeInstance_t:
         index, gi_id, _ = nv.decode_handle(gpuInstance, nv.KIND_GI)
-        self._take_time("destroy_gpu_instance")
         with self.fleet.mutate() as state:
             gpu = self._gpu(state, index)
             gi = self._find_gi(gpu, gi_id)
