@@ -30,6 +30,7 @@ from gpufrac.cli.gpus import gpus_command, render_gpu
 from gpufrac.cli.mig import mig_app, profiles_table
 from gpufrac.cli.mig_plan import plan_gpu, render_plan
 from gpufrac.cli.schedule import schedule_command, validate_command
+from gpufrac.cli.schema import schema_command
 from gpufrac.cli.serve_cmds import load_command
 from gpufrac.cli.top import top_command
 from gpufrac.cli.up import up_command
@@ -61,6 +62,7 @@ app.command("schedule")(schedule_command)
 app.command("scale")(scale_command)
 app.command("load")(load_command)
 app.command("top")(top_command)
+app.command("schema")(schema_command)
 app.add_typer(mig_app, name="mig")
 
 

@@ -1,276 +1,234 @@
-"""``kind: Deployment`` documents to ``DeploymentSpec`` values, as strictly as workloads.
+"""The ``kind: Deployment`` document as pydantic models, validated as strictly as workloads, and
+the ``DeploymentSpec`` a valid one means.
 
-The template is read by the workload reader (so every workload field means the same here), with
-``model``, ``max_batch_size`` and ``max_wait_ms`` beside it; errors are located under
-``spec.template``. docs/serving.md lists every field.
+The replica template has the workload fields that apply to a replica (``SpecFields``: every one
+means the same here), with ``model``, ``max_batch_size`` and ``max_wait_ms`` beside them.
+docs/serving.md lists every field.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Literal, Self
 
-from gpufrac.errors import InputError, Problems
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
+
 from gpufrac.model.deployment import Autoscale, DeploymentSpec
-from gpufrac.model.manifest_fields import (
-    is_number,
-    join,
-    kind_of,
-    read_bool,
-    read_int,
-    read_mapping,
-    read_str,
-    require,
-)
-from gpufrac.model.workload import WorkloadSpec
+from gpufrac.model.gpu_manifest import check_sharing
+from gpufrac.model.manifest_types import DnsLabel, Hint, Strict, Text, UrlPath, problem, report
+from gpufrac.model.workload_manifest import Metadata, SpecFields
 
-DEPLOYMENT_FIELDS = (
-    "template",
-    "replicas",
-    "autoscale",
-    "readiness_path",
-    "max_concurrency",
-    "queue_limit",
-    "timeout_seconds",
-    "public",
-)
-MODEL_FIELDS = ("model", "max_batch_size", "max_wait_ms")
-# A replica is always a service that the agent health-checks on $PORT: these workload fields do not
-# apply.
-NOT_IN_TEMPLATE = ("type", "health", "backoff_limit", "deadline_seconds", "restart")
-AUTOSCALE_FIELDS = (
-    "min_replicas",
-    "max_replicas",
-    "target_in_flight",
-    "scale_up_delay_seconds",
-    "scale_down_delay_seconds",
-    "scale_to_zero_delay_seconds",
-    "traffic_history_seconds",
-    "p99_latency_ms",
-)
 MAX_NAME = 50  # replica names add "-<8 hex>-<index>" and must stay DNS labels (63)
-_MODEL_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-_PLACEHOLDER = ("python", "-m", "gpufrac.serving.replica")
+MODEL_REF_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
+_MODEL_REF = re.compile(MODEL_REF_PATTERN)
+_PLACEHOLDER = ("python", "-m", "gpufrac.serving.replica")  # the replica server's, set per replica
+_SECONDS = Annotated[float, Field(ge=0, le=86_400)]
 
 
-def parse_deployment(
-    name: str,
-    tenant: str,
-    labels: dict[str, str],
-    spec: dict[str, Any],
-    workload_spec: Any,
-    template_fields: tuple[str, ...],
-) -> DeploymentSpec:
-    """``spec`` is the document's validated mapping; ``workload_spec`` reads a workload's spec.
-    Every field's problem is reported, not only the first."""
-    p = Problems()
+def _short_name(name: str) -> str:
     if len(name) > MAX_NAME:
-        p.found.append(
-            InputError(
-                f"is {len(name)} characters long",
-                field="metadata.name",
-                fix=f"use at most {MAX_NAME}: replica names add a template hash and an index",
-            )
+        raise problem(
+            f"is {len(name)} characters long",
+            f"use at most {MAX_NAME}: replica names add a template hash and an index",
         )
-    allowed = tuple(f for f in template_fields if f not in NOT_IN_TEMPLATE) + MODEL_FIELDS
-    where = "spec.template"
-    raw = read_mapping(
-        require(
-            spec, "template", "spec", fix="write template: {model: pkg.mod:make, resources: ...}"
-        ),
-        where,
-        allowed,
-    )
-    model = p.check(lambda: _model(raw, where), None)
-    for key in ("max_batch_size", "max_wait_ms"):
-        if key in raw and "model" not in raw:
-            p.found.append(
-                InputError(
-                    f"{key} is for model: templates",
-                    field=join(where, key),
-                    fix="batch inside your own server, or use model:",
-                )
-            )
-    if isinstance(raw.get("env"), dict) and "PORT" in raw["env"]:
-        p.found.append(
-            InputError(
-                "sets PORT",
-                field=join(join(where, "env"), "PORT"),
-                fix="remove it: gpufrac gives each replica its own $PORT",
-            )
+    return name
+
+
+class DeploymentMetadata(Metadata):
+    name: Annotated[DnsLabel, AfterValidator(_short_name), Hint(missing="name the deployment")] = (
+        Field(
+            description=f"The name (a DNS label of at most {MAX_NAME} characters), unique within "
+            "its tenant.",
+            json_schema_extra={"maxLength": MAX_NAME},
         )
-    workload = {k: v for k, v in raw.items() if k not in MODEL_FIELDS}
-    workload["type"] = "service"
-    if "model" in raw:
-        workload["command"] = list(_PLACEHOLDER)  # the replica server's, set per replica
-    template: WorkloadSpec | None = None
-    try:
-        template = workload_spec(name, tenant, labels, workload)
-    except InputError as exc:
-        p.found.extend(
-            InputError(
-                e.message,
-                field=where + e.field[4:] if e.field and e.field.startswith("spec") else where,
-                fix=e.fix,
-            )
-            for e in exc.errors
-        )
-    replicas = autoscale = None
-    if "replicas" in spec and "autoscale" in spec:
-        p.found.append(
-            InputError(
-                "has both replicas and autoscale",
-                field="spec",
-                fix="give a fixed replicas: N, or autoscale: {min_replicas, max_replicas, ...}",
-            )
-        )
-    elif "autoscale" in spec:
-        autoscale = p.check(lambda: _autoscale(spec["autoscale"]), None)
-    else:
-        replicas = p.check(
-            lambda: read_int(spec.get("replicas", 1), "spec.replicas", minimum=0, maximum=1000), 1
-        )
-    path = p.check(lambda: _readiness_path(spec), None)
-    batch = p.check(
-        lambda: read_int(
-            raw.get("max_batch_size", 1), join(where, "max_batch_size"), minimum=1, maximum=4096
-        ),
-        1,
-    )
-    wait = p.check(
-        lambda: _number(raw.get("max_wait_ms", 5), join(where, "max_wait_ms"), maximum=10_000), 5.0
-    )
-    concurrency = p.check(
-        lambda: read_int(
-            spec.get("max_concurrency", 8), "spec.max_concurrency", minimum=1, maximum=10_000
-        ),
-        8,
-    )
-    queue = p.check(
-        lambda: read_int(
-            spec.get("queue_limit", 256), "spec.queue_limit", minimum=0, maximum=1_000_000
-        ),
-        256,
-    )
-    public = p.check(lambda: read_bool(spec.get("public", False), "spec.public"), False)
-    timeout = p.check(
-        lambda: _number(
-            spec.get("timeout_seconds", 60), "spec.timeout_seconds", maximum=86_400, positive=True
-        ),
-        60.0,
-    )  # fmt: skip
-    p.raise_any()
-    assert template is not None
-    return DeploymentSpec(
-        name=name,
-        tenant=tenant,
-        labels=labels,
-        template=template,
-        model=model,
-        max_batch_size=batch,
-        max_wait_ms=wait,
-        readiness_path=path,
-        replicas=replicas,
-        autoscale=autoscale,
-        max_concurrency=concurrency,
-        queue_limit=queue,
-        timeout_seconds=timeout,
-        public=public,
     )
 
 
-def _model(raw: dict[str, Any], where: str) -> str | None:
-    """The template's ``model:`` reference (None for a ``command:`` template)."""
-    if "model" not in raw:
-        if "command" not in raw:
-            raise InputError(
-                "has neither model nor command",
-                field=where,
-                fix="give model: package.module:factory, or command: [...] for a server on $PORT",
-            )
-        return None
-    if "command" in raw:
-        raise InputError(
-            "has both model and command",
-            field=where,
-            fix="give model: (gpufrac serves it) or command: (your server on $PORT), not both",
-        )
-    model = read_str(raw["model"], join(where, "model"))
+def _model_ref(model: str) -> str:
     if not _MODEL_REF.match(model):
-        raise InputError(
+        raise problem(
             f"{model!r} is not package.module:factory",
-            field=join(where, "model"),
-            fix="write it like my_models.text:make (a function that returns the model)",
+            "write it like my_models.text:make (a function that returns the model)",
         )
     return model
 
 
-def _readiness_path(spec: dict[str, Any]) -> str | None:
-    if "readiness_path" not in spec:
-        return None
-    path = read_str(spec["readiness_path"], "spec.readiness_path")
-    if not path.startswith("/"):
-        raise InputError(
-            f"{path!r} does not start with '/'",
-            field="spec.readiness_path",
-            fix=f"write /{path}",
-        )
-    return path
+class Template(SpecFields):
+    """A replica: a service the agent health-checks on $PORT, serving ``model`` with gpufrac's
+    replica server or running ``command`` (a server on $PORT)."""
 
-
-def _number(value: object, field: str, *, maximum: float, positive: bool = False) -> float:
-    if not is_number(value):
-        raise InputError(
-            f"must be a number, not {kind_of(value)}",
-            field=field,
-            fix="write a number like 5 or 0.5",
-        )
-    number = float(value)  # type: ignore[arg-type]
-    if number < 0 or (positive and number == 0) or number > maximum:
-        low = "above 0" if positive else "at least 0"
-        raise InputError(
-            f"{value} is out of range",
-            field=field,
-            fix=f"write a number {low} and at most {maximum:g}",
-        )
-    return number  # fmt: skip
-
-
-def _autoscale(value: object) -> Autoscale:
-    where = "spec.autoscale"
-    raw = read_mapping(value, where, AUTOSCALE_FIELDS)
-    lo = read_int(raw.get("min_replicas", 1), join(where, "min_replicas"), minimum=0, maximum=1000)
-    hi = read_int(
-        raw.get("max_replicas", max(lo, 4)),
-        join(where, "max_replicas"),
-        minimum=max(1, lo),
-        maximum=1000,
+    model_config = ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["model"]}, {"required": ["command"]}]}
     )
-    seconds = {
-        k: _number(raw[k], join(where, k), maximum=86_400)
-        for k in AUTOSCALE_FIELDS
-        if k.endswith("_seconds") and k in raw
-    }
-    if seconds.get("traffic_history_seconds") == 0:
-        raise InputError(
-            "0 is out of range",
-            field=join(where, "traffic_history_seconds"),
-            fix="write a number above 0",
-        )
-    p99 = (
-        _number(
-            raw["p99_latency_ms"], join(where, "p99_latency_ms"), maximum=3_600_000, positive=True
-        )
-        if "p99_latency_ms" in raw
-        else None
+
+    model: Annotated[Text, AfterValidator(_model_ref)] | None = Field(
+        None,
+        description="package.module:factory, a function returning the model gpufrac serves.",
+        json_schema_extra={"pattern": MODEL_REF_PATTERN},
     )
-    return Autoscale(
-        min_replicas=lo,
-        max_replicas=hi,
-        target_in_flight=read_int(
-            raw.get("target_in_flight", 4), join(where, "target_in_flight"),
-            minimum=1, maximum=10_000,
-        ),
-        p99_latency_ms=p99,
-        **seconds,
-    )  # fmt: skip
+    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = Field(
+        1, description="model: templates: the most requests batched into one call."
+    )
+    max_wait_ms: Annotated[float, Field(ge=0, le=10_000)] = Field(
+        5.0, description="model: templates: the longest a request waits for a batch to fill."
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> Self:
+        broken = check_sharing(self.resources.gpu, self.sharing)
+        given = self.model_fields_set
+        if "model" in given and "command" in given:
+            broken.append(
+                (
+                    (),
+                    "has both model and command",
+                    "give model: (gpufrac serves it) or command: (your server on $PORT), not both",
+                )
+            )
+        elif not given & {"model", "command"}:
+            broken.append(
+                (
+                    (),
+                    "has neither model nor command",
+                    "give model: package.module:factory, or command: [...] for a server on $PORT",
+                )
+            )
+        broken += [
+            (
+                (key,),
+                f"{key} is for model: templates",
+                "batch inside your own server, or use model:",
+            )
+            for key in ("max_batch_size", "max_wait_ms")
+            if key in given and "model" not in given
+        ]
+        if "PORT" in self.env:
+            broken.append(
+                (
+                    ("env", "PORT"),
+                    "sets PORT",
+                    "remove it: gpufrac gives each replica its own $PORT",
+                )
+            )
+        report("Template", broken)
+        return self
+
+
+class AutoscaleFields(Strict):
+    min_replicas: Annotated[int, Field(ge=0, le=1000)] = Field(
+        1, description="Replicas kept however idle (0: scale to zero)."
+    )
+    max_replicas: Annotated[int, Field(ge=1, le=1000)] | None = Field(
+        None, description="The most replicas; default max(min_replicas, 4)."
+    )
+    target_in_flight: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        4, description="Requests in flight (and queued) per replica the autoscaler aims at."
+    )
+    scale_up_delay_seconds: _SECONDS = 5.0
+    scale_down_delay_seconds: _SECONDS = 30.0
+    scale_to_zero_delay_seconds: _SECONDS = 60.0
+    traffic_history_seconds: Annotated[float, Field(gt=0, le=86_400)] = 10.0
+    p99_latency_ms: Annotated[float, Field(gt=0, le=3_600_000)] | None = Field(
+        None, description="An objective: scale up while the p99 latency is above it."
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> Self:
+        lo, hi = self.min_replicas, self.max_replicas
+        if hi is not None and hi < lo:
+            report(
+                "Autoscale",
+                [
+                    (
+                        ("max_replicas",),
+                        f"{hi} is out of range",
+                        f"write a whole number from {max(1, lo)} to 1000",
+                    )
+                ],
+            )
+        return self
+
+    def autoscale(self) -> Autoscale:
+        lo = self.min_replicas
+        return Autoscale(
+            min_replicas=lo,
+            max_replicas=self.max_replicas if self.max_replicas is not None else max(lo, 4),
+            target_in_flight=self.target_in_flight,
+            scale_up_delay_seconds=self.scale_up_delay_seconds,
+            scale_down_delay_seconds=self.scale_down_delay_seconds,
+            scale_to_zero_delay_seconds=self.scale_to_zero_delay_seconds,
+            traffic_history_seconds=self.traffic_history_seconds,
+            p99_latency_ms=self.p99_latency_ms,
+        )
+
+
+class DeploymentSpecFields(Strict):
+    model_config = ConfigDict(json_schema_extra={"not": {"required": ["replicas", "autoscale"]}})
+
+    template: Annotated[
+        Template, Hint(missing="write template: {model: pkg.mod:make, resources: ...}")
+    ] = Field(description="The replica template.")
+    replicas: Annotated[int, Field(ge=0, le=1000)] | None = Field(
+        None, description="A fixed number of replicas (default 1); not with autoscale."
+    )
+    autoscale: AutoscaleFields | None = Field(
+        None, description="Replicas scaled with traffic; not with replicas."
+    )
+    readiness_path: UrlPath | None = Field(
+        None,
+        description="Ready when GET of this path answers 2xx/3xx; default /healthz for a model, "
+        "a TCP connect for a command.",
+    )
+    max_concurrency: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        8, description="Requests the gateway sends one replica at once."
+    )
+    queue_limit: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        256, description="Requests that may wait for a free replica before a 429."
+    )
+    timeout_seconds: Annotated[float, Field(gt=0, le=86_400)] = Field(
+        60.0, description="The longest a request may take."
+    )
+    public: bool = Field(
+        False, description="With API tokens: answered without one (else only its tenant's)."
+    )
+
+    @model_validator(mode="after")
+    def _one_scale(self) -> Self:
+        if self.replicas is not None and self.autoscale is not None:
+            raise problem(
+                "has both replicas and autoscale",
+                "give a fixed replicas: N, or autoscale: {min_replicas, max_replicas, ...}",
+            )
+        return self
+
+
+class DeploymentDocument(Strict):
+    """A replicated model server behind the gateway."""
+
+    api_version: Literal["gpufrac/v1"] = Field(alias="apiVersion")
+    kind: Literal["Deployment"]
+    metadata: Annotated[DeploymentMetadata, Hint(missing="write metadata: {name: my-model}")]
+    spec: Annotated[
+        DeploymentSpecFields,
+        Hint(missing="write spec: with template and replicas (docs/serving.md)"),
+    ]
+
+    def to_spec(self, tenant: str) -> DeploymentSpec:
+        spec, t = self.spec, self.spec.template
+        template = t.model_copy(update={"command": list(_PLACEHOLDER)}) if t.model else t
+        return DeploymentSpec(
+            name=self.metadata.name,
+            tenant=tenant,
+            labels=dict(self.metadata.labels),
+            template=template.to_spec(self.metadata, tenant, "service", restart="always"),
+            model=t.model,
+            max_batch_size=t.max_batch_size,
+            max_wait_ms=t.max_wait_ms,
+            readiness_path=spec.readiness_path,
+            replicas=None if spec.autoscale else spec.replicas if spec.replicas is not None else 1,
+            autoscale=spec.autoscale.autoscale() if spec.autoscale else None,
+            max_concurrency=spec.max_concurrency,
+            queue_limit=spec.queue_limit,
+            timeout_seconds=spec.timeout_seconds,
+            public=spec.public,
+        )

@@ -1,9 +1,12 @@
-"""Reading user-written files field by field: a strict YAML/JSON loader and typed field readers.
+"""Reading user-written files: a strict YAML/JSON loader, field paths, and a few field readers.
 
-Shared by ``model.manifest`` (workload manifests) and ``model.settings`` (the operator's settings
-file). Every reader takes a value and the path it was found at, and raises an ``InputError`` naming
-that path, what is wrong and how to fix it. Booleans are never integers, and nothing is coerced:
-``"8"`` is not a number and ``8`` is not a string.
+The loader serves manifests (``model.manifest``), the operator's settings file (``model.settings``)
+and the API's files and bodies: duplicate keys, NaN and infinity, NUL characters and documents
+that expand beyond bounds are errors. Manifests and settings are then validated by their pydantic
+models; the small readers here serve what is read field by field elsewhere (the API's token file
+and query flags). Every reader takes a value and the path it was found at, and raises an
+``InputError`` naming that path, what is wrong and how to fix it. Nothing is coerced: ``"8"`` is
+not a number and ``8`` is not a string.
 """
 
 from __future__ import annotations
@@ -12,15 +15,12 @@ import difflib
 import json
 import math
 import re
-from collections.abc import Mapping
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
 from gpufrac.errors import InputError, Problems
-from gpufrac.model.units import parse_size_mib
 
 C = TypeVar("C", bound=str)
 
@@ -279,14 +279,6 @@ def kind_of(value: object) -> str:
     return f"a {type(value).__name__} ({value})"
 
 
-def is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def read_mapping(
     value: object,
     where: str,
@@ -324,12 +316,6 @@ def read_mapping(
     return value
 
 
-def require(raw: Mapping[str, Any], key: str, where: str, *, fix: str) -> Any:
-    if key not in raw:
-        raise InputError("is required", field=join(where, key), fix=fix)
-    return raw[key]
-
-
 def read_str(value: object, field: str, *, fix: str | None = None) -> str:
     """A non-empty string."""
     if not isinstance(value, str):
@@ -352,45 +338,6 @@ def read_choice(value: object, field: str, choices: tuple[C, ...]) -> C:
     raise InputError(f"{kind_of(value)} is not a valid choice", field=field, fix=fix)
 
 
-def read_int(
-    value: object, field: str, *, minimum: int | None = None, maximum: int | None = None
-) -> int:
-    """An integer (not a boolean, not a float) within ``minimum``..``maximum``."""
-    bounds = _bounds(minimum, maximum)
-    if not is_int(value):
-        raise InputError(
-            f"must be an integer, not {kind_of(value)}",
-            field=field,
-            fix=f"write a whole number{bounds}"
-            + (" without quotes" if isinstance(value, str) else ""),
-        )
-    assert isinstance(value, int)
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise InputError(
-            f"{shown(value)} is out of range", field=field, fix=f"write a whole number{bounds}"
-        )
-    return value
-
-
-def shown(value: int) -> str:
-    """An integer as a message shows it: in digits, or by its size when it has very many."""
-    return (
-        str(value)
-        if abs(value) < 10**30
-        else f"an integer of about {value.bit_length() * 3 // 10} digits"
-    )
-
-
-def _bounds(minimum: int | None, maximum: int | None) -> str:
-    if minimum is not None and maximum is not None:
-        return f" from {minimum} to {maximum}"
-    if minimum is not None:
-        return f" of at least {minimum}"
-    if maximum is not None:
-        return f" of at most {maximum}"
-    return ""
-
-
 def read_bool(value: object, field: str) -> bool:
     if not isinstance(value, bool):
         raise InputError(
@@ -409,82 +356,3 @@ def read_dns_label(value: object, field: str) -> str:
     if not _DNS_LABEL.match(text):
         raise InputError(f"{text!r} is not a DNS label", field=field, fix=DNS_LABEL_FIX)
     return text
-
-
-def read_str_map(
-    value: object, where: str, *, key_pattern: re.Pattern[str] | None = None
-) -> dict[str, str]:
-    """A mapping of string to string. Numbers and booleans as values are errors (quote them)."""
-    if not isinstance(value, dict):
-        raise InputError(
-            f"must be a mapping of names to strings, not {kind_of(value)}",
-            field=where,
-            fix="write one NAME: value per line",
-        )
-    out: dict[str, str] = {}
-    for key, item in value.items():
-        field = join(where, key)
-        if not isinstance(key, str) or not key or (key_pattern and not key_pattern.match(key)):
-            rule = f"match {key_pattern.pattern}" if key_pattern else "be non-empty strings"
-            raise InputError(f"{key!r} is not a valid name", field=field, fix=f"names must {rule}")
-        if not isinstance(item, str):
-            raise InputError(
-                f"must be a string, not {kind_of(item)}",
-                field=field,
-                fix=f'quote the value: {key}: "{item}"'
-                if item is not None and not isinstance(item, list | dict)
-                else "write a string value",
-            )
-        out[key] = item
-    return out
-
-
-def read_memory_mib(value: object, field: str, *, integer_only: bool = False) -> int:
-    """A memory size: ``12GiB``, ``512MiB``, or an integer meaning MiB."""
-    fix = (
-        "write an integer number of MiB"
-        if integer_only
-        else "write a size like 12GiB, or an integer number of MiB"
-    )
-    if is_int(value):
-        assert isinstance(value, int)
-        if value < 1:
-            raise InputError(f"{value} MiB is not a positive size", field=field, fix=fix)
-        return value
-    if isinstance(value, str) and not integer_only:
-        try:
-            return parse_size_mib(value, field=field)
-        except InputError as exc:
-            raise InputError(exc.message, field=field, fix=exc.fix or fix) from None
-    raise InputError(f"must be a memory size, not {kind_of(value)}", field=field, fix=fix)
-
-
-_PERCENT_DECIMAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
-MAX_SHARE_MILLI = 900  # at most 90% of a GPU's busy time: the rest stays with the arbiter's classes
-
-
-def read_share(value: object, field: str) -> int:
-    """``10%`` or ``0.1`` to thousandths of a GPU's busy time (at most 90%)."""
-    fix = "write a percentage like 10%, or a number between 0 and 0.9"
-    match = _PERCENT_DECIMAL.match(value) if isinstance(value, str) else None
-    if match:
-        value = float(match.group(1)) / 100
-    elif isinstance(value, str | bool):
-        raise InputError(f"{kind_of(value)} is not a share", field=field, fix=fix)
-    if isinstance(value, int | float) and value == 0:
-        return 0
-    return read_milli(value, field, maximum=MAX_SHARE_MILLI, fix=fix)
-
-
-def read_milli(value: object, field: str, *, maximum: int | None, fix: str) -> int:
-    """A positive number of GPUs to milli-GPU (``0.25`` -> 250), rounded to the nearest
-    milli-GPU."""
-    if not is_number(value):
-        raise InputError(f"must be a number, not {kind_of(value)}", field=field, fix=fix)
-    try:
-        milli = int((Decimal(str(value)) * 1000).to_integral_value(rounding=ROUND_HALF_UP))
-    except (InvalidOperation, ValueError, OverflowError):
-        raise InputError(f"{value} is not a finite number", field=field, fix=fix) from None
-    if milli < 1 or (maximum is not None and milli > maximum):
-        raise InputError(f"{value} is out of range", field=field, fix=fix)
-    return milli

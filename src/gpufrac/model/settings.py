@@ -1,48 +1,38 @@
 """The operator's settings file, ``gpufrac.yaml`` in the data directory: tenant quotas and policies.
 
 Read as strictly as a manifest (unknown fields and wrong types are errors naming the field and the
-fix). A missing file means the defaults. ``docs/manifest.md`` documents every field.
+fix): the file is a pydantic model, ``SettingsDocument``, whose JSON Schema editors use
+(``model.schema``); it gives the ``OperatorSettings`` value the rest of gpufrac reads. A missing
+file means the defaults. ``docs/manifest.md`` documents every field.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Annotated, Literal, Self, get_args
+
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from gpufrac.errors import InputError
-from gpufrac.model.manifest_fields import (
-    join,
-    kind_of,
-    load_documents,
-    read_bool,
-    read_choice,
-    read_dns_label,
-    read_int,
-    read_mapping,
-    read_memory_mib,
-    read_milli,
-    read_share,
-    read_str,
-    read_text_file,
+from gpufrac.model.manifest_errors import input_error
+from gpufrac.model.manifest_fields import kind_of, load_documents, read_text_file
+from gpufrac.model.manifest_types import (
+    BodyLimitMiB,
+    DnsLabel,
+    GpusMilli,
+    Hint,
+    MemoryMiB,
+    ShareMilli,
+    Strict,
+    Text,
+    Word,
+    problem,
+    report,
 )
 from gpufrac.model.workload import MAX_PRIORITY
 
 SETTINGS_FILE = "gpufrac.yaml"
-SETTINGS_FIELDS = (
-    "tenants",
-    "mps_share_tenants",
-    "placement_policy",
-    "qos_quantum_ms",
-    "qos_preempt",
-    "mig_reconfigure",
-    "job_min_share",
-    "api_max_body",
-    "max_priority",
-    "max_workloads",
-    "workload_users",
-    "tenant_uids",
-)
 QosPreempt = Literal["overlap", "drain"]  # how a higher QoS class takes the GPU over
 PlacementPolicy = Literal["binpack", "spread"]
 # when the agent may re-cut MIG GPUs for waiting workloads: never; idle instances and free space
@@ -52,7 +42,6 @@ MigReconfigure = Literal["never", "idle", "drain"]
 QOS_PREEMPT: tuple[QosPreempt, ...] = get_args(QosPreempt)
 PLACEMENT_POLICIES: tuple[PlacementPolicy, ...] = get_args(PlacementPolicy)
 MIG_RECONFIGURE: tuple[MigReconfigure, ...] = get_args(MigReconfigure)
-TENANT_FIELDS = ("gpu_memory", "gpus", "max_priority", "max_workloads", "preemption", "users")
 DEFAULT_MAX_WORKLOADS = 1000  # workloads (replicas included) one tenant may have stored at once
 # whom workloads run as: the agent's user, or each tenant's own unprivileged uid (root agents only);
 # auto: the tenant's when the agent is root and has API tokens (several tenants), else the agent's
@@ -166,114 +155,136 @@ def parse_settings(text: str, *, source: str = SETTINGS_FILE) -> OperatorSetting
             fix="write the settings as one document",
         )
     try:
-        raw = read_mapping(documents[0], "", SETTINGS_FIELDS, what="a mapping of settings")
-    except InputError as exc:
-        raise exc.at(source) if not exc.field else exc from None
-    tenants = raw.get("tenants", {})
-    if not isinstance(tenants, dict):
-        raise InputError(
-            f"must be a mapping of tenant name to quota, not {kind_of(tenants)}",
-            field="tenants",
-            fix="write one 'NAME: {gpu_memory: 200GiB, gpus: 4}' per tenant",
-        )
-    return OperatorSettings(
-        tenants={
-            read_dns_label(name, join("tenants", name)): _quota(quota, join("tenants", name))
-            for name, quota in tenants.items()
-        },
-        mps_share_tenants=read_bool(raw.get("mps_share_tenants", False), "mps_share_tenants"),
-        placement_policy=read_choice(
-            raw.get("placement_policy", "binpack"), "placement_policy", PLACEMENT_POLICIES
-        ),
-        qos_quantum_ms=read_int(
-            raw.get("qos_quantum_ms", 10), "qos_quantum_ms", minimum=1, maximum=1000
-        ),
-        qos_preempt=read_choice(raw.get("qos_preempt", "overlap"), "qos_preempt", QOS_PREEMPT),
-        mig_reconfigure=read_choice(
-            raw.get("mig_reconfigure", "idle"), "mig_reconfigure", MIG_RECONFIGURE
-        ),
-        job_min_share_milli=read_share(raw["job_min_share"], "job_min_share")
-        if "job_min_share" in raw
-        else 100,
-        api_max_body_mib=_body_limit(raw["api_max_body"]) if "api_max_body" in raw else 1,
-        workload_users=read_choice(
-            raw.get("workload_users", "auto"), "workload_users", WORKLOAD_USERS
-        ),
-        tenant_uids=_uid_range(raw["tenant_uids"]) if "tenant_uids" in raw else DEFAULT_TENANT_UIDS,
-        max_priority=read_int(
-            raw.get("max_priority", DEFAULT_MAX_PRIORITY),
-            "max_priority",
-            minimum=-MAX_PRIORITY,
-            maximum=MAX_PRIORITY,
-        ),
-        max_workloads=read_int(
-            raw.get("max_workloads", DEFAULT_MAX_WORKLOADS),
-            "max_workloads",
-            minimum=1,
-            maximum=1_000_000,
-        ),
-    )
+        document = SettingsDocument.model_validate(documents[0])
+    except ValidationError as exc:
+        errors = input_error(exc, SettingsDocument).errors  # the document's own: the file's
+        raise InputError.many([e if e.field else e.at(source) for e in errors]) from None
+    return document.settings()
 
 
-def _body_limit(value: object) -> int:
-    mib = read_memory_mib(value, "api_max_body")
-    if not 1 <= mib <= 1024:
-        raise InputError(
-            f"{mib} MiB is out of range", field="api_max_body", fix="give 1MiB to 1GiB"
-        )
-    return mib
+_PRIORITY = Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)]
+_WORKLOADS = Annotated[int, Field(ge=1, le=1_000_000)]
+_UID = Annotated[int, Field(ge=1000, le=2**31 - 2)]
 
 
-def _quota(value: object, where: str) -> TenantQuota:
-    raw = read_mapping(value, where, TENANT_FIELDS, what="a mapping of limits")
-    memory = raw.get("gpu_memory")
-    gpus = raw.get("gpus")
-    return TenantQuota(
-        gpu_memory_mib=None
-        if "gpu_memory" not in raw
-        else read_memory_mib(memory, join(where, "gpu_memory")),
-        gpus_milli=None
-        if "gpus" not in raw
-        else read_milli(
-            gpus,
-            join(where, "gpus"),
-            maximum=None,
-            fix="write a positive number of GPUs, like 4 or 2.5",
-        ),
-        max_priority=None
-        if "max_priority" not in raw
-        else read_int(
-            raw["max_priority"],
-            join(where, "max_priority"),
-            minimum=-MAX_PRIORITY,
-            maximum=MAX_PRIORITY,
-        ),
-        max_workloads=None
-        if "max_workloads" not in raw
-        else read_int(
-            raw["max_workloads"], join(where, "max_workloads"), minimum=1, maximum=1_000_000
-        ),
-        preemption=read_choice(
-            raw.get("preemption", "lower-priority"), join(where, "preemption"), TENANT_PREEMPTION
-        ),
-        users=_users(raw.get("users", []), join(where, "users")),
-    )
-
-
-def _users(value: object, where: str) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise InputError(
-            f"must be a list of user names, not {kind_of(value)}", field=where, fix="write [alice]"
-        )
-    return tuple(read_str(v, f"{where}[{i}]") for i, v in enumerate(value))
-
-
-def _uid_range(value: object) -> tuple[int, int]:
-    fix = "write [FIRST, LAST], like [200000, 299999] (uids no account on this machine uses)"
+def _pair(value: object) -> object:
     if not isinstance(value, list) or len(value) != 2:
-        raise InputError(
-            f"must be [first, last], not {kind_of(value)}", field="tenant_uids", fix=fix
+        raise problem(
+            f"must be [first, last], not {kind_of(value)}",
+            "write [FIRST, LAST], like [200000, 299999] (uids no account on this machine uses)",
         )
-    first = read_int(value[0], "tenant_uids[0]", minimum=1000, maximum=2**31 - 2)
-    last = read_int(value[1], "tenant_uids[1]", minimum=first, maximum=2**31 - 2)
-    return first, last
+    return value
+
+
+class TenantFields(Strict):
+    """One tenant's limits; a limit left out is no limit."""
+
+    gpu_memory: MemoryMiB | None = Field(
+        None,
+        description="The most GPU memory its workloads may hold at once (200GiB, or an integer "
+        "meaning MiB).",
+    )
+    gpus: GpusMilli | None = Field(
+        None, description="The most GPUs it may hold at once; may be fractional (2.5)."
+    )
+    max_priority: _PRIORITY | None = Field(
+        None, description="The highest spec.priority its workloads may have."
+    )
+    max_workloads: _WORKLOADS | None = Field(
+        None, description="The most workloads it may have stored at once (replicas count)."
+    )
+    preemption: Annotated[TenantPreemption, Word] = Field(
+        "lower-priority",
+        description="Whom its workloads may evict to get placed: any lower-priority workload, "
+        "only its own, or none.",
+    )
+    users: Annotated[list[Text], Hint(fix="write [alice]")] = Field(
+        [], description="The spec.user values its workloads may ask for."
+    )
+
+    def quota(self) -> TenantQuota:
+        return TenantQuota(
+            gpu_memory_mib=self.gpu_memory,
+            gpus_milli=self.gpus,
+            max_priority=self.max_priority,
+            max_workloads=self.max_workloads,
+            preemption=self.preemption,
+            users=tuple(self.users),
+        )
+
+
+class SettingsDocument(Strict):
+    """The operator's settings: gpufrac.yaml in the data directory."""
+
+    tenants: Annotated[
+        dict[DnsLabel, TenantFields],
+        Hint(fix="write one 'NAME: {gpu_memory: 200GiB, gpus: 4}' per tenant"),
+    ] = Field({}, description="Per-tenant quotas; a tenant not listed has no quota.")
+    mps_share_tenants: bool = Field(
+        False, description="Whether workloads of different tenants may share one GPU under MPS."
+    )
+    placement_policy: Annotated[PlacementPolicy, Word] = Field(
+        "binpack", description="binpack fills GPUs before using new ones; spread spreads."
+    )
+    qos_quantum_ms: Annotated[int, Field(ge=1, le=1000)] = Field(
+        10, description="The QoS arbiter's quantum in milliseconds."
+    )
+    qos_preempt: Annotated[QosPreempt, Word] = Field(
+        "overlap", description="How a higher QoS class takes the GPU from a cooperative workload."
+    )
+    mig_reconfigure: Annotated[MigReconfigure, Word] = Field(
+        "idle", description="When workloads waiting for MIG slices may re-cut GPUs."
+    )
+    job_min_share: ShareMilli | None = Field(
+        None, description="The min_share of a job that sets none (10% or 0.1; default 10%)."
+    )
+    api_max_body: BodyLimitMiB | None = Field(
+        None, description="The largest request body the control API reads (1MiB to 1GiB)."
+    )
+    max_priority: _PRIORITY = Field(
+        DEFAULT_MAX_PRIORITY,
+        description="The highest spec.priority of a tenant with no max_priority of its own.",
+    )
+    max_workloads: _WORKLOADS = Field(
+        DEFAULT_MAX_WORKLOADS,
+        description="The most workloads a tenant with no max_workloads of its own may store.",
+    )
+    workload_users: Annotated[WorkloadUsers, Word] = Field(
+        "auto", description="Whom workloads run as: the agent's user, or each tenant's own uid."
+    )
+    tenant_uids: Annotated[
+        list[_UID], Field(min_length=2, max_length=2), BeforeValidator(_pair)
+    ] = Field(list(DEFAULT_TENANT_UIDS), description="[FIRST, LAST]: the uids given to tenants.")
+
+    @model_validator(mode="after")
+    def _uid_order(self) -> Self:
+        first, last = self.tenant_uids
+        if last < first:
+            report(
+                "Settings",
+                [
+                    (
+                        ("tenant_uids", 1),
+                        f"{last} is out of range",
+                        f"write a whole number from {first} to {2**31 - 2}",
+                    )
+                ],
+            )
+        return self
+
+    def settings(self) -> OperatorSettings:
+        first, last = self.tenant_uids
+        return OperatorSettings(
+            tenants={name: quota.quota() for name, quota in self.tenants.items()},
+            mps_share_tenants=self.mps_share_tenants,
+            placement_policy=self.placement_policy,
+            qos_quantum_ms=self.qos_quantum_ms,
+            qos_preempt=self.qos_preempt,
+            mig_reconfigure=self.mig_reconfigure,
+            job_min_share_milli=100 if self.job_min_share is None else self.job_min_share,
+            api_max_body_mib=1 if self.api_max_body is None else self.api_max_body,
+            max_priority=self.max_priority,
+            max_workloads=self.max_workloads,
+            workload_users=self.workload_users,
+            tenant_uids=(first, last),
+        )

@@ -1,0 +1,349 @@
+"""The value types of manifests and the settings file, as pydantic types: names, units, choices.
+
+Each type validates what a user writes (strictly: ``"8"`` is not a number, ``true`` is not an
+integer) and gives the JSON Schema an editor checks it with. A unit (``12GiB``, ``30%``, ``0.25``
+of a GPU) comes out in fixed point: MiB, percent, milli-GPU. A bad value raises a ``problem``:
+the message and the fix ``model.manifest_errors`` turns into an ``InputError``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Annotated, Any, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    PlainValidator,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WithJsonSchema,
+    field_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from gpufrac.errors import InputError
+from gpufrac.model.manifest_fields import DNS_LABEL_FIX, kind_of, read_dns_label
+from gpufrac.model.units import parse_size_mib
+from gpufrac.model.workload import MAX_PRIORITY, MILLI, PRIORITY_NAMES
+
+T = TypeVar("T")
+PROBLEM = "gpufrac"  # the pydantic error type of every problem raised here
+NULL = "null"  # the error type of a null value: model.manifest_errors tells it by the field's type
+MAX_SHARE_MILLI = 900  # at most 90% of a GPU's busy time: the rest stays with the arbiter's classes
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    """Annotated metadata: the fix for a field given a value of the wrong type (``fix``) or left
+    out while required (``missing``); without one, the error message says a generic fix."""
+
+    fix: str = ""
+    missing: str = ""
+
+
+def problem(message: str, fix: str) -> PydanticCustomError:
+    """A validation error carrying gpufrac's own message and fix."""
+    return PydanticCustomError(PROBLEM, "{message}", {"message": message, "fix": fix})
+
+
+def report(title: str, problems: list[tuple[tuple[str | int, ...], str, str]]) -> None:
+    """Raise every ``(location, message, fix)`` at once, locations relative to the value being
+    validated (a model's cross-field rules, each naming its own field)."""
+    if problems:
+        details = [
+            InitErrorDetails(type=problem(message, fix), loc=loc, input=None)
+            for loc, message, fix in problems
+        ]
+        raise ValidationError.from_exception_data(title, details)
+
+
+class Strict(BaseModel):
+    """A mapping of a user-written file: unknown fields and null values are errors, and nothing
+    is coerced. A field typed ``X | None`` may be left out (``None``), never given as null: the
+    JSON Schema (``model.schema``) shows it as ``X``."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="wrap")
+    @classmethod
+    def _not_null(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        if value is None:
+            raise PydanticCustomError(NULL, "is empty (null)")
+        return handler(value)
+
+
+def _via(read: Callable[[Any, str], T]) -> Callable[[Any], T]:
+    """A validator made of one of ``model.manifest_fields``' readers (its ``InputError``, a
+    problem)."""
+
+    def check(value: Any) -> T:
+        try:
+            return read(value, "")
+        except InputError as exc:
+            raise problem(exc.message, exc.fix or "") from None
+
+    return check
+
+
+def _lower(value: object) -> object:
+    """Choices are words in any case: ``MPS`` is ``mps``."""
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+Word = BeforeValidator(_lower)
+
+# --- names ----------------------------------------------------------------------------------------
+
+DNS_LABEL_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+DnsLabel = Annotated[
+    str,
+    AfterValidator(_via(read_dns_label)),
+    Hint(fix=DNS_LABEL_FIX),
+    WithJsonSchema({"type": "string", "pattern": DNS_LABEL_PATTERN}),
+]
+
+
+def _text(value: str) -> str:
+    if not value.strip():
+        raise problem("must not be empty", "write a non-empty string")
+    return value
+
+
+Text = Annotated[
+    str, AfterValidator(_text), WithJsonSchema({"type": "string", "pattern": r"\S"})
+]  # a string that is not empty or blank
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_NAME.match(value):
+        raise problem(f"{value!r} is not a valid name", f"names must match {_ENV_NAME.pattern}")
+    return value
+
+
+EnvName = Annotated[
+    str, AfterValidator(_env_name), WithJsonSchema({"type": "string", "pattern": _ENV_NAME.pattern})
+]
+
+
+def _label_key(value: str) -> str:
+    if not value:
+        raise problem(f"{value!r} is not a valid name", "names must be non-empty strings")
+    return value
+
+
+LabelKey = Annotated[str, AfterValidator(_label_key), WithJsonSchema({"type": "string"})]
+
+
+def _absolute_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise problem(f"{value!r} does not start with '/'", f"write /{value}")
+    return value
+
+
+UrlPath = Annotated[
+    str, AfterValidator(_absolute_path), WithJsonSchema({"type": "string", "pattern": "^/"})
+]
+
+# --- numbers with units ---------------------------------------------------------------------------
+
+SIZE_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*([MGTmgt]([Ii]?[Bb])?)?\s*$"
+_SIZE_FIX = "write a size like 12GiB, or an integer number of MiB"
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _memory_mib(value: object) -> int:
+    """``12GiB``, ``512MiB``, ``16GB`` (rounded up to whole MiB), or an integer meaning MiB."""
+    if is_int(value):
+        assert isinstance(value, int)
+        if value < 1:
+            raise problem(f"{value} MiB is not a positive size", _SIZE_FIX)
+        return value
+    if isinstance(value, str):
+        try:
+            return parse_size_mib(value, field="")
+        except InputError as exc:
+            raise problem(exc.message, exc.fix or _SIZE_FIX) from None
+    raise problem(f"must be a memory size, not {kind_of(value)}", _SIZE_FIX)
+
+
+MemoryMiB = Annotated[
+    int,
+    PlainValidator(_memory_mib),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1},
+                {"type": "string", "pattern": SIZE_PATTERN},
+            ]
+        }
+    ),
+]
+
+
+def _body_limit(value: object) -> int:
+    mib = _memory_mib(value)
+    if not 1 <= mib <= 1024:
+        raise problem(f"{mib} MiB is out of range", "give 1MiB to 1GiB")
+    return mib
+
+
+BodyLimitMiB = Annotated[
+    int,
+    PlainValidator(_body_limit),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": 1024},
+                {"type": "string", "pattern": SIZE_PATTERN},
+            ]
+        }
+    ),
+]
+
+_PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")
+PERCENT_PATTERN = r"^\s*(100|[1-9][0-9]?)\s*%\s*$"
+
+
+def _percent(value: object) -> int:
+    """``30%`` or ``30``: a whole percentage from 1 to 100."""
+    fix = "write it like 30% or 30, from 1 to 100"
+    match = _PERCENT.match(value) if isinstance(value, str) else None
+    if isinstance(value, str) and not match:
+        raise problem(f"{kind_of(value)} is not a percentage", fix)
+    if match:
+        value = int(match.group(1))
+    if not is_int(value):
+        raise problem(f"must be an integer, not {kind_of(value)}", fix)
+    assert isinstance(value, int)
+    if not 1 <= value <= 100:
+        raise problem(f"{shown(value)} is out of range", fix)
+    return value
+
+
+Percent = Annotated[
+    int,
+    PlainValidator(_percent),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": 100},
+                {"type": "string", "pattern": PERCENT_PATTERN},
+            ]
+        }
+    ),
+]
+
+
+def milli(value: object, *, maximum: int | None, fix: str) -> int:
+    """A positive number of GPUs to milli-GPU (``0.25`` -> 250), rounded to the nearest (half
+    up)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise problem(f"must be a number, not {kind_of(value)}", fix)
+    try:
+        out = int((Decimal(str(value)) * 1000).to_integral_value(rounding=ROUND_HALF_UP))
+    except (InvalidOperation, ValueError, OverflowError):
+        raise problem(f"{value} is not a finite number", fix) from None
+    if out < 1 or (maximum is not None and out > maximum):
+        raise problem(f"{value} is out of range", fix)
+    return out
+
+
+def _fraction(value: object) -> int:
+    return milli(value, maximum=MILLI - 1, fix="write a number between 0 and 1, like 0.25")
+
+
+FractionMilli = Annotated[
+    int,
+    PlainValidator(_fraction),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}),
+]
+
+
+def _gpus(value: object) -> int:
+    return milli(value, maximum=None, fix="write a positive number of GPUs, like 4 or 2.5")
+
+
+GpusMilli = Annotated[
+    int, PlainValidator(_gpus), WithJsonSchema({"type": "number", "exclusiveMinimum": 0})
+]
+
+_PERCENT_DECIMAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+SHARE_PATTERN = r"^\s*(90(\.0+)?|[0-8]?[0-9](\.[0-9]+)?)\s*%\s*$"
+
+
+def _share(value: object) -> int:
+    """``10%`` or ``0.1`` to thousandths of a GPU's busy time (at most 90%)."""
+    fix = "write a percentage like 10%, or a number between 0 and 0.9"
+    match = _PERCENT_DECIMAL.match(value) if isinstance(value, str) else None
+    if match:
+        value = float(match.group(1)) / 100
+    elif isinstance(value, str | bool):
+        raise problem(f"{kind_of(value)} is not a share", fix)
+    if isinstance(value, int | float) and value == 0:
+        return 0
+    return milli(value, maximum=MAX_SHARE_MILLI, fix=fix)
+
+
+ShareMilli = Annotated[
+    int,
+    PlainValidator(_share),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": 0, "maximum": 0.9},
+                {"type": "string", "pattern": SHARE_PATTERN},
+            ]
+        }
+    ),
+]
+
+
+def _priority(value: object) -> int:
+    if isinstance(value, str) and value in PRIORITY_NAMES:
+        return PRIORITY_NAMES[value]
+    if is_int(value):
+        assert isinstance(value, int)
+        if abs(value) > MAX_PRIORITY:
+            bound = f"{MAX_PRIORITY:_}"
+            raise problem(
+                f"{shown(value)} is out of range", f"write an integer from -{bound} to {bound}"
+            )
+        return value
+    raise problem(
+        f"{kind_of(value)} is not a priority",
+        "write high, normal or low, or an integer (higher is more important)",
+    )
+
+
+Priority = Annotated[
+    int,
+    PlainValidator(_priority),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"enum": list(PRIORITY_NAMES)},
+                {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
+            ]
+        }
+    ),
+]
+
+
+def shown(value: int) -> str:
+    """An integer as a message shows it: in digits, or by its size when it has very many."""
+    return (
+        str(value)
+        if abs(value) < 10**30
+        else f"an integer of about {value.bit_length() * 3 // 10} digits"
+    )

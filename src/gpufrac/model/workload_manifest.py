@@ -1,0 +1,261 @@
+"""The ``kind: Workload`` document as pydantic models: the schema, the validation and the
+cross-field rules, and the ``WorkloadSpec`` a valid document means.
+
+Field names are the names written in files (aliases where Python cannot spell them:
+``apiVersion``, ``gpu-fraction``). Descriptions are docs/manifest.md's, shown by editors through
+the JSON Schema (``model.schema``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
+
+from gpufrac.model.gpu_manifest import Resources, check_sharing
+from gpufrac.model.manifest_types import (
+    DnsLabel,
+    EnvName,
+    Hint,
+    LabelKey,
+    Priority,
+    ShareMilli,
+    Strict,
+    Text,
+    UrlPath,
+    Word,
+    problem,
+    report,
+)
+from gpufrac.model.qos import DEFAULT_QOS, MAX_WEIGHT
+from gpufrac.model.workload import (
+    PRIORITY_NAMES,
+    HealthCheck,
+    Preemption,
+    QosMode,
+    RestartPolicy,
+    Sharing,
+    WorkloadSpec,
+    WorkloadType,
+)
+
+API_VERSION = "gpufrac/v1"
+DEFAULT_RESTART: dict[WorkloadType, RestartPolicy] = {"service": "always", "job": "on-failure"}
+DEFAULT_BACKOFF_LIMIT = 6
+_COMMAND_FIX = 'write a list of strings, program first: ["python", "-m", "app"] (no shell is used)'
+_NAMES = Hint(fix="write one NAME: value per line")
+_PORT = Annotated[int, Field(ge=1, le=65535, description="A TCP port, 1..65535.")]
+
+
+class Metadata(Strict):
+    name: Annotated[DnsLabel, Hint(missing="name the workload")] = Field(
+        description="The name (a DNS label), unique within its tenant."
+    )
+    tenant: DnsLabel = Field(
+        "default",
+        description="Who it belongs to (a DNS label; quotas apply per tenant). Default: "
+        "'default', or the tenant of the API token it is applied with.",
+    )
+    labels: Annotated[dict[LabelKey, str], _NAMES] = Field(
+        {}, description="Free-form labels. Values are strings: quote numbers and booleans."
+    )
+
+
+class HttpProbe(Strict):
+    port: Annotated[_PORT, Hint(missing="give the port the service listens on")]
+    path: UrlPath = Field("/", description="The path to GET; ready on 2xx/3xx.")
+
+
+class TcpProbe(Strict):
+    port: Annotated[_PORT, Hint(missing="give the port the service listens on")]
+
+
+class Health(Strict):
+    """A service's readiness check: exactly one of http or tcp."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["http"]}, {"required": ["tcp"]}]}
+    )
+
+    http: HttpProbe | None = Field(None, description="HTTP GET to a port; ready on 2xx/3xx.")
+    tcp: TcpProbe | None = Field(None, description="Ready when a TCP connect succeeds.")
+    period_seconds: Annotated[int, Field(ge=1)] = Field(5, description="Seconds between checks.")
+    initial_delay_seconds: Annotated[int, Field(ge=0)] = Field(
+        0, description="Seconds after start before the first check."
+    )
+
+    @model_validator(mode="after")
+    def _one_probe(self) -> Self:
+        if (self.http is None) == (self.tcp is None):
+            raise problem(
+                "has both http and tcp" if self.http else "has neither http nor tcp",
+                "give exactly one of http: {port: 8000, path: /healthz} or tcp: {port: 8000}",
+            )
+        return self
+
+    def check(self) -> HealthCheck:
+        probe = self.http or self.tcp
+        assert probe is not None
+        return HealthCheck(
+            kind="http" if self.http else "tcp",
+            port=probe.port,
+            path=self.http.path if self.http else "/",
+            period_seconds=self.period_seconds,
+            initial_delay_seconds=self.initial_delay_seconds,
+        )
+
+
+def _command(value: list[str]) -> list[str]:
+    if not value[0].strip():
+        report("Command", [((0,), "the program name is empty", _COMMAND_FIX)])
+    return value
+
+
+Command = Annotated[
+    list[str],
+    Field(min_length=1),
+    AfterValidator(_command),
+    Hint(fix=_COMMAND_FIX),
+]
+
+
+class SpecFields(Strict):
+    """The fields a workload and a deployment's replica template share."""
+
+    command: Command | None = Field(
+        None,
+        description="Program and arguments, run without a shell: a non-empty list of strings.",
+    )
+    env: Annotated[dict[EnvName, str], _NAMES] = Field(
+        {},
+        description="Environment variables, NAME: string (quote numbers and booleans).",
+    )
+    workdir: Text | None = Field(None, description="Working directory.")
+    user: Text | None = Field(
+        None, description="User to run as (one of its tenant's users in gpufrac.yaml)."
+    )
+    resources: Annotated[Resources, Hint(missing="write resources: {gpu: {count: 1}}")] = Field(
+        description="May hold only gpu."
+    )
+    sharing: Annotated[Sharing, Word] = Field(
+        "auto", description="How the GPU is shared; auto lets gpufrac choose."
+    )
+    priority: Priority = Field(
+        PRIORITY_NAMES["normal"],
+        description="high (100), normal (50), low (0), or any integer; higher is more important.",
+    )
+    preemption: Annotated[Preemption, Word] = Field(
+        "lower-priority",
+        description="Whether it may evict strictly lower-priority work to get placed.",
+    )
+    qos: Annotated[QosMode, Word] | None = Field(
+        None,
+        description="Its class at the QoS arbiter beside priority; default latency for "
+        "services, throughput for jobs.",
+    )
+    weight: Annotated[int, Field(ge=1, le=MAX_WEIGHT)] = Field(
+        1, description="Share of the GPU within its class, relative to the others'."
+    )
+    min_share: ShareMilli | None = Field(
+        None,
+        description="Part of the GPU's busy time guaranteed while it wants the GPU (10% or "
+        "0.1, at most 90%); default: the operator's job_min_share for jobs, 0 for services.",
+    )
+
+    def to_spec(
+        self, meta: Metadata, tenant: str, kind: WorkloadType, **fields: Any
+    ) -> WorkloadSpec:
+        """The workload this spec describes; ``fields`` are the kind's own."""
+        assert self.command is not None
+        return WorkloadSpec(
+            name=meta.name,
+            tenant=tenant,
+            labels=dict(meta.labels),
+            type=kind,
+            command=tuple(self.command),
+            env=dict(self.env),
+            workdir=self.workdir,
+            user=self.user,
+            gpu=self.resources.gpu.request(),
+            sharing=self.sharing,
+            priority=self.priority,
+            preemption=self.preemption,
+            qos=self.qos or DEFAULT_QOS[kind],
+            weight=self.weight,
+            min_share_milli=self.min_share,
+            **fields,
+        )
+
+
+class WorkloadSpecFields(SpecFields):
+    type: Annotated[WorkloadType, Word] = Field(
+        "job", description="A job runs to completion; a service runs until deleted."
+    )
+    command: Annotated[Command, Hint(missing='write command: ["python", "app.py"]')] = Field(
+        description="Program and arguments, run without a shell: a non-empty list of strings."
+    )
+    health: Health | None = Field(None, description="Services only: a readiness check.")
+    restart: Annotated[RestartPolicy, Word] | None = Field(
+        None,
+        description="When a stopped workload is started again; default always for services, "
+        "on-failure for jobs.",
+    )
+    backoff_limit: Annotated[int, Field(ge=0)] = Field(
+        DEFAULT_BACKOFF_LIMIT, description="Jobs only: restarts before the job is failed."
+    )
+    deadline_seconds: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Jobs only: stopped and failed after this many seconds."
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> Self:
+        broken = check_sharing(self.resources.gpu, self.sharing)
+        if self.health is not None and self.type != "service":
+            broken.append(
+                (
+                    ("health",),
+                    "a health check is for services only",
+                    "remove health, or set type: service",
+                )
+            )
+        for key in ("backoff_limit", "deadline_seconds"):
+            if self.type != "job" and key in self.model_fields_set:
+                broken.append(
+                    (
+                        (key,),
+                        f"{key} is for jobs only",
+                        f"remove {key}: a service runs until deleted and is restarted per "
+                        "spec.restart",
+                    )
+                )
+        report("WorkloadSpec", broken)
+        return self
+
+
+class WorkloadDocument(Strict):
+    """A workload: a job or a service, and what it needs of a GPU."""
+
+    api_version: Literal["gpufrac/v1"] = Field(alias="apiVersion")
+    kind: Literal["Workload"]
+    metadata: Annotated[Metadata, Hint(missing="write metadata: {name: my-workload}")]
+    spec: Annotated[
+        WorkloadSpecFields,
+        Hint(missing="write spec: with command and resources (see docs/manifest.md)"),
+    ]
+
+    def to_spec(self, tenant: str) -> WorkloadSpec:
+        spec = self.spec
+        return spec.to_spec(
+            self.metadata,
+            tenant,
+            spec.type,
+            health=spec.health.check() if spec.health else None,
+            restart=spec.restart or DEFAULT_RESTART[spec.type],
+            backoff_limit=spec.backoff_limit,
+            deadline_seconds=spec.deadline_seconds,
+        )
