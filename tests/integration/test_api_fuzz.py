@@ -1,6 +1,7 @@
 """schemathesis against a throwaway agent's /openapi.json, without and with API tokens: every
 operation gets generated requests (about 10 examples each, in a hard time limit), and not one may be
-answered with a server error."""
+answered with a server error, a status code the operation does not declare, or an answer (errors
+included) whose content type or body does not match its declared schema."""
 
 from __future__ import annotations
 
@@ -12,12 +13,21 @@ from pathlib import Path
 from tests.integration.conftest import TOKENS, RunningAgent
 
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
+CHECKS = ",".join(
+    (
+        "not_a_server_error",
+        "status_code_conformance",
+        "content_type_conformance",
+        "response_schema_conformance",
+        "response_headers_conformance",
+    )
+)
 
 
 def fuzz(agent: RunningAgent, *headers: str) -> subprocess.CompletedProcess[str]:
     args = [
         str(SCHEMATHESIS), "run", agent.url + "/openapi.json",
-        "--checks", "not_a_server_error", "--max-examples", "10", "--seed", "1",
+        "--checks", CHECKS, "--max-examples", "10", "--seed", "1",
         "--request-timeout", "10", "--workers", "1", "--no-color",
     ]  # fmt: skip
     for h in headers:

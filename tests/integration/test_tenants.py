@@ -164,6 +164,12 @@ def test_a_preemption_does_not_name_another_tenants_workloads(tenant_agent: Runn
     decision = r.json()["results"][0]["decision"]
     assert decision["outcome"] == "placed" and decision["evicted"] == ["another tenant's workload"]
     assert "secret-train" not in r.text and "research/" not in r.text
+    # nor does the stored placement, read back as the workload or the list
+    mine = httpx.get(url + "/workloads/search/bully", headers=h("search"))
+    listed = httpx.get(url + "/workloads", headers=h("search"))
+    for text in (mine.text, listed.text):
+        assert "secret-train" not in text and "research/" not in text
+    assert mine.json()["placement"]["evicted"] == ["another tenant's workload"]
     # and the evicted one's own tenant is not told the other's name
     time.sleep(1)
     seen = httpx.get(url + "/workloads", headers=h("research")).json()["workloads"]

@@ -19,18 +19,36 @@ from prometheus_client.exposition import choose_encoder
 from starlette.concurrency import run_in_threadpool
 
 from gpufrac import __version__
-from gpufrac.api.bodies import json_object
+from gpufrac.api.bodies import read_body
 from gpufrac.api.dashboard import add_dashboard_routes
 from gpufrac.api.deployments_api import add_deployment_routes
 from gpufrac.api.fleet_view import read_fleet
 from gpufrac.api.guard import DEFAULT_MAX_BODY, Guard
 from gpufrac.api.metrics import metrics_registry
+from gpufrac.api.openapi import describe_bodies, errors, json_body, json_errors, manifest_body
+from gpufrac.api.schemas import (
+    ApplyAnswer,
+    Cordoned,
+    Deleted,
+    Drained,
+    EventList,
+    GpuList,
+    HealthAnswer,
+    LogsAnswer,
+    MigBody,
+    MigChanged,
+    MigReleased,
+    ScaleBody,
+    Uncordoned,
+    WhoAmI,
+    WorkloadDetail,
+    WorkloadList,
+)
 from gpufrac.api.service import AgentService
 from gpufrac.api.tokens import Caller, authenticate
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.manifest import parse_objects
-from gpufrac.model.manifest_fields import read_bool
 from gpufrac.model.mig import layout_from_json
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.scheduler import decision_to_json
@@ -39,7 +57,12 @@ from gpufrac.runtime.qos_view import Readings, workload_qos
 from gpufrac.runtime.shim import LOG
 from gpufrac.serving.deployments import gateway_path
 
-MIG_BODY = ("mig_enabled", "instances", "drain", "allow_mode_change", "pin")
+# what an operation may answer besides its own answer: every one but the health check needs a token,
+# and may find the store unwritable; one with a path or query parameter may be given a bad one
+AUTH = errors(401, 503)
+ANY = errors(401, 422, 503)
+ADMIN = errors(401, 403, 404, 422, 503)  # the admin's operations on one GPU
+BODY = errors(400, 413)  # a body: bounded, its length a number
 
 
 def _problem(e: InputError) -> JSONResponse:
@@ -98,11 +121,12 @@ def _as_seen_by(who: Caller, decision: dict[str, Any]) -> dict[str, Any]:
     def named(key: Any) -> Any:
         return key if who.may_see(str(key).split("/", 1)[0]) else "another tenant's workload"
 
-    return {
-        **decision,
-        "evicted": [named(k) for k in decision["evicted"]],
-        "actions": [{**a, "workload": named(a["workload"])} for a in decision["actions"]],
-    }
+    out = dict(decision)
+    if "evicted" in decision:  # a stored record of a finished run has neither
+        out["evicted"] = [named(k) for k in decision["evicted"]]
+    if "actions" in decision:
+        out["actions"] = [{**a, "workload": named(a["workload"])} for a in decision["actions"]]
+    return out
 
 
 def _unavailable_disk(e: Exception) -> JSONResponse:
@@ -133,6 +157,7 @@ def create_app(
     # the data directory refused a write (full, read-only, I/O error) while carrying out a call
     app.add_exception_handler(OSError, lambda _r, e: _unavailable_disk(e))
     app.add_middleware(Guard, tokens=tokens, max_body=max_body)  # the token, then a bounded body
+    describe_bodies(app, (MigBody, ScaleBody))  # read by read_body, described in /openapi.json
 
     def caller(request: Request) -> Caller:
         """Who calls: the token's tenant (or the admin); without tokens configured, the admin."""
@@ -141,16 +166,18 @@ def create_app(
             raise HTTPException(401, "a valid API token is needed (Authorization: Bearer TOKEN)")
         return found
 
-    def own(request: Request, tenant: str, name: str) -> None:
+    def own(request: Request, tenant: str, name: str) -> Caller:
         """A tenant sees only its own workloads: another's look like they do not exist."""
-        if not caller(request).may_see(tenant):
+        who = caller(request)
+        if not who.may_see(tenant):
             raise HTTPException(404, f"no workload {tenant}/{name}")
+        return who
 
     def admin_only(request: Request) -> None:
         if not caller(request).admin:
             raise HTTPException(403, "only the admin token may change GPUs")
 
-    def view(key: str, readings: Readings | None = None) -> dict[str, Any]:
+    def view(who: Caller, key: str, readings: Readings | None = None) -> dict[str, Any]:
         tenant, name = key.split("/", 1)
         stored = service.agent.store.workload(tenant, name)
         if stored is None:
@@ -168,7 +195,7 @@ def create_app(
             "restarts": max(0, (state.attempts if state else 0) - 1),
             "exit_code": state.exit_code if state else None,
             "env": state.env if state else {},
-            "placement": placed[1] if placed else None,
+            "placement": _as_seen_by(who, placed[1]) if placed else None,
             "qos": workload_qos(
                 service.agent,
                 spec_from_json(stored.spec),
@@ -181,7 +208,7 @@ def create_app(
 
     registry = metrics_registry(service)  # this app's own, read at scrape time
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    @app.get("/metrics", response_class=PlainTextResponse, responses=json_errors(401, 403))
     def metrics(request: Request) -> Response:
         if not caller(request).admin:
             raise HTTPException(403, "only the admin token may read the metrics")
@@ -190,21 +217,33 @@ def create_app(
             body = encode(registry)
         return Response(body, media_type=content_type)
 
-    @app.get("/api/v1/whoami")
+    @app.get("/api/v1/whoami", response_model=WhoAmI, responses=errors(401))
     def whoami(request: Request) -> dict[str, Any]:
         """Whom the token is for: a tenant, or the admin (every caller, without tokens)."""
         who = caller(request)
         return {"tenant": who.tenant, "admin": who.admin}
 
-    @app.get("/api/v1/health")
+    @app.get("/api/v1/health", response_model=HealthAnswer)
     def health() -> dict[str, Any]:
         """``ok``, or ``degraded`` with the problems (the agent's own steps that keep failing, or
         no reconcile pass for a while); answered without waiting for the agent's lock."""
         status, problems = service.health()
         return {"status": status, "version": __version__, "problems": problems}
 
-    @app.post("/api/v1/workloads")
-    @app.post("/api/v1/deployments")
+    applied = {**ANY, **BODY, **errors(403, 409)}
+
+    @app.post(
+        "/api/v1/workloads",
+        response_model=ApplyAnswer,
+        responses=applied,
+        openapi_extra=manifest_body(),
+    )
+    @app.post(
+        "/api/v1/deployments",
+        response_model=ApplyAnswer,
+        responses=applied,
+        openapi_extra=manifest_body(),
+    )
     async def apply(request: Request) -> dict[str, Any]:
         who = caller(request)
         body = await request.body()  # already read and bounded by the guard
@@ -262,30 +301,38 @@ def create_app(
     add_deployment_routes(app, service, caller, own)
     add_dashboard_routes(app, service, caller, tokens_required=tokens is not None)  # /ui, history
 
-    @app.get("/api/v1/workloads")
+    @app.get("/api/v1/workloads", response_model=WorkloadList, responses=AUTH)
     def list_workloads(request: Request) -> dict[str, Any]:
         who = caller(request)
         with service.lock:
             readings = Readings(service.agent)  # each GPU read once for the whole list
             return {
                 "workloads": [
-                    view(w.key, readings)
+                    view(who, w.key, readings)
                     for w in service.agent.store.workloads()
                     if who.may_see(w.tenant)
                 ]
             }
 
-    @app.get("/api/v1/workloads/{tenant}/{name}")
+    @app.get(
+        "/api/v1/workloads/{tenant}/{name}",
+        response_model=WorkloadDetail,
+        responses={**ANY, **errors(404)},
+    )
     def get_workload(request: Request, tenant: str, name: str) -> dict[str, Any]:
-        own(request, tenant, name)
+        who = own(request, tenant, name)
         with service.lock:
-            out = view(f"{tenant}/{name}")
+            out = view(who, f"{tenant}/{name}")
             out["events"] = [
                 asdict(e) for e in service.agent.store.events(f"{tenant}/{name}", limit=50)
             ]
             return out
 
-    @app.delete("/api/v1/workloads/{tenant}/{name}")
+    @app.delete(
+        "/api/v1/workloads/{tenant}/{name}",
+        response_model=Deleted,
+        responses={**ANY, **errors(404)},
+    )
     def delete_workload(request: Request, tenant: str, name: str) -> dict[str, Any]:
         own(request, tenant, name)
         with service.lock:
@@ -294,7 +341,11 @@ def create_app(
         service.wake()
         return {"deleted": f"{tenant}/{name}"}
 
-    @app.get("/api/v1/workloads/{tenant}/{name}/logs")
+    @app.get(
+        "/api/v1/workloads/{tenant}/{name}/logs",
+        response_model=LogsAnswer,
+        responses={**ANY, **errors(404)},
+    )
     def logs(
         request: Request, tenant: str, name: str, tail: int = Query(200, ge=0, le=10**7)
     ) -> dict[str, Any]:
@@ -312,7 +363,7 @@ def create_app(
             lines = []
         return {"run": run.name, "lines": lines[-tail:] if tail > 0 else lines}
 
-    @app.get("/api/v1/gpus")
+    @app.get("/api/v1/gpus", response_model=GpuList, responses=AUTH)
     def gpus(request: Request) -> dict[str, Any]:
         """Each GPU with the workloads placed on it (per MIG instance), what they reserved and
         use, and its cordon; another tenant's workloads are anonymous reserved shares."""
@@ -326,7 +377,7 @@ def create_app(
                 return g.uuid
         raise HTTPException(404, f"no GPU {gpu}")
 
-    @app.post("/api/v1/gpus/{gpu}/cordon")
+    @app.post("/api/v1/gpus/{gpu}/cordon", response_model=Cordoned, responses=ADMIN)
     def cordon(request: Request, gpu: str) -> dict[str, Any]:
         admin_only(request)
         with service.lock:
@@ -334,7 +385,7 @@ def create_app(
             service.agent.cordon(uuid)
         return {"cordoned": uuid}
 
-    @app.post("/api/v1/gpus/{gpu}/uncordon")
+    @app.post("/api/v1/gpus/{gpu}/uncordon", response_model=Uncordoned, responses=ADMIN)
     def uncordon(request: Request, gpu: str) -> dict[str, Any]:
         admin_only(request)
         with service.lock:
@@ -343,7 +394,7 @@ def create_app(
         service.wake()
         return {"uncordoned": uuid, "placed": [d.workload for d in placed if d.outcome == "placed"]}
 
-    @app.post("/api/v1/gpus/{gpu}/drain")
+    @app.post("/api/v1/gpus/{gpu}/drain", response_model=Drained, responses=ADMIN)
     def drain(request: Request, gpu: str) -> dict[str, Any]:
         admin_only(request)
         with service.lock:
@@ -352,25 +403,28 @@ def create_app(
         service.wake()
         return {"drained": uuid, "decisions": [decision_to_json(d) for d in moved]}
 
-    @app.post("/api/v1/gpus/{gpu}/mig")
+    @app.post(
+        "/api/v1/gpus/{gpu}/mig",
+        response_model=MigChanged,
+        responses={**ADMIN, **BODY, **errors(409)},
+        openapi_extra=json_body(MigBody),
+    )
     async def mig(request: Request, gpu: str) -> dict[str, Any]:
         """Body: {"mig_enabled": bool, "instances": [{"profile", "start"}], "drain": bool,
         "allow_mode_change": bool, "pin": bool}. A GPU already as asked is left alone ("unchanged");
         with ``pin`` (the default) the layout is kept as set until released. Refused with a 409
         (nothing changed) when not allowed."""
         admin_only(request)
-        raw = await json_object(
-            request, MIG_BODY, example='{"mig_enabled": true, "instances": [...]}'
+        body = await read_body(
+            request, MigBody, example='{"mig_enabled": true, "instances": [...]}'
         )
-        layout = layout_from_json(raw.get("instances", []), field="instances")
+        # each profile name read as a GPU instance profile (the layout's rules: when it is applied)
+        layout = layout_from_json([i.model_dump() for i in body.instances], field="instances")
         flags = {
-            name: read_bool(raw.get(name, default), name)
-            for name, default in (
-                ("mig_enabled", True),
-                ("drain", False),
-                ("allow_mode_change", False),
-                ("pin", True),
-            )
+            "mig_enabled": body.mig_enabled,
+            "drain": body.drain,
+            "allow_mode_change": body.allow_mode_change,
+            "pin": body.pin,
         }
         return await run_in_threadpool(apply_mig, gpu, layout, flags)
 
@@ -397,7 +451,7 @@ def create_app(
             "actions": [a.to_json() for a in done],
         }
 
-    @app.delete("/api/v1/gpus/{gpu}/mig/pin")
+    @app.delete("/api/v1/gpus/{gpu}/mig/pin", response_model=MigReleased, responses=ADMIN)
     def release_mig(request: Request, gpu: str) -> dict[str, Any]:
         """Let the agent re-cut this GPU's MIG layout for waiting workloads again."""
         admin_only(request)
@@ -407,7 +461,7 @@ def create_app(
         service.wake()
         return {"released": uuid, "placed": [d.workload for d in placed if d.outcome == "placed"]}
 
-    @app.get("/api/v1/events")
+    @app.get("/api/v1/events", response_model=EventList, responses={**ANY, **errors(403)})
     def events(
         request: Request,
         limit: int = Query(100, ge=1, le=10_000),

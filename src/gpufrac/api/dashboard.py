@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
+from gpufrac.api.openapi import errors
+from gpufrac.api.schemas import HistoryAnswer
+
 if TYPE_CHECKING:
     from gpufrac.api.service import AgentService
     from gpufrac.api.tokens import Caller
@@ -75,7 +78,7 @@ def add_dashboard_routes(
     def dashboard_file(name: str) -> Response:
         return page(name)
 
-    @app.get("/api/v1/history")
+    @app.get("/api/v1/history", response_model=HistoryAnswer, responses=errors(401, 422))
     def history(
         request: Request,
         since: float | None = Query(None, description="only samples taken after this time (s)"),

@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from gpufrac.api.bodies import json_object
+from gpufrac.api.bodies import read_body
+from gpufrac.api.openapi import errors, json_body
+from gpufrac.api.schemas import (
+    Deleted,
+    DeploymentDetail,
+    DeploymentList,
+    ScaleAnswer,
+    ScaleBody,
+)
+from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec, deployment_to_json
 from gpufrac.runtime.shim import LOG
 from gpufrac.serving.deployments import gateway_path, route_name
@@ -73,7 +82,7 @@ def add_deployment_routes(
     app: FastAPI,
     service: AgentService,
     caller: Callable[[Request], Caller],
-    own: Callable[[Request, str, str], None],
+    own: Callable[[Request, str, str], object],
 ) -> None:
     def find(tenant: str, name: str) -> tuple[DeploymentSpec, int | None]:
         for d, scaled in service.deployments.specs():
@@ -81,7 +90,7 @@ def add_deployment_routes(
                 return d, scaled
         raise HTTPException(404, f"no deployment {tenant}/{name}")
 
-    @app.get("/api/v1/deployments")
+    @app.get("/api/v1/deployments", response_model=DeploymentList, responses=errors(401, 503))
     def list_deployments(request: Request) -> dict[str, Any]:
         who = caller(request)
         with service.lock:
@@ -93,7 +102,11 @@ def add_deployment_routes(
                 ]
             }
 
-    @app.get("/api/v1/deployments/{tenant}/{name}")
+    @app.get(
+        "/api/v1/deployments/{tenant}/{name}",
+        response_model=DeploymentDetail,
+        responses=errors(401, 404, 422, 503),
+    )
     def get_deployment(request: Request, tenant: str, name: str) -> dict[str, Any]:
         own(request, tenant, name)
         with service.lock:
@@ -103,14 +116,22 @@ def add_deployment_routes(
             ]
             return out
 
-    @app.post("/api/v1/deployments/{tenant}/{name}/scale")
+    @app.post(
+        "/api/v1/deployments/{tenant}/{name}/scale",
+        response_model=ScaleAnswer,
+        response_model_exclude_unset=True,  # warnings only when it autoscales
+        responses=errors(400, 401, 404, 413, 422, 503),
+        openapi_extra=json_body(ScaleBody),
+    )
     async def scale(request: Request, tenant: str, name: str) -> dict[str, Any]:
         own(request, tenant, name)
-        body = await json_object(request, ("replicas",), example='{"replicas": 2}')
-        replicas = body.get("replicas")
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or not 0 <= replicas <= 1000:
-            raise HTTPException(422, "replicas: give a whole number from 0 to 1000")
-        return await run_in_threadpool(scale_to, tenant, name, replicas)
+        try:
+            body = await read_body(request, ScaleBody, example='{"replicas": 2}')
+        except InputError as e:
+            if all(err.field == "replicas" for err in e.errors):
+                raise HTTPException(422, "replicas: give a whole number from 0 to 1000") from None
+            raise
+        return await run_in_threadpool(scale_to, tenant, name, body.replicas)
 
     def scale_to(tenant: str, name: str, replicas: int) -> dict[str, Any]:
         with service.lock:
@@ -127,7 +148,11 @@ def add_deployment_routes(
             ]
         return out
 
-    @app.delete("/api/v1/deployments/{tenant}/{name}")
+    @app.delete(
+        "/api/v1/deployments/{tenant}/{name}",
+        response_model=Deleted,
+        responses=errors(401, 404, 422, 503),
+    )
     def delete_deployment(request: Request, tenant: str, name: str) -> dict[str, Any]:
         own(request, tenant, name)
         with service.lock:

@@ -3,6 +3,8 @@
 An agent is found by ``--server``, then ``$GPUFRAC_SERVER``, then the agent running on the data
 directory (it writes where it listens to ``DATA_DIR/agent.json``), then one answering on the default
 port. Answers map to exit codes: 2 for bad input (422), 1 for a refusal or something not found.
+Answers are read with the API's own models (``gpufrac.api.schemas``, what ``/openapi.json``
+describes): ``call_as`` and ``read_as``. ``--json`` prints the answer as it came.
 """
 
 from __future__ import annotations
@@ -11,13 +13,18 @@ import fcntl
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import httpx
 import typer
 
 from gpufrac.cli.common import fail
 from gpufrac.config import data_dir as resolve_data_dir
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
 
 DEFAULT_PORT = 8470
 ServerOpt = Annotated[
@@ -131,3 +138,25 @@ def answer(r: httpx.Response) -> Any:
     if r.status_code >= 400:
         raise fail(f"the agent answered {r.status_code}: {r.text}", 1)
     return r.json()
+
+
+def call_as(model: type[M], method: str, server: str | None, path: str, **kw: Any) -> M:
+    """The agent's answer read as ``model``; exits as ``answer`` does."""
+    return read_as(model, call(method, server, path, **kw))
+
+
+def read_as(model: type[M], got: Any) -> M:
+    """An answer read as ``model``: one that is not its shape (an agent of another version, or not
+    an agent) is exit 1, naming the field."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(got)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the answer"
+        raise fail(
+            f"the agent's answer is not what this gpufrac reads: {where}: {first['msg']}",
+            1,
+            "use a gpufrac of the agent's version",
+        ) from None

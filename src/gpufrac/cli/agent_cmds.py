@@ -17,13 +17,32 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import BaseModel
 
+from gpufrac.api.schemas import (
+    ApplyAnswer,
+    Cordoned,
+    DeploymentDetail,
+    DeploymentList,
+    DeploymentResult,
+    Drained,
+    GpuList,
+    LogsAnswer,
+    ScaleAnswer,
+    Uncordoned,
+    WhoAmI,
+    WorkloadDetail,
+    WorkloadList,
+    WorkloadResult,
+)
 from gpufrac.cli.agent_client import (
     AGENT_FILE,
     DEFAULT_PORT,
     ServerOpt,
     answer,
     call,
+    call_as,
+    read_as,
     request,
 )
 from gpufrac.cli.common import (
@@ -49,6 +68,11 @@ TenantOpt = Annotated[
         "--tenant", "-t", help="The tenant (default: default; or write the name as TENANT/NAME)."
     ),
 ]
+LISTS: dict[str, type[BaseModel]] = {
+    "workloads": WorkloadList,
+    "deployments": DeploymentList,
+    "gpus": GpuList,
+}
 FilterTenantOpt = Annotated[
     str | None, typer.Option("--tenant", "-t", help="Only this tenant's (default: all you see).")
 ]
@@ -72,8 +96,9 @@ def _token_tenant(server: str | None) -> str:
     if not os.environ.get("GPUFRAC_TOKEN"):
         return "default"
     r = request("GET", server, "/api/v1/whoami")
-    got = r.json() if r.status_code == 200 else {}
-    return str(got.get("tenant") or "default")
+    if r.status_code != 200:
+        return "default"
+    return read_as(WhoAmI, r.json()).tenant or "default"
 
 
 def _find(server: str | None, kind: str, tenant: str, name: str) -> Any:
@@ -89,11 +114,12 @@ def _elsewhere(server: str | None, kind: str, tenant: str, name: str) -> str | N
     r = request("GET", server, f"/api/v1/{kind}s")
     if r.status_code != 200:
         return None
-    found = [
-        f"{x['tenant']}/{x['name']}"
-        for x in r.json().get(f"{kind}s", [])
-        if x["name"] == name and x["tenant"] != tenant
-    ]
+    listed = (
+        read_as(WorkloadList, r.json()).workloads
+        if kind == "workload"
+        else read_as(DeploymentList, r.json()).deployments
+    )
+    found = [f"{x.tenant}/{x.name}" for x in listed if x.name == name and x.tenant != tenant]
     if found:
         return f"did you mean {' or '.join(found)}? (write TENANT/NAME, or pass -t TENANT)"
     if kind == "workload":
@@ -234,20 +260,23 @@ def apply_command(
     it) is reported with why while the others are applied, and the command exits 1."""
     with handled_errors():  # all or nothing: every file is valid first
         texts = [text for text, _ in load_manifest_files(file)]
-    results = []
+    results: list[dict[str, Any]] = []  # as the agent answered (--json prints them)
+    read: list[WorkloadResult | DeploymentResult] = []
     for text in texts:
-        results += call(
+        got = call(
             "POST",
             server,
             "/api/v1/workloads",
             content=text.encode(),
             headers={"content-type": "application/yaml"},
-        )["results"]
-    refused = [r for r in results if r.get("result") == "refused"]
+        )
+        read += read_as(ApplyAnswer, got).results
+        results += got["results"]
+    refused = [r for r in read if r.result == "refused"]
     if json:
         print_json({"results": results})
         raise typer.Exit(1 if refused else 0)
-    for r in results:
+    for r in read:
         _print_result(r)
     if refused:
         err_console.print(
@@ -258,35 +287,31 @@ def apply_command(
         raise typer.Exit(1)
 
 
-def _print_result(r: dict[str, Any]) -> None:
-    if r.get("kind") == "Deployment":
-        console.print(f"deployment {r['deployment']} {r['result']}: {r['url']}", highlight=False)
+def _print_result(r: WorkloadResult | DeploymentResult) -> None:
+    if isinstance(r, DeploymentResult):
+        console.print(f"deployment {r.deployment} {r.result}: {r.url}", highlight=False)
         return
-    d = r["decision"] or {}
-    if r["result"] == "refused":
-        console.print(
-            f"[red]{r['workload']} refused[/]: {d.get('reason') or 'no reason given'}",
-            highlight=False,
-        )
+    d = r.decision
+    if r.result == "refused":
+        why = d.reason if d is not None else ""
+        console.print(f"[red]{r.workload} refused[/]: {why or 'no reason given'}", highlight=False)
         return
-    detail = d.get("reason") or (
-        f"{d.get('mode')} on {', '.join(d.get('gpus', []))}" if d.get("gpus") else ""
-    )
-    if d.get("mig"):
-        detail += f" ({d['mig']['profile']}@{d['mig']['start']})"
-    console.print(
-        f"{r['workload']} {r['result']}" + (f": {d.get('outcome')} {detail}" if d else ""),
-        highlight=False,
-    )
-    for a in d.get("actions", []):
-        if a["kind"] == "evict":
+    outcome = ""
+    if d is not None:
+        detail = d.reason or (f"{d.mode} on {', '.join(d.gpus)}" if d.gpus else "")
+        if d.mig is not None:
+            detail += f" ({d.mig.profile}@{d.mig.start})"
+        outcome = f": {d.outcome} {detail}"
+    console.print(f"{r.workload} {r.result}{outcome}", highlight=False)
+    for a in d.actions if d is not None else []:
+        if a.kind == "evict":
             console.print(
-                f"    [yellow]evicts[/] {a['workload']}: {a.get('reason') or 'to make room'}",
+                f"    [yellow]evicts[/] {a.workload}: {a.reason or 'to make room'}",
                 highlight=False,
             )
-    for line in r.get("diff", []):
+    for line in r.diff:
         console.print(f"    [yellow]~[/] {line}", highlight=False)
-    for line in r.get("warnings", []):
+    for line in r.warnings:
         err_console.print(f"    [yellow]warning[/]: {line}", highlight=False)
 
 
@@ -308,14 +333,17 @@ def get_command(
         raise fail("--interval: give a number of seconds above 0", 2)
 
     def text(get: Callable[[str], Any]) -> str:
-        data = get(f"/api/v1/{kind}")
+        data = get(f"/api/v1/{kind}")  # -o json prints it as it came
+        listed = read_as(LISTS[kind], data)
         if tenant is not None and kind != "gpus":
-            data = {kind: [x for x in data[kind] if x["tenant"] == tenant]}
+            mine = [x.tenant == tenant for x in getattr(listed, kind)]
+            data = {kind: [x for x, keep in zip(data[kind], mine, strict=True) if keep]}
         gpus: list[dict[str, Any]] = []
         if kind == "gpus":
             gpus = data["gpus"]
         elif kind == "workloads" and fmt in ("table", "wide"):
             gpus = get("/api/v1/gpus")["gpus"]  # where each runs: GPU index, node, its share
+            read_as(GpuList, {"gpus": gpus})
         return render(kind, data, gpus, fmt)
 
     if watch_:
@@ -337,6 +365,7 @@ def describe_command(
         raise fail(f"cannot describe {kind!r}: use workload or deployment", 2)
     tenant_, name = qualified(name, tenant, server)
     w = _find(server, kind, tenant_, name)
+    read_as(DeploymentDetail if kind == "deployment" else WorkloadDetail, w)
     if kind == "deployment":
         from gpufrac.cli.serve_cmds import print_deployment
 
@@ -345,7 +374,9 @@ def describe_command(
     if json:
         print_json(w)
         return
-    out("\n".join(describe_lines(w, call("GET", server, "/api/v1/gpus")["gpus"])))
+    gpus = call("GET", server, "/api/v1/gpus")
+    read_as(GpuList, gpus)
+    out("\n".join(describe_lines(w, gpus["gpus"])))
 
 
 def delete_command(
@@ -424,24 +455,26 @@ def _follow_logs(
     show: Callable[[str], str] = _shown_as_is,
 ) -> None:
     path = f"/api/v1/workloads/{tenant}/{name}"
-    data = call("GET", server, path + "/logs", params={"tail": 0 if follow else tail})
-    lines = data["lines"]
+    data = call_as(
+        LogsAnswer, "GET", server, path + "/logs", params={"tail": 0 if follow else tail}
+    )
+    lines = data.lines
     for line in lines[-tail:] if tail > 0 else lines:
         typer.echo(prefix + show(line))
-    run, seen = data["run"], len(lines)
+    run, seen = data.run, len(lines)
     while follow:
         time.sleep(0.5)
-        latest = call("GET", server, path + "/logs", params={"tail": 0})
-        lines = latest["lines"]
-        if latest["run"] != run:  # a new attempt
-            typer.echo(f"{prefix}--- {latest['run']} ---")
-            run, seen = latest["run"], 0
+        latest = call_as(LogsAnswer, "GET", server, path + "/logs", params={"tail": 0})
+        lines = latest.lines
+        if latest.run != run:  # a new attempt
+            typer.echo(f"{prefix}--- {latest.run} ---")
+            run, seen = latest.run, 0
         if seen > len(lines):  # the log rotated
             seen = 0
         for line in lines[seen:]:
             typer.echo(prefix + show(line))
         seen = len(lines)
-        if call("GET", server, path)["phase"] in ("succeeded", "failed"):
+        if call_as(WorkloadDetail, "GET", server, path).phase in ("succeeded", "failed"):
             break
 
 
@@ -458,8 +491,8 @@ def _deployment_logs(
     runs: dict[str, str | None] = {}
     try:
         while True:
-            dep = call("GET", server, f"/api/v1/deployments/{tenant}/{name}")
-            replicas = [r["name"] for r in dep["replicas"]]
+            dep = call_as(DeploymentDetail, "GET", server, f"/api/v1/deployments/{tenant}/{name}")
+            replicas = [r.name for r in dep.replicas]
             if not replicas and not seen:
                 err_console.print(
                     f"{tenant}/{name} has no replica now"
@@ -472,17 +505,17 @@ def _deployment_logs(
                 )
                 if r.status_code != 200:
                     continue  # it went away meanwhile
-                data = r.json()
-                lines = data["lines"]
+                data = read_as(LogsAnswer, r.json())
+                lines = data.lines
                 if replica not in seen:
                     start = max(0, len(lines) - tail) if tail > 0 else 0
-                elif runs.get(replica) != data["run"] or seen[replica] > len(lines):
+                elif runs.get(replica) != data.run or seen[replica] > len(lines):
                     start = 0
                 else:
                     start = seen[replica]
                 for line in lines[start:]:
                     typer.echo(f"[{replica}] {show(line)}")
-                seen[replica], runs[replica] = len(lines), data["run"]
+                seen[replica], runs[replica] = len(lines), data.run
             if not follow:
                 return
             time.sleep(0.5)
@@ -495,32 +528,28 @@ GpuArg = Annotated[str, typer.Argument(help="GPU index or UUID.")]
 
 def cordon_command(gpu: GpuArg, server: ServerOpt = None) -> None:
     """Stop placing new work on a GPU (what runs there stays)."""
-    console.print(
-        f"cordoned {call('POST', server, f'/api/v1/gpus/{gpu}/cordon')['cordoned']}",
-        highlight=False,
-    )
+    done = call_as(Cordoned, "POST", server, f"/api/v1/gpus/{gpu}/cordon")
+    console.print(f"cordoned {done.cordoned}", highlight=False)
 
 
 def uncordon_command(gpu: GpuArg, server: ServerOpt = None) -> None:
     """Let a GPU take new work again."""
-    r = call("POST", server, f"/api/v1/gpus/{gpu}/uncordon")
+    r = call_as(Uncordoned, "POST", server, f"/api/v1/gpus/{gpu}/uncordon")
     console.print(
-        f"uncordoned {r['uncordoned']}; placed now: {', '.join(r['placed']) or 'none'}",
-        highlight=False,
+        f"uncordoned {r.uncordoned}; placed now: {', '.join(r.placed) or 'none'}", highlight=False
     )
 
 
 def drain_command(gpu: GpuArg, server: ServerOpt = None, json: JsonOpt = False) -> None:
     """Cordon a GPU and move its workloads elsewhere."""
-    r = call("POST", server, f"/api/v1/gpus/{gpu}/drain")
+    got = call("POST", server, f"/api/v1/gpus/{gpu}/drain")
+    r = read_as(Drained, got)
     if json:
-        print_json(r)
+        print_json(got)
         return
-    for d in r["decisions"]:
-        console.print(
-            f"{d['workload']}: {d['outcome']} {d['reason'] or ' '.join(d['gpus'])}", highlight=False
-        )
-    console.print(f"drained {r['drained']}", highlight=False)
+    for d in r.decisions:
+        console.print(f"{d.workload}: {d.outcome} {d.reason or ' '.join(d.gpus)}", highlight=False)
+    console.print(f"drained {r.drained}", highlight=False)
 
 
 def scale_command(
@@ -540,9 +569,9 @@ def scale_command(
         raise fail(
             f"no deployment {tenant_}/{name}", 1, _elsewhere(server, "deployment", tenant_, name)
         )
-    got = answer(r)
+    got = read_as(ScaleAnswer, answer(r))
     console.print(f"{tenant_}/{name}: {replicas} replica(s) wanted", highlight=False)
-    for line in got.get("warnings", []) if isinstance(got, dict) else []:
+    for line in got.warnings or []:
         err_console.print(f"[yellow]warning[/]: {line}", highlight=False)
 
 

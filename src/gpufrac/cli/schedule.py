@@ -12,7 +12,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from gpufrac.cli.agent_client import call, find_agent
+from gpufrac.api.schemas import DecisionJson, WorkloadList
+from gpufrac.cli.agent_client import call_as, find_agent
 from gpufrac.cli.common import (
     DataDirOpt,
     JsonOpt,
@@ -164,10 +165,10 @@ def _take_agent_placements(sched: Scheduler, data: Path | None) -> int:
     if url is None:
         return 0
     taken = 0
-    for w in call("GET", url, "/api/v1/workloads")["workloads"]:
-        placed = w.get("placement") or {}
-        if placed.get("outcome") == "placed":
-            sched.restore(spec_from_json(w["spec"]), decision_from_json(placed))
+    for w in call_as(WorkloadList, "GET", url, "/api/v1/workloads").workloads:
+        placed = w.placement
+        if isinstance(placed, DecisionJson) and placed.outcome == "placed":
+            sched.restore(spec_from_json(w.spec), decision_from_json(placed.model_dump()))
             taken += 1
     return taken
 

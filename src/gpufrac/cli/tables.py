@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, assert_never, get_args
 import typer
 import yaml
 
+from gpufrac.api.schemas import EventJson
 from gpufrac.cli.common import fail
 
 Output = Literal["table", "wide", "json", "yaml", "name"]
@@ -308,11 +309,10 @@ def deployment_rows(
 EVENT_HEADERS = ("TIME", "KIND", "SUBJECT", "MESSAGE")
 
 
-def event_line(e: dict[str, Any]) -> str:
+def event_line(e: EventJson) -> str:
     """One event as a line whose columns line up with ``event_header`` (for a stream of them)."""
     return (
-        f"{when(e['at']):<8}  {e['kind']:<14}  {e['subject']:<24}  "
-        + " ".join(str(e["message"]).split())
+        f"{when(e.at):<8}  {e.kind:<14}  {e.subject:<24}  " + " ".join(e.message.split())
     ).rstrip()
 
 

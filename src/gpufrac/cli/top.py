@@ -23,9 +23,11 @@ from typing import Annotated
 
 import httpx
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.live import Live
 
+from gpufrac.api.schemas import DeploymentList, GpuList, WorkloadList
 from gpufrac.cli.agent_client import ServerOpt, agent_address, answer_detail
 from gpufrac.cli.common import console, fail
 from gpufrac.cli.top_view import (
@@ -41,6 +43,9 @@ from gpufrac.cli.top_view import (
 PATHS = {
     "gpus": "/api/v1/gpus", "workloads": "/api/v1/workloads", "deployments": "/api/v1/deployments",
 }  # fmt: skip
+ANSWERS: dict[str, type[BaseModel]] = {
+    "gpus": GpuList, "workloads": WorkloadList, "deployments": DeploymentList,
+}  # fmt: skip
 
 
 def fetch(client: httpx.Client, last: Snapshot) -> Snapshot:
@@ -54,8 +59,10 @@ def fetch(client: httpx.Client, last: Snapshot) -> Snapshot:
         if r.status_code != 200:
             return replace(last, error=f"{path} answered {r.status_code}: {answer_detail(r)}")
         try:
-            got[key] = tuple(r.json()[key])
-        except (ValueError, KeyError, TypeError):
+            body = r.json()
+            ANSWERS[key].model_validate(body)  # the shape the views read
+            got[key] = tuple(body[key])
+        except (ValueError, KeyError, TypeError):  # ValidationError is a ValueError
             return replace(last, error=f"{path} answered something that is not its JSON")
     return Snapshot(last.server, got["gpus"], got["workloads"], got["deployments"], time.time())
 

@@ -17,7 +17,8 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from gpufrac.cli.agent_client import ServerOpt, agent_address, answer, send
+from gpufrac.api.schemas import EventList
+from gpufrac.cli.agent_client import ServerOpt, agent_address, answer, read_as, send
 from gpufrac.cli.common import JsonOpt, err_console, fail
 from gpufrac.cli.tables import (
     OutputOpt,
@@ -137,27 +138,27 @@ def events_command(
                     out(as_yaml(first))
                 case _:
                     rows = [
-                        [when(e["at"]), e["kind"], e["subject"], e["message"]]
-                        for e in first["events"]
+                        [when(e.at), e.kind, e.subject, e.message]
+                        for e in read_as(EventList, first).events
                     ]
                     out(table_text(("TIME", "KIND", "SUBJECT", "MESSAGE"), rows))
             return
         if fmt == "table":
             out(event_header())
         last = 0
-        events = first["events"]
+        got = first
         while True:
-            for e in events:
+            # each event as it came (-o json, yaml) and as read (the table; the id to follow)
+            for raw, e in zip(got["events"], read_as(EventList, got).events, strict=True):
                 match fmt:
                     case "table":
                         out(event_line(e))
                     case "json":
-                        out(json.dumps(e))
+                        out(json.dumps(raw))
                     case _:
-                        out("---\n" + as_yaml(e))
-                last = max(last, int(e["id"]))
+                        out("---\n" + as_yaml(raw))
+                last = max(last, e.id)
             time.sleep(interval)
-            more = {**params, "after": last, "limit": LIMIT}
-            events = poller.get("/api/v1/events", **more)["events"]
+            got = poller.get("/api/v1/events", **{**params, "after": last, "limit": LIMIT})
     except KeyboardInterrupt:
         return

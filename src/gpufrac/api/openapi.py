@@ -1,0 +1,131 @@
+"""What ``/openapi.json`` says beyond what FastAPI reads from the handlers: the bodies the handlers
+read themselves (the small JSON bodies of ``api/bodies.py`` and the manifest text of apply), and
+the error answers each operation may give.
+
+The answers' models are in ``api/schemas.py``; every operation declares its own with
+``response_model``. ``tests/unit/api/test_openapi.py`` checks that every body and every JSON answer
+has a schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+from gpufrac.api.schemas import ErrorAnswer, ProblemsAnswer
+from gpufrac.model.schema import manifest_json_schema
+
+REF = "#/components/schemas/"
+MANIFEST = "Manifest"  # the components' name of the manifest JSON Schema (one document)
+MANIFEST_TYPES = ("application/yaml", "application/json")
+ERRORS = {
+    400: "a malformed request (a Content-Length that is not a number)",
+    401: "no valid API token (Authorization: Bearer TOKEN)",
+    403: "the token may not do this (another tenant's, or not the admin's)",
+    404: "no such workload, deployment or GPU (another tenant's look like they do not exist)",
+    409: "refused: nothing was changed",
+    413: "the body is over the limit (the operator's api_max_body setting)",
+    422: "bad input: each problem's field path (loc), what is wrong (msg) and the fix",
+    503: "the agent cannot write its store or data directory now: nothing was changed; retry",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` of an operation that may answer ``codes``."""
+    return {
+        code: {"model": ProblemsAnswer if code == 422 else ErrorAnswer, "description": ERRORS[code]}
+        for code in codes
+    }
+
+
+def json_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """``errors`` of an operation whose own answer is not JSON (its errors still are)."""
+    return {
+        code: {
+            "description": ERRORS[code],
+            "content": {
+                "application/json": {
+                    "schema": {"$ref": REF + ("ProblemsAnswer" if code == 422 else "ErrorAnswer")}
+                }
+            },
+        }
+        for code in codes
+    }
+
+
+def manifest_body_schema(content_type: str) -> dict[str, Any]:
+    """The schema of a manifest sent as ``content_type`` (one of ``MANIFEST_TYPES``): JSON as one
+    document (the manifest JSON Schema, ``gpufrac schema``, whose parts ``describe_bodies`` adds to
+    the components), YAML as its text (several documents, ``---`` between them). Both are read by
+    the manifest parser (docs/manifest.md), which reports every problem at once."""
+    if content_type == "application/json":
+        return {"$ref": REF + MANIFEST}
+    return {"type": "string", "description": "manifest documents as YAML (docs/manifest.md)"}
+
+
+def _components(schema: dict[str, Any]) -> dict[str, Any]:
+    """The manifest JSON Schema as OpenAPI components: its ``$defs`` beside it, every
+    ``#/$defs/X`` pointing at ``#/components/schemas/X``."""
+
+    def moved(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {
+                k: (REF + v.removeprefix("#/$defs/"))
+                if k == "$ref" and isinstance(v, str)
+                else moved(v)
+                for k, v in node.items()
+            }
+        if isinstance(node, list):
+            return [moved(v) for v in node]
+        return node
+
+    body = {k: v for k, v in schema.items() if k not in ("$defs", "$schema")}
+    return {**moved(schema.get("$defs", {})), MANIFEST: moved(body)}
+
+
+def manifest_body(
+    schema_of: Callable[[str], dict[str, Any]] = manifest_body_schema,
+) -> dict[str, Any]:
+    """The ``openapi_extra`` of an operation whose body is manifest text."""
+    return {
+        "requestBody": {
+            "required": True,
+            "description": "manifest text, YAML or JSON; accepted whole or not at all",
+            "content": {t: {"schema": schema_of(t)} for t in MANIFEST_TYPES},
+        }
+    }
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The ``openapi_extra`` of an operation whose body is ``model`` (read by ``read_body``; the
+    model's schema is added to the components by ``describe_bodies``)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": REF + model.__name__}}},
+        }
+    }
+
+
+def describe_bodies(app: FastAPI, models: Iterable[type[BaseModel]]) -> None:
+    """Add the schemas of ``models`` (bodies the handlers read themselves) to the app's OpenAPI
+    components, where ``json_body`` points."""
+    generate = app.openapi
+    models = tuple(models)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        found = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            described = model.model_json_schema(ref_template=REF + "{model}")
+            found.update(described.pop("$defs", {}))
+            found[model.__name__] = described
+        found.update(_components(manifest_json_schema()))
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

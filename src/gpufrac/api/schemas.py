@@ -1,0 +1,422 @@
+"""The control API's bodies and answers as pydantic models: what ``/openapi.json`` describes, what
+the agent checks every answer against before it is sent, and what the CLI reads answers with.
+
+Bodies (``*Body``) are strict: a field the endpoint does not know, or a value of the wrong type
+(``"true"`` for true, ``2.0`` for 2), is refused. Answers keep fields they do not declare (a newer
+agent may add some; docs/json.md: fields are added, never renamed or removed), so a reader of an
+older version still reads a newer agent's answer, and the agent sends exactly what it built.
+
+Only pydantic here (no FastAPI): the CLI imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufrac.model.gpu import Health, MigMode
+from gpufrac.model.migplan import MigActionKind
+from gpufrac.model.workload import Mode, QosMode
+from gpufrac.planning.sched_decision import ActionKind, Outcome
+
+# JSON numbers as the agent computes them: an int stays an int, a float a float (not 5 -> 5.0)
+Number = int | float
+# runtime.agent.Phase (not imported: the CLI reads answers without loading the agent; a test checks
+# that the two are the same)
+Phase = Literal["pending", "starting", "running", "paused", "backoff", "succeeded", "failed"]
+ApplyResult = Literal["created", "replaced", "updated", "unchanged", "refused"]
+DeploymentApplyResult = Literal["created", "updated", "unchanged"]
+
+
+class Answer(BaseModel):
+    """An answer (or part of one): the fields named are always there; others are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Body(BaseModel):
+    """A request body: only the fields named, of exactly their types."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+class ErrorAnswer(Answer):
+    """A refusal: 401 (no valid token), 403 (not this token's), 404 (no such thing), 409 (not now,
+    nothing changed), 413 (a body over the limit), 503 (the store cannot be written; try again)."""
+
+    detail: str
+
+
+class Problem(Answer):
+    """One problem of bad input: ``loc`` is the field path (``["body", ...]`` for the body, the
+    manifest's field path for a manifest), ``msg`` what is wrong, ``fix`` how to fix it."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+    fix: str | None = None
+
+
+class ProblemsAnswer(Answer):
+    """Bad input (422): each problem, or one sentence."""
+
+    detail: list[Problem] | str
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+
+class MigInstanceBody(Body):
+    profile: str = Field(description="a GPU instance profile: 1g.18gb, 3g.71gb, 1g.18gb+me ...")
+    start: int = Field(ge=0, description="its first memory slot")
+
+
+class MigBody(Body):
+    """``POST /api/v1/gpus/{gpu}/mig``."""
+
+    mig_enabled: bool = True
+    instances: list[MigInstanceBody] = Field(default_factory=list)
+    drain: bool = Field(False, description="move workloads off instances that go")
+    allow_mode_change: bool = Field(False, description="turn MIG mode on or off as asked")
+    pin: bool = Field(True, description="keep the layout as set until released")
+
+
+class ScaleBody(Body):
+    """``POST /api/v1/deployments/{tenant}/{name}/scale``."""
+
+    replicas: int = Field(ge=0, le=1000)
+
+
+# -- scheduling ----------------------------------------------------------------------------------
+
+
+class MigPlacementJson(Answer):
+    profile: str
+    start: int
+
+
+# decisions and completions are stored; the defaults are what the agent reads a field an older
+# gpufrac did not store as (planning.sched_decision.decision_from_json, runtime.agent)
+
+
+class SchedActionJson(Answer):
+    kind: ActionKind
+    workload: str
+    gpu_uuid: str | None = None
+    mig: MigPlacementJson | None = None
+    reason: str = ""
+
+
+class DecisionJson(Answer):
+    """Where a workload runs, why it waits, or why it is refused (docs/json.md)."""
+
+    workload: str
+    outcome: Outcome
+    reason: str = ""
+    mode: Mode | None = None
+    gpus: list[str] = Field(default_factory=list)
+    mig: MigPlacementJson | None = None
+    evicted: list[str] = Field(default_factory=list)
+    actions: list[SchedActionJson] = Field(default_factory=list)
+
+
+class WhereJson(Answer):
+    mode: Mode | None
+    gpus: list[str]
+    mig: MigPlacementJson | None
+
+
+class CompletedJson(Answer):
+    """How a finished workload ended, and where it ran."""
+
+    outcome: Literal["completed"]
+    phase: Literal["succeeded", "failed"]
+    reason: str = ""
+    where: WhereJson | None = None
+    attempts: int | None = Field(None, description="null: completed under an older gpufrac")
+    exit_code: int | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+# -- workloads -----------------------------------------------------------------------------------
+
+
+class QosJson(Answer):
+    """A workload's QoS (docs/qos.md)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    class_: int = Field(alias="class")
+    priority: int
+    qos: QosMode
+    weight: int
+    min_share: Number
+    mode: Literal["cooperative", "transparent"] | None
+    paused: bool | None
+    paused_by: str | None
+    paused_s: Number | None
+    active: bool | None
+    turns: int | None
+    arbiter_share: Number | None
+    measured_share: Number | None
+    measured_by: Literal["nvml", "sdk"] | None
+
+
+class EventJson(Answer):
+    id: int
+    at: Number
+    kind: str
+    subject: str
+    message: str
+
+
+class WorkloadJson(Answer):
+    tenant: str
+    name: str
+    generation: int
+    spec: dict[str, Any] = Field(description="the workload as applied, every default filled in")
+    phase: Phase
+    reason: str
+    attempts: int
+    restarts: int
+    exit_code: int | None
+    env: dict[str, str]
+    placement: DecisionJson | CompletedJson | None
+    qos: QosJson
+
+
+class WorkloadDetail(WorkloadJson):
+    events: list[EventJson]
+
+
+class WorkloadList(Answer):
+    workloads: list[WorkloadJson]
+
+
+class EventList(Answer):
+    events: list[EventJson]
+
+
+class LogsAnswer(Answer):
+    run: str | None = Field(description="the newest attempt's run directory, null before one")
+    lines: list[str]
+
+
+class Deleted(Answer):
+    deleted: str
+
+
+class WorkloadResult(Answer):
+    kind: Literal["Workload"]
+    workload: str
+    result: ApplyResult
+    decision: DecisionJson | None
+    spec: dict[str, Any]
+    diff: list[str]
+    warnings: list[str]
+
+
+class DeploymentResult(Answer):
+    kind: Literal["Deployment"]
+    deployment: str
+    result: DeploymentApplyResult
+    decision: None
+    diff: list[str]
+    url: str
+
+
+class ApplyAnswer(Answer):
+    results: list[Annotated[WorkloadResult | DeploymentResult, Field(discriminator="kind")]]
+
+
+# -- deployments ---------------------------------------------------------------------------------
+
+
+class ReplicaJson(Answer):
+    name: str
+    template: str
+    port: int
+    phase: str
+    ready: bool
+    draining: bool
+    current: bool
+    gpus: list[str]
+    mode: Mode | None
+    outstanding: int
+    served: int
+    reason: str
+    last_error: str | None
+
+
+class DeploymentJson(Answer):
+    tenant: str
+    name: str
+    url: str
+    template: str
+    replicas_wanted: int | None = Field(description="null: as many as the autoscaler wants")
+    replicas_ready: int
+    replicas: list[ReplicaJson]
+    traffic: dict[str, Any] = Field(description="the gateway's counts (docs/serving.md)")
+    spec: dict[str, Any]
+
+
+class DeploymentDetail(DeploymentJson):
+    events: list[EventJson]
+
+
+class DeploymentList(Answer):
+    deployments: list[DeploymentJson]
+
+
+class ScaleAnswer(Answer):
+    deployment: str
+    replicas: int
+    warnings: list[str] | None = Field(None, description="only when it autoscales")
+
+
+# -- GPUs ----------------------------------------------------------------------------------------
+
+
+class MigModeJson(Answer):
+    current: MigMode
+    pending: MigMode
+
+
+class MigInstanceJson(Answer):
+    profile: str
+    start: int
+    gi_id: int
+    ci_ids: list[int]
+    uuid: str | None
+    busy: bool
+    memory_mib: int | None
+
+
+class ProcessJson(Answer):
+    pid: int
+    used_memory_mib: int | None
+    gi_id: int | None
+
+
+class AllocationMigJson(Answer):
+    profile: str
+    start: int
+    gi_id: int | None
+
+
+class AllocationJson(Answer):
+    """One workload's share of a GPU; another tenant's has tenant, name and use null."""
+
+    tenant: str | None
+    name: str | None
+    phase: Phase
+    mode: Mode
+    mig: AllocationMigJson | None
+    memory_mib: int
+    compute_pct: int | None
+    used_memory_mib: int | None
+    sm_percent: int | None
+
+
+class GpuJson(Answer):
+    """A GPU as ``gpufrac gpus --json`` shows it, with what is placed on it (docs/json.md)."""
+
+    uuid: str
+    index: int
+    model: str | None
+    name: str
+    pci_device_id: str
+    memory_total_mib: int
+    memory_used_mib: int
+    utilization_gpu: int | None
+    mig_mode: MigModeJson
+    instances: list[MigInstanceJson]
+    processes: list[ProcessJson]
+    simulated: bool
+    health: Health
+    warnings: list[str]
+    node: str
+    mig_layout_pinned: bool
+    cordoned: str | None
+    allocations: list[AllocationJson]
+    reserved_memory_mib: int
+    reserved_compute_pct: int
+
+
+class GpuList(Answer):
+    gpus: list[GpuJson]
+
+
+class Cordoned(Answer):
+    cordoned: str
+
+
+class Uncordoned(Answer):
+    uncordoned: str
+    placed: list[str]
+
+
+class Drained(Answer):
+    drained: str
+    decisions: list[DecisionJson]
+
+
+class MigActionJson(Answer):
+    kind: MigActionKind
+    gpu_uuid: str
+    gpu_index: int
+    profile: str | None
+    start: int | None
+    profile_id: int | None
+    gi_id: int | None
+    ci_id: int | None
+    nvidia_smi: str
+
+
+class MigChanged(Answer):
+    gpu: str
+    result: Literal["changed", "unchanged"]
+    pinned: bool
+    actions: list[MigActionJson]
+
+
+class MigReleased(Answer):
+    released: str
+    placed: list[str]
+
+
+# -- the agent -----------------------------------------------------------------------------------
+
+
+class WhoAmI(Answer):
+    tenant: str | None = Field(description="the token's tenant; null for the admin")
+    admin: bool
+
+
+class HealthAnswer(Answer):
+    status: Literal["ok", "degraded"]
+    version: str
+    problems: list[str]
+
+
+class HistoryTrack(Answer):
+    """One GPU's, instance's, workload's or deployment's series, one value (or null) per time."""
+
+    key: str
+    series: dict[str, list[Number | None]]
+
+
+class HistoryAnswer(Answer):
+    interval_s: Number
+    window_s: Number
+    error: str | None
+    times: list[Number]
+    gpus: list[HistoryTrack]
+    instances: list[HistoryTrack]
+    workloads: list[HistoryTrack]
+    deployments: list[HistoryTrack]
+    mig_geometry: dict[str, Any]
