@@ -13,7 +13,6 @@ share (no name, no use, no processes); the admin sees everything. docs/json.md h
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -163,6 +162,6 @@ def read_fleet(
         sm_by_pid,
         cordons=agent.store.cordons(),
         pins=agent.store.mig_pins(),
-        node=socket.gethostname(),
+        node=agent.node,
         viewer=viewer,
     )

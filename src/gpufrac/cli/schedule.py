@@ -1,11 +1,13 @@
 """``gpufrac validate`` and ``gpufrac schedule``: check manifests, and see where they would run.
 
 ``schedule`` runs the real scheduler on a fleet (on paper, from a GPU listing, or the live GPUs) and
-prints its decisions; it starts nothing. The node agent (a later issue) carries decisions out.
+prints its decisions; it starts nothing (the agent carries decisions out). The fleet is one node:
+this machine, named and labelled by the settings (``node``).
 """
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -112,7 +114,7 @@ def schedule_command(
         specs = _workloads(_load(files))
         cfg = _settings(settings_file, data_dir)
         chosen = None if policy is None else read_choice(policy, "--policy", PLACEMENT_POLICIES)
-        fleet = _fleet(gpus, simulate, data_dir)
+        fleet = _fleet(gpus, simulate, data_dir, cfg)
         sched = Scheduler(fleet, cfg, policy=chosen)
         running = 0 if gpus is not None else _take_agent_placements(sched, data_dir)
         decisions: list[Decision] = []
@@ -196,7 +198,11 @@ def _settings(path: Path | None, data: Path | None) -> OperatorSettings:
     return parse_settings(text, source=str(path))
 
 
-def _fleet(spec: str | None, simulate: str | None, data: Path | None) -> list[SchedGpu]:
+def _fleet(
+    spec: str | None, simulate: str | None, data: Path | None, cfg: OperatorSettings
+) -> list[SchedGpu]:
+    """The GPUs of the dry run, as one node: this machine, named and labelled by the settings."""
+    node = cfg.node_name or socket.gethostname()
     if spec is not None:
         from gpufrac.devices.simfleet import parse_simulate_spec, simulated_gpu_uuid
 
@@ -205,13 +211,26 @@ def _fleet(spec: str | None, simulate: str | None, data: Path | None) -> list[Sc
         except InputError as e:
             raise e from None
         return [
-            SchedGpu(simulated_gpu_uuid(s.model.key, i), i, s.model, mig=s.mig)
+            SchedGpu(
+                simulated_gpu_uuid(s.model.key, i),
+                i,
+                s.model,
+                mig=s.mig,
+                node=node,
+                node_labels=cfg.node_labels,
+            )
             for i, s in enumerate(parsed)
         ]
     with devices(simulate, data) as dev:
         states = dev.gpus()
         models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}
-    return sched_gpus_from_states(states, models, _pinned(resolve_data_dir(data)))
+    return sched_gpus_from_states(
+        states,
+        models,
+        _pinned(resolve_data_dir(data)),
+        node=node,
+        node_labels=cfg.node_labels,
+    )
 
 
 def _pinned(data: Path) -> frozenset[str]:

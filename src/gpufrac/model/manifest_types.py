@@ -142,6 +142,46 @@ def _label_key(value: str) -> str:
 LabelKey = Annotated[str, AfterValidator(_label_key), WithJsonSchema({"type": "string"})]
 
 
+# a node's label, as Kubernetes writes them (what operators already put on their nodes): an optional
+# DNS-subdomain prefix and '/', then a name of at most 63 letters, digits, '-', '_' or '.' that
+# begins and ends with a letter or digit; a value is such a name, or empty
+_LABEL_NAME = r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?"
+NODE_LABEL_KEY_PATTERN = rf"^([a-z0-9]([a-z0-9.-]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$"
+NODE_LABEL_VALUE_PATTERN = rf"^({_LABEL_NAME})?$"
+_NODE_LABEL_FIX = (
+    "write a label as Kubernetes does: [prefix/]name, the name up to 63 letters, digits, '-', "
+    "'_' or '.', starting and ending with a letter or digit (gpufrac.io/pool, zone)"
+)
+
+
+def _node_label_key(value: str) -> str:
+    if not re.fullmatch(NODE_LABEL_KEY_PATTERN, value):
+        raise problem(f"{value!r} is not a node label name", _NODE_LABEL_FIX)
+    return value
+
+
+def _node_label_value(value: str) -> str:
+    if not re.fullmatch(NODE_LABEL_VALUE_PATTERN, value):
+        raise problem(
+            f"{value!r} is not a node label value",
+            "write at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter "
+            "or digit, or an empty string (quote numbers and booleans)",
+        )
+    return value
+
+
+NodeLabelKey = Annotated[
+    str,
+    AfterValidator(_node_label_key),
+    WithJsonSchema({"type": "string", "pattern": NODE_LABEL_KEY_PATTERN}),
+]
+NodeLabelValue = Annotated[
+    str,
+    AfterValidator(_node_label_value),
+    WithJsonSchema({"type": "string", "pattern": NODE_LABEL_VALUE_PATTERN}),
+]
+
+
 def _absolute_path(value: str) -> str:
     if not value.startswith("/"):
         raise problem(f"{value!r} does not start with '/'", f"write /{value}")

@@ -23,6 +23,8 @@ from gpufrac.model.manifest_types import (
     GpusMilli,
     Hint,
     MemoryMiB,
+    NodeLabelKey,
+    NodeLabelValue,
     ShareMilli,
     Strict,
     Text,
@@ -83,6 +85,10 @@ class OperatorSettings:
     max_workloads: int = DEFAULT_MAX_WORKLOADS  # of a tenant with no bound of its own
     workload_users: WorkloadUsers = "auto"
     tenant_uids: tuple[int, int] = DEFAULT_TENANT_UIDS  # first and last uid given to tenants
+    # this machine as a node: its name (None: the host's name) and labels, which workloads' spec.
+    # node_selector match
+    node_name: str | None = None
+    node_labels: dict[str, str] = field(default_factory=dict)
 
     def check_user(self, tenant: str, user: str | None) -> None:
         """Refuse a ``spec.user`` its tenant may not ask for."""
@@ -213,6 +219,17 @@ class TenantFields(Strict):
         )
 
 
+class NodeFields(Strict):
+    """This machine as a node of the fleet."""
+
+    name: DnsLabel | None = Field(
+        None, description="The node's name (a DNS label); default: the host's name."
+    )
+    labels: Annotated[
+        dict[NodeLabelKey, NodeLabelValue], Hint(fix="write one LABEL: value per line")
+    ] = Field({}, description="The node's labels, which workloads' spec.node_selector match.")
+
+
 class SettingsDocument(Strict):
     """The operator's settings: gpufrac.yaml in the data directory."""
 
@@ -255,6 +272,10 @@ class SettingsDocument(Strict):
     tenant_uids: Annotated[
         list[_UID], Field(min_length=2, max_length=2), BeforeValidator(_pair)
     ] = Field(list(DEFAULT_TENANT_UIDS), description="[FIRST, LAST]: the uids given to tenants.")
+    node: NodeFields = Field(
+        NodeFields.model_validate({}),
+        description="This machine as a node: its name and labels.",
+    )
 
     @model_validator(mode="after")
     def _uid_order(self) -> Self:
@@ -287,4 +308,6 @@ class SettingsDocument(Strict):
             max_workloads=self.max_workloads,
             workload_users=self.workload_users,
             tenant_uids=(first, last),
+            node_name=self.node.name,
+            node_labels=dict(self.node.labels),
         )

@@ -89,6 +89,9 @@ class WorkloadSpec:
     # thousandths of its GPU's busy time guaranteed while it wants a turn; None: the operator's
     # default for its type (settings.job_min_share for jobs, none for services)
     min_share_milli: int | None = None
+    # node labels the workload's node must have, all of them (a cluster's nodes: docs/cluster.md;
+    # one machine is one node, labelled in gpufrac.yaml)
+    node_selector: dict[str, str] = field(default_factory=dict)
 
     def __hash__(self) -> int:
         return hash((self.tenant, self.name))
@@ -98,6 +101,10 @@ def spec_to_json(spec: WorkloadSpec) -> dict[str, Any]:
     """A validated spec as plain JSON (what the store keeps)."""
     raw = asdict(spec)
     raw["command"] = list(spec.command)
+    if not spec.node_selector:
+        # left out when empty: stored specs and deployment template hashes from before it existed
+        # stay the same
+        del raw["node_selector"]
     return raw
 
 

@@ -23,6 +23,8 @@ from gpufrac.model.manifest_types import (
     EnvName,
     Hint,
     LabelKey,
+    NodeLabelKey,
+    NodeLabelValue,
     Priority,
     ShareMilli,
     Strict,
@@ -166,6 +168,13 @@ class SpecFields(Strict):
         description="Part of the GPU's busy time guaranteed while it wants the GPU (10% or "
         "0.1, at most 90%); default: the operator's job_min_share for jobs, 0 for services.",
     )
+    node_selector: Annotated[
+        dict[NodeLabelKey, NodeLabelValue], Hint(fix="write one LABEL: value per line")
+    ] = Field(
+        {},
+        description="Node labels its node must have, every one (gpufrac.yaml's node.labels on "
+        "each machine); multi-GPU requests always stay on one node.",
+    )
 
     def to_spec(
         self, meta: Metadata, tenant: str, kind: WorkloadType, **fields: Any
@@ -188,6 +197,7 @@ class SpecFields(Strict):
             qos=self.qos or DEFAULT_QOS[kind],
             weight=self.weight,
             min_share_milli=self.min_share,
+            node_selector=dict(self.node_selector),
             **fields,
         )
 

@@ -75,6 +75,10 @@ class GpuInfo(Protocol):
     def allocs(self) -> Mapping[str, Allocation]: ...
     @property
     def instances(self) -> Mapping[MigPlacement, str | None]: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def node_labels(self) -> Mapping[str, str]: ...
 
 
 class PluginContext(Protocol):
@@ -177,7 +181,18 @@ def mps_tenants(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status |
     return None
 
 
-FILTERS: tuple[Filter, ...] = (schedulable, capacity, mps_tenants)
+def node_selector(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:
+    """The GPU's node has every label of the request's ``spec.node_selector``."""
+    g = ctx.gpus[c.gpu]
+    missing = req.missing_labels(g.node_labels)
+    if not missing:
+        return None
+    where = f"node {g.node}" if g.node else f"the node of GPU {g.index}"
+    why = f"{where} lacks label{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+    return Status("unresolvable", why, "node_selector")
+
+
+FILTERS: tuple[Filter, ...] = (node_selector, schedulable, capacity, mps_tenants)
 
 
 def first_refusal(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:

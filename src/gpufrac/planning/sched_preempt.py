@@ -84,7 +84,9 @@ def _options(
         yield from _whole_gpus(st, req, settings, may_evict)
         return
     for g in st.mig_gpus if mode == "mig" else st.plain_gpus:
-        if not g.schedulable or not any(may_evict(a) for a in g.allocs.values()):
+        if not g.schedulable or not req.admits(g.node_labels):
+            continue
+        if not any(may_evict(a) for a in g.allocs.values()):
             continue
         if mode == "mig":
             yield from _mig(st, req, g, settings, scope, lower)
@@ -116,22 +118,26 @@ def _whole_gpus(
     may_evict: Callable[[Allocation], bool],
 ) -> Iterator[Option]:
     count = req.spec.gpu.count or 1
-    options = []
+    by_node: dict[str, list[tuple[int, int, list[str]]]] = {}  # a request's GPUs share one node
     for g in st.plain_gpus:
-        if not g.schedulable or not all(may_evict(a) for a in g.allocs.values()):
+        if not g.schedulable or not req.admits(g.node_labels):
             continue
-        options.append((len(g.allocs), g.index, sorted(g.allocs)))
-    if len(options) < count:
-        return
-    options.sort()
-    chosen = options[:count]
-    gone = sorted({v for _, _, vs in chosen for v in vs})
-    cands = [
-        Candidate(gi, "exclusive", req.need(st.gpus[gi].model, "exclusive")) for _, gi, _ in chosen
-    ]
-    total = Need(sum(c.need.memory_mib for c in cands), sum(c.need.milli for c in cands))
-    if gone and _quota_after(st, req, settings, gone, total):
-        yield gone, cands
+        if not all(may_evict(a) for a in g.allocs.values()):
+            continue
+        by_node.setdefault(g.node, []).append((len(g.allocs), g.index, sorted(g.allocs)))
+    for options in by_node.values():
+        if len(options) < count:
+            continue
+        options.sort()
+        chosen = options[:count]
+        gone = sorted({v for _, _, vs in chosen for v in vs})
+        cands = [
+            Candidate(gi, "exclusive", req.need(st.gpus[gi].model, "exclusive"))
+            for _, gi, _ in chosen
+        ]
+        total = Need(sum(c.need.memory_mib for c in cands), sum(c.need.milli for c in cands))
+        if gone and _quota_after(st, req, settings, gone, total):
+            yield gone, cands
 
 
 def _mig(

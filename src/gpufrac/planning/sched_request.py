@@ -4,6 +4,7 @@ plugin)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpufrac.model.catalog import GpuModel
@@ -114,6 +115,7 @@ class SchedRequest:
         "modes",
         "order",
         "priority",
+        "selector",
         "shape",
         "spec",
         "tenant",
@@ -125,13 +127,22 @@ class SchedRequest:
         self.tenant = spec.tenant
         self.priority = spec.priority
         # requests of one shape fit where each other fit: a retry that fails one skips its twins
-        self.shape = _shape_id((spec.gpu, spec.sharing, spec.tenant))
+        self.selector = tuple(sorted(spec.node_selector.items()))
+        self.shape = _shape_id((spec.gpu, spec.sharing, spec.tenant, self.selector))
         self.modes = sharing_modes(spec)
         # the kinds of GPU it can use: "mig" (a GPU in MIG mode), "plain" (one that is not)
         self.kinds = frozenset("mig" if m == "mig" else "plain" for m in self.modes)
         self.order = order  # submission order: ties in priority go first come, first served
         self._needs: dict[tuple[str, Mode, str | None], Need] = {}
         self._profiles: dict[str, str | None] = {}
+
+    def missing_labels(self, node_labels: Mapping[str, str]) -> list[str]:
+        """The ``spec.node_selector`` labels a node with ``node_labels`` lacks, as ``key=value``."""
+        return [f"{k}={v}" for k, v in self.selector if node_labels.get(k) != v]
+
+    def admits(self, node_labels: Mapping[str, str]) -> bool:
+        """Whether a node with ``node_labels`` has every label of ``spec.node_selector``."""
+        return all(node_labels.get(k) == v for k, v in self.selector)
 
     def need(self, model: GpuModel, mode: Mode, profile: str | None = None) -> Need:
         key = (model.key, mode, profile)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -69,6 +69,8 @@ class SchedGpu:
         default_factory=dict
     )  # MIG: instance -> workload
     pinned: bool = False  # an operator set its MIG layout: no instance is created or destroyed
+    node: str = ""  # the machine it is in ("" where the fleet is one machine with no name)
+    node_labels: Mapping[str, str] = field(default_factory=dict)  # that machine's labels
 
     @property
     def total_mib(self) -> int:
@@ -140,6 +142,7 @@ class ClusterState:
         )
         self.plain_count = sum(1 for g in gpus if not g.mig)
         self.largest_gpu_mib = max((g.total_mib for g in gpus), default=1)
+        self.nodes: dict[str, Mapping[str, str]] = {g.node: g.node_labels for g in gpus}
         self.mig_gpus = [g for g in gpus if g.mig]
         self.plain_gpus = [g for g in gpus if not g.mig]
 
@@ -422,19 +425,34 @@ class Statement:
 
 
 def sched_gpus_from_states(
-    states: list[GpuState], models: dict[str, GpuModel], pinned: frozenset[str] = frozenset()
+    states: list[GpuState],
+    models: dict[str, GpuModel],
+    pinned: frozenset[str] = frozenset(),
+    *,
+    node: str = "",
+    node_labels: Mapping[str, str] | None = None,
 ) -> list[SchedGpu]:
     """The scheduler's GPUs from a device snapshot: healthy GPUs with a known model (``models`` maps
     UUID to the driver's table). Existing MIG instances become free instances, except busy ones,
     which count as taken (``EXTERNAL``) until a restored workload claims its own. Processes outside
     MIG are not accounted here: the agent restores its own placements, and memory it did not place
-    is not known. GPUs in ``pinned`` (UUIDs) keep the MIG layout an operator set."""
+    is not known. GPUs in ``pinned`` (UUIDs) keep the MIG layout an operator set. They are all in
+    ``node``, labelled ``node_labels``."""
     out: list[SchedGpu] = []
+    labels = dict(node_labels or {})
     for g in states:
         model = models.get(g.uuid)
         if g.health != "ok" or model is None:
             continue
-        sg = SchedGpu(g.uuid, len(out), model, mig=g.mig_enabled, pinned=g.uuid in pinned)
+        sg = SchedGpu(
+            g.uuid,
+            len(out),
+            model,
+            mig=g.mig_enabled,
+            pinned=g.uuid in pinned,
+            node=node,
+            node_labels=labels,
+        )
         sg.instances = {i.placement: (EXTERNAL if i.busy else None) for i in g.instances}
         out.append(sg)
     return out

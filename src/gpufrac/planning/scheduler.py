@@ -359,6 +359,13 @@ class Scheduler:
         ``behind``: whether an earlier MIG request waits (None: look)."""
         key = req.key
         reasons: list[str] = []
+        if req.selector and not any(req.admits(lab) for lab in self.state.nodes.values()):
+            reason = "no node has its spec.node_selector labels: " + "; ".join(
+                f"node {node or '(unnamed)'} lacks {', '.join(req.missing_labels(lab))}"
+                for node, lab in sorted(self.state.nodes.items())
+            )
+            self.pending[key] = reason
+            return [Decision(key, "pending", reason)]
         for mode in req.modes:
             if scope == "none" and mode != "mig":
                 continue
@@ -455,6 +462,8 @@ class Scheduler:
         best: tuple[tuple[int, int, int], int] | None = None
         for g in self.state.gpus:
             if not g.mig or g.pinned or not g.schedulable or g.index in taken:
+                continue
+            if not req.admits(g.node_labels):
                 continue
             profile = req.mig_profile(g.model)
             if profile is None:
@@ -622,15 +631,23 @@ class Scheduler:
             if barred is not None:
                 reasons.append(barred.reason)
                 return None
-            picks = []
+            picks: dict[str, list[Candidate]] = {}  # per node: a request's GPUs share one
             for gi in empty_of.get(model.key, []):
                 c = Candidate(gi, "exclusive", need)
-                if first_refusal(self.ctx, req, c) is None:
-                    picks.append(c)
-                if len(picks) == count:
-                    return picks
-        free = sum(len(v) for v in empty_of.values())
-        reasons.append(f"needs {count} whole GPU(s) without MIG; {free} free now")
+                refusal = first_refusal(self.ctx, req, c)
+                if refusal is None:
+                    on_node = picks.setdefault(self.state.gpus[gi].node, [])
+                    on_node.append(c)
+                    if len(on_node) == count:
+                        return on_node
+                elif refusal.plugin == "node_selector" and len(reasons) < 3:
+                    reasons.append(refusal.reason)
+        gpus = self.state.gpus
+        free = sum(1 for v in empty_of.values() for gi in v if req.admits(gpus[gi].node_labels))
+        nodes = len({g.node for g in self.state.plain_gpus})
+        one = " on one node" if nodes > 1 and count > 1 else ""
+        there = " on nodes with its labels" if req.selector else ""
+        reasons.append(f"needs {count} whole GPU(s) without MIG{one}; {free} free{there} now")
         return None
 
     def _why_none(self, req: SchedRequest, mode: Mode) -> str:

@@ -31,6 +31,7 @@ failed while it was down.
 from __future__ import annotations
 
 import fcntl
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -212,9 +213,16 @@ class Agent:
         self.qos.resume_all()  # whatever a crashed agent's arbiter paused runs again
         states = dev.gpus()
         models = {g.uuid: dev.model(g.uuid) for g in states if g.health == "ok" and g.model}
-        self.scheduler = Scheduler(
-            sched_gpus_from_states(states, models, self.store.mig_pins()), settings, recut=recut
+        # this machine as a node: named in gpufrac.yaml (node.name), else by its host name
+        self.node = settings.node_name or socket.gethostname()
+        gpus = sched_gpus_from_states(
+            states,
+            models,
+            self.store.mig_pins(),
+            node=self.node,
+            node_labels=settings.node_labels,
         )
+        self.scheduler = Scheduler(gpus, settings, recut=recut)
         self.mps = MpsDaemons(
             shared_dir(data_dir) / "mps", log_root=data_dir / "mps", enabled=not dev.simulated
         )

@@ -111,6 +111,11 @@ def test_defaults(changes: dict[str, Any], attribute: str, expected: Any) -> Non
         ({"metadata.labels": {"team": "a", "x/y": ""}}, "labels", {"team": "a", "x/y": ""}),
         ({"spec.env": {"A_1": "1", "_b": ""}}, "env", {"A_1": "1", "_b": ""}),
         ({"spec.workdir": "/srv"}, "workdir", "/srv"),
+        (
+            {"spec.node_selector": {"zone": "eu", "gpufrac.io/pool": "train", "x": ""}},
+            "node_selector",
+            {"zone": "eu", "gpufrac.io/pool": "train", "x": ""},
+        ),
         ({"spec.user": "nobody"}, "user", "nobody"),
         ({"spec.command": ["python", ""]}, "command", ("python", "")),
         ({"spec.priority": "high"}, "priority", 100),
@@ -232,6 +237,11 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
     [
         # document
         ({"apiVersion": "gpufrac/v2"}, "apiVersion"),
+        ({"spec.node_selector": {"bad key": "x"}}, "spec.node_selector['bad key']"),
+        ({"spec.node_selector": {"-zone": "x"}}, "spec.node_selector.-zone"),
+        ({"spec.node_selector": {"zone": "eu west"}}, "spec.node_selector.zone"),
+        ({"spec.node_selector": {"zone": 3}}, "spec.node_selector.zone"),
+        ({"spec.node_selector": ["zone=eu"]}, "spec.node_selector"),
         ({"apiVersion": DELETE}, "apiVersion"),
         ({"kind": "Job"}, "kind"),
         ({"kind": DELETE}, "kind"),

@@ -127,10 +127,20 @@ def test_values(data: dict[str, Any], expected: OperatorSettings) -> None:
         ({"tenants": {"a": {"users": [1]}}}, "tenants.a.users[0]"),
         ({"max_workloads": 0}, "max_workloads"),
         ({"tenants": {"a": {"max_workloads": "many"}}}, "tenants.a.max_workloads"),
+        ({"node": {"name": "GPU_A"}}, "node.name"),
+        ({"node": {"labels": {"zone": 1}}}, "node.labels.zone"),
+        ({"node": {"labels": {"a b": "x"}}}, "node.labels['a b']"),
+        ({"node": {"zone": "eu"}}, "node.zone"),
     ],
 )
 def test_errors_name_their_field(data: dict[str, Any], field: str) -> None:
     assert error_of(dump(data)).field == field
+
+
+def test_node_name_and_labels() -> None:
+    got = parse_settings(dump({"node": {"name": "gpu-a", "labels": {"gpufrac.io/pool": "a100"}}}))
+    assert (got.node_name, got.node_labels) == ("gpu-a", {"gpufrac.io/pool": "a100"})
+    assert (OperatorSettings().node_name, OperatorSettings().node_labels) == (None, {})
 
 
 @pytest.mark.parametrize(
