@@ -238,6 +238,16 @@ class ClusterState:
     def statement(self) -> Statement:
         return Statement(self)
 
+    def add_gpus(self, gpus: list[SchedGpu]) -> None:
+        """GPUs that joined (a node of a cluster): indexed after those there are."""
+        for g in gpus:
+            if g.index != len(self.gpus) or g.uuid in self.by_uuid:
+                raise ValueError(f"GPU {g.uuid} must come next (index {len(self.gpus)}), once")
+            self.gpus.append(g)
+            self.by_uuid[g.uuid] = g
+            self._index(g)
+        self._fleet_views()
+
     def set_schedulable(self, g: SchedGpu, schedulable: bool) -> None:
         self._unindex(g)
         g.schedulable = schedulable

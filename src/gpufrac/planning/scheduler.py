@@ -267,15 +267,31 @@ class Scheduler:
             profile = decision.mig.profile if decision.mig is not None else None
             need = req.need(g.model, decision.mode, profile)
             create = decision.mig is not None and decision.mig not in g.instances
+            # a re-cut not yet made (decided before a restart, or by a cluster's control plane):
+            # the idle instances it destroys go in the same trial
+            destroy = tuple(
+                a.mig
+                for a in decision.actions
+                if a.kind == "destroy_mig_instance"
+                and a.gpu_uuid == uuid
+                and a.mig is not None
+                and g.instances.get(a.mig, "") is None
+            )
             if decision.mig is not None:
-                if create and check_layout(g.model, tuple(sorted({*g.instances, decision.mig}))):
+                kept = {*g.instances} - set(destroy)
+                if create and check_layout(g.model, tuple(sorted({*kept, decision.mig}))):
                     return f"its MIG instance {decision.mig} no longer fits on GPU {g.index}"
                 trial.claim_external(g, decision.mig)
-            chosen.append(Candidate(g.index, decision.mode, need, decision.mig, create))
+            chosen.append(Candidate(g.index, decision.mode, need, decision.mig, create, destroy))
         if any(first_refusal(self.ctx, req, c) is not None for c in chosen):
             return "its recorded placement no longer fits"
         self._commit(trial, req, chosen, ())
         return None
+
+    def add_gpus(self, gpus: list[SchedGpu]) -> list[Decision]:
+        """GPUs that joined the fleet (a cluster's node); what waits is tried on them."""
+        self.state.add_gpus(gpus)
+        return self.retry_pending(gpus={g.index for g in gpus})
 
     def delete(self, tenant: str, name: str) -> list[Decision]:
         """Remove a workload; returns the decisions of pending workloads that now fit."""

@@ -307,6 +307,31 @@ class Agent:
         self.executor.record(decisions)
         return ("replaced" if stored is not None else "created"), decisions[0]
 
+    def place(self, spec: WorkloadSpec, decision: Decision) -> Decision:
+        """Carry out a placement decided elsewhere (a cluster's control plane, docs/cluster.md):
+        store ``spec`` and take ``decision`` exactly as it was made; the reconcile pass starts it.
+        The same spec again changes nothing; a changed one replaces the old. A placement that does
+        not fit here (the GPUs differ from what the decider saw) is not kept: the answer is pending
+        with the reason, and nothing is stored."""
+        key = workload_key(spec)
+        raw = spec_to_json(spec)
+        stored = self.store.workload(spec.tenant, spec.name)
+        if stored is not None and stored.spec == raw:
+            placed = self.store.placement(spec.tenant, spec.name)
+            if placed is not None and placed[1].get("outcome") in ("placed", "pending"):
+                return decision_from_json(placed[1])
+            return decision
+        if stored is not None:
+            self.delete(spec.tenant, spec.name)
+        self.scheduler.restore(spec, decision)
+        why = self.scheduler.pending.get(key)
+        if why is not None:
+            self.executor.record(self.scheduler.delete(spec.tenant, spec.name))
+            return Decision(key, "pending", why)
+        self.store.put_workload(spec.tenant, spec.name, raw)
+        self.executor.record([decision])
+        return decision
+
     def delete(self, tenant: str, name: str) -> bool:
         if self.store.workload(tenant, name) is None:
             return False

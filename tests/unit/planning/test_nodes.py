@@ -114,3 +114,23 @@ def test_the_selector_is_part_of_the_stored_spec_only_when_set() -> None:
     chosen = dataclasses.replace(plain, node_selector={"zone": "eu"})
     assert spec_from_json(spec_to_json(chosen)) == chosen
     assert spec_from_json(spec_to_json(plain)) == plain
+
+
+def test_a_recut_decided_elsewhere_is_restored_with_its_destroys() -> None:
+    """A node's scheduler takes a placement made by another scheduler over the same GPU, re-cut
+    included: the idle instances it destroys go, the new one comes, the layouts agree."""
+    from gpufrac.model.mig import MigPlacement
+
+    def one_mig_gpu() -> SchedGpu:
+        g = SchedGpu("GPU-m", 0, H200, mig=True, node="gpu-a")
+        g.instances = {MigPlacement(i, "1g.18gb"): None for i in range(7)}
+        return g
+
+    decider, node = Scheduler([one_mig_gpu()]), Scheduler([one_mig_gpu()])
+    d = decider.submit(w("big", mig_profile="7g.141gb"))[0]
+    assert d.outcome == "placed"
+    assert [a.kind for a in d.actions].count("destroy_mig_instance") == 7
+    node.restore(decider.spec("a/big"), d)  # type: ignore[arg-type]
+    assert "a/big" not in node.pending
+    assert node.state.gpus[0].instances == decider.state.gpus[0].instances
+    assert not node.state.violations(False, {})

@@ -1,0 +1,1 @@
+"""gpufrac on many machines: a control plane over node agents (docs/cluster.md)."""

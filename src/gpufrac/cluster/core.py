@@ -1,0 +1,268 @@
+"""The control plane's core for many machines: nodes with leases, placements with epochs. Pure.
+
+Events in (a node joins, a node's heartbeat with what it runs, the clock, an apply, a delete),
+answers out (what each node must run, which nodes were lost, what moved). No I/O and no clock of
+its own: the caller passes ``now`` (monotonic seconds) and carries the answers to the nodes.
+
+* **One scheduler over every node's GPUs** (``planning.Scheduler``, GPUs tagged with their node):
+  a placement is exact (node, GPU, MIG instance, the actions that make it); the node carries it out.
+* **Leases.** A node holds a lease of ``lease_s`` seconds, renewed by each heartbeat the core
+  answers. The node agent stops its own workloads once it has gone ``fence_s`` (< ``lease_s``)
+  without an answer (``NodeAgent``), so by the time the core declares it lost (``tick``: its lease
+  ended) nothing of it runs; only then are its workloads placed again elsewhere.
+* **Epochs.** Every placement gets an epoch, a number that only grows (kept across restarts by the
+  caller's store). A node runs a workload only under the epoch its latest answer gave; whatever it
+  reports under another epoch (a node that comes back after its work was moved) it is told to stop,
+  because the answer to every heartbeat is the node's whole desired state, not a change.
+* **A restart of the control plane** restores placements with their epochs and gives every node a
+  fresh lease from the restart: nodes that heartbeat in time keep what they run, untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gpufrac.model.settings import OperatorSettings
+from gpufrac.model.workload import WorkloadSpec
+from gpufrac.planning.sched_decision import Decision
+from gpufrac.planning.sched_state import SchedGpu
+from gpufrac.planning.scheduler import Scheduler, workload_key
+
+LEASE_S = 6.0  # a node's lease: renewed by each answered heartbeat
+FENCE_S = 4.0  # a node unanswered this long stops its workloads, before its lease ends
+HEARTBEAT_S = 1.0  # how often a node agent calls in
+
+NodeState = Literal["alive", "lost"]
+Ended = Literal["succeeded", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A workload placed on a node, under an epoch: what the node must run."""
+
+    spec: WorkloadSpec
+    decision: Decision
+    node: str
+    epoch: int
+
+    @property
+    def workload(self) -> str:
+        return self.decision.workload
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What a node says when it calls in: per workload, the epoch of the run it has (starting,
+    running, or restarting under its restart policy), and the jobs that ended for good."""
+
+    running: Mapping[str, int] = field(default_factory=dict)
+    ended: Mapping[str, tuple[int, Ended]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The answer to a heartbeat: everything the node must run (anything else it runs, it stops),
+    and how long its lease now lasts."""
+
+    node: str
+    run: tuple[Assignment, ...]
+    lease_s: float
+
+
+@dataclass(slots=True)
+class Node:
+    name: str
+    labels: dict[str, str]
+    gpus: list[int]  # the scheduler's GPU indexes
+    renewed: float  # when its lease was last renewed (the core's clock)
+    state: NodeState = "alive"
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """What ``tick`` did about a lost node's workload: placed again (``to`` a node) or left waiting
+    or ended (``to`` None, with the reason)."""
+
+    workload: str
+    lost: str
+    to: str | None
+    reason: str
+
+
+class ClusterCore:
+    """Nodes, leases, and where every workload runs, under which epoch."""
+
+    def __init__(
+        self,
+        settings: OperatorSettings | None = None,
+        *,
+        lease_s: float = LEASE_S,
+        first_epoch: int = 1,
+    ) -> None:
+        if lease_s <= 0:
+            raise ValueError("lease_s must be positive")
+        self.settings = settings or OperatorSettings()
+        self.lease_s = lease_s
+        self.scheduler = Scheduler([], self.settings)
+        self.nodes: dict[str, Node] = {}
+        self.specs: dict[str, WorkloadSpec] = {}  # desired state, by tenant/name
+        self.assigned: dict[str, Assignment] = {}  # placed workloads
+        self.ended: dict[str, Ended] = {}  # jobs that ended for good
+        self._epoch = first_epoch - 1
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def join(
+        self, name: str, labels: Mapping[str, str], gpus: Iterable[SchedGpu], now: float
+    ) -> list[Decision]:
+        """A node joins with its GPUs, or comes back after it was lost (its GPUs were kept, idle:
+        they take work again). Returns the decisions of waiting workloads that now fit. Here a GPU
+        is ``NODE/UUID`` (decisions name it so; ``node.local_decision`` takes the node off); its
+        ``index`` is the core's own."""
+        node = self.nodes.get(name)
+        if node is None:
+            start = len(self.scheduler.state.gpus)
+            fresh = []
+            for i, g in enumerate(gpus):
+                g.index, g.node, g.node_labels = start + i, name, dict(labels)
+                g.uuid = f"{name}/{g.uuid}"  # a GPU is known by its node and its UUID
+                fresh.append(g)
+            self.nodes[name] = Node(name, dict(labels), [g.index for g in fresh], now)
+            return self._placed(self.scheduler.add_gpus(fresh))
+        node.renewed, node.state = now, "alive"
+        st = self.scheduler.state
+        for gi in node.gpus:
+            if not st.gpus[gi].schedulable:
+                st.set_schedulable(st.gpus[gi], True)
+        return self._placed(self.scheduler.retry_pending(gpus=set(node.gpus)))
+
+    def heartbeat(self, name: str, report: Report, now: float) -> Answer:
+        """Renew ``name``'s lease and take its report; the answer is its whole desired state. A lost
+        node is answered with nothing to run until it joins again."""
+        node = self.nodes.get(name)
+        if node is None or node.state == "lost":
+            return Answer(name, (), 0.0)
+        node.renewed = now
+        for key, (epoch, how) in report.ended.items():
+            a = self.assigned.get(key)
+            if a is not None and a.node == name and a.epoch == epoch:
+                self.ended[key] = how
+                del self.assigned[key]
+                tenant, wname = key.split("/", 1)
+                self._placed(self.scheduler.delete(tenant, wname))
+        return self.answer(name)
+
+    def answer(self, name: str) -> Answer:
+        run = tuple(a for a in self.assigned.values() if a.node == name)
+        return Answer(name, run, self.lease_s)
+
+    def tick(self, now: float) -> list[Moved]:
+        """Declare lost every node whose lease has ended, and place its workloads again (most
+        important first): elsewhere if they fit, else they wait; a job that may not restart
+        (``restart: never``) fails."""
+        lost = [
+            n for n in self.nodes.values() if n.state == "alive" and now - n.renewed > self.lease_s
+        ]
+        moved: list[Moved] = []
+        st = self.scheduler.state
+        for node in lost:
+            node.state = "lost"
+            for gi in node.gpus:
+                if st.gpus[gi].schedulable:
+                    st.set_schedulable(st.gpus[gi], False)
+        gone = {n.name for n in lost}
+        victims = sorted(
+            (a for a in self.assigned.values() if a.node in gone),
+            key=lambda a: (-a.spec.priority, a.workload),
+        )
+        for a in victims:
+            del self.assigned[a.workload]
+            tenant, wname = a.workload.split("/", 1)
+            self._placed(self.scheduler.delete(tenant, wname))
+        for a in victims:
+            why = f"its node {a.node} was lost"
+            if a.spec.restart == "never":
+                self.ended[a.workload] = "failed"
+                moved.append(Moved(a.workload, a.node, None, f"{why}; restart: never"))
+                continue
+            d = self._place(self.scheduler.submit(a.spec))
+            to = self.assigned[a.workload].node if d.outcome == "placed" else None
+            moved.append(Moved(a.workload, a.node, to, why if to else f"{why}; {d.reason}"))
+        return moved
+
+    # -- desired state ---------------------------------------------------------------------------
+
+    def apply(self, spec: WorkloadSpec) -> Decision:
+        """Store and place ``spec`` (a changed spec replaces the old one, under a new epoch)."""
+        key = workload_key(spec)
+        if self.specs.get(key) == spec:
+            return self.decision(key)
+        if key in self.specs:
+            self.delete(spec.tenant, spec.name)
+        self.specs[key] = spec
+        return self._place(self.scheduler.submit(spec))
+
+    def decision(self, key: str) -> Decision:
+        """Where ``key`` is now: its placement, or why it waits (or that it ended)."""
+        a = self.assigned.get(key)
+        if a is not None:
+            return a.decision
+        if key in self.ended:
+            return Decision(key, "pending", f"it ended ({self.ended[key]})")
+        return Decision(key, "pending", self.scheduler.pending.get(key, "not placed"))
+
+    def delete(self, tenant: str, name: str) -> bool:
+        key = f"{tenant}/{name}"
+        if self.specs.pop(key, None) is None:
+            return False
+        self.assigned.pop(key, None)
+        self.ended.pop(key, None)
+        if self.scheduler.knows(key):
+            self._placed(self.scheduler.delete(tenant, name))
+        return True
+
+    def restore(self, spec: WorkloadSpec, decision: Decision | None, node: str, epoch: int) -> None:
+        """Take back, after a restart, a workload placed on ``node`` under ``epoch`` (``decision``
+        None: it waited). Nodes must have joined first; epochs given later are above every one
+        restored."""
+        key = workload_key(spec)
+        self.specs[key] = spec
+        self._epoch = max(self._epoch, epoch)
+        if decision is None or decision.outcome != "placed":
+            self.scheduler.restore(spec, decision or Decision(key, "pending", "waiting"))
+            return
+        self.scheduler.restore(spec, decision)
+        if key not in self.scheduler.pending:
+            self.assigned[key] = Assignment(spec, decision, node, epoch)
+
+    def renew_all(self, now: float) -> None:
+        """A restarted control plane gives every node a fresh lease from ``now``."""
+        for n in self.nodes.values():
+            n.renewed = now
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    # -- decisions to assignments ----------------------------------------------------------------
+
+    def _place(self, decisions: list[Decision]) -> Decision:
+        self._placed(decisions)
+        return decisions[0]
+
+    def _placed(self, decisions: list[Decision]) -> list[Decision]:
+        """Assignments for placed decisions (a new epoch each); an evicted or waiting workload
+        loses its assignment, so its node stops it at its next heartbeat."""
+        st = self.scheduler.state
+        for d in decisions:
+            if d.outcome == "placed":
+                self._epoch += 1
+                node = st.by_uuid[d.gpus[0]].node
+                self.assigned[d.workload] = Assignment(self.specs[d.workload], d, node, self._epoch)
+            else:
+                self.assigned.pop(d.workload, None)
+            for victim in d.evicted:
+                self.assigned.pop(victim, None)
+        return decisions

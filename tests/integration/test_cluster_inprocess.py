@@ -1,0 +1,109 @@
+"""Two node agents, each a real agent on its own simulated GPU with real processes, run by one
+control-plane core in this process: a workload runs where the core put it, and when its node
+stops answering it is fenced there before it starts on the other node, never on both; the node
+that comes back runs nothing it used to."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufrac.cluster.core import ClusterCore
+from gpufrac.cluster.node import EPOCH_LABEL, InProcessLink, NodeAgent
+from gpufrac.devices import open_simulated
+from gpufrac.model.settings import OperatorSettings
+from gpufrac.model.workload import GpuRequest, WorkloadSpec
+from gpufrac.runtime.agent import Agent
+from tests.integration.conftest import kill_leftover_runs
+
+LEASE_S, FENCE_S = 2.0, 1.0
+PY = sys.executable
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[ClusterCore, InProcessLink, dict[str, NodeAgent]]]:
+    core = ClusterCore(lease_s=LEASE_S)
+    link = InProcessLink(core)
+    nodes: dict[str, NodeAgent] = {}
+    for name in ("n1", "n2"):
+        data = tmp_path / name
+        data.mkdir()
+        settings = OperatorSettings(node_name=name, workload_users="agent")
+        agent = Agent(data, open_simulated("h200:1", data), settings, stop_grace=0.5)
+        nodes[name] = NodeAgent(agent, link, fence_s=FENCE_S)
+        nodes[name].join()
+    yield core, link, nodes
+    for n in nodes.values():
+        with n.agent.lock:
+            for w in n.agent.store.workloads():
+                n.agent.delete(w.tenant, w.name)
+        n.agent.close()
+        kill_leftover_runs(n.agent.data_dir)
+
+
+def live(node: NodeAgent, states: dict[str, str]) -> bool:
+    return states.get("a/svc") in ("starting", "running")
+
+
+def test_a_workload_moves_once_its_node_is_fenced_and_never_runs_twice(
+    cluster: tuple[ClusterCore, InProcessLink, dict[str, NodeAgent]],
+) -> None:
+    core, link, nodes = cluster
+    spec = WorkloadSpec(
+        name="svc",
+        tenant="a",
+        type="service",
+        gpu=GpuRequest(count=1),
+        command=(PY, "-c", "import time; time.sleep(120)"),
+        restart="always",
+    )
+    with link.lock:
+        assert core.apply(spec).outcome == "placed"
+        first = core.assigned["a/svc"]
+    other = "n2" if first.node == "n1" else "n1"
+    timeline: list[tuple[float, str, str]] = []  # (when, node, phase)
+
+    def round_() -> dict[str, dict[str, str]]:
+        seen = {}
+        for name, n in nodes.items():
+            seen[name] = {s.key: s.phase for s in n.step()}
+        with link.lock:
+            core.tick(link.clock())
+        both = [name for name in nodes if seen[name].get("a/svc") == "running"]
+        assert len(both) <= 1, f"running on {both}"
+        for name in nodes:
+            if "a/svc" in seen[name]:
+                timeline.append((time.monotonic(), name, seen[name]["a/svc"]))
+        return seen
+
+    deadline = time.monotonic() + 30
+    while round_()[first.node].get("a/svc") != "running":
+        assert time.monotonic() < deadline, timeline[-5:]
+        time.sleep(0.1)
+    stored = nodes[first.node].agent.store.workload("a", "svc")
+    assert stored is not None and stored.spec["labels"][EPOCH_LABEL] == str(first.epoch)
+
+    link.cut.add(first.node)  # its node stops hearing from the control plane
+    cut_at = time.monotonic()
+    while round_()[other].get("a/svc") != "running":
+        assert time.monotonic() < deadline, timeline[-5:]
+        time.sleep(0.1)
+    moved = core.assigned["a/svc"]
+    assert moved.node == other and moved.epoch > first.epoch
+    fenced = [t for t, node, _ in timeline if node == first.node]
+    started = [t for t, node, ph in timeline if node == other]
+    assert max(fenced) < min(started), "the old node still had it when the new one started"
+    assert max(fenced) - cut_at >= FENCE_S * 0.9  # it ran on until fenced, not before
+    events = [e.kind for e in nodes[first.node].agent.store.events(limit=100)]
+    assert "fenced" in events
+
+    link.cut.discard(first.node)  # it comes back: joins again, and runs nothing it used to
+    for _ in range(5):
+        seen = round_()
+        time.sleep(0.1)
+    assert "a/svc" not in seen[first.node] and seen[other]["a/svc"] == "running"
+    assert core.nodes[first.node].state == "alive"

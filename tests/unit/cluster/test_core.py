@@ -1,0 +1,218 @@
+"""The control plane's core: placement over nodes, leases, epochs, and what happens to a lost
+node's work. Table tests, then a Hypothesis simulation of nodes that vanish and return: no workload
+ever runs on two nodes at once, and the scheduler's books stay right."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpufrac.cluster.core import FENCE_S, LEASE_S, Answer, ClusterCore, Report
+from gpufrac.model.catalog import lookup_model
+from gpufrac.model.workload import GpuRequest, WorkloadSpec
+from gpufrac.planning.sched_state import SchedGpu
+
+H200 = lookup_model("h200")
+GIB = 1024
+SERIAL = itertools.count()
+
+
+def gpus(n: int, mig: bool = False) -> list[SchedGpu]:
+    return [SchedGpu(f"GPU-{next(SERIAL)}", 0, H200, mig=mig) for _ in range(n)]
+
+
+def core_with(*nodes: tuple[str, int], now: float = 0.0) -> ClusterCore:
+    core = ClusterCore()
+    for name, n in nodes:
+        core.join(name, {"name": name}, gpus(n), now)
+    return core
+
+
+def w(name: str, *, priority: int = 50, restart: str = "on-failure", **gpu: object) -> WorkloadSpec:
+    return WorkloadSpec(
+        name=name,
+        gpu=GpuRequest(**gpu),  # type: ignore[arg-type]
+        command=("true",),
+        tenant="a",
+        priority=priority,
+        restart=restart,  # type: ignore[arg-type]
+    )
+
+
+def running(answer: Answer) -> dict[str, int]:
+    return {a.workload: a.epoch for a in answer.run}
+
+
+def test_placements_spread_over_nodes_each_under_its_own_epoch() -> None:
+    core = core_with(("n1", 1), ("n2", 1))
+    d1 = core.apply(w("x", count=1))
+    d2 = core.apply(w("y", count=1))
+    assert d1.outcome == d2.outcome == "placed"
+    a1, a2 = core.assigned["a/x"], core.assigned["a/y"]
+    assert {a1.node, a2.node} == {"n1", "n2"} and a2.epoch > a1.epoch
+    assert running(core.heartbeat(a1.node, Report(), 1.0)) == {"a/x": a1.epoch}
+    assert core.apply(w("x", count=1)) == d1  # the same spec again changes nothing
+    assert core.assigned["a/x"].epoch == a1.epoch
+    assert core.apply(w("z", count=1)).outcome == "pending"
+
+
+def test_an_ended_job_frees_its_gpu_for_what_waits() -> None:
+    core = core_with(("n1", 1))
+    core.apply(w("first", count=1))
+    assert core.apply(w("second", count=1)).outcome == "pending"
+    epoch = core.assigned["a/first"].epoch
+    stale = core.heartbeat("n1", Report(ended={"a/first": (epoch - 1, "succeeded")}), 1.0)
+    assert running(stale) == {"a/first": epoch}  # an end under an old epoch changes nothing
+    answer = core.heartbeat("n1", Report(ended={"a/first": (epoch, "succeeded")}), 2.0)
+    assert list(running(answer)) == ["a/second"]
+    assert core.ended == {"a/first": "succeeded"}
+    assert core.apply(w("first", count=1)).reason == "it ended (succeeded)"  # not run again
+
+
+def test_a_lost_nodes_work_moves_after_its_lease_and_a_job_that_may_not_restart_fails() -> None:
+    core = core_with(("n1", 2), ("n2", 1))
+    for name in ("svc", "once"):
+        assert core.apply(w(name, count=1, restart="never" if name == "once" else "always"))
+    core.apply(w("filler", count=1))
+    on = {k: a.node for k, a in core.assigned.items()}
+    lost = on["a/svc"]
+    survivor = "n2" if lost == "n1" else "n1"
+    core.heartbeat(survivor, Report(), LEASE_S)
+    assert core.tick(LEASE_S) == []  # a lease that has just run out is not yet over
+    moved = {m.workload: m for m in core.tick(LEASE_S + 0.5)}
+    assert core.nodes[lost].state == "lost"
+    assert all(a.node == survivor for a in core.assigned.values())
+    if on["a/once"] == lost:
+        assert core.ended["a/once"] == "failed" and "restart: never" in moved["a/once"].reason
+    for m in moved.values():
+        assert m.lost == lost and (m.to == survivor or m.to is None)
+    # the lost node, heard again, is told to run nothing until it joins again
+    assert core.heartbeat(lost, Report(running=dict.fromkeys(on, 1)), LEASE_S + 1).run == ()
+    assert not core.scheduler.state.violations(False, {})
+
+
+def test_a_returning_node_takes_work_again_and_never_gets_its_old_epochs_back() -> None:
+    core = core_with(("n1", 1), ("n2", 1))
+    core.apply(w("x", count=1))
+    first = core.assigned["a/x"]
+    other = "n2" if first.node == "n1" else "n1"
+    core.heartbeat(other, Report(), LEASE_S)
+    core.tick(LEASE_S + 1)
+    moved = core.assigned["a/x"]
+    assert moved.node == other and moved.epoch > first.epoch
+    core.apply(w("y", count=1))
+    assert core.decision("a/y").outcome == "pending"  # the lost node's GPU takes nothing
+    decided = core.join(first.node, {}, [], LEASE_S + 2)
+    assert [d.workload for d in decided] == ["a/y"]
+    answer = core.heartbeat(first.node, Report(running={"a/x": first.epoch}), LEASE_S + 2)
+    assert running(answer) == {"a/y": core.assigned["a/y"].epoch}  # a/x is not its to run
+
+
+def test_preemption_across_nodes_takes_the_victims_assignment_away() -> None:
+    core = core_with(("n1", 1))
+    core.apply(w("low", priority=0, count=1))
+    d = core.apply(w("high", priority=100, count=1))
+    assert d.outcome == "placed" and d.evicted == ("a/low",)
+    assert running(core.heartbeat("n1", Report(), 1.0)) == {"a/high": core.assigned["a/high"].epoch}
+
+
+def test_a_restarted_core_restores_placements_and_epochs_and_moves_nothing() -> None:
+    core = core_with(("n1", 2), ("n2", 2))
+    for i in range(3):
+        core.apply(w(f"w{i}", memory_mib=100 * GIB))
+    before = dict(core.assigned)
+    again = ClusterCore()
+    for name, node in core.nodes.items():
+        fresh = [dataclasses.replace(core.scheduler.state.gpus[i]) for i in node.gpus]
+        for g in fresh:  # as the node reports them: by UUID alone, nothing placed
+            g.uuid = g.uuid.split("/", 1)[1]
+            g.allocs, g.mode, g.mem_used, g.milli_used = {}, None, 0, 0
+            g.tenants.clear()
+        again.join(name, node.labels, fresh, 100.0)
+    for a in before.values():
+        again.restore(a.spec, a.decision, a.node, a.epoch)
+    again.renew_all(100.0)
+    assert again.assigned == before
+    assert again.tick(100.0 + LEASE_S) == []
+    new = again.apply(w("later", memory_mib=100 * GIB))
+    assert new.outcome == "placed"
+    assert again.assigned["a/later"].epoch > max(a.epoch for a in before.values())
+
+
+# -- nodes that vanish and return -------------------------------------------------------------
+
+STEP = 0.5
+Op = st.one_of(
+    st.tuples(st.just("apply"), st.integers(0, 5), st.sampled_from([1, 2]), st.integers(0, 2)),
+    st.tuples(st.just("delete"), st.integers(0, 5), st.just(0), st.just(0)),
+    st.tuples(st.just("cut"), st.integers(0, 2), st.just(0), st.just(0)),  # a node falls silent
+    st.tuples(st.just("heal"), st.integers(0, 2), st.just(0), st.just(0)),
+    st.tuples(st.just("wait"), st.integers(1, 20), st.just(0), st.just(0)),
+)
+
+
+class SimNode:
+    """A node agent as ``NodeAgent`` behaves: it runs what the last answer said, and once it has
+    gone ``FENCE_S`` without an answer it stops everything."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.runs: dict[str, int] = {}
+        self.answered = 0.0
+        self.silent = False
+
+    def step(self, core: ClusterCore, now: float) -> None:
+        if not self.silent:
+            if core.nodes[self.name].state == "lost":
+                core.join(self.name, {}, [], now)
+            answer = core.heartbeat(self.name, Report(running=dict(self.runs)), now)
+            self.answered = now
+            self.runs = running(answer)
+        elif now - self.answered >= FENCE_S:
+            self.runs = {}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(Op, min_size=1, max_size=40))
+def test_no_workload_ever_runs_on_two_nodes(ops: list[tuple[str, int, int, int]]) -> None:
+    core = ClusterCore()
+    nodes = [SimNode(f"n{i}") for i in range(3)]
+    for n in nodes:
+        core.join(n.name, {}, gpus(2), 0.0)
+    for i in range(3):  # work on every node from the start
+        core.apply(w(f"w{i}", count=2))
+    now = 0.0
+
+    def advance(steps: int) -> None:
+        nonlocal now
+        for _ in range(steps):
+            now += STEP
+            for n in nodes:
+                n.step(core, now)
+            core.tick(now)
+            holders: dict[str, list[str]] = {}
+            for n in nodes:
+                for key in n.runs:
+                    holders.setdefault(key, []).append(n.name)
+            twice = {k: v for k, v in holders.items() if len(v) > 1}
+            assert not twice, f"at {now}: {twice}"
+            for a in core.assigned.values():
+                assert core.nodes[a.node].state == "alive"
+            assert not core.scheduler.state.violations(False, {})
+
+    for kind, i, count, prio in ops:
+        match kind:
+            case "apply":
+                core.apply(w(f"w{i}", priority=prio * 50, count=count))
+            case "delete":
+                core.delete("a", f"w{i}")
+            case "cut":
+                nodes[i].silent = True
+            case "heal":
+                nodes[i].silent = False
+            case "wait":
+                advance(i)
+        advance(1)
