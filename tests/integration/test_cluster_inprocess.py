@@ -107,3 +107,70 @@ def test_a_workload_moves_once_its_node_is_fenced_and_never_runs_twice(
         time.sleep(0.1)
     assert "a/svc" not in seen[first.node] and seen[other]["a/svc"] == "running"
     assert core.nodes[first.node].state == "alive"
+
+
+def test_a_frozen_node_agents_shims_stop_its_work_before_it_starts_elsewhere(
+    cluster: tuple[ClusterCore, InProcessLink, dict[str, NodeAgent]],
+) -> None:
+    """The node agent stops (as under SIGSTOP: no pass, no heartbeat) while its workload runs on:
+    the shim reads the lease file, stops the workload once the lease in it has run out, and only
+    after that does the control plane place it on the other node. The agent, woken, runs nothing
+    it used to."""
+    import os
+
+    from gpufrac.runtime.shim import read_status
+
+    core, link, nodes = cluster
+    spec = WorkloadSpec(
+        name="svc",
+        tenant="a",
+        type="service",
+        gpu=GpuRequest(count=1),
+        command=(PY, "-c", "import time; time.sleep(120)"),
+        restart="always",
+    )
+    with link.lock:
+        core.apply(spec)
+        first = core.assigned["a/svc"]
+    frozen, other = nodes[first.node], nodes["n2" if first.node == "n1" else "n1"]
+    deadline = time.monotonic() + 30
+
+    def pid_on(node: NodeAgent) -> int | None:
+        stored = node.agent.store.workload("a", "svc")
+        run = node.agent.runs.latest("a", "svc", stored.generation) if stored else None
+        status = read_status(run) if run else None
+        return status.child_pid if status and not status.done else None
+
+    while True:
+        phases = {s.key: s.phase for s in frozen.step()}
+        other.step()
+        if phases.get("a/svc") == "running" and pid_on(frozen) is not None:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    pid = pid_on(frozen)
+    assert pid is not None
+    frozen_at = time.monotonic()
+    dead_at = None
+    while True:  # only the other node and the control plane go on
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            dead_at = dead_at or time.monotonic()
+        states = {s.key: s.phase for s in other.step()}
+        with link.lock:
+            core.tick(link.clock())
+        if states.get("a/svc") in ("starting", "running"):
+            assert dead_at is not None, "started elsewhere while the frozen node's copy ran"
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert dead_at - frozen_at >= FENCE_S * 0.9  # the shim waited for the lease to run out
+    fenced = frozen.agent.runs.latest("a", "svc", 1)
+    assert fenced is not None and (fenced / "fenced.json").exists()
+    for _ in range(4):  # it wakes: fences itself first, is told it was lost, joins again
+        frozen.step()
+        other.step()
+        time.sleep(0.1)
+    assert frozen.agent.store.workloads() == []
+    assert core.assigned["a/svc"].node == other.name and core.nodes[frozen.name].state == "alive"

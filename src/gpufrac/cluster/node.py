@@ -8,7 +8,11 @@ or gives under another epoch, then places what is new exactly as decided (``Agen
 
 Fencing: a node that has gone ``fence_s`` without an answer stops every workload it runs, before
 its lease (``lease_s`` > ``fence_s``) ends at the control plane, which only then places them
-elsewhere. A node told it was lost (an answer with no lease) stops everything and joins again.
+elsewhere. Two hands do it: the node agent itself (``fence``, first thing in a ``step``, so an agent
+that wakes from a freeze stops its work before anything else), and each workload's shim, which reads
+the node's lease file (renewed at every answer) and stops its workload once the lease in it has run
+out, whatever the agent is doing. A node told it was lost (an answer with no lease) stops everything
+and joins again.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from gpufrac.cluster.core import FENCE_S, Answer, ClusterCore, Ended, Report
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
 from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.shim import write_lease
 
 EPOCH_LABEL = "gpufrac.io/epoch"  # the epoch a node runs a workload under, kept in its local spec
+LEASE_FILE = "lease.json"  # in the node agent's data directory: until when its workloads may run
 
 
 def local_decision(decision: Decision) -> Decision:
@@ -86,13 +92,17 @@ class NodeAgent:
         link: ControlLink,
         *,
         fence_s: float = FENCE_S,
+        kill_grace_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.agent = agent
         self.link = link
         self.name = agent.node
         self.fence_s = fence_s
+        self.kill_grace_s = kill_grace_s  # SIGTERM to SIGKILL, when a shim stops a fenced workload
         self.clock = clock
+        self.lease_file = agent.data_dir / LEASE_FILE
+        agent.runs.lease_file = self.lease_file
         self.answered: float | None = None  # when the last answer's heartbeat was sent
         self.joined = False
         self.fenced = False
@@ -107,23 +117,31 @@ class NodeAgent:
 
     def step(self) -> list[WorkloadState]:
         """One reconcile pass and one heartbeat; returns the pass's workload states."""
+        self._fence_if_unanswered()  # before the pass, which would restart what shims stopped
         states = self.agent.reconcile()
-        sent = self.clock()
+        sent, sent_wall = self.clock(), time.time()
         try:
             if not self.joined:
                 self.join()
             answer = self.link.heartbeat(self.name, self.report(states))
         except Unreachable:
-            if self.answered is not None and sent - self.answered >= self.fence_s:
-                self.fence(f"the control plane has not answered for {sent - self.answered:.1f} s")
+            self._fence_if_unanswered()
             return states
         if answer.lease_s <= 0:  # the control plane holds this node lost: start again
             self.fence("the control plane held this node lost")
             self.joined = False
             return states
         self.answered, self.fenced = sent, False
+        write_lease(self.lease_file, sent_wall + self.fence_s, self.kill_grace_s)
         self.follow(answer)
         return states
+
+    def _fence_if_unanswered(self) -> None:
+        if self.answered is None:
+            return
+        silent = self.clock() - self.answered
+        if silent >= self.fence_s:
+            self.fence(f"the control plane has not answered for {silent:.1f} s")
 
     def report(self, states: list[WorkloadState]) -> Report:
         running: dict[str, int] = {}

@@ -27,6 +27,9 @@ class Runs:
     def __init__(self, root: Path, *, stop_grace: float = 10.0) -> None:
         self.root = root
         self.stop_grace = stop_grace
+        # a cluster node's lease file (cluster/node.py): each run's shim stops its workload once
+        # the lease in it has run out; None on a machine on its own
+        self.lease_file: Path | None = None
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o700)  # specs (their env) and logs: the agent's alone
 
@@ -60,7 +63,16 @@ class Runs:
         group: int | None = None,
     ) -> Path:
         run_dir = self.of(tenant, name) / f"g{generation}-{attempt}"
-        launch(run_dir, command, env=env, workdir=workdir, user=user, group=group, wait=False)
+        launch(
+            run_dir,
+            command,
+            env=env,
+            workdir=workdir,
+            user=user,
+            group=group,
+            lease=self.lease_file,
+            wait=False,
+        )
         return run_dir
 
     def stop_live(self, tenant: str, name: str, reason: str = "") -> bool:

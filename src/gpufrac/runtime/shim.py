@@ -7,7 +7,10 @@ the agent can be killed, even with ``kill -9``, without taking workloads with it
   shim stays outside it, so signalling the group never hits the shim), and writes ``child.json``;
 * copies the workload's output into ``output.log``, rotated by size (``output.log.1``, ...);
 * passes SIGTERM/SIGINT on to the workload's process group;
-* when the workload ends, writes ``exit.json`` (exit code or signal) atomically, then exits.
+* when the workload ends, writes ``exit.json`` (exit code or signal) atomically, then exits;
+* on a node of a cluster (``lease`` given), stops the workload (``fenced.json``) once the node's
+  lease file says the lease has run out: a node agent that cannot renew it (frozen, cut off from
+  the control plane) stops its work by the shims' hand before the control plane places it again.
 
 Every file is written to a temporary name and renamed, so a reader sees all of it or nothing. A
 restarted agent re-attaches by reading the run directory (``read_status``).
@@ -73,6 +76,7 @@ def launch(
     group: int | None = None,
     log_max_bytes: int = 10 * 2**20,
     log_backups: int = 3,
+    lease: Path | None = None,
     timeout: float = 10.0,
     wait: bool = True,
 ) -> int | None:
@@ -92,6 +96,7 @@ def launch(
             "group": group,
             "log_max_bytes": log_max_bytes,
             "log_backups": log_backups,
+            "lease": None if lease is None else str(lease),
         },
     )
     with open(run_dir / "shim.log", "ab") as shim_log:
@@ -316,6 +321,27 @@ class _RotatingLog:
         self.size += len(data)
 
 
+LEASE_CHECK_S = 0.25  # how often a shim reads its node's lease file
+
+
+def write_lease(path: Path, until: float, grace: float) -> None:
+    """Renew a node's lease file: its workloads may run until ``until`` (wall clock), then get
+    SIGTERM and, ``grace`` seconds on, SIGKILL."""
+    _write_json(path, {"until": until, "grace": grace})
+
+
+def lease_ended(path: Path) -> tuple[float, float] | None:
+    """(when it ended, the grace) if the lease in ``path`` has run out; None while it holds, or if
+    the file cannot be read (a shim never stops a workload on a read that failed)."""
+    lease = _read_json(path)
+    if lease is None:
+        return None
+    until, grace = lease.get("until"), lease.get("grace", 1.0)
+    if not isinstance(until, int | float) or not isinstance(grace, int | float):
+        return None
+    return (float(until), float(grace)) if time.time() > until else None
+
+
 def _run(run_dir: Path) -> int:
     spec = _read_json(run_dir / "spec.json")
     if spec is None:
@@ -325,10 +351,10 @@ def _run(run_dir: Path) -> int:
     started: list[subprocess.Popen[bytes]] = []
     killer: list[threading.Timer] = []
 
-    def forward(signum: int, _frame: object) -> None:
+    def forward(signum: int, _frame: object, grace_s: float | None = None) -> None:
         """Pass the signal to the workload's group; after a SIGTERM, SIGKILL it once the grace
-        the agent asked for (``stop.json``) has passed, so nobody waits on a workload that ignores
-        SIGTERM."""
+        the agent asked for (``stop.json``, or ``grace_s``) has passed, so nobody waits on a
+        workload that ignores SIGTERM."""
         stopping.set()
         if not started:
             return  # not started yet: it never will be
@@ -338,7 +364,7 @@ def _run(run_dir: Path) -> int:
             os.killpg(pgid, signal.SIGCONT)  # one the QoS arbiter paused must run to handle it
         if signum == signal.SIGTERM and not killer:
             asked = _read_json(run_dir / "stop.json") or {}
-            grace = asked.get("grace", DEFAULT_GRACE_S)
+            grace = asked.get("grace", DEFAULT_GRACE_S) if grace_s is None else grace_s
 
             def kill() -> None:
                 _kill_group(pgid)
@@ -401,6 +427,24 @@ def _run(run_dir: Path) -> int:
 
     reader = threading.Thread(target=copy, daemon=True)
     reader.start()
+    lease = spec.get("lease")
+    if isinstance(lease, str):
+
+        def watch_lease() -> None:
+            while not stopping.is_set() and child.poll() is None:
+                ended = lease_ended(Path(lease))
+                if ended is not None:
+                    until, grace = ended
+                    log.write(
+                        b"gpufrac shim: this node's lease ran out (its agent did not renew it): "
+                        b"stopping the workload\n"
+                    )
+                    _write_json(run_dir / "fenced.json", {"lease_until": until, "at": time.time()})
+                    forward(signal.SIGTERM, None, grace)
+                    return
+                time.sleep(LEASE_CHECK_S)
+
+        threading.Thread(target=watch_lease, daemon=True).start()
     code = child.wait()
     # what the workload left behind, in its group or not (a process that left it with setsid is
     # still this shim's descendant: the shim is their subreaper), ends with it
