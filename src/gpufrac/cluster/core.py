@@ -14,6 +14,9 @@ its own: the caller passes ``now`` (monotonic seconds) and carries the answers t
   caller's store). A node runs a workload only under the epoch its latest answer gave; whatever it
   reports under another epoch (a node that comes back after its work was moved) it is told to stop,
   because the answer to every heartbeat is the node's whole desired state, not a change.
+* **One copy at a time.** A workload taken from a node while that node is alive (deleted, replaced,
+  evicted, moved) is not given to another node until the first has reported it gone (or has been
+  lost): the scheduler counts it in its new place at once, but its new node starts it only then.
 * **A restart of the control plane** restores placements with their epochs and gives every node a
   fresh lease from the restart: nodes that heartbeat in time keep what they run, untouched.
 """
@@ -110,17 +113,25 @@ class ClusterCore:
         self.specs: dict[str, WorkloadSpec] = {}  # desired state, by tenant/name
         self.assigned: dict[str, Assignment] = {}  # placed workloads
         self.ended: dict[str, Ended] = {}  # jobs that ended for good
+        # workload -> {node: epoch} it was taken from, alive, and has not reported gone yet
+        self.revoked: dict[str, dict[str, int]] = {}
         self._epoch = first_epoch - 1
 
     # -- nodes -----------------------------------------------------------------------------------
 
     def join(
-        self, name: str, labels: Mapping[str, str], gpus: Iterable[SchedGpu], now: float
+        self,
+        name: str,
+        labels: Mapping[str, str],
+        gpus: Iterable[SchedGpu],
+        now: float,
+        placed: Iterable[Assignment] = (),
     ) -> list[Decision]:
         """A node joins with its GPUs, or comes back after it was lost (its GPUs were kept, idle:
         they take work again). Returns the decisions of waiting workloads that now fit. Here a GPU
         is ``NODE/UUID`` (decisions name it so; ``node.local_decision`` takes the node off); its
-        ``index`` is the core's own."""
+        ``index`` is the core's own. ``placed``: what a restarted control plane had placed there
+        (restored before anything waiting is tried on the node)."""
         node = self.nodes.get(name)
         if node is None:
             start = len(self.scheduler.state.gpus)
@@ -129,13 +140,16 @@ class ClusterCore:
                 g.index, g.node, g.node_labels = start + i, name, dict(labels)
                 g.uuid = f"{name}/{g.uuid}"  # a GPU is known by its node and its UUID
                 fresh.append(g)
-            self.nodes[name] = Node(name, dict(labels), [g.index for g in fresh], now)
-            return self._placed(self.scheduler.add_gpus(fresh))
-        node.renewed, node.state = now, "alive"
-        st = self.scheduler.state
-        for gi in node.gpus:
-            if not st.gpus[gi].schedulable:
-                st.set_schedulable(st.gpus[gi], True)
+            self.nodes[name] = node = Node(name, dict(labels), [g.index for g in fresh], now)
+            self.scheduler.add_gpus(fresh, retry=False)
+        else:
+            node.renewed, node.state = now, "alive"
+            st = self.scheduler.state
+            for gi in node.gpus:
+                if not st.gpus[gi].schedulable:
+                    st.set_schedulable(st.gpus[gi], True)
+        for a in placed:
+            self.restore(a.spec, a.decision, name, a.epoch)
         return self._placed(self.scheduler.retry_pending(gpus=set(node.gpus)))
 
     def heartbeat(self, name: str, report: Report, now: float) -> Answer:
@@ -145,6 +159,9 @@ class ClusterCore:
         if node is None or node.state == "lost":
             return Answer(name, (), 0.0)
         node.renewed = now
+        for key in [k for k, held in self.revoked.items() if name in held]:
+            if report.running.get(key) != self.revoked[key][name]:  # gone from the node
+                self._acknowledged(key, name)
         for key, (epoch, how) in report.ended.items():
             a = self.assigned.get(key)
             if a is not None and a.node == name and a.epoch == epoch:
@@ -155,7 +172,12 @@ class ClusterCore:
         return self.answer(name)
 
     def answer(self, name: str) -> Answer:
-        run = tuple(a for a in self.assigned.values() if a.node == name)
+        """``name``'s desired state: what is assigned to it, less what another node still has."""
+        run = tuple(
+            a
+            for a in self.assigned.values()
+            if a.node == name and not (set(self.revoked.get(a.workload, ())) - {name})
+        )
         return Answer(name, run, self.lease_s)
 
     def tick(self, now: float) -> list[Moved]:
@@ -173,6 +195,9 @@ class ClusterCore:
                 if st.gpus[gi].schedulable:
                     st.set_schedulable(st.gpus[gi], False)
         gone = {n.name for n in lost}
+        for key in list(self.revoked):
+            for node_name in gone & set(self.revoked[key]):
+                self._acknowledged(key, node_name)  # fenced: it runs nothing any more
         victims = sorted(
             (a for a in self.assigned.values() if a.node in gone),
             key=lambda a: (-a.spec.priority, a.workload),
@@ -217,7 +242,7 @@ class ClusterCore:
         key = f"{tenant}/{name}"
         if self.specs.pop(key, None) is None:
             return False
-        self.assigned.pop(key, None)
+        self._revoke(key)
         self.ended.pop(key, None)
         if self.scheduler.knows(key):
             self._placed(self.scheduler.delete(tenant, name))
@@ -248,6 +273,19 @@ class ClusterCore:
 
     # -- decisions to assignments ----------------------------------------------------------------
 
+    def _revoke(self, key: str) -> None:
+        """Take ``key``'s assignment away; until its node (if alive) reports it gone, no other node
+        is told to run it."""
+        a = self.assigned.pop(key, None)
+        if a is not None and self.nodes[a.node].state == "alive":
+            self.revoked.setdefault(key, {})[a.node] = a.epoch
+
+    def _acknowledged(self, key: str, node: str) -> None:
+        held = self.revoked.get(key, {})
+        held.pop(node, None)
+        if not held:
+            self.revoked.pop(key, None)
+
     def _place(self, decisions: list[Decision]) -> Decision:
         self._placed(decisions)
         return decisions[0]
@@ -257,12 +295,11 @@ class ClusterCore:
         loses its assignment, so its node stops it at its next heartbeat."""
         st = self.scheduler.state
         for d in decisions:
+            self._revoke(d.workload)
             if d.outcome == "placed":
                 self._epoch += 1
                 node = st.by_uuid[d.gpus[0]].node
                 self.assigned[d.workload] = Assignment(self.specs[d.workload], d, node, self._epoch)
-            else:
-                self.assigned.pop(d.workload, None)
             for victim in d.evicted:
-                self.assigned.pop(victim, None)
+                self._revoke(victim)
         return decisions

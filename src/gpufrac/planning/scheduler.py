@@ -288,10 +288,11 @@ class Scheduler:
         self._commit(trial, req, chosen, ())
         return None
 
-    def add_gpus(self, gpus: list[SchedGpu]) -> list[Decision]:
-        """GPUs that joined the fleet (a cluster's node); what waits is tried on them."""
+    def add_gpus(self, gpus: list[SchedGpu], *, retry: bool = True) -> list[Decision]:
+        """GPUs that joined the fleet (a cluster's node); what waits is tried on them (unless
+        ``retry`` is False: the caller restores placements there first)."""
         self.state.add_gpus(gpus)
-        return self.retry_pending(gpus={g.index for g in gpus})
+        return self.retry_pending(gpus={g.index for g in gpus}) if retry else []
 
     def delete(self, tenant: str, name: str) -> list[Decision]:
         """Remove a workload; returns the decisions of pending workloads that now fit."""

@@ -111,6 +111,23 @@ def test_a_returning_node_takes_work_again_and_never_gets_its_old_epochs_back() 
     assert running(answer) == {"a/y": core.assigned["a/y"].epoch}  # a/x is not its to run
 
 
+def test_a_workload_taken_from_a_live_node_starts_elsewhere_only_once_that_node_let_it_go() -> None:
+    core = core_with(("n1", 1), ("n2", 1))
+    core.apply(dataclasses.replace(w("x", count=1), node_selector={"name": "n1"}))
+    old = core.assigned["a/x"]
+    assert old.node == "n1"
+    core.heartbeat("n1", Report(running={"a/x": old.epoch}), 1.0)
+    core.apply(dataclasses.replace(w("x", count=1), node_selector={"name": "n2"}))  # replaced
+    new = core.assigned["a/x"]
+    assert (new.node, new.epoch > old.epoch) == ("n2", True)
+    # n1 still runs the old copy: n2 is not told to start it, n1 is told to stop it
+    assert "a/x" not in running(core.heartbeat("n2", Report(), 1.5))
+    assert "a/x" not in running(core.heartbeat("n1", Report(running={"a/x": old.epoch}), 2.0))
+    assert "a/x" not in running(core.heartbeat("n2", Report(), 2.5))
+    core.heartbeat("n1", Report(), 3.0)  # now it is gone there
+    assert running(core.heartbeat("n2", Report(), 3.5)) == {"a/x": new.epoch}
+
+
 def test_preemption_across_nodes_takes_the_victims_assignment_away() -> None:
     core = core_with(("n1", 1))
     core.apply(w("low", priority=0, count=1))
@@ -175,7 +192,7 @@ class SimNode:
             self.runs = {}
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(Op, min_size=1, max_size=40))
 def test_no_workload_ever_runs_on_two_nodes(ops: list[tuple[str, int, int, int]]) -> None:
     core = ClusterCore()
