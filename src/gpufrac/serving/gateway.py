@@ -1,7 +1,15 @@
 """The request gateway: ``/serve/{deployment}/...`` spread over the deployment's replicas.
 
 A data path apart from the control API, in its own process (``python -m gpufrac.serving.gateway``),
-built on asyncio protocols with no framework on the request path:
+built on asyncio protocols (on uvloop's loop where it is installed) with no framework on the request
+path:
+
+* **Data path**: a request with a free slot goes out on a pooled keep-alive connection as it is
+  parsed, with no task of its own (one is made only to wait for a slot or to open a connection); its
+  head is written from a plan worked out once per distinct sequence of header names (and the values
+  of its ``Connection`` headers), and the answer is relayed from the upstream connection's parser
+  callbacks: what one read from the replica brought goes to the client in one write, and reading
+  from the replica pauses while the client's connection is full.
 
 * **Routing**: least outstanding requests with power-of-two choices. Each replica has
   ``max_concurrency`` slots; its score is its outstanding requests weighted by how busy its GPU is
@@ -14,9 +22,11 @@ built on asyncio protocols with no framework on the request path:
   another replica (a stale keep-alive connection is first retried fresh on the same one); the failed
   replica is skipped for a second.
 * **Streaming**: ``Content-Length`` and ``chunked`` responses pass through as they arrive.
-* **Timeouts**: ``timeout_s`` per request upstream (``504`` past it); from clients, a request head
-  within ``--head-timeout`` (10 s) and a whole request within ``--request-timeout`` (60 s) of its
-  first byte (``408``), and an idle keep-alive connection closed after ``--idle-timeout`` (75 s).
+* **Timeouts**: ``timeout_s`` for the answer's head (``504`` past it), and again for each wait for
+  more of its body while the client keeps up (the client's connection is closed); from clients, a
+  request head within ``--head-timeout`` (10 s) and a whole request within ``--request-timeout``
+  (60 s) of its first byte (``408``), and an idle keep-alive connection closed after
+  ``--idle-timeout`` (75 s).
 * **Bounds**: a body of at most 64 MiB (``413``), and 256 MiB of request bodies held by all
   connections together (``503`` past it).
 * **Strict HTTP**: requests are parsed by httptools (docs in ``http11``): ambiguous framing is
@@ -41,12 +51,13 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import httptools
 
@@ -57,8 +68,10 @@ from gpufrac.serving.http11 import (
     HttpError,
     Request,
     error_response,
+    keep_task,
 )
-from gpufrac.serving.routing import Replica, Route, Upstream
+from gpufrac.serving.http11 import run as run_loop
+from gpufrac.serving.routing import Replica, Route
 
 MAX_BODY = 64 * 2**20  # one request's body
 TOTAL_BODIES = 256 * 2**20  # request bodies held by all connections together
@@ -93,6 +106,11 @@ class Gateway:
         # and every deployment ("G"): meanwhile requests get a 503 to retry, never a 404 or an open
         # door
         self.settled = True
+        # each replica's idle keep-alive connections (at most 64, the last used first)
+        self.pools: dict[Replica, list[_Upstream]] = {}
+        # the loop it serves on, where known (asyncio.get_running_loop() costs a getpid() call on
+        # Python 3.11)
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def set_tokens(self, raw: dict[str, Any]) -> None:
         tokens = raw.get("tokens")
@@ -137,29 +155,30 @@ class Gateway:
                 setattr(route, key, numbers[key])
         for rid in [k for k in route.replicas if k not in wanted]:
             gone = route.replicas.pop(rid)
-            gone.retired = True
-            for conn in gone.idle:
-                conn.close()  # in-flight requests on it finish on their own connections
-            gone.idle.clear()
+            self._retire(gone)  # in-flight requests on it finish on their own connections
             if gone.outstanding:
                 route.retiring[rid] = gone  # reported until its last request is answered
         for rid, (host, port, busy) in wanted.items():
             rep = route.replicas.get(rid)
             if rep is None or (rep.host, rep.port) != (host, port):
+                if rep is not None:
+                    self._retire(rep)  # moved: its connections go to where it was
                 rep = Replica(rid, host, port)
                 route.replicas[rid] = rep
             rep.busy = busy
         route.wake()
+
+    def _retire(self, replica: Replica) -> None:
+        replica.retired = True
+        for conn in self.pools.pop(replica, []):
+            conn.close()
 
     def remove(self, name: str) -> None:
         route = self.routes.pop(name, None)
         if route is None:
             return
         for rep in route.replicas.values():
-            rep.retired = True
-            for conn in rep.idle:
-                conn.close()
-            rep.idle.clear()
+            self._retire(rep)
         for fut in route.waiters:
             if not fut.done():
                 fut.set_exception(HttpError(404, f"deployment {name} was deleted"))
@@ -198,11 +217,14 @@ class Gateway:
 
     # -- requests -------------------------------------------------------------------------------
 
-    async def serve(self, client: _Client, req: Request) -> None:
+    def start(self, client: _Client, req: Request) -> Awaitable[None] | None:
+        """Answer ``req``: at once (None) where the gateway answers it itself; else a future the
+        exchange completes from its callbacks (a free slot on a replica), or a coroutine that
+        waits for a slot first."""
         path = req.target
         if not path.startswith("/serve/"):
             client.send(error_response(404, "not found: use /serve/{deployment}/..."), req)
-            return
+            return None
         if not self.settled:
             client.send(
                 error_response(
@@ -210,7 +232,7 @@ class Gateway:
                 ),
                 req,
             )
-            return
+            return None
         name, _, rest = path[7:].partition("/")
         route = self.routes.get(name)
         if self.tokens is not None and (route is None or not route.public):
@@ -224,13 +246,30 @@ class Gateway:
                     ),
                     req,
                 )
-                return
+                return None
             if route is not None and who not in (ADMIN, route.tenant):
                 route = None  # another tenant's deployment looks like none at all
         if route is None:
             client.send(error_response(404, f"no deployment {name!r}"), req)
-            return
+            return None
         started = time.monotonic()
+        replica = None if route.waiters else route.pick(started)
+        if replica is None:
+            return self._queued(client, req, route, "/" + rest, started)
+        replica.outstanding += 1
+        ex = _Exchange(self, client, req, route, "/" + rest, started)
+        ex.go(replica)
+        return ex.done
+
+    async def serve(self, client: _Client, req: Request) -> None:
+        """``start``, awaited to the end of the answer."""
+        later = self.start(client, req)
+        if later is not None:
+            await later
+
+    async def _queued(
+        self, client: _Client, req: Request, route: Route, path: str, started: float
+    ) -> None:
         try:
             replica = await self._slot(route)
         except HttpError as e:
@@ -238,55 +277,9 @@ class Gateway:
             extra = [b"Retry-After: 1"] if e.status == 429 else None
             client.send(error_response(e.status, str(e), extra=extra), req)
             return
-        code = 0  # the status the client was answered with (0: none, it went away)
-        try:
-            # phase 1, up to the response head: retried once elsewhere, 504 past the timeout
-            for attempt in range(2):
-                try:
-                    async with asyncio.timeout(route.timeout_s):  # cheaper than wait_for: no task
-                        conn, answer = await self._request(req, replica, "/" + rest)
-                    break
-                except _NoResponse:
-                    replica.down_until = time.monotonic() + DOWN_SECONDS
-                    other = route.pick(time.monotonic(), avoid=replica) if attempt == 0 else None
-                    if other is None:
-                        raise
-                    route.retries += 1
-                    other.outstanding += 1
-                    self._release(route, replica)
-                    replica = other
-            # phase 2, the body as it comes: a stall or a lost client just ends the connection
-            code = answer.status
-            await self._relay(client, req, replica, conn, answer, route.timeout_s)
-            replica.served += 1
-            now = time.monotonic()
-            route.done.append((now, now - started))
-        except _NoResponse:
-            route.errors += 1
-            code = 502
-            client.send(error_response(502, "no replica answered"), req)
-        except TimeoutError:
-            route.errors += 1
-            if client.answered:
-                client.close()  # the answer had begun: it cannot turn into a 504 now
-            else:
-                code = 504
-                client.send(error_response(504, f"no answer within {route.timeout_s:g}s"), req)
-                client.close()
-        except (
-            ConnectionError,
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,
-            OSError,
-            ValueError,
-        ):
-            route.errors += 1  # the reply broke off midway: the client sees its connection close
-            code = code or 502
-            client.close()
-        finally:
-            self._release(route, replica)
-            if code:
-                replica.observe(code, time.monotonic() - started)
+        ex = _Exchange(self, client, req, route, path, started)
+        ex.go(replica)
+        await ex.done
 
     async def _slot(self, route: Route) -> Replica:
         r = route.pick(time.monotonic())
@@ -319,147 +312,356 @@ class Gateway:
         replica.outstanding -= 1
         route.wake()
 
-    async def _request(
-        self, req: Request, replica: Replica, path: str
-    ) -> tuple[Upstream, _Response]:
-        """Send the request, written afresh from its parsed parts, and read the final response
-        head (interim 1xx heads are skipped)."""
-        data = _request_bytes(req, path, keep_authorization=self.tokens is None)
-        fresh = False
-        while True:
-            try:
-                conn, fresh = await replica.connect(fresh)
-            except OSError:
-                raise _NoResponse from None
-            answer = _Response(req.method == "HEAD")
-            try:
-                conn.writer.write(data)
-                while not answer.head_done:
-                    chunk = await conn.reader.read(65536)
-                    if not chunk:
-                        raise asyncio.IncompleteReadError(b"", None)
-                    answer.feed(chunk)
-                return conn, answer
-            except (OSError, asyncio.IncompleteReadError):
-                conn.close()
-                if answer.seen:  # the answer had begun: not safe to send it again
-                    raise ConnectionError("the replica's answer broke off") from None
-                if fresh:
-                    raise _NoResponse from None
-                fresh = True  # a stale pooled connection: once more on a new one
-            except BaseException:
-                conn.close()  # timed out, cancelled or malformed: its state is unknown
-                raise
 
-    async def _relay(
+class _Exchange:
+    """One request on a slot of a replica, from the request sent to the end of the answer, driven
+    by its upstream connection's callbacks: no task of its own unless it must open a connection.
+
+    Before any response byte a connection that fails is tried once more: a pooled one fresh on the
+    same replica, a fresh one on another replica (the failed one is skipped for ``DOWN_SECONDS``).
+    ``timeout_s`` bounds the wait for the response head (504) and every wait for more of the body
+    while the client keeps up (the client's connection is closed)."""
+
+    __slots__ = (
+        "client",
+        "code",
+        "conn",
+        "data",
+        "done",
+        "fresh",
+        "gateway",
+        "over",
+        "path",
+        "replica",
+        "req",
+        "route",
+        "started",
+        "tried",
+    )
+
+    def __init__(
         self,
+        gateway: Gateway,
         client: _Client,
         req: Request,
-        replica: Replica,
-        conn: Upstream,
-        answer: _Response,
-        idle_s: float,
+        route: Route,
+        path: str,
+        started: float,
     ) -> None:
-        """Pass the response on as it arrives, with flow control toward the client."""
-        try:
-            keep = await self._relay_body(client, req, conn, answer, idle_s)
-        except BaseException:
+        self.gateway, self.client, self.req, self.route = gateway, client, req, route
+        self.path, self.started = path, started
+        self.conn: _Upstream | None = None
+        self.fresh = False  # the connection was opened for this request
+        self.tried = False  # another replica was tried already
+        self.code = 0  # the status the client was answered with (0: none yet)
+        self.data: bytes | None = None  # the request's head as sent, kept for a second try
+        self.over = False
+        loop = gateway.loop or asyncio.get_running_loop()
+        self.done: asyncio.Future[None] = loop.create_future()
+        client.exchange = self
+
+    def go(self, replica: Replica) -> None:
+        """Send on a pooled connection to ``replica`` (whose slot is taken), or open one."""
+        self.replica = replica
+        pool = self.gateway.pools.get(replica)
+        while pool:
+            conn = pool.pop()
+            if not conn.closed:
+                self._send(conn, False)
+                return
             conn.close()
+        self._open()
+
+    def _open(self) -> None:
+        keep_task(asyncio.ensure_future(self._connect()))
+
+    async def _connect(self) -> None:
+        replica = self.replica
+        pools = self.gateway.pools
+        pool = pools.get(replica)
+        if pool is None:
+            pool = [] if replica.retired else pools.setdefault(replica, [])
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.route.timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: _Upstream(pool), replica.host, replica.port
+                )
+        except TimeoutError:
+            if not self.over:
+                self.timed_out()
+            return
+        except OSError:
+            if not self.over:
+                self.no_response()
+            return
+        except BaseException:
+            self.finish()
             raise
-        if keep and not replica.retired and len(replica.idle) < 64 and conn.clean():
-            replica.idle.append(conn)
+        if self.over:
+            conn.close()  # the client went away meanwhile
+            return
+        self._send(conn, True)
+
+    def _send(self, conn: _Upstream, fresh: bool) -> None:
+        self.conn, self.fresh = conn, fresh
+        data = self.data
+        if data is None:
+            data = self.data = _request_head(
+                self.req, self.path, keep_authorization=self.gateway.tokens is None
+            )
+        conn.begin(self, data, self.route.timeout_s)
+        if not self.client.writable:  # the client has not taken the last answer yet
+            conn.pause()
+
+    # -- from the upstream connection -----------------------------------------------------------
+
+    def head(self, conn: _Upstream) -> None:
+        """The final response head arrived: it goes to the client with the first body bytes."""
+        self.code = conn.status
+
+    def complete(self, conn: _Upstream, reusable: bool) -> None:
+        """The whole answer is out (``reusable``: exactly one, and nothing said against reuse)."""
+        replica = self.replica
+        self.conn = None
+        pool = conn.pool
+        if reusable and not replica.retired and len(pool) < 64 and not conn.closed:
+            conn.idle()
+            pool.append(conn)
         else:
             conn.close()
-        if not req.keep_alive:
-            client.close()
+        if not self.req.keep_alive or conn.until_close:
+            self.client.close()
+        replica.served += 1
+        now = time.monotonic()
+        self.route.done.append((now, now - self.started))
+        self.finish()
 
-    async def _relay_body(
-        self, client: _Client, req: Request, conn: Upstream, answer: _Response, idle_s: float
-    ) -> bool:
-        """Returns whether the upstream connection may be reused: only after exactly one complete
-        response that said nothing against it."""
-        length = answer.header(b"content-length")
-        chunked = answer.header(b"transfer-encoding") is not None
-        out = [f"HTTP/1.1 {answer.status} {REASONS.get(answer.status, 'OK')}".encode()]
-        out += _end_to_end(answer.headers, _NOT_RELAYED)
-        if length is not None:
-            out.append(b"Content-Length: " + length)
-        elif chunked:
-            out.append(b"Transfer-Encoding: chunked")
-        if not req.keep_alive or (length is None and not chunked and not answer.bodiless):
-            out.append(b"Connection: close")
-        client.write(b"\r\n".join(out) + b"\r\n\r\n")
-        if req.method == "HEAD":
-            return False  # llhttp cannot be told the response has no body: never reused
-        reader = conn.reader
-        while True:
-            for piece in answer.take():
-                client.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
-            if answer.complete:
-                break
-            await client.drain()
-            async with asyncio.timeout(idle_s):
-                data = await reader.read(65536)
-            if not data:
-                if length is None and not chunked:  # the body ran to the end of the connection
-                    client.close()
-                    return False
-                raise asyncio.IncompleteReadError(b"", None)
-            answer.feed(data)
-        if chunked:
-            client.write(b"0\r\n\r\n")
-        return answer.reusable
+    def lost(self, conn: _Upstream) -> None:
+        """The connection ended before the answer was whole."""
+        self.conn = None
+        if conn.seen:  # the answer had begun: not safe to send it again
+            self.broken()
+        elif not self.fresh:  # a stale pooled connection: once more on a new one
+            self._open()
+        else:
+            self.no_response()
+
+    def no_response(self) -> None:
+        """No response byte from the replica (refused, reset, closed): another one, once."""
+        route, replica = self.route, self.replica
+        now = time.monotonic()
+        replica.down_until = now + DOWN_SECONDS
+        other = None if self.tried else route.pick(now, avoid=replica)
+        if other is None:
+            route.errors += 1
+            self.code = 502
+            self.client.send(error_response(502, "no replica answered"), self.req)
+            self.finish()
+            return
+        self.tried = True
+        route.retries += 1
+        other.outstanding += 1
+        self.gateway._release(route, replica)
+        self.go(other)
+
+    def timed_out(self) -> None:
+        self.route.errors += 1
+        if self.conn is not None:
+            self.conn.close()  # its state is unknown
+            self.conn = None
+        client = self.client
+        if not self.code and not client.answered:
+            self.code = 504
+            client.send(
+                error_response(504, f"no answer within {self.route.timeout_s:g}s"), self.req
+            )
+        client.close()  # an answer that had begun cannot turn into a 504 now
+        self.finish()
+
+    def broken(self) -> None:
+        """The answer broke off midway or made no sense: the client sees its connection close."""
+        self.route.errors += 1
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        self.code = self.code or 502
+        self.client.close()
+        self.finish()
+
+    # -- the end --------------------------------------------------------------------------------
+
+    def abort(self) -> None:
+        """The client went away: its slot and its replica are let go."""
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        self.finish()
+
+    def finish(self) -> None:
+        if self.over:
+            return
+        self.over = True
+        if self.client.exchange is self:
+            self.client.exchange = None
+        self.gateway._release(self.route, self.replica)
+        if self.code:
+            self.replica.observe(self.code, time.monotonic() - self.started)
+        if not self.done.done():
+            self.done.set_result(None)
 
 
-class _Response:
-    """An upstream response as httptools parses it: the head, then body pieces as they come."""
+class _Upstream(asyncio.Protocol):
+    """A keep-alive connection to one replica. Its answer is parsed as it arrives (httptools, one
+    parser for the connection's life) and relayed from the parser's callbacks: what one read
+    brought goes to the client in one write, and reading pauses while the client's connection is
+    full (flow control). Pooled again only after exactly one complete answer."""
 
-    def __init__(self, head_only: bool) -> None:
+    def __init__(self, pool: list[_Upstream]) -> None:
+        self.pool = pool  # the replica's idle connections, where this one goes back
+        self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.head_only = head_only
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.ex: _Exchange | None = None
+        self.closed = False
+        self.paused = False  # reading paused: the client reads slower than the answer comes
+        self.idle_s = 60.0
+        # the answer in progress
+        self.head_only = False
         self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
         self.seen = False  # some byte of a response arrived (not safe to retry elsewhere)
         self.head_done = False
-        self.complete = False
+        self.whole = False
         self.messages = 0
         self.keep_alive = True
-        self._pieces: list[bytes] = []
+        self.chunked = False
+        self.until_close = False  # no length: the body runs to the end of the connection
+        self.out: list[bytes] = []  # for the client, written once per read
+        # one timer, moved lazily as HttpConnection's is
+        self._loop = asyncio.get_running_loop()
+        self.deadline = math.inf
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
 
-    @property
-    def bodiless(self) -> bool:
-        return self.status in (204, 304) or 100 <= self.status < 200
+    def begin(self, ex: _Exchange, data: bytes, timeout_s: float) -> None:
+        assert self.transport is not None
+        self.ex = ex
+        self.head_only = ex.req.method == "HEAD"
+        self.status, self.seen, self.head_done, self.whole, self.messages = (
+            0,
+            False,
+            False,
+            False,
+            0,
+        )
+        self.idle_s = timeout_s
+        self._arm(self._loop.time() + timeout_s)
+        body = ex.req.body
+        if not body:
+            self.transport.write(data)
+        elif len(body) <= 16384:  # one write, one segment
+            self.transport.write(data + body)
+        else:  # a large body is not copied once more to go with its head
+            self.transport.write(data)
+            self.transport.write(body)
 
-    @property
-    def reusable(self) -> bool:
-        return self.complete and self.messages == 1 and self.keep_alive
+    def idle(self) -> None:
+        self.ex = None
+        self.deadline = math.inf
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
 
-    def feed(self, data: bytes) -> None:
+    def close(self) -> None:
+        self.ex = None
+        self.closed = True
+        self.deadline = math.inf
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, math.inf
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+
+    # -- flow control toward the client ---------------------------------------------------------
+
+    def pause(self) -> None:
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+            self.deadline = math.inf  # a slow client is not the replica's stall
+
+    def resume(self) -> None:
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+            if self.ex is not None:
+                self._arm(self._loop.time() + self.idle_s)
+
+    # -- asyncio --------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not its subclasses
+
+    def data_received(self, data: bytes) -> None:
+        ex = self.ex
+        if ex is None:  # a byte nobody asked for: never the next client's answer
+            self.close()
+            return
         self.seen = True
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as e:
-            if (
-                self.complete
-            ):  # garbage after a whole answer: the answer stands, the connection goes
-                self.messages += 1
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            if not self.whole:
+                self.out.clear()
+                ex.broken()  # a malformed response from the replica
                 return
-            raise ValueError(f"a malformed response from the replica: {e}") from None
+            self.messages += 1  # garbage after a whole answer: it stands, the connection goes
+        out = self.out
+        if self.whole and self.chunked:
+            out.append(b"0\r\n\r\n")
+        if out:
+            ex.client.write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
+        if self.whole:
+            ex.complete(self, self.messages == 1 and self.keep_alive and not self.head_only)
+        elif self.head_done and not self.paused:
+            self.deadline = self._loop.time() + self.idle_s  # later than the timer: no move
 
-    def take(self) -> list[bytes]:
-        out, self._pieces = self._pieces, []
-        return out
+    def eof_received(self) -> bool:
+        self._ended(True)
+        return False
 
-    def header(self, name: bytes) -> bytes | None:
-        return next((v for n, v in self.headers if n.lower() == name), None)
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._ended(exc is None)
+        self.close()
+        with contextlib.suppress(ValueError):
+            self.pool.remove(self)
 
-    # httptools callbacks
-    def on_message_begin(self) -> None:
-        if self.head_done:  # a second response after the first: never reuse this connection
-            self.messages += 1
-            self.complete = True
+    def _ended(self, clean: bool) -> None:
+        """The replica closed its end (``clean``) or the connection broke."""
+        self.closed = True
+        ex = self.ex
+        if ex is None:
             return
+        if clean and self.head_done and self.until_close:  # the body ran to the end
+            self.whole = True
+            if self.out:
+                ex.client.write(b"".join(self.out))
+                self.out.clear()
+            ex.complete(self, False)
+        else:
+            self.ex = None
+            ex.lost(self)
+
+    # -- httptools callbacks --------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
         self.messages += 1
+        if self.head_done:  # a second response after the first: never reuse this connection
+            self.whole = True
+            return
         self.headers = []
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -474,46 +676,161 @@ class _Response:
             self.messages -= 1
             self.headers = []
             return
+        ex = self.ex
+        assert ex is not None
         self.status = status
         self.keep_alive = self.parser.should_keep_alive()
         self.head_done = True
-        if self.head_only:
-            self.complete = True
+        head, self.chunked, self.until_close = _response_head(
+            status, self.headers, ex.req.keep_alive
+        )
+        self.out.append(head)
+        ex.head(self)
+        if self.head_only:  # llhttp cannot be told a HEAD answer has no body: never reused
+            self.whole = True
 
     def on_body(self, body: bytes) -> None:
-        if self.head_done and self.messages == 1:
-            self._pieces.append(body)
+        if self.head_done and self.messages == 1 and not self.head_only:
+            self.out.append(b"%x\r\n%s\r\n" % (len(body), body) if self.chunked else body)
 
     def on_message_complete(self) -> None:
         if self.head_done:
-            self.complete = True
+            self.whole = True
+
+    # -- the deadline ---------------------------------------------------------------------------
+
+    def _arm(self, deadline: float) -> None:
+        self.deadline = deadline
+        if self._timer_at > deadline:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(deadline, self._expire)
+            self._timer_at = deadline
+
+    def _expire(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        ex = self.ex
+        if ex is None or self.deadline == math.inf:
+            return
+        if self._loop.time() < self.deadline:  # moved later meanwhile: wait for it
+            self._arm(self.deadline)
+            return
+        self.close()
+        ex.conn = None
+        ex.timed_out()
 
 
-def _end_to_end(headers: list[tuple[bytes, bytes]], dropped: frozenset[bytes]) -> list[bytes]:
-    """Header lines to pass on: all but ``dropped`` and those the message's ``Connection`` header
-    names (hop-by-hop for this message alone, RFC 9110 7.6.1)."""
+# -- header rewriting: worked out once per distinct header set ------------------------------------
+
+# how a head is written on, worked out once per distinct sequence of header names: a template with
+# the names in it and %s for each value, the indices of those values, the indices of the Connection
+# headers (where there are any, the plan depends on their values too), chunked, until close
+_Plan = tuple[bytes, tuple[int, ...], tuple[int, ...], bool, bool]
+_request_plans: dict[tuple[Any, ...], _Plan] = {}
+_response_plans: dict[tuple[Any, ...], _Plan] = {}
+_PLANS_MAX = 512  # distinct header sets remembered, each way (emptied when full)
+
+
+def _kept(headers: list[tuple[bytes, bytes]], dropped: frozenset[bytes]) -> list[int]:
+    """Indices of the header lines to pass on: all but ``dropped`` and those the message's
+    ``Connection`` header names (hop-by-hop for this message alone, RFC 9110 7.6.1)."""
+    lower = [n.lower() for n, _ in headers]
     named = {
-        t.strip().lower() for n, v in headers if n.lower() == b"connection" for t in v.split(b",")
+        t.strip().lower()
+        for n, (_, v) in zip(lower, headers, strict=True)
+        if n == b"connection"
+        for t in v.split(b",")
     } - {b"host"}
-    return [
-        n + b": " + v for n, v in headers if n.lower() not in dropped and n.lower() not in named
-    ]
+    return [i for i, n in enumerate(lower) if n not in dropped and n not in named]
 
 
-def _request_bytes(req: Request, path: str, *, keep_authorization: bool) -> bytes:
-    """The request as sent to a replica: the request line, the headers as parsed but the
+def _plan(
+    plans: dict[tuple[Any, ...], _Plan],
+    key: tuple[Any, ...],
+    headers: list[tuple[bytes, bytes]],
+    make: Callable[[list[tuple[bytes, bytes]]], _Plan],
+) -> _Plan:
+    """The plan for ``headers`` under ``key`` (their names and what else it depends on), made
+    once by ``make(headers)``. Where a ``Connection`` header may name others, the plan under
+    ``key`` only says where it is, and the plan proper is kept under ``(key, its values)``."""
+    plan = plans.get(key)
+    if plan is not None and plan[2]:
+        plan = plans.get((key, tuple([headers[i][1] for i in plan[2]])))
+    if plan is None:
+        if len(plans) >= _PLANS_MAX:
+            plans.clear()
+        plan = make(headers)
+        conn = plan[2]
+        if conn:
+            plans[key] = (b"", (), conn, False, False)
+            plans[(key, tuple([headers[i][1] for i in conn]))] = plan
+        else:
+            plans[key] = plan
+    return plan
+
+
+def _escape(b: bytes) -> bytes:
+    return b.replace(b"%", b"%%")
+
+
+def _connection_headers(headers: list[tuple[bytes, bytes]]) -> tuple[int, ...]:
+    return tuple(i for i, (n, _) in enumerate(headers) if n.lower() == b"connection")
+
+
+def _request_head(req: Request, path: str, *, keep_authorization: bool) -> bytes:
+    """The request's head as sent to a replica: the request line, the headers as parsed but the
     hop-by-hop ones (and ``Authorization``, the caller's gpufrac token, where tokens are in use),
-    and the whole body with its length."""
-    dropped = _NOT_RELAYED if keep_authorization else _NOT_FORWARDED
-    lines = [f"{req.method} {path} HTTP/1.1".encode()]
-    lines += _end_to_end(req.headers, dropped)
-    if req.body or req.method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
-        lines.append(b"Content-Length: " + str(len(req.body)).encode())
-    return b"\r\n".join(lines) + b"\r\n\r\n" + req.body
+    and the body's length; the body follows as it is."""
+    headers = req.headers
+    key = (keep_authorization, req.method, *[n for n, _ in headers])
+    method = req.method
+
+    def make(headers: list[tuple[bytes, bytes]]) -> _Plan:
+        dropped = _NOT_RELAYED if keep_authorization else _NOT_FORWARDED
+        keep = _kept(headers, dropped)
+        lines = [_escape(method.encode("latin-1")) + b" %s HTTP/1.1"]
+        lines += [_escape(headers[i][0]) + b": %s" for i in keep]
+        template = b"\r\n".join(lines) + b"\r\n%s"
+        return template, tuple(keep), _connection_headers(headers), False, False
+
+    template, keep, _, _, _ = _plan(_request_plans, key, headers, make)
+    body = req.body
+    if body or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
+        tail = b"Content-Length: %d\r\n\r\n" % len(body)
+    else:
+        tail = b"\r\n"
+    return template % (path.encode("latin-1"), *[headers[i][1] for i in keep], tail)
 
 
-class _NoResponse(Exception):
-    """The replica gave no response byte (refused, reset, closed): safe to try another."""
+def _response_head(
+    status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool
+) -> tuple[bytes, bool, bool]:
+    """The head a replica's answer goes on with (its hop-by-hop and framing headers written anew),
+    whether its body is chunked, and whether it runs to the end of the connection."""
+    key = (status, keep_alive, *[n for n, _ in headers])
+
+    def make(headers: list[tuple[bytes, bytes]]) -> _Plan:
+        keep = _kept(headers, _NOT_RELAYED)
+        lower = [n.lower() for n, _ in headers]
+        length = lower.index(b"content-length") if b"content-length" in lower else None
+        chunked = b"transfer-encoding" in lower
+        bodiless = status in (204, 304) or 100 <= status < 200
+        lines = [b"HTTP/1.1 %d " % status + _escape(REASONS.get(status, "OK").encode())]
+        lines += [_escape(headers[i][0]) + b": %s" for i in keep]
+        if length is not None:
+            lines.append(b"Content-Length: %s")
+            keep.append(length)
+        elif chunked:
+            lines.append(b"Transfer-Encoding: chunked")
+        until_close = length is None and not chunked and not bodiless
+        if not keep_alive or until_close:
+            lines.append(b"Connection: close")
+        template = b"\r\n".join(lines) + b"\r\n\r\n"
+        conn = _connection_headers(headers)
+        return template, tuple(keep), conn, chunked and length is None, until_close
+
+    template, keep, _, chunked, until_close = _plan(_response_plans, key, headers, make)
+    return template % tuple([headers[i][1] for i in keep]), chunked, until_close
 
 
 class _Client(HttpConnection):
@@ -524,9 +841,26 @@ class _Client(HttpConnection):
     def __init__(self, gateway: Gateway) -> None:
         super().__init__()
         self.gateway = gateway
+        self.exchange: _Exchange | None = None  # the request on its way to a replica
 
-    def handle(self, req: Request) -> Awaitable[None]:
-        return self.gateway.serve(self, req)
+    def handle(self, req: Request) -> Awaitable[None] | None:
+        return self.gateway.start(self, req)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        ex = self.exchange
+        super().connection_lost(exc)
+        if ex is not None:
+            ex.abort()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.exchange is not None and self.exchange.conn is not None:
+            self.exchange.conn.pause()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.exchange is not None and self.exchange.conn is not None:
+            self.exchange.conn.resume()
 
 
 async def _admin(gateway: Gateway, fd: int, stop: asyncio.Event) -> None:
@@ -567,6 +901,7 @@ async def run(
     _Client.budget = BodyBudget(total_bodies)
     gateway = Gateway()
     gateway.settled = admin_fd is None  # commanded: not before the agent says so
+    gateway.loop = asyncio.get_running_loop()
     for raw in routes:
         gateway.configure(raw)
     loop = asyncio.get_running_loop()
@@ -606,14 +941,8 @@ def main(argv: list[str] | None = None) -> int:
     _Client.request_timeout = args.request_timeout
     _Client.idle_timeout = args.idle_timeout
     _Client.max_body = args.max_body
-    try:
-        import uvloop  # type: ignore[import-not-found]
-
-        uvloop.install()
-    except ImportError:
-        pass
     routes = [json.loads(r) for r in args.route]
-    asyncio.run(run(args.host, args.port, args.admin_fd, routes, args.total_bodies))
+    run_loop(run(args.host, args.port, args.admin_fd, routes, args.total_bodies))
     return 0
 
 

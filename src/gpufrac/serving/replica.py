@@ -13,7 +13,8 @@
 requests are batched: the first request of a batch waits at most ``--max-wait-ms`` for others, then
 the model is called once with the list of their inputs and must return one output per input; batches
 run in one worker thread, so the event loop keeps taking requests meanwhile. Without batching the
-model is called on the event loop, one request at a time, with no thread hop.
+model is called on the event loop, one request at a time, as the request is parsed: no task, no
+thread hop. The loop is uvloop's where it is installed (``http11.run``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from gpufrac.serving.http11 import (
     error_response,
     json_response,
     keep_task,
+    run,
 )
 
 Model = Callable[[Any], Any]
@@ -142,21 +144,37 @@ class _Conn(HttpConnection):
         if req.method != "POST" or req.target not in ("/", "/predict"):
             self.send(error_response(404, 'POST /predict with {"inputs": ...}'), req)
             return None
+        if self.batcher.size <= 1:  # the model runs here, on the loop: no task, no thread hop
+            try:
+                out = json_response(200, {"outputs": self.batcher.model(_inputs(req))})
+            except Exception as e:
+                out = _failure(e)
+            self.send(out, req)
+            return None
         return self._predict(req)
 
     async def _predict(self, req: Request) -> None:
         try:
-            payload = json.loads(req.body)
-            if not isinstance(payload, dict) or "inputs" not in payload:
-                raise HttpError(400, 'the body must be {"inputs": ...}')
-            out = json_response(200, {"outputs": await self.batcher(payload["inputs"])})
-        except HttpError as e:
-            out = error_response(e.status, str(e))
-        except ValueError as e:
-            out = error_response(400, f"bad JSON: {e}")
+            out = json_response(200, {"outputs": await self.batcher(_inputs(req))})
         except Exception as e:
-            out = error_response(500, f"{type(e).__name__}: {e}")
+            out = _failure(e)
         self.send(out, req)
+
+
+def _inputs(req: Request) -> Any:
+    payload = json.loads(req.body)
+    if not isinstance(payload, dict) or "inputs" not in payload:
+        raise HttpError(400, 'the body must be {"inputs": ...}')
+    return payload["inputs"]
+
+
+def _failure(e: Exception) -> bytes:
+    """The answer to a request the model could not answer."""
+    if isinstance(e, HttpError):
+        return error_response(e.status, str(e))
+    if isinstance(e, ValueError):
+        return error_response(400, f"bad JSON: {e}")
+    return error_response(500, f"{type(e).__name__}: {e}")
 
 
 async def serve(model: Model, port: int, max_batch_size: int, max_wait_ms: float) -> None:
@@ -177,14 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     args = p.parse_args(argv)
     model = adapt(load_factory(args.model))
-    try:
-        import uvloop  # type: ignore[import-not-found]
-
-        uvloop.install()
-    except ImportError:
-        pass
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(model, args.port, args.max_batch_size, args.max_wait_ms))
+        run(serve(model, args.port, args.max_batch_size, args.max_wait_ms))
     return 0
 
 

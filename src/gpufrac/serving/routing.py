@@ -1,12 +1,11 @@
-"""The gateway's routing state: replicas with their pooled upstream connections, and per deployment
-the route that picks one (least outstanding requests, power of two choices, weighted by how busy the
-replica's GPU is) and the FIFO of requests waiting for a free slot."""
+"""The gateway's routing state: replicas (their pooled connections are the gateway's), and per
+deployment the route that picks one (least outstanding requests, power of two choices, weighted by
+how busy the replica's GPU is) and the FIFO of requests waiting for a free slot."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import time
 from bisect import bisect_left
 from collections import deque
@@ -15,22 +14,6 @@ from typing import Any
 
 # upper bounds (seconds) of the request latency histogram's buckets; one more bucket above the last
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-
-
-class Upstream:
-    __slots__ = ("reader", "writer")
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    def close(self) -> None:
-        self.writer.close()
-
-    def clean(self) -> bool:
-        """Open, with nothing unread waiting: a pooled connection must start at a response's
-        beginning, or a late byte would become the next client's answer."""
-        buffered = getattr(self.reader, "_buffer", b"")
-        return not (self.writer.is_closing() or self.reader.at_eof() or buffered)
 
 
 @dataclass(eq=False)
@@ -43,7 +26,6 @@ class Replica:
     down_until: float = 0.0
     served: int = 0
     retired: bool = False  # taken out of the route: its connections are closed, not pooled
-    idle: list[Upstream] = field(default_factory=list)
     codes: dict[int, int] = field(default_factory=dict)  # answers by status code
     latency: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
     latency_sum: float = 0.0
@@ -60,20 +42,6 @@ class Replica:
             "latency": list(self.latency),  # per bucket, not cumulative; the last is above all
             "latency_sum": self.latency_sum,
         }
-
-    async def connect(self, fresh: bool) -> tuple[Upstream, bool]:
-        """A pooled keep-alive connection (unless ``fresh``), else a new one; and whether it is
-        new."""
-        while self.idle and not fresh:
-            conn = self.idle.pop()
-            if conn.clean():
-                return conn, False
-            conn.close()
-        reader, writer = await asyncio.open_connection(self.host, self.port)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return Upstream(reader, writer), True
 
 
 @dataclass(eq=False)
