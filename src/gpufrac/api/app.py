@@ -65,7 +65,7 @@ ADMIN = errors(401, 403, 404, 422, 503)  # the admin's operations on one GPU
 BODY = errors(400, 413)  # a body: bounded, its length a number
 
 
-def _problem(e: InputError) -> JSONResponse:
+def problem_answer(e: InputError) -> JSONResponse:
     """A 422 with one entry per problem (a manifest's are reported all at once)."""
     detail = []
     for err in e.errors:
@@ -113,7 +113,7 @@ def _check_workload_caps(service: AgentService, specs: list[WorkloadSpec]) -> No
             )
 
 
-def _as_seen_by(who: Caller, decision: dict[str, Any]) -> dict[str, Any]:
+def as_seen_by(who: Caller, decision: dict[str, Any]) -> dict[str, Any]:
     """A decision as its caller may see it: another tenant's workloads it evicted are not named."""
     if who.admin:
         return decision
@@ -152,7 +152,7 @@ def create_app(
         service.stop()
 
     app = FastAPI(title="gpufrac agent", version=__version__, lifespan=lifespan)
-    app.add_exception_handler(InputError, lambda _r, e: _problem(e))
+    app.add_exception_handler(InputError, lambda _r, e: problem_answer(e))
     app.add_exception_handler(sqlite3.Error, lambda _r, e: _unavailable(e))
     # the data directory refused a write (full, read-only, I/O error) while carrying out a call
     app.add_exception_handler(OSError, lambda _r, e: _unavailable_disk(e))
@@ -195,7 +195,7 @@ def create_app(
             "restarts": max(0, (state.attempts if state else 0) - 1),
             "exit_code": state.exit_code if state else None,
             "env": state.env if state else {},
-            "placement": _as_seen_by(who, placed[1]) if placed else None,
+            "placement": as_seen_by(who, placed[1]) if placed else None,
             "qos": workload_qos(
                 service.agent,
                 spec_from_json(stored.spec),
@@ -278,7 +278,7 @@ def create_app(
                         "result": what,
                         "decision": None
                         if decision is None
-                        else _as_seen_by(who, decision_to_json(decision)),
+                        else as_seen_by(who, decision_to_json(decision)),
                         "spec": spec_to_json(spec),
                         "diff": diff,
                         "warnings": service.agent.warnings(spec, decision),

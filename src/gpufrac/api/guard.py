@@ -30,10 +30,19 @@ DEFAULT_MAX_BODY = 1024 * 1024
 
 
 class Guard:
-    def __init__(self, app: App, *, tokens: dict[str, Caller] | None, max_body: int) -> None:
+    def __init__(
+        self,
+        app: App,
+        *,
+        tokens: dict[str, Caller] | None,
+        max_body: int,
+        own_auth: tuple[str, ...] = (),
+    ) -> None:
         self.app = app
         self.tokens = tokens
         self.max_body = max_body
+        # path prefixes whose handlers check a token of their own (a cluster's node calls)
+        self.own_auth = own_auth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -42,6 +51,7 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if (
             scope["path"] not in OPEN_PATHS
+            and not scope["path"].startswith(self.own_auth or ("\0",))
             and authenticate(self.tokens, headers.get("authorization", "")) is None
         ):
             await _answer(send, 401, "a valid API token is needed (Authorization: Bearer TOKEN)")

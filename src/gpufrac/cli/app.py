@@ -19,6 +19,7 @@ from gpufrac.cli.agent_cmds import (
     scale_command,
     uncordon_command,
 )
+from gpufrac.cli.cluster_cmds import control_command, node_command
 from gpufrac.cli.common import (
     DataDirOpt,
     SimulateOpt,
@@ -63,6 +64,8 @@ app.command("scale")(scale_command)
 app.command("load")(load_command)
 app.command("top")(top_command)
 app.command("schema")(schema_command)
+app.command("control")(control_command)
+app.command("node")(node_command)
 app.add_typer(mig_app, name="mig")
 
 

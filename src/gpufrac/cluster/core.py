@@ -64,14 +64,20 @@ class Report:
     ended: Mapping[str, tuple[int, Ended]] = field(default_factory=dict)
 
 
+AnswerStatus = Literal["ok", "lost", "join"]  # join: the core does not know the node (restarted)
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """The answer to a heartbeat: everything the node must run (anything else it runs, it stops),
-    and how long its lease now lasts."""
+    and how long its lease now lasts; or that the node was held lost (it stops everything, then
+    joins again), or is not known (a restarted control plane: it joins again, and keeps what it
+    runs, which the join restores)."""
 
     node: str
     run: tuple[Assignment, ...]
     lease_s: float
+    status: AnswerStatus = "ok"
 
 
 @dataclass(slots=True)
@@ -157,7 +163,7 @@ class ClusterCore:
         node is answered with nothing to run until it joins again."""
         node = self.nodes.get(name)
         if node is None or node.state == "lost":
-            return Answer(name, (), 0.0)
+            return Answer(name, (), 0.0, "join" if node is None else "lost")
         node.renewed = now
         for key in [k for k, held in self.revoked.items() if name in held]:
             if report.running.get(key) != self.revoked[key][name]:  # gone from the node
@@ -261,6 +267,10 @@ class ClusterCore:
         self.scheduler.restore(spec, decision)
         if key not in self.scheduler.pending:
             self.assigned[key] = Assignment(spec, decision, node, epoch)
+
+    def hold_epoch(self, epoch: int) -> None:
+        """Epochs up to ``epoch`` are taken (a restarted control plane's stored placements)."""
+        self._epoch = max(self._epoch, epoch)
 
     def renew_all(self, now: float) -> None:
         """A restarted control plane gives every node a fresh lease from ``now``."""

@@ -20,15 +20,29 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol, assert_never
 
+from gpufrac.api.fleet_view import read_fleet
+from gpufrac.api.tokens import ADMIN
+from gpufrac.cluster.control import ControlPlane
 from gpufrac.cluster.core import FENCE_S, Answer, ClusterCore, Ended, Report
+from gpufrac.cluster.wire import (
+    AnswerBody,
+    JoinBody,
+    answer_from_wire,
+    gpu_to_wire,
+    report_to_wire,
+)
+from gpufrac.model.workload import spec_from_json
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
 from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.qos_view import workload_qos
 from gpufrac.runtime.shim import write_lease
 
+Views = dict[str, dict[str, Any]]
 EPOCH_LABEL = "gpufrac.io/epoch"  # the epoch a node runs a workload under, kept in its local spec
+FENCE_SHARE = 2 / 3  # a node fences itself this far into the control plane's lease, at the latest
 LEASE_FILE = "lease.json"  # in the node agent's data directory: until when its workloads may run
 
 
@@ -55,8 +69,12 @@ class ControlLink(Protocol):
 
     def join(self, node: str, labels: Mapping[str, str], gpus: list[SchedGpu]) -> None: ...
 
-    def heartbeat(self, node: str, report: Report) -> Answer:
-        """The answer, or ``Unreachable``."""
+    def heartbeat(
+        self, node: str, report: Report, views: Views, gpus: list[dict[str, Any]] | None
+    ) -> Answer:
+        """The answer, or ``Unreachable``. ``views``: per workload what the node's agent shows of
+        it; ``gpus``: the node's GPUs as its agent shows them (both for the control plane's
+        views)."""
         ...
 
 
@@ -78,11 +96,69 @@ class InProcessLink:
         with self.lock:
             self.core.join(node, labels, gpus, self.clock())
 
-    def heartbeat(self, node: str, report: Report) -> Answer:
+    def heartbeat(
+        self, node: str, report: Report, views: Views, gpus: list[dict[str, Any]] | None
+    ) -> Answer:
         if node in self.cut:
             raise Unreachable(node)
         with self.lock:
             return self.core.heartbeat(node, report, self.clock())
+
+
+class ServiceLink:
+    """The control plane service in this process (tests): what the HTTP API would carry."""
+
+    def __init__(self, control: ControlPlane) -> None:
+        self.control = control
+        self.cut: set[str] = set()
+
+    def join(self, node: str, labels: Mapping[str, str], gpus: list[SchedGpu]) -> None:
+        if node in self.cut:
+            raise Unreachable(node)
+        self.control.join(node, labels, gpus, None)
+
+    def heartbeat(
+        self, node: str, report: Report, views: Views, gpus: list[dict[str, Any]] | None
+    ) -> Answer:
+        if node in self.cut:
+            raise Unreachable(node)
+        return self.control.heartbeat(node, report, views, gpus)
+
+
+class HttpLink:
+    """The control plane's API over HTTP, with the cluster token."""
+
+    def __init__(self, url: str, token: str, *, timeout_s: float = 2.0) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.client = httpx.Client(timeout=timeout_s, headers={"authorization": f"Bearer {token}"})
+        self.address: str | None = None  # this node's own API, for logs
+
+    def _post(self, path: str, body: Any) -> Any:
+        import httpx
+
+        try:
+            r = self.client.post(self.url + path, content=body.model_dump_json())
+        except httpx.HTTPError as e:
+            raise Unreachable(f"{self.url}: {e}") from None
+        if r.status_code == 401:
+            raise Unreachable(f"{self.url} refused the cluster token (401)")
+        if r.status_code != 200:
+            raise Unreachable(f"{self.url} answered {r.status_code}: {r.text[:200]}")
+        return r.content
+
+    def join(self, node: str, labels: Mapping[str, str], gpus: list[SchedGpu]) -> None:
+        body = JoinBody(
+            labels=dict(labels), gpus=[gpu_to_wire(g) for g in gpus], address=self.address
+        )
+        self._post(f"/cluster/v1/nodes/{node}/join", body)
+
+    def heartbeat(
+        self, node: str, report: Report, views: Views, gpus: list[dict[str, Any]] | None
+    ) -> Answer:
+        raw = self._post(f"/cluster/v1/nodes/{node}/heartbeat", report_to_wire(report, views, gpus))
+        return answer_from_wire(AnswerBody.model_validate_json(raw))
 
 
 class NodeAgent:
@@ -98,7 +174,7 @@ class NodeAgent:
         self.agent = agent
         self.link = link
         self.name = agent.node
-        self.fence_s = fence_s
+        self.fence_s = self.fence_at_most = fence_s
         self.kill_grace_s = kill_grace_s  # SIGTERM to SIGKILL, when a shim stops a fenced workload
         self.clock = clock
         self.lease_file = agent.data_dir / LEASE_FILE
@@ -123,15 +199,27 @@ class NodeAgent:
         try:
             if not self.joined:
                 self.join()
-            answer = self.link.heartbeat(self.name, self.report(states))
+            answer = self.link.heartbeat(
+                self.name, self.report(states), self.views(states), self.gpus(states)
+            )
         except Unreachable:
             self._fence_if_unanswered()
             return states
-        if answer.lease_s <= 0:  # the control plane holds this node lost: start again
-            self.fence("the control plane held this node lost")
-            self.joined = False
-            return states
+        match answer.status:
+            case "ok":
+                pass
+            case "lost":  # its work was placed elsewhere: stop everything, then join again
+                self.fence("the control plane held this node lost")
+                self.joined = False
+                return states
+            case "join":  # a restarted control plane: join, which restores what runs here
+                self.joined = False
+                return states
+            case _:
+                assert_never(answer.status)
         self.answered, self.fenced = sent, False
+        # well inside the control plane's lease, whatever it is: stopped before it ends
+        self.fence_s = min(self.fence_at_most, answer.lease_s * FENCE_SHARE)
         write_lease(self.lease_file, sent_wall + self.fence_s, self.kill_grace_s)
         self.follow(answer)
         return states
@@ -156,6 +244,33 @@ class NodeAgent:
                 case "pending" | "starting" | "running" | "paused" | "backoff":
                     running[s.key] = epoch
         return Report(running=running, ended=ended)
+
+    def views(self, states: list[WorkloadState]) -> Views:
+        """What this node's agent shows of each workload it runs for the control plane."""
+        agent = self.agent
+        out: Views = {}
+        for s in states:
+            stored = agent.store.workload(*s.key.split("/", 1))
+            if stored is None or self._epoch(s.key) is None:
+                continue
+            spec = spec_from_json(stored.spec)
+            qos = workload_qos(agent, spec, s.decision, agent.arbiter.latest, None, s)
+            out[s.key] = {
+                "phase": s.phase,
+                "reason": s.reason,
+                "attempts": s.attempts,
+                "restarts": max(0, s.attempts - 1),
+                "exit_code": s.exit_code,
+                "env": dict(s.env),
+                "qos": qos,
+            }
+        return out
+
+    def gpus(self, states: list[WorkloadState]) -> list[dict[str, Any]]:
+        """This node's GPUs as its agent shows them, every workload named (the control plane
+        hides other tenants' from a tenant)."""
+        with self.agent.lock:
+            return read_fleet(self.agent, {s.key: s for s in states}, ADMIN)
 
     def follow(self, answer: Answer) -> None:
         """Make this node run exactly what ``answer`` says: stops first (a preempted workload

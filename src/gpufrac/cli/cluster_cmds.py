@@ -1,0 +1,181 @@
+"""``gpufrac control`` and ``gpufrac node``: gpufrac on several machines (docs/cluster.md).
+
+``control`` serves the control plane (the scheduler over every node's GPUs, desired state in its
+store, the users' API) and, every half second, holds lost the nodes whose lease ran out. ``node``
+runs one machine's agent under it: its GPUs, its processes, a heartbeat each second. Both take the
+cluster token from a file (``--cluster-token``; ``control`` writes a new one there if it is
+missing), which every call between them carries.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpufrac.cli.common import (
+    DataDirOpt,
+    SimulateOpt,
+    console,
+    err_console,
+    handled_errors,
+)
+from gpufrac.config import data_dir as resolve_data_dir
+from gpufrac.errors import InputError
+
+TOKEN_FILE = "cluster-token"
+CONTROL_PORT = 8470
+
+TokenOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--cluster-token",
+        help="File holding the cluster token (default: cluster-token in the data directory).",
+    ),
+]
+
+
+def read_cluster_token(path: Path, *, create: bool) -> str:
+    """The token in ``path``; ``create``: write a new one (mode 0600) if there is none."""
+    if not path.exists():
+        if not create:
+            raise InputError(
+                f"no cluster token file {path}",
+                field="--cluster-token",
+                fix="copy the control plane's cluster-token file here (it writes one when it "
+                "first starts)",
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    token = path.read_text().strip()
+    if len(token) < 16:
+        raise InputError(
+            f"the cluster token in {path} is too short ({len(token)} characters)",
+            field="--cluster-token",
+            fix="use at least 16 random characters (remove the file to have one made)",
+        )
+    return token
+
+
+def control_command(
+    host: Annotated[
+        str,
+        typer.Option("--host", help="Address to listen on (beyond loopback only with API tokens)."),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = CONTROL_PORT,
+    cluster_token: TokenOpt = None,
+    lease: Annotated[
+        float, typer.Option("--lease", help="Seconds a node's lease lasts (at least 3).")
+    ] = 6.0,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Run the control plane of a cluster in the foreground: node agents (`gpufrac node`) join
+    it, and the usual commands (`apply`, `get`, `delete`, with --server) work against it."""
+    import uvicorn
+
+    from gpufrac.api.head_timeout import HeadTimeoutProtocol
+    from gpufrac.api.tokens import load_tokens
+    from gpufrac.cli.agent_cmds import _is_loopback
+    from gpufrac.cluster.control import ControlPlane
+    from gpufrac.cluster.control_api import create_control_app
+    from gpufrac.model.settings import load_settings
+
+    with handled_errors():
+        if lease < 3:
+            raise InputError(
+                f"a lease of {lease:g} s is too short", field="--lease", fix="give 3 or more"
+            )
+        data = resolve_data_dir(data_dir)
+        token = read_cluster_token(cluster_token or data / TOKEN_FILE, create=True)
+        tokens = load_tokens(data / "tokens.yaml")
+        if not _is_loopback(host) and not tokens:
+            raise InputError(
+                f"refusing to listen on {host} without API tokens",
+                field="--host",
+                fix="put a tokens.yaml in the data directory, or listen on 127.0.0.1",
+            )
+        control = ControlPlane(data, load_settings(data), lease_s=lease)
+    app = create_control_app(control, cluster_token=token, tokens=tokens)
+    stop = threading.Event()
+
+    def ticks() -> None:
+        while not stop.wait(0.5):
+            for m in control.tick():
+                err_console.print(
+                    f"node {m.lost} lost: {m.workload} "
+                    + (f"moved to {m.to}" if m.to else f"waits ({m.reason})"),
+                    highlight=False,
+                )
+
+    threading.Thread(target=ticks, daemon=True, name="gpufrac-control-ticks").start()
+    console.print(
+        f"gpufrac control plane on http://{host}:{port} (data: {data}, lease {lease:g} s)",
+        highlight=False,
+    )
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", http=HeadTimeoutProtocol)
+    finally:
+        stop.set()
+        control.close()
+
+
+def node_command(
+    control: Annotated[
+        str, typer.Option("--control", help="The control plane's URL (http://HOST:8470).")
+    ],
+    cluster_token: TokenOpt = None,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", help="This node's name (default: node.name in gpufrac.yaml)."),
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--label", help="A label KEY=VALUE for this node (repeatable)."),
+    ] = None,
+    simulate: SimulateOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Run this machine's agent as a node of a cluster, in the foreground: it joins the control
+    plane, runs what it is given on this machine's GPUs, and stops everything if the control plane
+    goes unanswered for longer than its lease allows (docs/cluster.md)."""
+    from dataclasses import replace
+
+    from gpufrac.cluster.node import HttpLink, NodeAgent
+    from gpufrac.config import simulate_spec
+    from gpufrac.devices import open_devices
+    from gpufrac.model.settings import load_settings
+    from gpufrac.runtime.agent import Agent
+
+    with handled_errors():
+        data = resolve_data_dir(data_dir)
+        token = read_cluster_token(cluster_token or data / TOKEN_FILE, create=False)
+        settings = load_settings(data)
+        labels = dict(settings.node_labels)
+        for item in label or []:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise InputError(f"{item!r} is not KEY=VALUE", field="--label", fix="zone=eu")
+            labels[key] = value
+        settings = replace(settings, node_name=name or settings.node_name, node_labels=labels)
+        dev = open_devices(simulate_spec(simulate), data)
+        agent = Agent(data, dev, settings)
+    node = NodeAgent(agent, HttpLink(control, token))
+    console.print(f"gpufrac node {agent.node} under {control} (data: {data})", highlight=False)
+    try:
+        while True:
+            started = time.monotonic()
+            node.step()
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        agent.close()
+        sys.stdout.flush()

@@ -1,0 +1,252 @@
+"""The control plane as a service: the core (``cluster.core``) with its I/O around it.
+
+``ControlPlane`` owns the core, a store (SQLite in its data directory: every workload as applied,
+its placement with the node and epoch, events), one lock and the clock. It keeps what each node
+last showed of its workloads (phase, restarts, the environment handed over, QoS), which the views
+(``views.workloads``) read. Everything it decides is in the store before a node hears of it.
+
+A restart re-reads the store: workloads that waited wait again; placements are held for their node
+and restored when it joins (before anything waiting is tried there), so a node that calls in within
+its lease keeps running what it runs, untouched. A node that has not joined a lease after the
+restart is held lost: its workloads are placed again elsewhere.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from gpufrac.cluster.core import LEASE_S, Answer, Assignment, ClusterCore, Moved, Report
+from gpufrac.model.qos import min_share_of, qos_params
+from gpufrac.model.settings import OperatorSettings
+from gpufrac.model.workload import WorkloadSpec, spec_from_json, spec_to_json
+from gpufrac.planning.sched_decision import Decision, decision_from_json, decision_to_json
+from gpufrac.planning.sched_state import SchedGpu
+from gpufrac.planning.scheduler import workload_key
+from gpufrac.runtime.store import Store
+
+STORE_FILE = "control.db"
+ApplyResult = Literal["created", "replaced", "unchanged", "refused"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    labels: dict[str, str]
+    state: str
+    gpus: int
+    address: str | None
+    seen_s_ago: float
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        data_dir: Path,
+        settings: OperatorSettings | None = None,
+        *,
+        lease_s: float = LEASE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.data_dir = data_dir
+        self.settings = settings or OperatorSettings()
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.store = Store(data_dir / STORE_FILE)
+        self.core = ClusterCore(self.settings, lease_s=lease_s)
+        self.views: dict[str, tuple[int, dict[str, Any]]] = {}  # workload -> (epoch, node's view)
+        self.addresses: dict[str, str] = {}  # node -> its agent's API, where it serves logs
+        self.gpu_views: dict[str, list[dict[str, Any]]] = {}  # node -> its GPUs as it shows them
+        self.ended_on: dict[str, str] = {}  # a job that ended -> the node it ran on
+        self.started = clock()
+        # placements stored before a restart, per node, until the node joins (or is held lost)
+        self.awaiting: dict[str, list[Assignment]] = {}
+        self._restore()
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def join(
+        self, name: str, labels: Mapping[str, str], gpus: list[SchedGpu], address: str | None
+    ) -> None:
+        with self.lock:
+            before = dict(self.core.assigned)
+            known = name in self.core.nodes
+            self.core.join(name, labels, gpus, self.clock(), self.awaiting.pop(name, []))
+            if address:
+                self.addresses[name] = address
+            self.store.record_event(
+                "node_joined" if not known else "node_rejoined",
+                name,
+                f"{len(gpus)} GPU(s), labels {dict(labels) or '{}'}",
+            )
+            self._persist(before)
+
+    def heartbeat(
+        self,
+        name: str,
+        report: Report,
+        views: Mapping[str, Mapping[str, Any]],
+        gpus: list[dict[str, Any]] | None = None,
+    ) -> Answer:
+        with self.lock:
+            if gpus is not None and name in self.core.nodes:
+                self.gpu_views[name] = gpus
+            before = dict(self.core.assigned)
+            ended = dict(self.core.ended)
+            answer = self.core.heartbeat(name, report, self.clock())
+            for key, view in views.items():
+                a = self.core.assigned.get(key)
+                if a is not None and a.node == name:
+                    self.views[key] = (a.epoch, dict(view))
+            for key, how in self.core.ended.items():
+                if key not in ended:
+                    self.ended_on[key] = name
+                    self.store.record_event(how, key, f"ended on node {name}")
+            self._persist(before, ended=True)
+            return answer
+
+    def tick(self) -> list[Moved]:
+        """Hold lost the nodes whose lease ended, and place their work again."""
+        with self.lock:
+            now = self.clock()
+            before = dict(self.core.assigned)
+            moved = self.core.tick(now)
+            if self.awaiting and now - self.started > self.core.lease_s:
+                for node, held in self.awaiting.items():  # never came back after a restart
+                    for a in held:
+                        d = self.core.apply(a.spec)
+                        to = self.core.assigned[a.workload].node if d.outcome == "placed" else None
+                        moved.append(Moved(a.workload, node, to, f"its node {node} did not return"))
+                self.awaiting.clear()
+            for m in moved:
+                self.store.record_event("node_lost", m.lost, f"{m.workload}: {m.reason}")
+                where = f"moved to node {m.to}" if m.to else m.reason
+                self.store.record_event("moved", m.workload, where)
+            self._persist(before, ended=True)
+            return moved
+
+    def nodes(self) -> list[NodeView]:
+        with self.lock:
+            now = self.clock()
+            return [
+                NodeView(
+                    n.name,
+                    dict(n.labels),
+                    n.state,
+                    len(n.gpus),
+                    self.addresses.get(n.name),
+                    now - n.renewed,
+                )
+                for n in sorted(self.core.nodes.values(), key=lambda n: n.name)
+            ]
+
+    # -- desired state ---------------------------------------------------------------------------
+
+    def apply(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision]:
+        key = workload_key(spec)
+        with self.lock:
+            raw = spec_to_json(spec)
+            stored = self.store.workload(spec.tenant, spec.name)
+            if stored is not None and stored.spec == raw:
+                return "unchanged", self.core.decision(key)
+            refusal = self.core.scheduler.refusal(spec)
+            # no node yet (or not all back after a restart): what fits nowhere now may fit later
+            if refusal is not None and self.core.nodes and not self.awaiting:
+                return "refused", Decision(key, "refused", refusal)
+            before = dict(self.core.assigned)
+            self.store.put_workload(spec.tenant, spec.name, raw)
+            decision = self.core.apply(spec)
+            self.views.pop(key, None)
+            self._persist(before, also=(key,))
+            return ("replaced" if stored is not None else "created"), decision
+
+    def delete(self, tenant: str, name: str) -> bool:
+        with self.lock:
+            if not self.store.delete_workload(tenant, name):
+                return False
+            before = dict(self.core.assigned)
+            self.core.delete(tenant, name)
+            self.views.pop(f"{tenant}/{name}", None)
+            self._persist(before)
+            return True
+
+    # -- the store -------------------------------------------------------------------------------
+
+    def _persist(
+        self, before: Mapping[str, Assignment], *, ended: bool = False, also: tuple[str, ...] = ()
+    ) -> None:
+        """Write what changed since ``before``: placements (with node and epoch), or why a
+        workload waits, or that it ended."""
+        after = self.core.assigned
+        changed = {k for k in before.keys() | after.keys() if before.get(k) is not after.get(k)}
+        if ended:
+            changed |= {k for k in self.core.ended}
+        for key in changed | set(also):
+            tenant, name = key.split("/", 1)
+            stored = self.store.workload(tenant, name)
+            if stored is None:
+                continue
+            a = after.get(key)
+            if a is not None:
+                record: dict[str, Any] = {
+                    **decision_to_json(a.decision),
+                    "node": a.node,
+                    "epoch": a.epoch,
+                }
+            elif key in self.core.ended:
+                record = {
+                    "outcome": "completed",
+                    "phase": self.core.ended[key],
+                    "node": self.ended_on.get(key),
+                }
+            else:
+                record = dict(decision_to_json(self.core.decision(key)))
+            self.store.set_placement(tenant, name, stored.generation, record)
+
+    def _restore(self) -> None:
+        for w in self.store.workloads():
+            spec = spec_from_json(w.spec)
+            placed = self.store.placement(w.tenant, w.name)
+            record = placed[1] if placed is not None and placed[0] == w.generation else None
+            if record is not None and record.get("outcome") == "completed":
+                self.core.specs[w.key] = spec
+                self.core.ended[w.key] = (
+                    "failed" if record.get("phase") == "failed" else "succeeded"
+                )
+                if isinstance(record.get("node"), str):
+                    self.ended_on[w.key] = record["node"]
+                continue
+            if record is not None and record.get("outcome") == "placed" and "node" in record:
+                decision = decision_from_json(record)
+                held = Assignment(spec, decision, str(record["node"]), int(record["epoch"]))
+                self.awaiting.setdefault(held.node, []).append(held)
+                self.core.hold_epoch(held.epoch)  # never given again
+                continue
+            self.core.restore(spec, None, "", 0)  # it waits, as before
+
+
+def static_qos(spec: WorkloadSpec, settings: OperatorSettings) -> dict[str, Any]:
+    """A workload's QoS as the control plane knows it before its node has shown it."""
+    return {
+        "class": qos_params(spec).rank,
+        "priority": spec.priority,
+        "qos": spec.qos,
+        "weight": spec.weight,
+        "min_share": min_share_of(spec, settings.job_min_share_milli) / 1000,
+        "mode": None,
+        "paused": None,
+        "paused_by": None,
+        "paused_s": None,
+        "active": None,
+        "turns": None,
+        "arbiter_share": None,
+        "measured_share": None,
+        "measured_by": None,
+    }

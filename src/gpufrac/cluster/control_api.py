@@ -1,0 +1,293 @@
+"""The control plane's HTTP API: the nodes' calls, and the users' API in the same shapes as one
+machine's agent (``api/schemas.py``), so the CLI works against a cluster unchanged.
+
+* ``/cluster/v1/nodes/NAME/join`` and ``.../heartbeat``: the node agents' calls, with the cluster
+  token (``Authorization: Bearer TOKEN``, compared in constant time); nothing else opens them.
+* ``/api/v1/...``: apply (manifest text, workloads only), list, get and delete workloads; the GPUs
+  of every node as their node agents show them (``get gpus``), with the node; the nodes; events;
+  whoami; health. With ``tokens.yaml`` in the data directory a tenant's token sees its own
+  workloads only, and other tenants' shares of a GPU without their names, as on one machine.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
+
+from gpufrac.api.app import as_seen_by, problem_answer
+from gpufrac.api.guard import Guard
+from gpufrac.api.tokens import Caller, authenticate
+from gpufrac.cluster.control import ControlPlane, static_qos
+from gpufrac.cluster.wire import (
+    AnswerBody,
+    HeartbeatBody,
+    JoinBody,
+    answer_to_wire,
+    gpu_from_wire,
+    report_from_wire,
+)
+from gpufrac.errors import InputError
+from gpufrac.model.deployment import DeploymentSpec
+from gpufrac.model.manifest import parse_objects
+from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
+from gpufrac.planning.sched_decision import decision_to_json
+
+NODE_PATHS = "/cluster/v1/"
+MAX_BODY = 4 * 1024 * 1024
+
+
+def create_control_app(
+    control: ControlPlane, *, cluster_token: str, tokens: dict[str, Caller] | None = None
+) -> FastAPI:
+    app = FastAPI(title="gpufrac control plane", version="1")
+    app.add_exception_handler(InputError, lambda _r, e: problem_answer(e))
+    app.add_middleware(Guard, tokens=tokens, max_body=MAX_BODY, own_auth=(NODE_PATHS,))
+    expected = f"bearer {cluster_token}".encode()
+
+    def node_call(request: Request) -> None:
+        given = request.headers.get("authorization", "").strip().encode()
+        scheme, _, rest = given.partition(b" ")
+        if not hmac.compare_digest(scheme.lower() + b" " + rest.strip(), expected):
+            raise HTTPException(401, "a node needs the cluster token (Authorization: Bearer ...)")
+
+    def caller(request: Request) -> Caller:
+        found = authenticate(tokens, request.headers.get("authorization", ""))
+        if found is None:
+            raise HTTPException(401, "a valid API token is needed (Authorization: Bearer TOKEN)")
+        return found
+
+    # -- the nodes' calls ------------------------------------------------------------------------
+
+    @app.post(NODE_PATHS + "nodes/{name}/join")
+    async def join(request: Request, name: str) -> dict[str, Any]:
+        node_call(request)
+        body = _read(JoinBody, await request.body())
+        try:
+            gpus = [gpu_from_wire(g) for g in body.gpus]
+        except KeyError as e:
+            raise HTTPException(422, f"unknown GPU model {e}") from None
+        await run_in_threadpool(control.join, name, body.labels, gpus, body.address)
+        return {"joined": name, "lease_s": control.core.lease_s}
+
+    @app.post(NODE_PATHS + "nodes/{name}/heartbeat", response_model=AnswerBody)
+    async def heartbeat(request: Request, name: str) -> AnswerBody:
+        node_call(request)
+        body = _read(HeartbeatBody, await request.body())
+        answer = await run_in_threadpool(
+            control.heartbeat, name, report_from_wire(body), body.views, body.gpus
+        )
+        return answer_to_wire(answer)
+
+    # -- the users' API --------------------------------------------------------------------------
+
+    @app.get("/api/v1/health")
+    def health() -> dict[str, Any]:
+        nodes = control.nodes()
+        return {
+            "status": "ok",
+            "role": "control-plane",
+            "nodes": len(nodes),
+            "nodes_alive": sum(1 for n in nodes if n.state == "alive"),
+        }
+
+    @app.get("/api/v1/whoami")
+    def whoami(request: Request) -> dict[str, Any]:
+        who = caller(request)
+        return {"tenant": who.tenant, "admin": who.admin}
+
+    @app.get("/api/v1/nodes")
+    def nodes(request: Request) -> dict[str, Any]:
+        caller(request)
+        return {
+            "nodes": [
+                {
+                    "name": n.name,
+                    "state": n.state,
+                    "labels": n.labels,
+                    "gpus": n.gpus,
+                    "address": n.address,
+                    "last_heartbeat_s": round(n.seen_s_ago, 3),
+                }
+                for n in control.nodes()
+            ]
+        }
+
+    @app.post("/api/v1/workloads")
+    async def apply(request: Request) -> dict[str, Any]:
+        who = caller(request)
+        text = (await request.body()).decode("utf-8", "replace")
+        return await run_in_threadpool(apply_text, who, text)
+
+    def apply_text(who: Caller, text: str) -> dict[str, Any]:
+        objects = parse_objects(text, source="body", default_tenant=who.tenant or "default")
+        for o in objects:
+            if isinstance(o, DeploymentSpec):
+                raise InputError(
+                    "deployments are not served across a cluster yet",
+                    field="kind",
+                    fix="apply the Deployment to one machine's agent",
+                )
+            if not who.may_see(o.tenant):
+                raise HTTPException(
+                    403, f"the manifest names tenant {o.tenant!r}; your token is for {who.tenant!r}"
+                )
+        results = []
+        for spec in objects:
+            assert isinstance(spec, WorkloadSpec)
+            before = control.store.workload(spec.tenant, spec.name)
+            what, decision = control.apply(spec)
+            diff = (
+                spec_diff(before.spec, spec_to_json(spec)) if before and what == "replaced" else []
+            )
+            results.append(
+                {
+                    "kind": "Workload",
+                    "workload": f"{spec.tenant}/{spec.name}",
+                    "result": what,
+                    "decision": as_seen_by(who, decision_to_json(decision)),
+                    "spec": spec_to_json(spec),
+                    "diff": diff,
+                    "warnings": [],
+                }
+            )
+        return {"results": results}
+
+    def view(who: Caller, tenant: str, name: str) -> dict[str, Any]:
+        stored = control.store.workload(tenant, name)
+        if stored is None:
+            raise HTTPException(404, f"no workload {tenant}/{name}")
+        key = f"{tenant}/{name}"
+        spec = spec_from_json(stored.spec)
+        a = control.core.assigned.get(key)
+        shown = control.views.get(key)
+        node_view = shown[1] if shown is not None and a is not None and shown[0] == a.epoch else {}
+        placed = control.store.placement(tenant, name)
+        ended = control.core.ended.get(key)
+        phase: str
+        if ended is not None:
+            phase, reason = ended, "ended"
+        elif node_view:
+            phase, reason = node_view.get("phase", "starting"), node_view.get("reason", "")
+        elif a is not None:
+            phase, reason = "starting", f"placed on node {a.node}; it has not shown it yet"
+        else:
+            waiting = [
+                n for n, held in control.awaiting.items() if any(h.workload == key for h in held)
+            ]
+            reason = (
+                f"its node {waiting[0]} has not joined since the control plane restarted"
+                if waiting
+                else control.core.decision(key).reason
+            )
+            phase = "pending"
+        return {
+            "tenant": tenant,
+            "name": name,
+            "generation": stored.generation,
+            "spec": stored.spec,
+            "phase": phase,
+            "reason": reason,
+            "attempts": node_view.get("attempts", 0),
+            "restarts": node_view.get("restarts", 0),
+            "exit_code": node_view.get("exit_code"),
+            "env": node_view.get("env", {}),
+            "placement": as_seen_by(who, placed[1]) if placed else None,
+            "qos": node_view.get("qos") or static_qos(spec, control.settings),
+            "node": a.node if a is not None else None,
+        }
+
+    @app.get("/api/v1/workloads")
+    def list_workloads(request: Request) -> dict[str, Any]:
+        who = caller(request)
+        with control.lock:
+            return {
+                "workloads": [
+                    view(who, w.tenant, w.name)
+                    for w in control.store.workloads()
+                    if who.may_see(w.tenant)
+                ]
+            }
+
+    @app.get("/api/v1/workloads/{tenant}/{name}")
+    def get_workload(request: Request, tenant: str, name: str) -> dict[str, Any]:
+        who = caller(request)
+        if not who.may_see(tenant):
+            raise HTTPException(404, f"no workload {tenant}/{name}")
+        with control.lock:
+            out = view(who, tenant, name)
+            out["events"] = [
+                {
+                    "id": e.id,
+                    "at": e.at,
+                    "kind": e.kind,
+                    "subject": e.subject,
+                    "message": e.message,
+                }
+                for e in control.store.events(f"{tenant}/{name}", limit=50)
+            ]
+            return out
+
+    @app.delete("/api/v1/workloads/{tenant}/{name}")
+    def delete_workload(request: Request, tenant: str, name: str) -> dict[str, Any]:
+        who = caller(request)
+        if not who.may_see(tenant) or not control.delete(tenant, name):
+            raise HTTPException(404, f"no workload {tenant}/{name}")
+        return {"deleted": f"{tenant}/{name}"}
+
+    @app.get("/api/v1/gpus")
+    def gpus(request: Request) -> dict[str, Any]:
+        who = caller(request)
+        with control.lock:
+            out = []
+            for node, shown in sorted(control.gpu_views.items()):
+                for g in shown:  # known here, as in decisions, by node and UUID
+                    out.append(
+                        _gpu_seen_by(who, {**g, "node": node, "uuid": f"{node}/{g['uuid']}"})
+                    )
+            return {"gpus": out}
+
+    @app.get("/api/v1/events")
+    def events(request: Request, after: int = 0, limit: int = 100) -> dict[str, Any]:
+        who = caller(request)
+        if not who.admin:
+            raise HTTPException(403, "only the admin token may read the control plane's events")
+        return {
+            "events": [
+                {
+                    "id": e.id,
+                    "at": e.at,
+                    "kind": e.kind,
+                    "subject": e.subject,
+                    "message": e.message,
+                }
+                for e in control.store.events(after=after, limit=max(1, min(limit, 1000)))
+            ]
+        }
+
+    return app
+
+
+def _read(model: type[Any], body: bytes) -> Any:
+    try:
+        return model.model_validate_json(body or b"{}")
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise InputError(first["msg"], field=where, fix="send what gpufrac node sends") from None
+
+
+def _gpu_seen_by(who: Caller, gpu: dict[str, Any]) -> dict[str, Any]:
+    """A node's GPU as ``who`` may see it: another tenant's shares without names or processes."""
+    if who.admin:
+        return gpu
+    allocations = []
+    for a in gpu.get("allocations", []):
+        if a.get("tenant") is not None and not who.may_see(str(a["tenant"])):
+            a = {**a, "tenant": None, "name": None, "used_memory_mib": None, "sm_percent": None}
+        allocations.append(a)
+    # a node's processes are not tied to workloads in what it shows: a tenant sees none
+    return {**gpu, "allocations": allocations, "processes": []}

@@ -1,0 +1,214 @@
+"""gpufrac on several machines, as processes on this one: ``gpufrac control`` and two ``gpufrac
+node`` processes (each its own data directory and simulated GPU), talking HTTP over loopback with
+the cluster token. The CLI works against the control plane; a node's agent killed with ``kill -9``
+leaves its workload to be stopped by its shim and run on the other node once; the control plane
+killed and restarted restarts nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpufrac.runtime.shim import read_status
+from tests.integration.conftest import free_port, kill_leftover_runs
+
+PY = sys.executable
+GPUFRAC = [PY, "-m", "gpufrac.cli"]
+LEASE_S = 6.0  # the node fences itself 4 s after its last answer: a restart must be quicker
+
+
+@dataclass
+class Cluster:
+    url: str
+    root: Path
+    port: int
+    control: subprocess.Popen[bytes] | None = None
+    nodes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start_control(self) -> None:
+        self.control = subprocess.Popen(
+            [
+                *GPUFRAC,
+                *("control", "--port", str(self.port), "--lease", str(LEASE_S)),
+                *("--data-dir", str(self.root / "control")),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait(lambda: httpx.get(self.url + "/api/v1/health", timeout=1).status_code == 200)
+
+    def start_node(self, name: str, *labels: str) -> None:
+        data = self.root / name
+        data.mkdir(exist_ok=True)
+        shutil.copy(self.root / "control" / "cluster-token", data / "cluster-token")
+        (data / "gpufrac.yaml").write_text("workload_users: agent\n")
+        args = [*GPUFRAC, "node", "--control", self.url, "--name", name, "--simulate", "h200:1"]
+        for label in labels:
+            args += ["--label", label]
+        self.nodes[name] = subprocess.Popen(
+            [*args, "--data-dir", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+    def get(self, path: str) -> Any:
+        r = httpx.get(self.url + path, timeout=5)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def workload(self, name: str) -> dict[str, Any]:
+        return dict(self.get(f"/api/v1/workloads/default/{name}"))
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*GPUFRAC, *args, "--server", self.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "200"},
+            check=False,
+        )
+
+
+def wait(
+    ok: Callable[[], bool], timeout: float = 30.0, what: Callable[[], object] = lambda: ""
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if ok():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out: {what()}")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    port = free_port()
+    c = Cluster(f"http://127.0.0.1:{port}", tmp_path, port)
+    c.start_control()
+    try:
+        yield c
+    finally:
+        for p in [*c.nodes.values(), c.control]:
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+        for name in c.nodes:
+            kill_leftover_runs(tmp_path / name)
+
+
+MANIFEST = f"""apiVersion: gpufrac/v1
+kind: Workload
+metadata: {{name: svc}}
+spec:
+  type: service
+  command: ["{PY}", "-c", "import time; time.sleep(300)"]
+  resources: {{gpu: {{count: 1}}}}
+---
+apiVersion: gpufrac/v1
+kind: Workload
+metadata: {{name: eu-job}}
+spec:
+  command: ["{PY}", "-c", "print('hello from eu')"]
+  resources: {{gpu: {{memory: 1GiB}}}}
+  sharing: timeslice
+  node_selector: {{zone: eu}}
+"""
+
+
+def running(cluster: Cluster, name: str) -> bool:
+    return bool(cluster.workload(name)["phase"] == "running")
+
+
+def child_pid(root: Path, node: str) -> int | None:
+    runs = root / node / "runs" / "default" / "svc"
+    for run in sorted(runs.glob("g*-*")) if runs.exists() else []:
+        status = read_status(run)
+        if not status.done and status.child_pid is not None:
+            return status.child_pid
+    return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_cluster_of_processes_places_moves_and_survives_its_control_plane(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    cluster.start_node("n1")
+    cluster.start_node("n2", "zone=eu")
+    wait(
+        lambda: [n["state"] for n in cluster.get("/api/v1/nodes")["nodes"]] == ["alive"] * 2,
+        what=lambda: cluster.get("/api/v1/nodes"),
+    )
+    (tmp_path / "m.yaml").write_text(MANIFEST)
+    applied = cluster.cli("apply", "-f", str(tmp_path / "m.yaml"))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    wait(lambda: running(cluster, "svc"), what=lambda: cluster.workload("svc"))
+    wait(
+        lambda: cluster.workload("eu-job")["phase"] == "succeeded",
+        what=lambda: cluster.workload("eu-job"),
+    )
+    job = cluster.workload("eu-job")
+    assert job["placement"]["node"] == "n2"  # the only node labelled zone=eu
+    svc = cluster.workload("svc")
+    home = svc["node"]
+    away = "n2" if home == "n1" else "n1"
+    assert svc["placement"]["gpus"][0].startswith(f"{home}/GPU-")
+    table = cluster.cli("get", "workloads")
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if " svc " in f" {line} ")
+    assert home in row.split(), table.stdout
+    gpus = cluster.cli("get", "gpus", "-o", "wide")
+    assert gpus.returncode == 0 and "n1" in gpus.stdout and "n2" in gpus.stdout, gpus.stdout
+
+    # the control plane is killed and started again: nothing that runs is restarted
+    pid = child_pid(tmp_path, home)
+    assert pid is not None and alive(pid)
+    epoch = svc["placement"]["epoch"]
+    assert cluster.control is not None
+    cluster.control.send_signal(signal.SIGKILL)
+    cluster.control.wait(timeout=10)
+    cluster.start_control()
+    wait(lambda: running(cluster, "svc"), what=lambda: cluster.workload("svc"))
+    time.sleep(LEASE_S + 1)  # past a lease after the restart: still the same run, same epoch
+    again = cluster.workload("svc")
+    assert (again["node"], again["placement"]["epoch"], again["restarts"]) == (home, epoch, 0)
+    assert child_pid(tmp_path, home) == pid and alive(pid)
+
+    # the node's agent is killed: its shim stops the workload when the lease in its file runs
+    # out, and only then does it start on the other node
+    cluster.nodes[home].send_signal(signal.SIGKILL)
+    cluster.nodes[home].wait(timeout=10)
+    killed_at = time.monotonic()
+    wait(lambda: not alive(pid), timeout=LEASE_S * 3)
+    stopped_at = time.monotonic()
+    assert cluster.workload("svc")["node"] in (home, None)  # not elsewhere yet
+    wait(
+        lambda: (
+            cluster.workload("svc")["phase"] == "running"
+            and cluster.workload("svc")["node"] == away
+        ),
+        what=lambda: cluster.workload("svc"),
+    )
+    assert stopped_at - killed_at < LEASE_S
+    assert (tmp_path / home / "runs").exists()
+    nodes = {n["name"]: n["state"] for n in cluster.get("/api/v1/nodes")["nodes"]}
+    assert nodes == {home: "lost", away: "alive"}
