@@ -168,6 +168,8 @@ def test_a_cluster_of_processes_places_moves_and_survives_its_control_plane(
     )
     job = cluster.workload("eu-job")
     assert job["placement"]["node"] == "n2"  # the only node labelled zone=eu
+    logs = cluster.cli("logs", "eu-job")  # read from the node it ran on
+    assert logs.returncode == 0 and "hello from eu" in logs.stdout, logs.stdout + logs.stderr
     svc = cluster.workload("svc")
     home = svc["node"]
     away = "n2" if home == "n1" else "n1"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 import sys
 import threading
 import time
@@ -75,6 +76,14 @@ def control_command(
     lease: Annotated[
         float, typer.Option("--lease", help="Seconds a node's lease lasts (at least 3).")
     ] = 6.0,
+    local: Annotated[
+        int,
+        typer.Option(
+            "--local",
+            help="Also start this many node agents on this machine, each with its own simulated "
+            "GPUs (for trying a cluster out): a MIG node, a time-sliced node, ...",
+        ),
+    ] = 0,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Run the control plane of a cluster in the foreground: node agents (`gpufrac node`) join
@@ -102,8 +111,12 @@ def control_command(
                 field="--host",
                 fix="put a tokens.yaml in the data directory, or listen on 127.0.0.1",
             )
+        if not 0 <= local <= 16:
+            raise InputError(f"--local {local}", field="--local", fix="give 0 to 16 nodes")
         control = ControlPlane(data, load_settings(data), lease_s=lease)
     app = create_control_app(control, cluster_token=token, tokens=tokens)
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    nodes = [_local_node(data, token, url, i) for i in range(local)]
     stop = threading.Event()
 
     def ticks() -> None:
@@ -120,11 +133,48 @@ def control_command(
         f"gpufrac control plane on http://{host}:{port} (data: {data}, lease {lease:g} s)",
         highlight=False,
     )
+    for i, proc in enumerate(nodes):
+        console.print(f"  local node local-{i} (pid {proc.pid}): {LOCAL_KINDS[i % 3][0]}")
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", http=HeadTimeoutProtocol)
     finally:
         stop.set()
+        for proc in nodes:
+            proc.terminate()
+        for proc in nodes:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         control.close()
+
+
+# what each local node simulates, in turn: (what it is, its GPUs, its labels)
+LOCAL_KINDS = (
+    ("one H200 in MIG mode", "h200:1:mig", "gpufrac.io/kind=mig"),
+    ("one H200 for MPS shares", "h200:1", "gpufrac.io/kind=mps"),
+    ("one H200, time-sliced", "h200:1", "gpufrac.io/kind=timeslice"),
+)
+
+
+def _local_node(data: Path, token: str, url: str, i: int) -> subprocess.Popen[bytes]:
+    """Start node ``local-i`` under ``data/nodes/local-i`` with the cluster token (its log is
+    ``node.log`` there); it stops when the control plane does."""
+    where = data / "nodes" / f"local-{i}"
+    where.mkdir(parents=True, exist_ok=True)
+    token_file = where / TOKEN_FILE
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    _, gpus, label = LOCAL_KINDS[i % len(LOCAL_KINDS)]
+    settings = where / "gpufrac.yaml"
+    if not settings.exists():
+        settings.write_text("workload_users: agent\n")
+    args = [sys.executable, "-m", "gpufrac.cli", "node", "--control", url]
+    args += ["--name", f"local-{i}", "--simulate", gpus, "--label", label]
+    with open(where / "node.log", "ab") as log:
+        return subprocess.Popen(
+            [*args, "--data-dir", str(where)], stdout=log, stderr=log, stdin=subprocess.DEVNULL
+        )
 
 
 def node_command(
@@ -140,6 +190,14 @@ def node_command(
         list[str] | None,
         typer.Option("--label", help="A label KEY=VALUE for this node (repeatable)."),
     ] = None,
+    listen: Annotated[
+        str,
+        typer.Option(
+            "--listen",
+            help="Address of this node's own small API (workload logs, for the control plane "
+            "only); a free port is taken.",
+        ),
+    ] = "127.0.0.1",
     simulate: SimulateOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -149,6 +207,7 @@ def node_command(
     from dataclasses import replace
 
     from gpufrac.cluster.node import HttpLink, NodeAgent
+    from gpufrac.cluster.node_api import create_node_app, serve_in_thread
     from gpufrac.config import simulate_spec
     from gpufrac.devices import open_devices
     from gpufrac.model.settings import load_settings
@@ -167,7 +226,10 @@ def node_command(
         settings = replace(settings, node_name=name or settings.node_name, node_labels=labels)
         dev = open_devices(simulate_spec(simulate), data)
         agent = Agent(data, dev, settings)
-    node = NodeAgent(agent, HttpLink(control, token))
+    link = HttpLink(control, token)
+    server, port = serve_in_thread(create_node_app(agent, token), listen, 0)
+    link.address = f"http://{listen}:{port}"
+    node = NodeAgent(agent, link)
     console.print(f"gpufrac node {agent.node} under {control} (data: {data})", highlight=False)
     try:
         while True:
@@ -177,5 +239,6 @@ def node_command(
     except KeyboardInterrupt:
         pass
     finally:
+        server.should_exit = True
         agent.close()
         sys.stdout.flush()

@@ -61,7 +61,6 @@ class ControlPlane:
         self.views: dict[str, tuple[int, dict[str, Any]]] = {}  # workload -> (epoch, node's view)
         self.addresses: dict[str, str] = {}  # node -> its agent's API, where it serves logs
         self.gpu_views: dict[str, list[dict[str, Any]]] = {}  # node -> its GPUs as it shows them
-        self.ended_on: dict[str, str] = {}  # a job that ended -> the node it ran on
         self.started = clock()
         # placements stored before a restart, per node, until the node joins (or is held lost)
         self.awaiting: dict[str, list[Assignment]] = {}
@@ -107,7 +106,6 @@ class ControlPlane:
                     self.views[key] = (a.epoch, dict(view))
             for key, how in self.core.ended.items():
                 if key not in ended:
-                    self.ended_on[key] = name
                     self.store.record_event(how, key, f"ended on node {name}")
             self._persist(before, ended=True)
             return answer
@@ -204,7 +202,7 @@ class ControlPlane:
                 record = {
                     "outcome": "completed",
                     "phase": self.core.ended[key],
-                    "node": self.ended_on.get(key),
+                    "node": self.core.ended_on.get(key),
                 }
             else:
                 record = dict(decision_to_json(self.core.decision(key)))
@@ -221,7 +219,7 @@ class ControlPlane:
                     "failed" if record.get("phase") == "failed" else "succeeded"
                 )
                 if isinstance(record.get("node"), str):
-                    self.ended_on[w.key] = record["node"]
+                    self.core.ended_on[w.key] = record["node"]
                 continue
             if record is not None and record.get("outcome") == "placed" and "node" in record:
                 decision = decision_from_json(record)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+import httpx
+from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
@@ -237,6 +238,37 @@ def create_control_app(
         if not who.may_see(tenant) or not control.delete(tenant, name):
             raise HTTPException(404, f"no workload {tenant}/{name}")
         return {"deleted": f"{tenant}/{name}"}
+
+    @app.get("/api/v1/workloads/{tenant}/{name}/logs")
+    def logs(
+        request: Request, tenant: str, name: str, tail: int = Query(200, ge=0, le=10**7)
+    ) -> dict[str, Any]:
+        """The workload's output, from the node it runs (or ran) on."""
+        who = caller(request)
+        key = f"{tenant}/{name}"
+        with control.lock:
+            if not who.may_see(tenant) or control.store.workload(tenant, name) is None:
+                raise HTTPException(404, f"no workload {key}")
+            a = control.core.assigned.get(key)
+            node = a.node if a is not None else control.core.ended_on.get(key)
+            address = control.addresses.get(node) if node else None
+        if node is None:
+            return {"run": None, "lines": []}
+        if address is None:
+            raise HTTPException(503, f"node {node} has given no address to read logs from")
+        try:
+            r = httpx.get(
+                f"{address}/cluster/v1/logs/{tenant}/{name}",
+                params={"tail": tail},
+                headers={"authorization": f"Bearer {cluster_token}"},
+                timeout=5.0,
+            )
+        except httpx.HTTPError as e:
+            raise HTTPException(503, f"node {node} does not answer ({e}); try again") from None
+        if r.status_code != 200:
+            raise HTTPException(503, f"node {node} answered {r.status_code}; try again")
+        found: dict[str, Any] = r.json()
+        return found
 
     @app.get("/api/v1/gpus")
     def gpus(request: Request) -> dict[str, Any]:

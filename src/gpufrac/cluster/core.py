@@ -78,6 +78,7 @@ class Answer:
     run: tuple[Assignment, ...]
     lease_s: float
     status: AnswerStatus = "ok"
+    keep: tuple[str, ...] = ()  # jobs that ended here: the node keeps their records (logs)
 
 
 @dataclass(slots=True)
@@ -119,6 +120,7 @@ class ClusterCore:
         self.specs: dict[str, WorkloadSpec] = {}  # desired state, by tenant/name
         self.assigned: dict[str, Assignment] = {}  # placed workloads
         self.ended: dict[str, Ended] = {}  # jobs that ended for good
+        self.ended_on: dict[str, str] = {}  # ... and the node each ran on (which keeps its logs)
         # workload -> {node: epoch} it was taken from, alive, and has not reported gone yet
         self.revoked: dict[str, dict[str, int]] = {}
         self._epoch = first_epoch - 1
@@ -172,6 +174,7 @@ class ClusterCore:
             a = self.assigned.get(key)
             if a is not None and a.node == name and a.epoch == epoch:
                 self.ended[key] = how
+                self.ended_on[key] = name
                 del self.assigned[key]
                 tenant, wname = key.split("/", 1)
                 self._placed(self.scheduler.delete(tenant, wname))
@@ -184,7 +187,8 @@ class ClusterCore:
             for a in self.assigned.values()
             if a.node == name and not (set(self.revoked.get(a.workload, ())) - {name})
         )
-        return Answer(name, run, self.lease_s)
+        keep = tuple(sorted(k for k, n in self.ended_on.items() if n == name))
+        return Answer(name, run, self.lease_s, keep=keep)
 
     def tick(self, now: float) -> list[Moved]:
         """Declare lost every node whose lease has ended, and place its workloads again (most
@@ -250,6 +254,7 @@ class ClusterCore:
             return False
         self._revoke(key)
         self.ended.pop(key, None)
+        self.ended_on.pop(key, None)
         if self.scheduler.knows(key):
             self._placed(self.scheduler.delete(tenant, name))
         return True

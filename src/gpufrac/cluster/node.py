@@ -278,8 +278,11 @@ class NodeAgent:
         agent = self.agent
         wanted = {a.workload: a for a in answer.run}
         with agent.lock:
+            kept = set(answer.keep)
             for w in agent.store.workloads():
                 a = wanted.get(w.key)
+                if a is None and w.key in kept:
+                    continue  # a job that ended here: its record and logs stay
                 if a is None or self._epoch(w.key) != a.epoch:
                     agent.delete(w.tenant, w.name)
             for key, a in wanted.items():

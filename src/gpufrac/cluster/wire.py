@@ -63,6 +63,7 @@ class AnswerBody(Wire):
     lease_s: float
     run: list[AssignmentWire]
     status: Literal["ok", "lost", "join"] = "ok"
+    keep: list[str] = []
 
 
 def gpu_to_wire(g: SchedGpu) -> GpuWire:
@@ -108,6 +109,7 @@ def answer_to_wire(answer: Answer) -> AnswerBody:
         node=answer.node,
         lease_s=answer.lease_s,
         status=answer.status,
+        keep=list(answer.keep),
         run=[
             AssignmentWire(
                 spec=spec_to_json(a.spec),
@@ -128,4 +130,5 @@ def answer_from_wire(body: AnswerBody) -> Answer:
         ),
         body.lease_s,
         body.status,
+        tuple(body.keep),
     )

@@ -1,0 +1,54 @@
+"""A node agent's own small API, for the control plane only (the cluster token): the output of
+the workloads it runs, which the control plane relays to ``gpufrac logs``."""
+
+from __future__ import annotations
+
+import hmac
+import threading
+
+import uvicorn
+from fastapi import FastAPI, HTTPException, Query, Request
+
+from gpufrac.runtime.agent import Agent
+from gpufrac.runtime.shim import LOG
+
+
+def create_node_app(agent: Agent, cluster_token: str) -> FastAPI:
+    app = FastAPI(title="gpufrac node", version="1", openapi_url=None, docs_url=None)
+    expected = f"Bearer {cluster_token}".encode()
+
+    @app.get("/cluster/v1/logs/{tenant}/{name}")
+    def logs(
+        request: Request, tenant: str, name: str, tail: int = Query(200, ge=0, le=10**7)
+    ) -> dict[str, object]:
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise HTTPException(401, "the cluster token is needed")
+        with agent.lock:
+            stored = agent.store.workload(tenant, name)
+            run = None if stored is None else agent.latest_run(tenant, name, stored.generation)
+        if run is None:
+            return {"run": None, "lines": []}
+        try:
+            lines = (run / LOG).read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        return {"run": run.name, "lines": lines[-tail:] if tail > 0 else lines}
+
+    return app
+
+
+def serve_in_thread(app: FastAPI, host: str, port: int) -> tuple[uvicorn.Server, int]:
+    """Serve ``app`` on a daemon thread; returns the server and the port it listens on (``port``
+    0: a free one)."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound = int(sock.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="gpufrac-node-api"
+    ).start()
+    return server, bound
