@@ -1,8 +1,8 @@
 """gpufrac on several machines, as processes on this one: ``gpufrac control`` and two ``gpufrac
-node`` processes (each its own data directory and simulated GPU), talking HTTP over loopback with
-the cluster token. The CLI works against the control plane; a node's agent killed with ``kill -9``
-leaves its workload to be stopped by its shim and run on the other node once; the control plane
-killed and restarted restarts nothing."""
+node`` processes (each its own data directory and two simulated GPUs), talking HTTP over loopback
+with the cluster token. The CLI works against the control plane; a node's agent killed with
+``kill -9`` leaves its workload to be stopped by its shim and run on the other node once; the
+control plane killed and restarted restarts nothing."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class Cluster:
         data.mkdir(exist_ok=True)
         shutil.copy(self.root / "control" / "cluster-token", data / "cluster-token")
         (data / "gpufrac.yaml").write_text("workload_users: agent\n")
-        args = [*GPUFRAC, "node", "--control", self.url, "--name", name, "--simulate", "h200:1"]
+        args = [*GPUFRAC, "node", "--control", self.url, "--name", name, "--simulate", "h200:2"]
         for label in labels:
             args += ["--label", label]
         self.nodes[name] = subprocess.Popen(

@@ -42,6 +42,17 @@ TokenOpt = Annotated[
 ]
 
 
+def _die_with_parent() -> None:
+    """In a child about to exec: SIGTERM it when its parent (the control plane) ends, however
+    that ends (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
 def read_cluster_token(path: Path, *, create: bool) -> str:
     """The token in ``path``; ``create``: write a new one (mode 0600) if there is none."""
     if not path.exists():
@@ -61,7 +72,9 @@ def read_cluster_token(path: Path, *, create: bool) -> str:
         raise InputError(
             f"the cluster token in {path} is too short ({len(token)} characters)",
             field="--cluster-token",
-            fix="use at least 16 random characters (remove the file to have one made)",
+            fix="use at least 16 random characters (remove the file to have one made)"
+            if create
+            else "copy the control plane's cluster-token file here",
         )
     return token
 
@@ -173,7 +186,11 @@ def _local_node(data: Path, token: str, url: str, i: int) -> subprocess.Popen[by
     args += ["--name", f"local-{i}", "--simulate", gpus, "--label", label]
     with open(where / "node.log", "ab") as log:
         return subprocess.Popen(
-            [*args, "--data-dir", str(where)], stdout=log, stderr=log, stdin=subprocess.DEVNULL
+            [*args, "--data-dir", str(where)],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
 
 
@@ -229,7 +246,9 @@ def node_command(
     link = HttpLink(control, token)
     server, port = serve_in_thread(create_node_app(agent, token), listen, 0)
     link.address = f"http://{listen}:{port}"
-    node = NodeAgent(agent, link)
+    node = NodeAgent(
+        agent, link, say=lambda m: console.print(f"{agent.node}: {m}", highlight=False)
+    )
     console.print(f"gpufrac node {agent.node} under {control} (data: {data})", highlight=False)
     try:
         while True:

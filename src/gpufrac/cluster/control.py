@@ -30,6 +30,7 @@ from gpufrac.planning.scheduler import workload_key
 from gpufrac.runtime.store import Store
 
 STORE_FILE = "control.db"
+ENDED = -1  # the epoch under which a node's view of a job that ended there is kept
 ApplyResult = Literal["created", "replaced", "unchanged", "refused"]
 
 
@@ -83,7 +84,8 @@ class ControlPlane:
             self.store.record_event(
                 "node_joined" if not known else "node_rejoined",
                 name,
-                f"{len(gpus)} GPU(s), labels {dict(labels) or '{}'}",
+                f"{len(gpus)} GPU(s), labels "
+                + (", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "none"),
             )
             self._persist(before)
 
@@ -104,6 +106,8 @@ class ControlPlane:
                 a = self.core.assigned.get(key)
                 if a is not None and a.node == name:
                     self.views[key] = (a.epoch, dict(view))
+                elif self.core.ended_on.get(key) == name:  # a job that ended there, as it ended
+                    self.views[key] = (ENDED, dict(view))
             for key, how in self.core.ended.items():
                 if key not in ended:
                     self.store.record_event(how, key, f"ended on node {name}")
@@ -125,8 +129,10 @@ class ControlPlane:
                 self.awaiting.clear()
             for m in moved:
                 self.store.record_event("node_lost", m.lost, f"{m.workload}: {m.reason}")
-                where = f"moved to node {m.to}" if m.to else m.reason
-                self.store.record_event("moved", m.workload, where)
+                if m.to is not None:
+                    self.store.record_event("moved", m.workload, f"moved to node {m.to}")
+                else:
+                    self.store.record_event("pending", m.workload, m.reason)
             self._persist(before, ended=True)
             return moved
 

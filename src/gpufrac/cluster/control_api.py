@@ -12,6 +12,7 @@ machine's agent (``api/schemas.py``), so the CLI works against a cluster unchang
 from __future__ import annotations
 
 import hmac
+import re
 from typing import Any
 
 import httpx
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 from gpufrac.api.app import as_seen_by, problem_answer
 from gpufrac.api.guard import Guard
 from gpufrac.api.tokens import Caller, authenticate
-from gpufrac.cluster.control import ControlPlane, static_qos
+from gpufrac.cluster.control import ENDED, ControlPlane, static_qos
 from gpufrac.cluster.wire import (
     AnswerBody,
     HeartbeatBody,
@@ -38,6 +39,7 @@ from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec
 from gpufrac.planning.sched_decision import decision_to_json
 
 NODE_PATHS = "/cluster/v1/"
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 MAX_BODY = 4 * 1024 * 1024
 
 
@@ -67,19 +69,22 @@ def create_control_app(
     async def join(request: Request, name: str) -> dict[str, Any]:
         node_call(request)
         body = _read(JoinBody, await request.body())
+        if not DNS_LABEL.fullmatch(name):
+            raise InputError(f"{name!r} is not a node name", field="name", fix="use a DNS label")
+        gpus = [gpu_from_wire(g) for g in body.gpus]
         try:
-            gpus = [gpu_from_wire(g) for g in body.gpus]
-        except KeyError as e:
-            raise HTTPException(422, f"unknown GPU model {e}") from None
-        await run_in_threadpool(control.join, name, body.labels, gpus, body.address)
+            await run_in_threadpool(control.join, name, body.labels, gpus, body.address)
+        except ValueError as e:
+            raise InputError(str(e), field="gpus", fix="list each GPU once") from None
         return {"joined": name, "lease_s": control.core.lease_s}
 
     @app.post(NODE_PATHS + "nodes/{name}/heartbeat", response_model=AnswerBody)
     async def heartbeat(request: Request, name: str) -> AnswerBody:
         node_call(request)
         body = _read(HeartbeatBody, await request.body())
+        gpus = None if body.gpus is None else [g.model_dump(by_alias=True) for g in body.gpus]
         answer = await run_in_threadpool(
-            control.heartbeat, name, report_from_wire(body), body.views, body.gpus
+            control.heartbeat, name, report_from_wire(body), body.views, gpus
         )
         return answer_to_wire(answer)
 
@@ -165,12 +170,13 @@ def create_control_app(
         spec = spec_from_json(stored.spec)
         a = control.core.assigned.get(key)
         shown = control.views.get(key)
-        node_view = shown[1] if shown is not None and a is not None and shown[0] == a.epoch else {}
-        placed = control.store.placement(tenant, name)
         ended = control.core.ended.get(key)
+        epoch = a.epoch if a is not None else ENDED if ended is not None else None
+        node_view = shown[1] if shown is not None and shown[0] == epoch else {}
+        placed = control.store.placement(tenant, name)
         phase: str
         if ended is not None:
-            phase, reason = ended, "ended"
+            phase, reason = ended, node_view.get("reason") or "ended"
         elif node_view:
             phase, reason = node_view.get("phase", "starting"), node_view.get("reason", "")
         elif a is not None:
@@ -198,7 +204,7 @@ def create_control_app(
             "env": node_view.get("env", {}),
             "placement": as_seen_by(who, placed[1]) if placed else None,
             "qos": node_view.get("qos") or static_qos(spec, control.settings),
-            "node": a.node if a is not None else None,
+            "node": a.node if a is not None else control.core.ended_on.get(key),
         }
 
     @app.get("/api/v1/workloads")
@@ -283,7 +289,11 @@ def create_control_app(
             return {"gpus": out}
 
     @app.get("/api/v1/events")
-    def events(request: Request, after: int = 0, limit: int = 100) -> dict[str, Any]:
+    def events(
+        request: Request,
+        after: int = Query(0, ge=0, le=2**63 - 1),
+        limit: int = Query(100, ge=1, le=1000),
+    ) -> dict[str, Any]:
         who = caller(request)
         if not who.admin:
             raise HTTPException(403, "only the admin token may read the control plane's events")
@@ -296,9 +306,18 @@ def create_control_app(
                     "subject": e.subject,
                     "message": e.message,
                 }
-                for e in control.store.events(after=after, limit=max(1, min(limit, 1000)))
+                for e in control.store.events(after=after, limit=limit)
             ]
         }
+
+    @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    def not_here(request: Request, rest: str) -> None:
+        caller(request)
+        raise HTTPException(
+            404,
+            f"/api/v1/{rest} is not available through the control plane yet (docs/cluster.md): "
+            "ask a node's own agent",
+        )
 
     return app
 

@@ -141,7 +141,11 @@ class ClusterCore:
         ``index`` is the core's own. ``placed``: what a restarted control plane had placed there
         (restored before anything waiting is tried on the node)."""
         node = self.nodes.get(name)
+        gpus = list(gpus)
         if node is None:
+            uuids = [f"{name}/{g.uuid}" for g in gpus]
+            if len(set(uuids)) != len(uuids) or set(uuids) & self.scheduler.state.by_uuid.keys():
+                raise ValueError(f"node {name}: a GPU is listed twice")  # nothing changed
             start = len(self.scheduler.state.gpus)
             fresh = []
             for i, g in enumerate(gpus):

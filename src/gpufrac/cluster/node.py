@@ -170,6 +170,7 @@ class NodeAgent:
         fence_s: float = FENCE_S,
         kill_grace_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
+        say: Callable[[str], None] = lambda _message: None,
     ) -> None:
         self.agent = agent
         self.link = link
@@ -182,6 +183,8 @@ class NodeAgent:
         self.answered: float | None = None  # when the last answer's heartbeat was sent
         self.joined = False
         self.fenced = False
+        self.unreachable = False
+        self.say = say  # what the node tells whoever runs it (`gpufrac node` prints it)
 
     def join(self) -> None:
         dev = self.agent.dev
@@ -190,6 +193,7 @@ class NodeAgent:
         gpus = sched_gpus_from_states(states, models, self.agent.store.mig_pins())
         self.link.join(self.name, self.agent.settings.node_labels, gpus)
         self.joined = True
+        self.say(f"joined the control plane with {len(gpus)} GPU(s)")
 
     def step(self) -> list[WorkloadState]:
         """One reconcile pass and one heartbeat; returns the pass's workload states."""
@@ -202,7 +206,13 @@ class NodeAgent:
             answer = self.link.heartbeat(
                 self.name, self.report(states), self.views(states), self.gpus(states)
             )
-        except Unreachable:
+        except Unreachable as e:
+            if not self.unreachable:
+                stops = (
+                    "" if self.answered is None else f"; its work stops after {self.fence_s:g} s"
+                )
+                self.say(f"cannot reach the control plane: {e} (retrying{stops})")
+            self.unreachable = True
             self._fence_if_unanswered()
             return states
         match answer.status:
@@ -213,11 +223,14 @@ class NodeAgent:
                 self.joined = False
                 return states
             case "join":  # a restarted control plane: join, which restores what runs here
+                self.say("the control plane does not know this node (restarted?): joining again")
                 self.joined = False
                 return states
             case _:
                 assert_never(answer.status)
-        self.answered, self.fenced = sent, False
+        if self.unreachable:
+            self.say("the control plane answers again")
+        self.answered, self.fenced, self.unreachable = sent, False, False
         # well inside the control plane's lease, whatever it is: stopped before it ends
         self.fence_s = min(self.fence_at_most, answer.lease_s * FENCE_SHARE)
         write_lease(self.lease_file, sent_wall + self.fence_s, self.kill_grace_s)
@@ -300,6 +313,7 @@ class NodeAgent:
                 agent.delete(w.tenant, w.name)
             if not self.fenced:
                 agent.store.record_event("fenced", self.name, f"every workload stopped: {why}")
+                self.say(f"fenced: every workload stopped: {why}")
         self.fenced = True
 
     def _epoch(self, key: str) -> int | None:

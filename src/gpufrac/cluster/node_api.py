@@ -10,7 +10,6 @@ import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
 
 from gpufrac.runtime.agent import Agent
-from gpufrac.runtime.shim import LOG
 
 
 def create_node_app(agent: Agent, cluster_token: str) -> FastAPI:
@@ -25,15 +24,9 @@ def create_node_app(agent: Agent, cluster_token: str) -> FastAPI:
         if not hmac.compare_digest(given, expected):
             raise HTTPException(401, "the cluster token is needed")
         with agent.lock:
-            stored = agent.store.workload(tenant, name)
-            run = None if stored is None else agent.latest_run(tenant, name, stored.generation)
-        if run is None:
-            return {"run": None, "lines": []}
-        try:
-            lines = (run / LOG).read_text(errors="replace").splitlines()
-        except OSError:
-            lines = []
-        return {"run": run.name, "lines": lines[-tail:] if tail > 0 else lines}
+            found = agent.log_tail(tenant, name, tail)
+        run, lines = found if found is not None else (None, [])
+        return {"run": run, "lines": lines}
 
     return app
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gpufrac.api.schemas import GpuJson
 from gpufrac.cluster.core import Answer, Assignment, Ended, Report
+from gpufrac.errors import InputError
 from gpufrac.model.catalog import catalog
-from gpufrac.model.mig import MigPlacement
+from gpufrac.model.manifest_types import NodeLabelKey, NodeLabelValue
+from gpufrac.model.mig import MigPlacement, check_layout
 from gpufrac.model.workload import spec_from_json, spec_to_json
 from gpufrac.planning.sched_decision import decision_from_json, decision_to_json
 from gpufrac.planning.sched_state import EXTERNAL, SchedGpu
@@ -32,7 +35,7 @@ class InstanceWire(Wire):
 
 
 class GpuWire(Wire):
-    uuid: str = Field(min_length=1, max_length=200)
+    uuid: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
     model: str
     mig: bool
     pinned: bool = False
@@ -40,16 +43,24 @@ class GpuWire(Wire):
 
 
 class JoinBody(Wire):
-    labels: dict[str, str] = {}
+    labels: dict[NodeLabelKey, NodeLabelValue] = Field({}, max_length=64)
     gpus: list[GpuWire] = Field(max_length=64)
-    address: str | None = None  # where the node's own API answers (logs)
+    address: str | None = Field(None, max_length=200, pattern=r"^https?://[^\s/]+$")
+
+    @model_validator(mode="after")
+    def _each_gpu_once(self) -> JoinBody:
+        uuids = [g.uuid for g in self.gpus]
+        if len(set(uuids)) != len(uuids):
+            raise ValueError("a GPU is listed twice")
+        return self
 
 
 class HeartbeatBody(Wire):
     running: dict[str, int] = {}
     ended: dict[str, tuple[int, Literal["succeeded", "failed"]]] = {}
     views: dict[str, dict[str, Any]] = {}  # per workload, what the node's agent shows of it
-    gpus: list[dict[str, Any]] | None = None  # the node's GPUs as its agent shows them (admin)
+    gpus: list[GpuJson] | None = Field(None, max_length=64)  # the node's GPUs, as its agent
+    # shows them (every workload named: the control plane hides other tenants' from a tenant)
 
 
 class AssignmentWire(Wire):
@@ -80,10 +91,23 @@ def gpu_to_wire(g: SchedGpu) -> GpuWire:
 
 
 def gpu_from_wire(w: GpuWire) -> SchedGpu:
-    """A node's GPU for the core; an unknown model is a ``KeyError``."""
-    g = SchedGpu(w.uuid, 0, catalog()[w.model], mig=w.mig, pinned=w.pinned)
+    """A node's GPU for the core; an unknown model or a MIG layout it cannot have is an
+    ``InputError`` naming the field."""
+    model = catalog().get(w.model)
+    if model is None:
+        raise InputError(
+            f"unknown GPU model {w.model!r}", field="gpus.model", fix="send a known one"
+        )
+    placements = [MigPlacement(i.start, i.profile) for i in w.instances]
+    bad = [p for p in placements if not model.has_profile(p.profile)]
+    broken = check_layout(model, tuple(sorted(placements))) if not bad else []
+    problem = f"{model.key} has no MIG profile {bad[0].profile!r}" if bad else ""
+    problem = problem or (broken[0].message if broken else "")
+    if problem:
+        raise InputError(problem, field="gpus.instances", fix="send the GPU's real MIG layout")
+    g = SchedGpu(w.uuid, 0, model, mig=w.mig, pinned=w.pinned)
     g.instances = {
-        MigPlacement(i.start, i.profile): (EXTERNAL if i.busy else None) for i in w.instances
+        p: (EXTERNAL if i.busy else None) for p, i in zip(placements, w.instances, strict=True)
     }
     return g
 
@@ -95,7 +119,7 @@ def report_to_wire(
         running=dict(report.running),
         ended={k: (e, how) for k, (e, how) in report.ended.items()},
         views=views,
-        gpus=gpus,
+        gpus=None if gpus is None else [GpuJson.model_validate(g) for g in gpus],
     )
 
 

@@ -20,6 +20,7 @@ Decisions are values (``Decision`` with its ``SchedAction`` list) that the node 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
@@ -693,9 +694,16 @@ class Scheduler:
                     )
         st = self.state
         needs = [req.need(m, mode).memory_mib for m in st.plain_models] or [0]
+        admitted = {g.index for g in st.plain_gpus if req.admits(g.node_labels)}
         largest = max(
-            [lst[-1][0] for (_, md), lst in st.shared.items() if md == mode and lst]
-            + [MILLI for m in st.plain_models if st.empty.get(m.key)]
+            [
+                headroom
+                for (_, md), lst in st.shared.items()
+                if md == mode
+                for headroom, gi in lst
+                if gi in admitted
+            ]
+            + [MILLI for m in st.plain_models for gi in st.empty.get(m.key, ()) if gi in admitted]
             + [0]
         )
         return (
@@ -712,6 +720,12 @@ class Scheduler:
             if gpu.count > st.plain_count:
                 return (
                     f"asks for {gpu.count} whole GPUs; the fleet has {st.plain_count} without MIG"
+                )
+            per_node = Counter(g.node for g in st.plain_gpus)
+            if len(per_node) > 1 and gpu.count > max(per_node.values()):
+                return (
+                    f"asks for {gpu.count} whole GPUs on one node; no node has more than "
+                    f"{max(per_node.values())} without MIG"
                 )
         else:
             ok = False

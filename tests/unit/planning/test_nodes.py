@@ -134,3 +134,11 @@ def test_a_recut_decided_elsewhere_is_restored_with_its_destroys() -> None:
     assert "a/big" not in node.pending
     assert node.state.gpus[0].instances == decider.state.gpus[0].instances
     assert not node.state.violations(False, {})
+
+
+def test_more_whole_gpus_than_any_node_has_is_refused_at_once() -> None:
+    s = Scheduler(two_nodes())  # two nodes of two GPUs
+    d = s.submit(w("big", count=3))[0]
+    assert d.outcome == "refused"
+    assert d.reason == "asks for 3 whole GPUs on one node; no node has more than 2 without MIG"
+    assert s.submit(w("fits", count=2))[0].outcome == "placed"

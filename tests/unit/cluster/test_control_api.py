@@ -1,0 +1,75 @@
+"""The control plane's HTTP API against bad input, through FastAPI's test client (no server):
+every bad node call or query is a 4xx naming the field, and changes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gpufrac.cluster.control import ControlPlane
+from gpufrac.cluster.control_api import create_control_app
+
+TOKEN = "cluster-token-0123456789"
+NODE = {"authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Any:
+    control = ControlPlane(tmp_path)
+    yield TestClient(create_control_app(control, cluster_token=TOKEN)), control
+    control.close()
+
+
+def gpu(uuid: str, **more: Any) -> dict[str, Any]:
+    return {"uuid": uuid, "model": "H200-141GB", "mig": False, **more}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"gpus": [gpu("GPU-a"), gpu("GPU-a")]}, "body"),
+        (
+            {"gpus": [gpu("GPU-a", mig=True, instances=[{"start": 99, "profile": "bogus"}])]},
+            "gpus.instances",
+        ),
+        ({"gpus": [gpu("GPU-a", model="nope")]}, "gpus.model"),
+        ({"gpus": [gpu("a/b")]}, "gpus.0.uuid"),
+        ({"gpus": [gpu(f"GPU-{i}") for i in range(65)]}, "gpus"),
+        ({"gpus": [], "labels": {"bad key!": "x"}}, "labels"),
+        ({"gpus": [], "address": "file:///etc/passwd"}, "address"),
+    ],
+)
+def test_a_bad_join_is_refused_and_registers_nothing(
+    client: Any, body: dict[str, Any], field: str
+) -> None:
+    http, control = client
+    r = http.post("/cluster/v1/nodes/n1/join", json=body, headers=NODE)
+    assert r.status_code == 422, r.text
+    assert ".".join(r.json()["detail"][0]["loc"]).startswith(field), r.json()
+    assert control.core.nodes == {} and control.core.scheduler.state.gpus == []
+    assert http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("GPU-a")]}, headers=NODE)
+    assert [n.name for n in control.nodes()] == ["n1"]
+
+
+def test_node_calls_need_the_cluster_token_and_a_bad_gpu_view_is_refused(client: Any) -> None:
+    http, control = client
+    for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": f"Basic {TOKEN}"}):
+        r = http.post("/cluster/v1/nodes/n1/join", json={"gpus": []}, headers=headers)
+        assert r.status_code == 401
+    assert http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("G")]}, headers=NODE)
+    bad = {"gpus": [{"uuid": "z", "allocations": [1]}]}
+    r = http.post("/cluster/v1/nodes/n1/heartbeat", json=bad, headers=NODE)
+    assert r.status_code == 422
+    assert control.gpu_views == {}
+    assert http.get("/api/v1/gpus").json() == {"gpus": []}
+
+
+def test_queries_are_bounded_and_what_is_not_here_says_so(client: Any) -> None:
+    http, _ = client
+    assert http.get("/api/v1/events", params={"after": 10**30}).status_code == 422
+    assert http.get("/api/v1/events", params={"limit": -1}).status_code == 422
+    r = http.get("/api/v1/deployments")
+    assert r.status_code == 404 and "not available through the control plane" in r.text
