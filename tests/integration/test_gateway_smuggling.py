@@ -145,19 +145,23 @@ def test_headers_named_in_connection_are_not_passed_on(gateway: int) -> None:
 
 @pytest.fixture
 def strict_gateway() -> Iterator[int]:
-    """A gateway with short client timeouts and small body bounds, over a replica that never
-    answers (no route is needed for what is tested here)."""
+    """A gateway with short client timeouts and small body bounds, with one route ``slow`` to a
+    replica that never answers (a refused request's body is never held: bounds on bodies are
+    tested on a route that exists)."""
     port = free_port()
+    never = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    route = json.dumps({"name": "slow", "replicas": [{"id": "r", "port": never.getsockname()[1]}]})
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpufrac.serving.gateway", "--port", str(port),
          "--head-timeout", "1", "--request-timeout", "2", "--idle-timeout", "2",
-         "--max-body", "100000", "--total-bodies", "250000"],
+         "--max-body", "100000", "--total-bodies", "250000", "--route", route],
         cwd=ROOT, stdout=subprocess.PIPE,
     )  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline()
     yield port
     proc.kill()
     proc.wait(timeout=10)
+    never.close()
 
 
 def test_slow_and_greedy_clients_are_bounded(strict_gateway: int) -> None:
@@ -175,13 +179,13 @@ def test_slow_and_greedy_clients_are_bounded(strict_gateway: int) -> None:
     assert time.monotonic() - started < 8
     # one body over the limit, and bodies that together pass the server's bound
     big = connect(strict_gateway)
-    big.sendall(b"POST /serve/none/x HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n")
+    big.sendall(b"POST /serve/slow/x HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n")
     assert read_response(big, bytearray())[0] == 413
     held = []
     statuses = []
     for _ in range(4):
         s = connect(strict_gateway)
-        s.sendall(b"POST /serve/none/x HTTP/1.1\r\nHost: x\r\nContent-Length: 99000\r\n\r\n")
+        s.sendall(b"POST /serve/slow/x HTTP/1.1\r\nHost: x\r\nContent-Length: 99000\r\n\r\n")
         s.sendall(b"x" * 90000)
         held.append(s)
     for s in held:

@@ -116,14 +116,35 @@ class Gateway:
         tokens = raw.get("tokens")
         self.tokens = None if tokens is None else {str(k): str(v) for k, v in tokens.items()}
 
-    def caller(self, req: Request) -> str | None:
+    def caller(self, headers: list[tuple[bytes, bytes]]) -> str | None:
         """The tenant of the request's token (ADMIN for the admin's), or None without a valid
         one."""
         assert self.tokens is not None
-        value = req.header(b"authorization") or b""
+        value = next((v for k, v in headers if k.lower() == b"authorization"), b"")
         if value[:7].lower() != b"bearer ":  # the scheme's name is case-insensitive
             return None
         return self.tokens.get(hashlib.sha256(value[7:].strip()).hexdigest())
+
+    def refusal(self, target: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | None:
+        """Why a request for ``target`` is not taken (status, why), or None: decided from its
+        head alone, so a refused request's body is never held."""
+        if not target.startswith("/serve/"):
+            return 404, "not found: use /serve/{deployment}/..."
+        if not self.settled:
+            return 503, "the gateway is starting: try again"
+        name = target[7:].partition("/")[0]
+        route = self.routes.get(name)
+        if self.tokens is not None and (route is None or not route.public):
+            # without a valid token every name that is not public answers the same 401, so none
+            # tells whether a private deployment of that name exists
+            who = self.caller(headers)
+            if who is None:
+                return 401, "a valid API token is needed (Authorization: Bearer TOKEN)"
+            if route is not None and who not in (ADMIN, route.tenant):
+                route = None  # another tenant's deployment looks like none at all
+        if route is None:
+            return 404, f"no deployment {name!r}"
+        return None
 
     # -- configuration (from the agent) ---------------------------------------------------------
 
@@ -222,36 +243,14 @@ class Gateway:
         exchange completes from its callbacks (a free slot on a replica), or a coroutine that
         waits for a slot first."""
         path = req.target
-        if not path.startswith("/serve/"):
-            client.send(error_response(404, "not found: use /serve/{deployment}/..."), req)
-            return None
-        if not self.settled:
-            client.send(
-                error_response(
-                    503, "the gateway is starting: try again", extra=[b"Retry-After: 1"]
-                ),
-                req,
-            )
+        refused = self.refusal(path, req.headers)  # the head may have changed nothing since
+        if refused is not None:
+            status, why = refused
+            extra = [b"Retry-After: 1"] if status == 503 else []
+            client.send(error_response(status, why, extra=extra), req)
             return None
         name, _, rest = path[7:].partition("/")
-        route = self.routes.get(name)
-        if self.tokens is not None and (route is None or not route.public):
-            # without a valid token every name that is not public answers the same 401, so none
-            # tells whether a private deployment of that name exists
-            who = self.caller(req)
-            if who is None:
-                client.send(
-                    error_response(
-                        401, "a valid API token is needed (Authorization: Bearer TOKEN)"
-                    ),
-                    req,
-                )
-                return None
-            if route is not None and who not in (ADMIN, route.tenant):
-                route = None  # another tenant's deployment looks like none at all
-        if route is None:
-            client.send(error_response(404, f"no deployment {name!r}"), req)
-            return None
+        route = self.routes[name]
         started = time.monotonic()
         replica = None if route.waiters else route.pick(started)
         if replica is None:
@@ -845,6 +844,9 @@ class _Client(HttpConnection):
 
     def handle(self, req: Request) -> Awaitable[None] | None:
         return self.gateway.start(self, req)
+
+    def admit(self, target: bytes, headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | None:
+        return self.gateway.refusal(target.decode("latin-1"), headers)
 
     def connection_lost(self, exc: Exception | None) -> None:
         ex = self.exchange

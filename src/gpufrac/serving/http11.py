@@ -65,6 +65,8 @@ class Request:
     headers: list[tuple[bytes, bytes]]  # as parsed: (name, value), in order
     body: bytes
     keep_alive: bool
+    # the answer ``admit`` gave once the head was read (status, why): the body was not kept
+    refused: tuple[int, str] | None = None
 
     def header(self, name: bytes) -> bytes | None:
         """The value of the first header called ``name`` (lower case), if any."""
@@ -194,9 +196,17 @@ class HttpConnection(asyncio.Protocol):
         self._size = 0
         self._held = 0  # bytes taken from the budget for requests not answered yet
         self._counted = False  # counted in open_connections
+        self._head_done = False  # the head is read: header lines now are chunked trailers
+        self._refused: tuple[int, str] | None = None  # admit's answer for the request parsed
 
     def handle(self, req: Request) -> Awaitable[None] | None:
         raise NotImplementedError
+
+    def admit(self, target: bytes, headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | None:
+        """Whether the request whose head this is may be taken, before its body is read: None, or
+        the answer (status, why) it gets instead; its body is then read and dropped, never held
+        (an unauthenticated client holds none of the server's body budget)."""
+        return None
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -271,6 +281,7 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._url, self._headers, self._head_size, self._body, self._size = b"", [], 0, [], 0
+        self._head_done, self._refused = False, None
         self._arm(self.head_timeout, _Wait.HEAD)
 
     def on_url(self, url: bytes) -> None:
@@ -280,6 +291,8 @@ class HttpConnection(asyncio.Protocol):
             raise HttpError(431, "request head too large")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head_done:
+            return  # a chunked body's trailer: not a header, checked by nobody, passed on never
         headers = self._headers
         headers.append((name, value))
         self._head_size += len(name) + len(value)
@@ -289,6 +302,8 @@ class HttpConnection(asyncio.Protocol):
             raise HttpError(431, f"more than {MAX_HEADERS} header lines")
 
     def on_headers_complete(self) -> None:
+        self._head_done = True
+        self._refused = self.admit(self._url, self._headers)
         self._arm(self.request_timeout, _Wait.WHOLE)
         te = 0
         expect = False
@@ -305,13 +320,16 @@ class HttpConnection(asyncio.Protocol):
                     raise HttpError(413, f"request body over {self.max_body} bytes")
             elif not expect:  # the first Expect
                 expect = True
-                if v.lower() == b"100-continue" and self.transport:
+                # a refused client is not invited to send its body
+                if v.lower() == b"100-continue" and self.transport and self._refused is None:
                     self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         self._size += len(body)
         if self._size > self.max_body:
             raise HttpError(413, f"request body over {self.max_body} bytes")
+        if self._refused is not None:
+            return  # read and dropped
         if self.budget is not None:
             if not self.budget.take(len(body)):
                 raise HttpError(503, "the server holds too many request bodies; try again")
@@ -328,6 +346,7 @@ class HttpConnection(asyncio.Protocol):
                 self._headers,
                 body[0] if len(body) == 1 else b"".join(body),
                 self.parser.should_keep_alive(),
+                self._refused,
             )
         )
 
@@ -337,6 +356,11 @@ class HttpConnection(asyncio.Protocol):
         while self.transport is not None and not self.busy and self.queue:
             req = self.queue.popleft()
             self.answered = False
+            if req.refused is not None:
+                status, why = req.refused
+                extra = [b"Retry-After: 1"] if status == 503 else []
+                self.send(error_response(status, why, extra=extra), req)
+                continue
             later = self.handle(req)
             if later is not None:
                 self.busy = True

@@ -332,3 +332,58 @@ def test_a_slow_client_pauses_the_replica_and_gets_every_byte(kind: str) -> None
         assert got == size
         assert digest.digest() == hashlib.sha256(pattern * (size // len(pattern))).digest()
         assert in_loop(loop, gw.stats)["m"]["errors"] == 0
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+def test_a_request_without_a_valid_token_holds_no_body_budget(kind: str) -> None:
+    """The token is checked on the head: a refused request's body is read and dropped, so clients
+    without a token cannot fill the budget every tenant's bodies share."""
+    from gpufrac.serving.http11 import BodyBudget
+
+    replica = Replica(answer_each(lambda i: OK))
+    before = _Client.budget
+    _Client.budget = BodyBudget(10 * 2**20)
+    try:
+        with gateway(kind, replica) as (port, gw, loop):
+            token = b"search-token-0123456789"
+            in_loop(
+                loop,
+                lambda: gw.set_tokens({"tokens": {hashlib.sha256(token).hexdigest(): "t"}}),
+            )
+            gw.routes["m"].tenant = "t"
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(b"POST /serve/m/x HTTP/1.1\r\nHost: x\r\nContent-Length: 4000000\r\n\r\n")
+                s.sendall(b"x" * 3_000_000)
+                time.sleep(0.3)
+                assert in_loop(loop, lambda: _Client.budget.held) == 0  # type: ignore[union-attr]
+                s.sendall(b"x" * 1_000_000)
+                got = s.recv(65536)
+            assert got.startswith(b"HTTP/1.1 401")
+            authorised = (
+                b"POST /serve/m/x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token
+                + b"\r\nContent-Length: 2\r\n\r\nhi"
+            )  # fmt: skip
+            assert ask(port, authorised).startswith(b"HTTP/1.1 200")
+    finally:
+        _Client.budget = before
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+def test_chunk_trailers_are_not_passed_on_as_headers(kind: str) -> None:
+    heads: list[bytes] = []
+
+    def keep(sock: socket.socket, n: int) -> None:
+        buf = bytearray()
+        while (head := read_request(sock, buf)) is not None:
+            heads.append(head)
+            sock.sendall(OK)
+
+    replica = Replica(keep)
+    with gateway(kind, replica) as (port, _, _):
+        request = (
+            b"POST /serve/m/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"2\r\nab\r\n0\r\nX-Trailer: t\r\nHost: evil\r\n\r\n"
+        )
+        assert ask(port, request).startswith(b"HTTP/1.1 200")
+    assert heads and b"X-Trailer" not in heads[0] and b"evil" not in heads[0]
+    assert heads[0].count(b"Host:") == 1
