@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gpufrac.config import DEMO_FLEET, data_dir, simulate_spec
 from gpufrac.devices import NvmlDevices, open_devices, open_simulated
@@ -54,9 +55,10 @@ def print_json(value: Any) -> None:
 
 
 def fail(message: str, code: int, hint: str | None = None) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    # a message is text, never markup: "[prefix/]name" in a fix is shown as written
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     if hint:
-        err_console.print(f"[yellow]hint:[/] {hint}", highlight=False)
+        err_console.print(f"[yellow]hint:[/] {escape(hint)}", highlight=False)
     return typer.Exit(code)
 
 

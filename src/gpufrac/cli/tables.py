@@ -226,8 +226,12 @@ def gpu_rows(gpus: list[dict[str, Any]], wide: bool) -> tuple[list[str], list[li
     sharing it: reserved against used memory, compute and SM use."""
     headers = ["GPU", "SLICE", "WORKLOAD", "PHASE", "MEM-USED", "RESERVED", "SIZE", "COMPUTE"]
     headers += ["UTIL", "STATUS"]
+    # several nodes (a cluster's control plane): GPU 0 is not one GPU, so the node is always shown
+    nodes = len({g.get("node") for g in gpus}) > 1
     if wide:
         headers = ["NODE", *headers[:1], "MODEL", *headers[1:], "GI", "UUID"]
+    elif nodes:
+        headers = ["NODE", *headers]
     rows = []
     for g in gpus:
         allocs = g.get("allocations", [])
@@ -275,6 +279,8 @@ def gpu_rows(gpus: list[dict[str, Any]], wide: bool) -> tuple[list[str], list[li
         for row, gi, uuid, model in part_rows:
             if wide:
                 row = [str(g.get("node") or "-"), row[0], model, *row[1:], str(gi or "-"), uuid]
+            elif nodes:
+                row = [str(g.get("node") or "-"), *row]
             rows.append(row)
     return headers, rows
 

@@ -40,8 +40,8 @@ class _Generator(GenerateJsonSchema):
 
     def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
         out = super().default_schema(schema)
-        if out.get("default", 0) is None:
-            del out["default"]
+        if "default" in out and _holds_null(out["default"]):
+            del out["default"]  # a null is never a value, not even inside a default
         return out
 
     def dict_schema(self, schema: core_schema.DictSchema) -> JsonSchemaValue:
@@ -52,6 +52,14 @@ class _Generator(GenerateJsonSchema):
             out["propertyNames"] = {"pattern": pattern}
             out["additionalProperties"] = values
         return out
+
+
+def _holds_null(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_holds_null(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_null(v) for v in value)
+    return value is None
 
 
 def _schema(adapter: TypeAdapter[Any], title: str, description: str) -> dict[str, Any]:
