@@ -45,22 +45,21 @@ def cluster(tmp_path: Path) -> Iterator[tuple[ClusterCore, InProcessLink, dict[s
         kill_leftover_runs(n.agent.data_dir)
 
 
-def live(node: NodeAgent, states: dict[str, str]) -> bool:
-    return states.get("a/svc") in ("starting", "running")
+SVC = WorkloadSpec(
+    name="svc",
+    tenant="a",
+    type="service",
+    gpu=GpuRequest(count=1),
+    command=(PY, "-c", "import time; time.sleep(120)"),
+    restart="always",
+)
 
 
 def test_a_workload_moves_once_its_node_is_fenced_and_never_runs_twice(
     cluster: tuple[ClusterCore, InProcessLink, dict[str, NodeAgent]],
 ) -> None:
     core, link, nodes = cluster
-    spec = WorkloadSpec(
-        name="svc",
-        tenant="a",
-        type="service",
-        gpu=GpuRequest(count=1),
-        command=(PY, "-c", "import time; time.sleep(120)"),
-        restart="always",
-    )
+    spec = SVC
     with link.lock:
         assert core.apply(spec).outcome == "placed"
         first = core.assigned["a/svc"]
@@ -121,14 +120,7 @@ def test_a_frozen_node_agents_shims_stop_its_work_before_it_starts_elsewhere(
     from gpufrac.runtime.shim import read_status
 
     core, link, nodes = cluster
-    spec = WorkloadSpec(
-        name="svc",
-        tenant="a",
-        type="service",
-        gpu=GpuRequest(count=1),
-        command=(PY, "-c", "import time; time.sleep(120)"),
-        restart="always",
-    )
+    spec = SVC
     with link.lock:
         core.apply(spec)
         first = core.assigned["a/svc"]

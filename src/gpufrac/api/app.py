@@ -54,7 +54,6 @@ from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec
 from gpufrac.planning.scheduler import decision_to_json
 from gpufrac.runtime.mig_apply import ApplyRefused
 from gpufrac.runtime.qos_view import Readings, workload_qos
-from gpufrac.runtime.shim import LOG
 from gpufrac.serving.deployments import gateway_path
 
 # what an operation may answer besides its own answer: every one but the health check needs a token,
@@ -351,17 +350,10 @@ def create_app(
     ) -> dict[str, Any]:
         own(request, tenant, name)
         with service.lock:
-            stored = service.agent.store.workload(tenant, name)
-            if stored is None:
-                raise HTTPException(404, f"no workload {tenant}/{name}")
-            run = service.agent.latest_run(tenant, name, stored.generation)
-        if run is None:
-            return {"run": None, "lines": []}
-        try:
-            lines = (run / LOG).read_text(errors="replace").splitlines()
-        except OSError:
-            lines = []
-        return {"run": run.name, "lines": lines[-tail:] if tail > 0 else lines}
+            found = service.agent.log_tail(tenant, name, tail)
+        if found is None:
+            raise HTTPException(404, f"no workload {tenant}/{name}")
+        return {"run": found[0], "lines": found[1]}
 
     @app.get("/api/v1/gpus", response_model=GpuList, responses=AUTH)
     def gpus(request: Request) -> dict[str, Any]:

@@ -65,7 +65,14 @@ from gpufrac.runtime.native_memory import NativeMemory
 from gpufrac.runtime.qos_care import QosCare, Running
 from gpufrac.runtime.runs import Runs, handed_env, probe, read_json, write_json
 from gpufrac.runtime.sandbox import Sandbox, separation
-from gpufrac.runtime.shim import LAUNCH_TIMEOUT_S, ShimStatus, abandon, launching, read_status
+from gpufrac.runtime.shim import (
+    LAUNCH_TIMEOUT_S,
+    LOG,
+    ShimStatus,
+    abandon,
+    launching,
+    read_status,
+)
 from gpufrac.runtime.store import Store, StoredWorkload
 
 __all__ = [
@@ -363,6 +370,21 @@ class Agent:
     def latest_run(self, tenant: str, name: str, generation: int) -> Path | None:
         """The run directory of the newest attempt (its output.log is the workload's log)."""
         return self.runs.latest(tenant, name, generation)
+
+    def log_tail(self, tenant: str, name: str, tail: int) -> tuple[str | None, list[str]] | None:
+        """(the newest attempt's run name, its last ``tail`` output lines; 0: all), or None for
+        a workload this agent does not have. Call with the lock held."""
+        stored = self.store.workload(tenant, name)
+        if stored is None:
+            return None
+        run = self.runs.latest(tenant, name, stored.generation)
+        if run is None:
+            return None, []
+        try:
+            lines = (run / LOG).read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        return run.name, lines[-tail:] if tail > 0 else lines
 
     def memory_use(
         self,
