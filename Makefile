@@ -12,7 +12,7 @@ LOCK := requirements.lock
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade -c $(LOCK) pip setuptools
-	$(BIN)/python -m pip install --quiet -c $(LOCK) --build-constraint $(LOCK) -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c $(LOCK) --build-constraint $(LOCK) -e '.[dev,ray]'
 	@touch $@
 
 # Resolves pyproject.toml's dependencies afresh (the newest versions that fit) in a throwaway venv
@@ -21,9 +21,9 @@ lock:
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	"$$tmp/venv/bin/python" -m pip install --quiet --upgrade pip setuptools; \
-	"$$tmp/venv/bin/python" -m pip install --quiet -e '.[dev]'; \
+	"$$tmp/venv/bin/python" -m pip install --quiet -e '.[dev,ray]'; \
 	{ echo "# gpufrac's locked dependencies: pip constraints that make installs .venv with (-c)."; \
-	  echo "# Written by \`make lock\` (do not edit): '.[dev]' installed unconstrained in a fresh venv"; \
+	  echo "# Written by \`make lock\` (do not edit): '.[dev,ray]' installed unconstrained in a fresh venv"; \
 	  echo "# ($$("$$tmp/venv/bin/python" -c 'import platform as p; print("Python", p.python_version(), p.system(), p.machine())')), then"; \
 	  echo "# pip freeze --all --exclude-editable. The torch and onnx extras are left out."; \
 	  "$$tmp/venv/bin/python" -m pip freeze --all --exclude-editable; } > $(LOCK).tmp; \

@@ -27,6 +27,7 @@ from gpufrac.cli.common import (
     err_console,
     handled_errors,
 )
+from gpufrac.cluster.node import die_with_parent
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
 
@@ -40,17 +41,6 @@ TokenOpt = Annotated[
         help="File holding the cluster token (default: cluster-token in the data directory).",
     ),
 ]
-
-
-def _die_with_parent() -> None:
-    """In a child about to exec: SIGTERM it when its parent (the control plane) ends, however
-    that ends (Linux's PR_SET_PDEATHSIG)."""
-    import ctypes
-    import signal
-
-    pr_set_pdeathsig = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 def read_cluster_token(path: Path, *, create: bool) -> str:
@@ -89,6 +79,22 @@ def control_command(
     lease: Annotated[
         float, typer.Option("--lease", help="Seconds a node's lease lasts (at least 3).")
     ] = 6.0,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="A Ray cluster's address (HOST:PORT): a node agent is started on each of its "
+            "nodes labelled gpufrac.io/node=NAME (docs/cluster.md).",
+        ),
+    ] = None,
+    node_data_dir: Annotated[
+        str,
+        typer.Option(
+            "--node-data-dir",
+            help="With --ray: where each node agent keeps its state, on its own machine "
+            "(a directory per node name under it).",
+        ),
+    ] = "/var/lib/gpufrac/nodes",
     local: Annotated[
         int,
         typer.Option(
@@ -142,6 +148,29 @@ def control_command(
                 )
 
     threading.Thread(target=ticks, daemon=True, name="gpufrac-control-ticks").start()
+    if ray_address is not None:
+        from gpufrac.cluster.ray_nodes import RayNodes
+
+        with handled_errors():
+            try:
+                on_ray = RayNodes(ray_address, url, token, node_data_dir)
+            except ImportError:
+                raise InputError(
+                    "Ray is not installed", field="--ray", fix="pip install 'gpufrac[ray]'"
+                ) from None
+            except ConnectionError as e:
+                raise InputError(
+                    str(e), field="--ray", fix="give a running Ray cluster's address"
+                ) from None
+
+        def ray_sync() -> None:
+            while True:
+                for name in on_ray.sync():
+                    console.print(f"  node agent started on Ray node {name}", highlight=False)
+                if stop.wait(5.0):
+                    return
+
+        threading.Thread(target=ray_sync, daemon=True, name="gpufrac-ray-nodes").start()
     console.print(
         f"gpufrac control plane on http://{host}:{port} (data: {data}, lease {lease:g} s)",
         highlight=False,
@@ -190,7 +219,7 @@ def _local_node(data: Path, token: str, url: str, i: int) -> subprocess.Popen[by
             stdout=log,
             stderr=log,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
 
 

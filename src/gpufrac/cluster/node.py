@@ -323,3 +323,14 @@ class NodeAgent:
             return None
         value = (stored.spec.get("labels") or {}).get(EPOCH_LABEL)
         return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def die_with_parent() -> None:
+    """In a child about to exec: SIGTERM it when its parent (the control plane) ends, however
+    that ends (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)

@@ -1,0 +1,131 @@
+"""Node agents on a Ray cluster's nodes: Ray gives the membership and the process runtime, gpufrac
+the fractions.
+
+Every alive Ray node labelled ``gpufrac.io/node=NAME`` (``ray start --labels``) gets one node agent:
+a detached Ray actor pinned to that node (``NodeAffinitySchedulingStrategy``, not soft) that runs
+``gpufrac node --control URL --name NAME`` as its child, restarts it if it exits, and ends it when
+the actor ends (the child gets SIGTERM when its parent dies). The control plane calls ``sync``
+every few seconds, so a node that joins Ray later, or comes back, gets its agent too. A node
+labelled ``gpufrac.io/simulate=SPEC`` runs on simulated GPUs, for trying a cluster out on one
+machine: SPEC is ``--simulate``'s with dots for colons, which Ray's label values cannot hold
+(``h200.1.mig`` for ``h200:1:mig``). Its other labels (but Ray's own, ``ray.io/...``) become the
+node's labels.
+
+Leases, fencing and epochs are gpufrac's own (docs/cluster.md): Ray's node-death detection is not
+waited for, and Ray's resources are not used for fractions.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+NODE_LABEL = "gpufrac.io/node"
+SIMULATE_LABEL = "gpufrac.io/simulate"
+NAMESPACE = "gpufrac"
+
+
+@dataclass(frozen=True, slots=True)
+class RayNode:
+    node_id: str
+    name: str
+    labels: dict[str, str]
+
+
+def labelled_nodes() -> list[RayNode]:
+    """The alive Ray nodes labelled for gpufrac (``ray.init`` done by the caller)."""
+    import ray
+
+    out = []
+    for n in ray.nodes():  # type: ignore[no-untyped-call]
+        labels = n.get("Labels") or {}
+        if n.get("Alive") and labels.get(NODE_LABEL):
+            out.append(RayNode(n["NodeID"], labels[NODE_LABEL], dict(labels)))
+    return out
+
+
+class AgentHost:
+    """The actor on one Ray node: keeps ``gpufrac node`` running there as its child."""
+
+    def __init__(self, args: list[str], data_dir: str, token: str) -> None:
+        self.args = args
+        self.data = Path(data_dir)
+        self.data.mkdir(parents=True, exist_ok=True)
+        token_file = self.data / "cluster-token"
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        settings = self.data / "gpufrac.yaml"
+        if not settings.exists():
+            settings.write_text("workload_users: agent\n")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self._start()
+        threading.Thread(target=self._keep, daemon=True).start()
+
+    def _start(self) -> None:
+        from gpufrac.cluster.node import die_with_parent
+
+        log = open(self.data / "node.log", "ab")  # noqa: SIM115 (the child writes to it)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpufrac.cli", "node", *self.args, "--data-dir", str(self.data)],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+        )
+        self.starts += 1
+
+    def _keep(self) -> None:
+        while True:
+            time.sleep(1.0)
+            if self.proc is not None and self.proc.poll() is not None:
+                self._start()  # it exited: again, a second later
+
+    def info(self) -> dict[str, Any]:
+        return {"pid": None if self.proc is None else self.proc.pid, "starts": self.starts}
+
+
+class RayNodes:
+    """One node agent on every labelled Ray node, under the control plane at ``control_url``."""
+
+    def __init__(self, address: str, control_url: str, token: str, data_root: str) -> None:
+        import ray
+
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+        self.control_url, self.token, self.data_root = control_url, token, data_root
+        self._remote = ray.remote(num_cpus=0)(AgentHost)
+        self.hosts: dict[str, tuple[str, Any]] = {}  # node name -> (Ray node id, actor)
+
+    def sync(self) -> list[str]:
+        """Start an agent on each labelled node that has none (new, or back with a new Ray node
+        id); returns their names."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        started = []
+        for node in labelled_nodes():
+            have = self.hosts.get(node.name)
+            if have is not None and have[0] == node.node_id:
+                continue
+            args = ["--control", self.control_url, "--name", node.name]
+            simulate = node.labels.get(SIMULATE_LABEL)
+            if simulate:
+                args += ["--simulate", simulate.replace(".", ":")]
+            for k, v in sorted(node.labels.items()):
+                if not k.startswith("ray.io/") and k not in (NODE_LABEL, SIMULATE_LABEL):
+                    args += ["--label", f"{k}={v}"]
+            actor = self._remote.options(
+                name=f"node-{node.name}-{node.node_id[:12]}",
+                lifetime="detached",
+                get_if_exists=True,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
+            ).remote(args, str(Path(self.data_root) / node.name), self.token)
+            self.hosts[node.name] = (node.node_id, actor)
+            started.append(node.name)
+        return started

@@ -1,0 +1,246 @@
+"""A gpufrac cluster on a real multi-node Ray cluster on this machine, from start to end; run by
+``test_cluster_ray.py`` (and ``bench/cluster.py --ray``) inside a network namespace with only
+loopback (``unshare -n``), so no packet leaves the machine (Ray may pick the host's external
+address otherwise: ray-project/ray#59110). Prints one JSON object: what was seen, and timings.
+
+The cluster: a Ray head and three Ray worker nodes (``ray start --block``, each in its own process
+group), labelled ``gpufrac.io/node`` n0 (an H200 in MIG mode), n1 (an H200 for MPS work), n2 (an
+H200); ``gpufrac control --ray`` starts a node agent on each (a Ray actor) with simulated GPUs.
+
+Run: python tests/integration/ray_scenario.py OUT_DIR   (as root, inside ``unshare -n``)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+PY = sys.executable
+RAY = str(Path(PY).parent / "ray")
+NODES = {  # name: (simulated GPUs, as a Ray label value: dots for colons; kind)
+    "n0": ("h200.1.mig", "mig"),
+    "n1": ("h200.1", "mps"),
+    "n2": ("h200.1", "timeslice"),
+}
+LEASE_S = 8.0  # a restart of the control plane (with Ray to connect to) is quicker than its 2/3
+RAY_PORT, CONTROL_PORT = 6391, 18479
+URL = f"http://127.0.0.1:{CONTROL_PORT}"
+
+
+def wait(ok: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = ok()
+            if last:
+                return last
+        except (httpx.HTTPError, KeyError, ValueError) as e:
+            last = e
+        time.sleep(0.1)
+    raise SystemExit(f"timed out waiting for {what}: {last!r}")
+
+
+def view(name: str) -> dict[str, Any]:
+    r = httpx.get(f"{URL}/api/v1/workloads/default/{name}", timeout=5)
+    r.raise_for_status()
+    return dict(r.json())
+
+
+def apply(text: str) -> dict[str, Any]:
+    r = httpx.post(f"{URL}/api/v1/workloads", content=text, timeout=30)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def workload(name: str, gpu: str, *, selector: str | None = None, sharing: str = "auto") -> str:
+    sel = f"  node_selector: {{gpufrac.io/kind: {selector}}}\n" if selector else ""
+    return (
+        f"apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {name}}}\nspec:\n"
+        f"  type: service\n  command: [sleep, '3600']\n  resources: {{gpu: {gpu}}}\n"
+        f"  sharing: {sharing}\n{sel}"
+    )
+
+
+def _registered(log: Path, proc: subprocess.Popen[bytes], timeout: float = 90.0) -> bool:
+    """Whether ``ray start --block`` reports its node up (its log says so) before it exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if b"Ray runtime started" in log.read_bytes():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def main(out: Path) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    # a loaded 2-core machine: raylets get longer to register than Ray's default 30 s
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_raylet_start_wait_time_s": "120"}
+    procs: list[subprocess.Popen[bytes]] = []
+    nodes: dict[str, subprocess.Popen[bytes]] = {}
+    t0 = time.monotonic()
+    subprocess.run(
+        [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(RAY_PORT),
+         "--num-cpus", "0", "--include-dashboard", "false", "--disable-usage-stats"],
+        env=env, check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        for name, (simulate, kind) in NODES.items():  # one at a time: each registered first
+            labels = f"gpufrac.io/node={name},gpufrac.io/simulate={simulate},gpufrac.io/kind={kind}"
+            for _ in range(3):  # Ray's rare failure to register a raylet: try again
+                log = open(out / f"ray-{name}.log", "ab")  # noqa: SIM115
+                nodes[name] = subprocess.Popen(
+                    [RAY, "start", "--block", "--address", f"127.0.0.1:{RAY_PORT}",
+                     "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--num-gpus", "1",
+                     "--labels", labels, "--disable-usage-stats"],
+                    env=env, stdout=log, stderr=log, start_new_session=True,
+                )  # fmt: skip
+                if _registered(out / f"ray-{name}.log", nodes[name]):
+                    break
+        control_args = [
+            PY, "-m", "gpufrac.cli", "control", "--ray", f"127.0.0.1:{RAY_PORT}",
+            "--port", str(CONTROL_PORT), "--lease", str(LEASE_S),
+            "--data-dir", str(out / "control"), "--node-data-dir", str(out / "nodes"),
+        ]  # fmt: skip
+
+        def start_control() -> subprocess.Popen[bytes]:
+            log = open(out / "control.log", "ab")  # noqa: SIM115
+            p = subprocess.Popen(control_args, stdout=log, stderr=log, start_new_session=True)
+            procs.append(p)
+            return p
+
+        control = start_control()
+        wait(
+            lambda: (
+                sorted(
+                    n["name"]
+                    for n in httpx.get(f"{URL}/api/v1/nodes", timeout=2).json()["nodes"]
+                    if n["state"] == "alive"
+                )
+                == sorted(NODES)
+            ),
+            120,
+            "three nodes",
+        )
+        seen["cluster_up_s"] = round(time.monotonic() - t0, 1)
+
+        # placement by label; the lease's environment reaches the workload
+        starts = []
+        for name, gpu, kind, sharing in (
+            ("embed", "{mig: 1g.18gb}", "mig", "auto"),
+            ("rank", "{memory: 20GiB, compute: 30%}", "mps", "mps"),
+            ("mover", "{memory: 10GiB}", None, "auto"),
+        ):
+            t = time.monotonic()
+            apply(workload(name, gpu, selector=kind, sharing=sharing))
+            wait(lambda n=name: view(n)["phase"] == "running", 60, f"{name} running")
+            starts.append(time.monotonic() - t)
+        seen["apply_to_running_s"] = [round(s, 2) for s in starts]
+        seen["nodes_of"] = {n: view(n)["node"] for n in ("embed", "rank", "mover")}
+        seen["embed_env"] = view("embed")["env"].get("CUDA_VISIBLE_DEVICES", "")
+
+        # Ray actors: on gpufrac leases, and with plain num_gpus fractions
+        import ray
+
+        import gpufrac.ray
+
+        ray.init(address=f"127.0.0.1:{RAY_PORT}", log_to_driver=False)
+
+        @ray.remote(num_cpus=0)
+        class Probe:
+            def where(self) -> tuple[str, str]:
+                return (
+                    os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                    ray.get_runtime_context().get_node_id(),
+                )
+
+        actor_a, held_a = gpufrac.ray.actor(Probe, {"memory": "100GiB"}, server=URL)
+        seen["lease_a"] = {"node": held_a.node, "env": held_a.env.get("CUDA_VISIBLE_DEVICES")}
+        seen["actor_a"] = ray.get(actor_a.where.remote(), timeout=60)
+        seen["lease_a_ray_node"] = gpufrac.ray.ray_node_id(held_a.node)
+        try:
+            gpufrac.ray.lease({"memory": "100GiB"}, server=URL, timeout_s=3)
+            seen["lease_b"] = "placed"
+        except gpufrac.ray.LeaseWaits as e:
+            seen["lease_b"] = f"waits: {e}"
+        plain = [Probe.options(num_gpus=0.5).remote() for _ in range(2)]  # type: ignore[attr-defined]
+        seen["plain_ray"] = ray.get([p.where.remote() for p in plain], timeout=60)
+        ray.kill(actor_a)
+        wait(
+            lambda: (
+                httpx.get(f"{URL}/api/v1/workloads/{held_a.workload}", timeout=5).status_code == 404
+            ),
+            15,
+            "the lease given back",
+        )
+        seen["lease_a_released"] = True
+        ray.shutdown()
+
+        # the control plane killed and started again: nothing restarted
+        before = {n: view(n)["placement"]["epoch"] for n in ("embed", "rank", "mover")}
+        os.killpg(control.pid, signal.SIGKILL)
+        control.wait(timeout=10)
+        t = time.monotonic()
+        control = start_control()
+        wait(lambda: httpx.get(f"{URL}/api/v1/health", timeout=1).status_code == 200, 60, "up")
+        wait(lambda: all(view(n)["phase"] == "running" for n in before), 30, "views after restart")
+        seen["control_restart_to_ready_s"] = round(time.monotonic() - t, 2)
+        time.sleep(LEASE_S + 1)
+        after = {n: (view(n)["placement"]["epoch"], view(n)["restarts"]) for n in before}
+        seen["restart_kept"] = all(after[n] == (before[n], 0) for n in before)
+
+        # a node killed (its raylet, its node agent): its work runs on another node, once
+        lost = seen["nodes_of"]["mover"]
+        t = time.monotonic()
+        os.killpg(nodes[lost].pid, signal.SIGKILL)
+        moved = wait(
+            lambda: (v := view("mover"))["phase"] == "running" and v["node"] != lost and v,
+            60,
+            "mover elsewhere",
+        )
+        seen["node_loss_to_replaced_s"] = round(time.monotonic() - t, 2)
+        seen["mover_after"] = moved["node"]
+        seen["embed_after"] = view("embed")["phase"]  # its node stays or goes with the loss
+        seen["nodes_after"] = {
+            n["name"]: n["state"]
+            for n in httpx.get(f"{URL}/api/v1/nodes", timeout=5).json()["nodes"]
+        }
+        runs = out / "nodes" / lost / "runs" / "default" / "mover"
+        alive = []
+        for run in runs.glob("g*-*") if runs.exists() else []:
+            child = (
+                json.loads((run / "child.json").read_text())
+                if (run / "child.json").exists()
+                else {}
+            )
+            pid = child.get("pid")
+            if pid and Path(f"/proc/{pid}").exists():
+                alive.append(pid)
+        seen["old_copies_alive"] = alive
+        seen["apply_to_running_p50_s"] = round(statistics.median(starts), 2)
+        return seen
+    finally:
+        for p in [*procs, *nodes.values()]:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, check=False)
+        subprocess.run(["pkill", "-f", str(out / "nodes")], check=False)  # shims left
+
+
+if __name__ == "__main__":
+    result = main(Path(sys.argv[1]))
+    print(json.dumps(result))

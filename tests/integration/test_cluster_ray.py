@@ -1,0 +1,65 @@
+"""gpufrac on a real multi-node Ray cluster (a head and three raylets on this machine, each node
+with its own simulated GPU), all inside a network namespace with only loopback: placement by
+label, the lease's environment in workloads and Ray actors, gpufrac leases against Ray's plain
+``num_gpus`` fractions, a control plane killed and restarted, a node killed. The scenario is
+``ray_scenario.py``; this test runs it (as root, which CI is: ``unshare -n`` needs it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCENARIO = Path(__file__).with_name("ray_scenario.py")
+
+
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.fail("the Ray cluster test runs as root, in its own network namespace (unshare -n)")
+    out = tmp_path_factory.mktemp("ray")
+    done = subprocess.run(
+        ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" "$1" "$2"',
+         sys.executable, str(SCENARIO), str(out)],
+        capture_output=True, text=True, timeout=420, check=False,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and lines, (done.stdout[-3000:], done.stderr[-3000:])
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def test_placement_follows_labels_and_the_lease_env_reaches_the_workload(
+    seen: dict[str, Any],
+) -> None:
+    assert seen["nodes_of"]["embed"] == "n0" and seen["nodes_of"]["rank"] == "n1"
+    assert seen["embed_env"].startswith("MIG-")  # its MIG device, from its node's agent
+
+
+def test_a_ray_actor_runs_on_its_lease_and_gpufrac_queues_what_ray_would_oversubscribe(
+    seen: dict[str, Any],
+) -> None:
+    env, node_id = seen["actor_a"]
+    assert env == seen["lease_a"]["env"] and env.startswith("GPU-")
+    assert node_id == seen["lease_a_ray_node"]
+    assert seen["lease_b"].startswith("waits: ")  # 100GiB more fits on no GPU: it waits
+    (env1, node1), (env2, node2) = seen["plain_ray"]  # num_gpus=0.5 twice: one GPU, shared
+    assert node1 == node2 and env1 == env2 == "0"
+    assert seen["lease_a_released"]
+
+
+def test_a_control_plane_restart_restarts_nothing(seen: dict[str, Any]) -> None:
+    assert seen["restart_kept"] is True
+
+
+def test_a_lost_nodes_work_runs_once_elsewhere(seen: dict[str, Any]) -> None:
+    assert seen["nodes_after"][seen["nodes_of"]["mover"]] == "lost"
+    assert seen["mover_after"] != seen["nodes_of"]["mover"]
+    assert seen["old_copies_alive"] == []
+    assert seen["node_loss_to_replaced_s"] < 15
