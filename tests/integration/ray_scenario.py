@@ -73,6 +73,32 @@ def workload(name: str, gpu: str, *, selector: str | None = None, sharing: str =
     )
 
 
+def _kill_node_agents_and_hosts(nodes_dir: Path) -> None:
+    found = subprocess.run(["pgrep", "-f", str(nodes_dir)], capture_output=True, text=True)
+    for pid in (int(p) for p in found.stdout.split()):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if Path(f"/proc/{parent}/cmdline").read_bytes().startswith(b"ray::AgentHost"):
+                os.kill(parent, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for child in nodes_dir.glob("*/runs/*/*/*/child.json"):  # what the workloads left running
+        with contextlib.suppress(OSError, ValueError):
+            os.killpg(int(json.loads(child.read_text())["pgid"]), signal.SIGKILL)
+
+
+def _live_pids(node_dir: Path, name: str) -> list[int]:
+    """The processes of workload ``name`` still alive on a node (from its run directories)."""
+    runs = node_dir / "runs" / "default" / name
+    alive = []
+    for run in runs.glob("g*-*") if runs.exists() else []:
+        known = run / "child.json"
+        pid = json.loads(known.read_text()).get("pid") if known.exists() else None
+        if pid and Path(f"/proc/{pid}").exists():
+            alive.append(int(pid))
+    return alive
+
+
 def _registered(log: Path, proc: subprocess.Popen[bytes], timeout: float = 90.0) -> bool:
     """Whether ``ray start --block`` reports its node up (its log says so) before it exits."""
     deadline = time.monotonic() + timeout
@@ -92,12 +118,17 @@ def main(out: Path) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
     nodes: dict[str, subprocess.Popen[bytes]] = {}
     t0 = time.monotonic()
-    subprocess.run(
-        [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(RAY_PORT),
-         "--num-cpus", "0", "--include-dashboard", "false", "--disable-usage-stats"],
-        env=env, check=True, capture_output=True,
+    head_log = out / "ray-head.log"
+    head = subprocess.Popen(
+        [RAY, "start", "--block", "--head", "--node-ip-address", "127.0.0.1",
+         "--port", str(RAY_PORT), "--num-cpus", "0", "--include-dashboard", "false",
+         "--disable-usage-stats"],
+        env=env, stdout=head_log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
+    procs.append(head)
     try:
+        if not _registered(head_log, head):
+            raise SystemExit(f"the Ray head did not start: {head_log.read_text()[-2000:]}")
         for name, (simulate, kind) in NODES.items():  # one at a time: each registered first
             labels = f"gpufrac.io/node={name},gpufrac.io/simulate={simulate},gpufrac.io/kind={kind}"
             for _ in range(3):  # Ray's rare failure to register a raylet: try again
@@ -202,8 +233,31 @@ def main(out: Path) -> dict[str, Any]:
         after = {n: (view(n)["placement"]["epoch"], view(n)["restarts"]) for n in before}
         seen["restart_kept"] = all(after[n] == (before[n], 0) for n in before)
 
+        # a node agent frozen (SIGSTOP) past its lease: the shims stop its work, which runs once
+        # elsewhere; woken, it stops what it had, is told it was lost, and joins again
+        frozen = seen["nodes_of"]["mover"]
+        old_pid = _live_pids(out / "nodes" / frozen, "mover")
+        found = subprocess.run(
+            ["pgrep", "-f", f"gpufrac.cli node .*--name {frozen} "], capture_output=True, text=True
+        )
+        agent_pid = int(found.stdout.split()[0])
+        os.kill(agent_pid, signal.SIGSTOP)
+        t = time.monotonic()
+        elsewhere = wait(
+            lambda: (v := view("mover"))["phase"] == "running" and v["node"] != frozen and v,
+            60,
+            "mover away from the frozen node",
+        )
+        seen["frozen_old_copy_alive_when_moved"] = _live_pids(out / "nodes" / frozen, "mover")
+        seen["frozen_old_pids"] = old_pid
+        seen["freeze_to_replaced_s"] = round(time.monotonic() - t, 2)
+        os.kill(agent_pid, signal.SIGCONT)
+        wait(lambda: view("embed")["phase"] == "running", 60, "embed back on its woken node")
+        seen["thawed_runs_mover"] = bool(_live_pids(out / "nodes" / frozen, "mover"))
+        seen["mover_after_freeze"] = elsewhere["node"]
+
         # a node killed (its raylet, its node agent): its work runs on another node, once
-        lost = seen["nodes_of"]["mover"]
+        lost = view("mover")["node"]
         t = time.monotonic()
         os.killpg(nodes[lost].pid, signal.SIGKILL)
         moved = wait(
@@ -218,18 +272,8 @@ def main(out: Path) -> dict[str, Any]:
             n["name"]: n["state"]
             for n in httpx.get(f"{URL}/api/v1/nodes", timeout=5).json()["nodes"]
         }
-        runs = out / "nodes" / lost / "runs" / "default" / "mover"
-        alive = []
-        for run in runs.glob("g*-*") if runs.exists() else []:
-            child = (
-                json.loads((run / "child.json").read_text())
-                if (run / "child.json").exists()
-                else {}
-            )
-            pid = child.get("pid")
-            if pid and Path(f"/proc/{pid}").exists():
-                alive.append(pid)
-        seen["old_copies_alive"] = alive
+        seen["lost"] = lost
+        seen["old_copies_alive"] = _live_pids(out / "nodes" / lost, "mover")
         seen["apply_to_running_p50_s"] = round(statistics.median(starts), 2)
         return seen
     finally:
@@ -237,7 +281,10 @@ def main(out: Path) -> dict[str, Any]:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, check=False)
+        # each Ray node in its own process group, killed above: no `ray stop`, which would stop
+        # every Ray cluster on the machine. Ray's workers leave their node's group: the actors
+        # that ran the node agents are found as the agents' parents
+        _kill_node_agents_and_hosts(out / "nodes")
         subprocess.run(["pkill", "-f", str(out / "nodes")], check=False)  # shims left
 
 

@@ -58,8 +58,17 @@ def test_a_control_plane_restart_restarts_nothing(seen: dict[str, Any]) -> None:
     assert seen["restart_kept"] is True
 
 
+def test_a_frozen_agents_work_is_stopped_before_it_runs_once_elsewhere(
+    seen: dict[str, Any],
+) -> None:
+    assert seen["frozen_old_pids"]  # it ran there before the freeze
+    assert seen["frozen_old_copy_alive_when_moved"] == []  # stopped by its shim first
+    assert seen["mover_after_freeze"] != seen["nodes_of"]["mover"]
+    assert seen["thawed_runs_mover"] is False  # woken, it runs nothing it used to
+
+
 def test_a_lost_nodes_work_runs_once_elsewhere(seen: dict[str, Any]) -> None:
-    assert seen["nodes_after"][seen["nodes_of"]["mover"]] == "lost"
-    assert seen["mover_after"] != seen["nodes_of"]["mover"]
+    assert seen["nodes_after"][seen["lost"]] == "lost"
+    assert seen["mover_after"] != seen["lost"]
     assert seen["old_copies_alive"] == []
     assert seen["node_loss_to_replaced_s"] < 15
