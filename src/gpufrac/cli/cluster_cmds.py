@@ -87,6 +87,14 @@ def control_command(
             "nodes labelled gpufrac.io/node=NAME (docs/cluster.md).",
         ),
     ] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(
+            "--advertise",
+            help="The URL node agents reach this control plane at (default: http://HOST:PORT; "
+            "give it when listening on 0.0.0.0).",
+        ),
+    ] = None,
     node_data_dir: Annotated[
         str,
         typer.Option(
@@ -134,7 +142,7 @@ def control_command(
             raise InputError(f"--local {local}", field="--local", fix="give 0 to 16 nodes")
         control = ControlPlane(data, load_settings(data), lease_s=lease)
     app = create_control_app(control, cluster_token=token, tokens=tokens)
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    url = advertise or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     nodes = [_local_node(data, token, url, i) for i in range(local)]
     stop = threading.Event()
 
