@@ -166,3 +166,35 @@ def test_a_frozen_node_agents_shims_stop_its_work_before_it_starts_elsewhere(
         time.sleep(0.1)
     assert frozen.agent.store.workloads() == []
     assert core.assigned["a/svc"].node == other.name and core.nodes[frozen.name].state == "alive"
+
+
+def test_a_placement_that_does_not_fit_on_its_node_is_shown_not_dropped(
+    cluster: tuple[ClusterCore, InProcessLink, dict[str, NodeAgent]],
+) -> None:
+    from gpufrac.cluster.core import Answer, Assignment
+    from gpufrac.planning.sched_decision import Decision, SchedAction
+
+    _, _, nodes = cluster
+    node = nodes["n1"]
+    gone = Decision(
+        "a/svc",
+        "placed",
+        mode="exclusive",
+        gpus=("n1/GPU-not-here",),
+        actions=(SchedAction("start", "a/svc", "n1/GPU-not-here"),),
+    )
+    node.follow(Answer("n1", (Assignment(SVC, gone, "n1", 7),), 2.0))
+    views = node._refused_views()
+    assert views["a/svc"]["phase"] == "pending"
+    assert (
+        "could not take it" in views["a/svc"]["reason"]
+        and "GPU-not-here" in views["a/svc"]["reason"]
+    )
+    kinds = [e.kind for e in node.agent.store.events(limit=50)]
+    assert kinds.count("not_placed") == 1
+    node.follow(
+        Answer("n1", (Assignment(SVC, gone, "n1", 7),), 2.0)
+    )  # the same again: no new event
+    assert [e.kind for e in node.agent.store.events(limit=50)].count("not_placed") == 1
+    node.follow(Answer("n1", (), 2.0))  # taken away: forgotten
+    assert node._refused_views() == {}

@@ -50,10 +50,12 @@ from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.manifest import parse_objects
 from gpufrac.model.mig import layout_from_json
+from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.scheduler import decision_to_json
 from gpufrac.runtime.mig_apply import ApplyRefused
 from gpufrac.runtime.qos_view import Readings, workload_qos
+from gpufrac.runtime.store import Store
 from gpufrac.serving.deployments import gateway_path
 
 # what an operation may answer besides its own answer: every one but the health check needs a token,
@@ -89,19 +91,21 @@ def _unavailable(e: Exception) -> JSONResponse:
     )
 
 
-def _check_workload_caps(service: AgentService, specs: list[WorkloadSpec]) -> None:
+def check_workload_caps(
+    store: Store, settings: OperatorSettings, specs: list[WorkloadSpec]
+) -> None:
     """Refuse (409, nothing applied) a manifest that would take a tenant above its operator bound on
     stored workloads (``max_workloads``, replicas included): no tenant fills the node with
     processes."""
     stored: dict[str, set[str]] = {}
-    for w in service.agent.store.workloads():
+    for w in store.workloads():
         stored.setdefault(w.tenant, set()).add(w.name)
     new: dict[str, set[str]] = {}
     for spec in specs:
         if spec.name not in stored.get(spec.tenant, set()):
             new.setdefault(spec.tenant, set()).add(spec.name)
     for tenant, names in new.items():
-        cap, setting = service.agent.settings.workload_cap(tenant)
+        cap, setting = settings.workload_cap(tenant)
         have = len(stored.get(tenant, ()))
         if have + len(names) > cap:
             raise HTTPException(
@@ -261,7 +265,7 @@ def create_app(
         deployments = [o for o in objects if isinstance(o, DeploymentSpec)]
         results = []
         with service.lock:
-            _check_workload_caps(service, specs)
+            check_workload_caps(service.agent.store, service.agent.settings, specs)
             for spec in specs:
                 before = service.agent.store.workload(spec.tenant, spec.name)
                 what, decision = service.agent.apply(spec)

@@ -279,7 +279,17 @@ def node_command(
             labels[key] = value
         settings = replace(settings, node_name=name or settings.node_name, node_labels=labels)
         dev = open_devices(simulate_spec(simulate), data)
-        agent = Agent(data, dev, settings)
+        # a cluster is shared by tenants: workload_users auto runs them as their tenants' own users
+        # (when root), never as this agent, which holds the cluster token
+        agent = Agent(data, dev, settings, tokens_in_use=True)
+    if agent.sandbox.mode == "agent":
+        err_console.print(
+            "[yellow]warning:[/] workloads run as this node agent's user (workload_users: agent, "
+            "or not root): any workload can read the cluster token in the data directory and "
+            "speak for any node; run the node agent as root with workload_users auto or tenant "
+            "(docs/cluster.md)",
+            highlight=False,
+        )
     link = HttpLink(control, token)
     server, port = serve_in_thread(create_node_app(agent, token), listen, 0)
     link.address = f"http://{listen}:{port}"

@@ -20,7 +20,7 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
-from gpufrac.api.app import as_seen_by, problem_answer
+from gpufrac.api.app import as_seen_by, check_workload_caps, problem_answer
 from gpufrac.api.guard import Guard
 from gpufrac.api.tokens import Caller, authenticate
 from gpufrac.cluster.control import ENDED, ControlPlane, static_qos
@@ -141,9 +141,11 @@ def create_control_app(
                 raise HTTPException(
                     403, f"the manifest names tenant {o.tenant!r}; your token is for {who.tenant!r}"
                 )
+        specs = [o for o in objects if isinstance(o, WorkloadSpec)]
+        with control.lock:
+            check_workload_caps(control.store, control.settings, specs)
         results = []
-        for spec in objects:
-            assert isinstance(spec, WorkloadSpec)
+        for spec in specs:
             before = control.store.workload(spec.tenant, spec.name)
             what, decision = control.apply(spec)
             diff = (

@@ -184,6 +184,7 @@ class NodeAgent:
         self.joined = False
         self.fenced = False
         self.unreachable = False
+        self.refused: dict[str, tuple[int, str]] = {}  # placements that did not fit here
         self.say = say  # what the node tells whoever runs it (`gpufrac node` prints it)
 
     def join(self) -> None:
@@ -203,9 +204,8 @@ class NodeAgent:
         try:
             if not self.joined:
                 self.join()
-            answer = self.link.heartbeat(
-                self.name, self.report(states), self.views(states), self.gpus(states)
-            )
+            views = {**self.views(states), **self._refused_views()}
+            answer = self.link.heartbeat(self.name, self.report(states), views, self.gpus(states))
         except Unreachable as e:
             if not self.unreachable:
                 stops = (
@@ -279,6 +279,12 @@ class NodeAgent:
             }
         return out
 
+    def _refused_views(self) -> Views:
+        return {
+            key: {"phase": "pending", "reason": f"node {self.name} could not take it: {why}"}
+            for key, (_epoch, why) in self.refused.items()
+        }
+
     def gpus(self, states: list[WorkloadState]) -> list[dict[str, Any]]:
         """This node's GPUs as its agent shows them, every workload named (the control plane
         hides other tenants' from a tenant)."""
@@ -302,7 +308,17 @@ class NodeAgent:
                 if self._epoch(key) == a.epoch:
                     continue
                 labels = {**a.spec.labels, EPOCH_LABEL: str(a.epoch)}
-                agent.place(replace(a.spec, labels=labels), local_decision(a.decision))
+                done = agent.place(replace(a.spec, labels=labels), local_decision(a.decision))
+                if done.outcome == "placed":
+                    self.refused.pop(key, None)
+                elif self.refused.get(key, (0, ""))[0] != a.epoch:
+                    # what the control plane decided does not fit here: shown, not dropped
+                    self.refused[key] = (a.epoch, done.reason)
+                    agent.store.record_event(
+                        "not_placed", key, f"node {self.name} could not take it: {done.reason}"
+                    )
+            for key in [k for k in self.refused if k not in wanted]:
+                del self.refused[key]
 
     def fence(self, why: str) -> None:
         """Stop every workload of this node (their placements are the control plane's to give

@@ -53,7 +53,7 @@ def labelled_nodes() -> list[RayNode]:
 class AgentHost:
     """The actor on one Ray node: keeps ``gpufrac node`` running there as its child."""
 
-    def __init__(self, args: list[str], data_dir: str, token: str) -> None:
+    def __init__(self, args: list[str], data_dir: str, token: str, simulated: bool) -> None:
         self.args = args
         self.data = Path(data_dir)
         self.data.mkdir(parents=True, exist_ok=True)
@@ -62,7 +62,7 @@ class AgentHost:
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
         settings = self.data / "gpufrac.yaml"
-        if not settings.exists():
+        if simulated and not settings.exists():  # trying it out: workloads run as this user
             settings.write_text("workload_users: agent\n")
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -125,7 +125,7 @@ class RayNodes:
                 lifetime="detached",
                 get_if_exists=True,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-            ).remote(args, str(Path(self.data_root) / node.name), self.token)
+            ).remote(args, str(Path(self.data_root) / node.name), self.token, bool(simulate))
             self.hosts[node.name] = (node.node_id, actor)
             started.append(node.name)
         return started

@@ -73,3 +73,20 @@ def test_queries_are_bounded_and_what_is_not_here_says_so(client: Any) -> None:
     assert http.get("/api/v1/events", params={"limit": -1}).status_code == 422
     r = http.get("/api/v1/deployments")
     assert r.status_code == 404 and "not available through the control plane" in r.text
+
+
+def test_a_tenant_cannot_store_more_workloads_than_its_bound(tmp_path: Path) -> None:
+    from gpufrac.model.settings import OperatorSettings
+
+    control = ControlPlane(tmp_path, OperatorSettings(max_workloads=2))
+    http = TestClient(create_control_app(control, cluster_token=TOKEN))
+    doc = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: w{}}}\nspec:\n"
+        "  command: [sleep, '1']\n  resources: {{gpu: {{count: 1}}}}\n"
+    )
+    text = "---\n".join(doc.format(i) for i in range(3))
+    r = http.post("/api/v1/workloads", content=text)
+    assert r.status_code == 409 and "max_workloads" in r.text
+    assert control.store.workloads() == []  # nothing of it applied
+    assert http.post("/api/v1/workloads", content=doc.format(0)).status_code == 200
+    control.close()
