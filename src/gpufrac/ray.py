@@ -25,6 +25,8 @@ This module imports nothing else of gpufrac: it runs in Ray drivers with ``ray``
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import threading
@@ -44,7 +46,9 @@ class LeaseWaits(Exception):
 class Lease:
     """A placed lease: where it is, what to start the actor with; ``release`` gives it back."""
 
-    def __init__(self, server: str, headers: dict[str, str], view: dict[str, Any]) -> None:
+    def __init__(
+        self, server: str, headers: dict[str, str], view: dict[str, Any], ttl_s: float
+    ) -> None:
         self.server, self.headers = server, headers
         self.workload = f"{view['tenant']}/{view['name']}"
         self.node: str = view["node"]
@@ -52,6 +56,22 @@ class Lease:
             k: v for k, v in view["env"].items() if k != "GPUFRAC_ATTEMPT"
         }  # what a workload on that slice is handed
         self.released = False
+        self._stop = threading.Event()
+        # kept alive from this process: a driver that ends without releasing it (a crash,
+        # kill -9) stops saying so, and the control plane gives it back after ttl_s
+        threading.Thread(
+            target=self._keep_alive, args=(ttl_s / 3,), daemon=True, name="gpufrac-lease"
+        ).start()
+        atexit.register(self.release)
+
+    def _keep_alive(self, every: float) -> None:
+        while not self._stop.wait(every):
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(
+                    f"{self.server}/api/v1/workloads/{self.workload}/keepalive",
+                    headers=self.headers,
+                    timeout=5,
+                )
 
     @property
     def options(self) -> dict[str, Any]:
@@ -67,6 +87,7 @@ class Lease:
         }
 
     def release(self) -> None:
+        self._stop.set()
         if not self.released:
             httpx.delete(
                 f"{self.server}/api/v1/workloads/{self.workload}", headers=self.headers, timeout=10
@@ -100,14 +121,21 @@ def lease(
     priority: str | int = "normal",
     node_selector: dict[str, str] | None = None,
     timeout_s: float = 60.0,
+    ttl_s: float = 30.0,
 ) -> Lease:
     """Ask the control plane for ``gpu`` (a manifest's ``resources.gpu``) and wait until it is
-    placed and held on its node; ``LeaseWaits`` (and nothing kept) if not within ``timeout_s``."""
+    placed and held on its node; ``LeaseWaits`` (and nothing kept) if not within ``timeout_s``.
+    The lease is kept alive from this process; once that stops (it ended, or was killed), the
+    control plane gives the lease back within ``ttl_s``."""
     server = (server or os.environ.get("GPUFRAC_SERVER") or "http://127.0.0.1:8470").rstrip("/")
     token = token or os.environ.get("GPUFRAC_TOKEN")
     headers = {"authorization": f"Bearer {token}"} if token else {}
     name = f"ray-{uuid.uuid4().hex[:12]}"
-    metadata: dict[str, Any] = {"name": name, **({"tenant": tenant} if tenant else {})}
+    metadata: dict[str, Any] = {
+        "name": name,
+        **({"tenant": tenant} if tenant else {}),
+        "labels": {"gpufrac.io/lease": "ray", "gpufrac.io/lease-ttl": f"{ttl_s:g}"},
+    }
     spec: dict[str, Any] = {
         "type": "service",
         "command": ["sleep", "infinity"],  # holds the slice while the actor runs there
@@ -135,7 +163,7 @@ def lease(
     while time.monotonic() < deadline:
         view = httpx.get(f"{server}/api/v1/workloads/{key}", headers=headers, timeout=10).json()
         if view.get("phase") == "running" and view.get("env"):
-            return Lease(server, headers, view)
+            return Lease(server, headers, view, ttl_s)
         time.sleep(0.2)
     httpx.delete(f"{server}/api/v1/workloads/{key}", headers=headers, timeout=10)
     raise LeaseWaits(f"not placed within {timeout_s:g} s: {view.get('reason', '')}")

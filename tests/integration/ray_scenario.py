@@ -218,6 +218,19 @@ def main(out: Path) -> dict[str, Any]:
             "the lease given back",
         )
         seen["lease_a_released"] = True
+        # a driver that dies without giving its lease back stops keeping it alive
+        orphan = gpufrac.ray.lease({"memory": "10GiB"}, server=URL, ttl_s=3)
+        orphan._stop.set()  # as if its process were gone
+        t = time.monotonic()
+        wait(
+            lambda: (
+                httpx.get(f"{URL}/api/v1/workloads/{orphan.workload}", timeout=5).status_code == 404
+            ),
+            20,
+            "the orphaned lease given back",
+        )
+        seen["orphan_lease_given_back_s"] = round(time.monotonic() - t, 1)
+        orphan.released = True  # nothing left to give back at exit
         ray.shutdown()
 
         # the control plane killed and started again: nothing restarted

@@ -52,6 +52,7 @@ def test_a_ray_actor_runs_on_its_lease_and_gpufrac_queues_what_ray_would_oversub
     (env1, node1), (env2, node2) = seen["plain_ray"]  # num_gpus=0.5 twice: one GPU, shared
     assert node1 == node2 and env1 == env2 == "0"
     assert seen["lease_a_released"]
+    assert seen["orphan_lease_given_back_s"] < 10  # a dead driver's lease: back within its ttl
 
 
 def test_a_control_plane_restart_restarts_nothing(seen: dict[str, Any]) -> None:

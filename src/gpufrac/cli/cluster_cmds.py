@@ -159,19 +159,19 @@ def control_command(
     if ray_address is not None:
         from gpufrac.cluster.ray_nodes import RayNodes
 
-        with handled_errors():
+        def ray_sync() -> None:
+            """Connect to Ray off the main thread (the API answers meanwhile: a restarted control
+            plane must answer its nodes within their fencing time), then keep an agent on each
+            labelled node."""
             try:
                 on_ray = RayNodes(ray_address, url, token, node_data_dir)
-            except ImportError:
-                raise InputError(
-                    "Ray is not installed", field="--ray", fix="pip install 'gpufrac[ray]'"
-                ) from None
-            except ConnectionError as e:
-                raise InputError(
-                    str(e), field="--ray", fix="give a running Ray cluster's address"
-                ) from None
-
-        def ray_sync() -> None:
+            except (ImportError, ConnectionError) as e:
+                err_console.print(
+                    f"[bold red]error:[/] --ray {ray_address}: {e} (pip install 'gpufrac[ray]', "
+                    "and give a running Ray cluster's address)",
+                    highlight=False,
+                )
+                return
             while True:
                 for name in on_ray.sync():
                     console.print(f"  node agent started on Ray node {name}", highlight=False)

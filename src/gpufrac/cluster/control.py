@@ -30,6 +30,8 @@ from gpufrac.planning.scheduler import workload_key
 from gpufrac.runtime.store import Store
 
 STORE_FILE = "control.db"
+LEASE_LABEL = "gpufrac.io/lease"  # a workload holding a slice for Ray code (gpufrac.ray)
+LEASE_TTL_LABEL = "gpufrac.io/lease-ttl"  # seconds it lives without its holder's keep-alive
 ENDED = -1  # the epoch under which a node's view of a job that ended there is kept
 ApplyResult = Literal["created", "replaced", "unchanged", "refused"]
 
@@ -62,6 +64,8 @@ class ControlPlane:
         self.views: dict[str, tuple[int, dict[str, Any]]] = {}  # workload -> (epoch, node's view)
         self.addresses: dict[str, str] = {}  # node -> its agent's API, where it serves logs
         self.gpu_views: dict[str, list[dict[str, Any]]] = {}  # node -> its GPUs as it shows them
+        self.lost_from: dict[str, str] = {}  # a workload waiting since its node was lost -> node
+        self.kept_alive: dict[str, float] = {}  # a lease -> when its holder last said it lives
         self.started = clock()
         # placements stored before a restart, per node, until the node joins (or is held lost)
         self.awaiting: dict[str, list[Assignment]] = {}
@@ -114,10 +118,40 @@ class ControlPlane:
             self._persist(before, ended=True)
             return answer
 
+    def keep_alive(self, tenant: str, name: str) -> bool:
+        """A lease's holder (a Ray driver) says it still uses it (False: no such lease)."""
+        with self.lock:
+            stored = self.store.workload(tenant, name)
+            if stored is None or LEASE_LABEL not in (stored.spec.get("labels") or {}):
+                return False
+            self.kept_alive[stored.key] = self.clock()
+            return True
+
+    def _expire_leases(self, now: float) -> None:
+        """Delete the leases whose holder has not said it lives within their time to live (a Ray
+        driver that ended without giving them back)."""
+        for w in self.store.workloads():
+            labels = w.spec.get("labels") or {}
+            if LEASE_LABEL not in labels:
+                continue
+            try:
+                ttl = float(labels.get(LEASE_TTL_LABEL) or 30)
+            except ValueError:
+                ttl = 30.0
+            last = self.kept_alive.setdefault(w.key, now)  # after a restart: from now
+            if now - last > ttl:
+                self.delete(w.tenant, w.name)
+                self.kept_alive.pop(w.key, None)
+                self.store.record_event(
+                    "lease_expired", w.key, f"its holder did not keep it alive for {ttl:g} s"
+                )
+
     def tick(self) -> list[Moved]:
-        """Hold lost the nodes whose lease ended, and place their work again."""
+        """Hold lost the nodes whose lease ended, and place their work again; give back the Ray
+        leases nobody keeps alive."""
         with self.lock:
             now = self.clock()
+            self._expire_leases(now)
             before = dict(self.core.assigned)
             moved = self.core.tick(now)
             if self.awaiting and now - self.started > self.core.lease_s:
@@ -128,6 +162,8 @@ class ControlPlane:
                         moved.append(Moved(a.workload, node, to, f"its node {node} did not return"))
                 self.awaiting.clear()
             for m in moved:
+                if m.to is None:
+                    self.lost_from[m.workload] = m.lost
                 self.store.record_event("node_lost", m.lost, f"{m.workload}: {m.reason}")
                 if m.to is not None:
                     self.store.record_event("moved", m.workload, f"moved to node {m.to}")
@@ -190,6 +226,8 @@ class ControlPlane:
         workload waits, or that it ended."""
         after = self.core.assigned
         changed = {k for k in before.keys() | after.keys() if before.get(k) is not after.get(k)}
+        for key in [k for k in self.lost_from if k in after or k not in self.core.specs]:
+            del self.lost_from[key]  # placed again, or gone
         if ended:
             changed |= {k for k in self.core.ended}
         for key in changed | set(also):

@@ -192,6 +192,8 @@ def create_control_app(
                 if waiting
                 else control.core.decision(key).reason
             )
+            if key in control.lost_from:
+                reason = f"its node {control.lost_from[key]} was lost; {reason}"
             phase = "pending"
         return {
             "tenant": tenant,
@@ -277,6 +279,15 @@ def create_control_app(
             raise HTTPException(503, f"node {node} answered {r.status_code}; try again")
         found: dict[str, Any] = r.json()
         return found
+
+    @app.post("/api/v1/workloads/{tenant}/{name}/keepalive")
+    def keepalive(request: Request, tenant: str, name: str) -> dict[str, Any]:
+        """A Ray driver still uses its lease (gpufrac.ray); a lease not kept alive within its time
+        to live is given back."""
+        who = caller(request)
+        if not who.may_see(tenant) or not control.keep_alive(tenant, name):
+            raise HTTPException(404, f"no lease {tenant}/{name}")
+        return {"kept": f"{tenant}/{name}"}
 
     @app.get("/api/v1/gpus")
     def gpus(request: Request) -> dict[str, Any]:

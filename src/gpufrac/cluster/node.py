@@ -206,6 +206,11 @@ class NodeAgent:
                 self.join()
             views = {**self.views(states), **self._refused_views()}
             answer = self.link.heartbeat(self.name, self.report(states), views, self.gpus(states))
+            if answer.status == "join":  # a restarted control plane: join (which restores what
+                # runs here) and call again at once, so the work goes on within the same lease
+                self.say("the control plane does not know this node (restarted?): joining again")
+                self.join()
+                answer = self.link.heartbeat(self.name, self.report(states), views, None)
         except Unreachable as e:
             if not self.unreachable:
                 stops = (
@@ -222,8 +227,7 @@ class NodeAgent:
                 self.fence("the control plane held this node lost")
                 self.joined = False
                 return states
-            case "join":  # a restarted control plane: join, which restores what runs here
-                self.say("the control plane does not know this node (restarted?): joining again")
+            case "join":  # still not known right after joining: try again next time
                 self.joined = False
                 return states
             case _:

@@ -90,3 +90,30 @@ def test_a_tenant_cannot_store_more_workloads_than_its_bound(tmp_path: Path) -> 
     assert control.store.workloads() == []  # nothing of it applied
     assert http.post("/api/v1/workloads", content=doc.format(0)).status_code == 200
     control.close()
+
+
+def test_a_lease_nobody_keeps_alive_is_given_back(tmp_path: Path) -> None:
+    now = [0.0]
+    control = ControlPlane(tmp_path, clock=lambda: now[0])
+    http = TestClient(create_control_app(control, cluster_token=TOKEN))
+    lease = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {}, labels: {{gpufrac.io/lease: "
+        "ray, gpufrac.io/lease-ttl: '10'}}}}\nspec:\n  type: service\n  command: [sleep, '1']\n"
+        "  resources: {{gpu: {{count: 1}}}}\n"
+    )
+    for name in ("kept", "dropped"):
+        assert http.post("/api/v1/workloads", content=lease.format(name)).status_code == 200
+    plain = lease.format("plain").replace(
+        "labels: {gpufrac.io/lease: ray, gpufrac.io/lease-ttl: '10'}", "labels: {}"
+    )
+    assert http.post("/api/v1/workloads", content=plain).status_code == 200
+    control.tick()  # the clock of each lease starts
+    for t in (6.0, 12.0):
+        now[0] = t
+        assert http.post("/api/v1/workloads/default/kept/keepalive").status_code == 200
+        control.tick()
+    assert http.post("/api/v1/workloads/default/plain/keepalive").status_code == 404
+    names = {w.name for w in control.store.workloads()}
+    assert names == {"kept", "plain"}  # dropped: not kept alive for 10 s
+    assert any(e.kind == "lease_expired" for e in control.store.events(limit=20))
+    control.close()
