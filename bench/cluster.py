@@ -202,8 +202,8 @@ def on_ray() -> int:
     scenario = HERE.parent / "tests" / "integration" / "ray_scenario.py"
     with tempfile.TemporaryDirectory(prefix="gpufrac-ray-") as out:
         done = subprocess.run(
-            ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" "$1" "$2"',
-             sys.executable, str(scenario), out],
+            ["unshare", "-n",
+             sys.executable, str(scenario), "--lo-up", out],
             capture_output=True, text=True, timeout=600, check=False,
         )  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

@@ -7,7 +7,7 @@ The cluster: a Ray head and three Ray worker nodes (``ray start --block``, each 
 group), labelled ``gpufrac.io/node`` n0 (an H200 in MIG mode), n1 (an H200 for MPS work), n2 (an
 H200); ``gpufrac control --ray`` starts a node agent on each (a Ray actor) with simulated GPUs.
 
-Run: python tests/integration/ray_scenario.py OUT_DIR   (as root, inside ``unshare -n``)
+Run: unshare -n python tests/integration/ray_scenario.py --lo-up OUT_DIR   (as root)
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -73,9 +74,35 @@ def workload(name: str, gpu: str, *, selector: str | None = None, sharing: str =
     )
 
 
+def _pids_matching(pattern: str) -> list[int]:
+    """The processes whose command line matches ``pattern`` (``pgrep -f``, without procps)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            line = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if re.search(pattern, line):
+                found.append(int(proc.name))
+    return found
+
+
+def lo_up() -> None:
+    """Bring the loopback interface up in this (new) network namespace (``ip link set lo up``,
+    without iproute2): SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP."""
+    import fcntl
+    import socket
+    import struct
+
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        ifreq = struct.pack("16sH14s", b"lo", 0, b"")
+        flags = struct.unpack("16sH14s", fcntl.ioctl(sock, siocgifflags, ifreq))[1]
+        fcntl.ioctl(sock, siocsifflags, struct.pack("16sH14s", b"lo", flags | iff_up, b""))
+
+
 def _kill_node_agents_and_hosts(nodes_dir: Path) -> None:
-    found = subprocess.run(["pgrep", "-f", str(nodes_dir)], capture_output=True, text=True)
-    for pid in (int(p) for p in found.stdout.split()):
+    for pid in _pids_matching(re.escape(str(nodes_dir))):
         with contextlib.suppress(OSError, ValueError, IndexError):
             parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
             if Path(f"/proc/{parent}/cmdline").read_bytes().startswith(b"ray::AgentHost"):
@@ -250,10 +277,7 @@ def main(out: Path) -> dict[str, Any]:
         # elsewhere; woken, it stops what it had, is told it was lost, and joins again
         frozen = seen["nodes_of"]["mover"]
         old_pid = _live_pids(out / "nodes" / frozen, "mover")
-        found = subprocess.run(
-            ["pgrep", "-f", f"gpufrac.cli node .*--name {frozen} "], capture_output=True, text=True
-        )
-        agent_pid = int(found.stdout.split()[0])
+        agent_pid = _pids_matching(f"gpufrac.cli node .*--name {frozen} ")[0]
         os.kill(agent_pid, signal.SIGSTOP)
         t = time.monotonic()
         elsewhere = wait(
@@ -298,9 +322,15 @@ def main(out: Path) -> dict[str, Any]:
         # every Ray cluster on the machine. Ray's workers leave their node's group: the actors
         # that ran the node agents are found as the agents' parents
         _kill_node_agents_and_hosts(out / "nodes")
-        subprocess.run(["pkill", "-f", str(out / "nodes")], check=False)  # shims left
+        for pid in _pids_matching(re.escape(str(out / "nodes"))):  # shims left
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":
-    result = main(Path(sys.argv[1]))
+    args = sys.argv[1:]
+    if args[:1] == ["--lo-up"]:  # run by `unshare -n`: the new namespace's loopback is down
+        lo_up()
+        args = args[1:]
+    result = main(Path(args[0]))
     print(json.dumps(result))

@@ -25,8 +25,8 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.fail("the Ray cluster test runs as root, in its own network namespace (unshare -n)")
     out = tmp_path_factory.mktemp("ray")
     done = subprocess.run(
-        ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" "$1" "$2"',
-         sys.executable, str(SCENARIO), str(out)],
+        ["unshare", "-n",
+         sys.executable, str(SCENARIO), "--lo-up", str(out)],
         capture_output=True, text=True, timeout=420, check=False,
     )  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
