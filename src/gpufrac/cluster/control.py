@@ -66,6 +66,8 @@ class ControlPlane:
         self.gpu_views: dict[str, list[dict[str, Any]]] = {}  # node -> its GPUs as it shows them
         self.lost_from: dict[str, str] = {}  # a workload waiting since its node was lost -> node
         self.kept_alive: dict[str, float] = {}  # a lease -> when its holder last said it lives
+        self.lost_count = 0  # nodes held lost, and workloads moved, since this start (/metrics)
+        self.moved_count = 0
         self.started = clock()
         # placements stored before a restart, per node, until the node joins (or is held lost)
         self.awaiting: dict[str, list[Assignment]] = {}
@@ -161,6 +163,8 @@ class ControlPlane:
                         to = self.core.assigned[a.workload].node if d.outcome == "placed" else None
                         moved.append(Moved(a.workload, node, to, f"its node {node} did not return"))
                 self.awaiting.clear()
+            self.lost_count += len({m.lost for m in moved})
+            self.moved_count += sum(1 for m in moved if m.to is not None)
             for m in moved:
                 if m.to is None:
                     self.lost_from[m.workload] = m.lost

@@ -18,12 +18,15 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client.exposition import choose_encoder
 from pydantic import ValidationError
 
 from gpufrac.api.app import as_seen_by, check_workload_caps, problem_answer
 from gpufrac.api.guard import Guard
 from gpufrac.api.tokens import Caller, authenticate
 from gpufrac.cluster.control import ENDED, ControlPlane, static_qos
+from gpufrac.cluster.metrics import control_registry
 from gpufrac.cluster.wire import (
     AnswerBody,
     HeartbeatBody,
@@ -288,6 +291,15 @@ def create_control_app(
         if not who.may_see(tenant) or not control.keep_alive(tenant, name):
             raise HTTPException(404, f"no lease {tenant}/{name}")
         return {"kept": f"{tenant}/{name}"}
+
+    registry = control_registry(control)
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics(request: Request) -> Response:
+        if not caller(request).admin:
+            raise HTTPException(403, "only the admin token may read the metrics")
+        encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encode(registry), media_type=content_type)
 
     @app.get("/api/v1/gpus")
     def gpus(request: Request) -> dict[str, Any]:

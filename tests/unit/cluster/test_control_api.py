@@ -117,3 +117,44 @@ def test_a_lease_nobody_keeps_alive_is_given_back(tmp_path: Path) -> None:
     assert names == {"kept", "plain"}  # dropped: not kept alive for 10 s
     assert any(e.kind == "lease_expired" for e in control.store.events(limit=20))
     control.close()
+
+
+def test_metrics_say_what_the_control_plane_sees(client: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    http, _ = client
+    assert http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("G")]}, headers=NODE)
+    doc = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {}}}\nspec:\n"
+        "  command: [sleep, '1']\n  resources: {{gpu: {{count: 1}}}}\n"
+    )
+    for name in ("a", "b"):  # one GPU: a is placed, b waits
+        assert http.post("/api/v1/workloads", content=doc.format(name)).status_code == 200
+    r = http.get("/metrics")
+    assert r.status_code == 200
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+    assert samples[("gpufrac_cluster_node_up", (("node", "n1"),))] == 1
+    assert samples[("gpufrac_cluster_node_gpus", (("node", "n1"),))] == 1
+    placed = (("node", "n1"), ("phase", "starting"), ("tenant", "default"))
+    assert samples[("gpufrac_cluster_workloads", placed)] == 1
+    waiting = (("phase", "pending"), ("tenant", "default"))
+    assert samples[("gpufrac_cluster_workloads", waiting)] == 1
+    assert samples[("gpufrac_cluster_nodes_lost_total", ())] == 0
+
+
+def test_only_the_admin_reads_the_metrics(tmp_path: Path) -> None:
+    from gpufrac.api.tokens import Caller
+
+    control = ControlPlane(tmp_path)
+    tokens = {"t-token-0123456789": Caller("t"), "a-token-0123456789": Caller(None, admin=True)}
+    http = TestClient(create_control_app(control, cluster_token=TOKEN, tokens=tokens))
+    assert http.get("/metrics").status_code == 401
+    tenant = {"authorization": "Bearer t-token-0123456789"}
+    assert http.get("/metrics", headers=tenant).status_code == 403
+    admin = {"authorization": "Bearer a-token-0123456789"}
+    assert http.get("/metrics", headers=admin).status_code == 200
+    control.close()
