@@ -160,10 +160,14 @@ def lease(
         raise LeaseWaits(f"refused: {result['decision']['reason']}")
     deadline = time.monotonic() + timeout_s
     view: dict[str, Any] = {}
+    kept = time.monotonic()
     while time.monotonic() < deadline:
         view = httpx.get(f"{server}/api/v1/workloads/{key}", headers=headers, timeout=10).json()
         if view.get("phase") == "running" and view.get("env"):
             return Lease(server, headers, view, ttl_s)
+        if time.monotonic() - kept > ttl_s / 3:  # still wanted while it waits for a place
+            httpx.post(f"{server}/api/v1/workloads/{key}/keepalive", headers=headers, timeout=10)
+            kept = time.monotonic()
         time.sleep(0.2)
     httpx.delete(f"{server}/api/v1/workloads/{key}", headers=headers, timeout=10)
     raise LeaseWaits(f"not placed within {timeout_s:g} s: {view.get('reason', '')}")

@@ -3,9 +3,12 @@
 loopback (``unshare -n``), so no packet leaves the machine (Ray may pick the host's external
 address otherwise: ray-project/ray#59110). Prints one JSON object: what was seen, and timings.
 
-The cluster: a Ray head and three Ray worker nodes (``ray start --block``, each in its own process
-group), labelled ``gpufrac.io/node`` n0 (an H200 in MIG mode), n1 (an H200 for MPS work), n2 (an
-H200); ``gpufrac control --ray`` starts a node agent on each (a Ray actor) with simulated GPUs.
+The cluster: a Ray head and three Ray worker nodes (``ray start --block``, each in its own PID
+namespace, so that killing a node kills everything of it: its raylet, the Ray worker that runs its
+node agent, the agent, its workloads), labelled ``gpufrac.io/node`` n0 (an H200 in MIG mode), n1
+(an H200 for MPS work), n2 (an H200); ``gpufrac control --ray`` starts a node agent on each (a Ray
+actor) with simulated GPUs. A deployment's two replicas run on n1 and n2, behind the control
+plane's gateway, under traffic while one of their nodes is killed.
 
 Run: unshare -n python tests/integration/ray_scenario.py --lo-up OUT_DIR   (as root)
 """
@@ -35,8 +38,23 @@ NODES = {  # name: (simulated GPUs, as a Ray label value: dots for colons; kind)
     "n2": ("h200.1", "timeslice"),
 }
 LEASE_S = 8.0  # a restart of the control plane (with Ray to connect to) is quicker than its 2/3
-RAY_PORT, CONTROL_PORT = 6391, 18479
+RAY_PORT, CONTROL_PORT, GATEWAY_PORT = 6391, 18479, 18489
 URL = f"http://127.0.0.1:{CONTROL_PORT}"
+SERVE = f"http://127.0.0.1:{GATEWAY_PORT}/serve/summer/predict"
+ROOT = Path(__file__).resolve().parents[2]  # the replicas import examples.serving.models from it
+DEPLOYMENT = f"""apiVersion: gpufrac/v1
+kind: Deployment
+metadata: {{name: summer}}
+spec:
+  template:
+    model: examples.serving.models:slow_sum
+    resources: {{gpu: {{memory: 10GiB}}}}
+    sharing: mps
+    workdir: {ROOT}
+  replicas: 2
+  max_concurrency: 4
+  timeout_seconds: 30
+"""
 
 
 def wait(ok: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -50,6 +68,8 @@ def wait(ok: Callable[[], Any], timeout: float, what: str) -> Any:
         except (httpx.HTTPError, KeyError, ValueError) as e:
             last = e
         time.sleep(0.1)
+    # said before Ray's exit handlers run (with the cluster gone, they may end the process first)
+    print(f"timed out waiting for {what}: {last!r}", file=sys.stderr, flush=True)
     raise SystemExit(f"timed out waiting for {what}: {last!r}")
 
 
@@ -102,6 +122,8 @@ def lo_up() -> None:
 
 
 def _kill_node_agents_and_hosts(nodes_dir: Path) -> None:
+    """What is left of the nodes, found by command line (pids as seen from here: a workload's
+    ``child.json`` holds its node's own, inside the node's PID namespace)."""
     for pid in _pids_matching(re.escape(str(nodes_dir))):
         with contextlib.suppress(OSError, ValueError, IndexError):
             parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -109,21 +131,41 @@ def _kill_node_agents_and_hosts(nodes_dir: Path) -> None:
                 os.kill(parent, signal.SIGKILL)
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    for child in nodes_dir.glob("*/runs/*/*/*/child.json"):  # what the workloads left running
-        with contextlib.suppress(OSError, ValueError):
-            os.killpg(int(json.loads(child.read_text())["pgid"]), signal.SIGKILL)
 
 
 def _live_pids(node_dir: Path, name: str) -> list[int]:
-    """The processes of workload ``name`` still alive on a node (from its run directories)."""
-    runs = node_dir / "runs" / "default" / name
-    alive = []
-    for run in runs.glob("g*-*") if runs.exists() else []:
-        known = run / "child.json"
-        pid = json.loads(known.read_text()).get("pid") if known.exists() else None
-        if pid and Path(f"/proc/{pid}").exists():
-            alive.append(int(pid))
-    return alive
+    """The shims of workload ``name`` still alive on a node, each holding a copy of it that has not
+    ended (a shim outlives its workload's processes). Found by their command lines, as seen from
+    outside the node's PID namespace."""
+    return _pids_matching(re.escape(f"gpufrac.runtime.shim {node_dir}/runs/default/{name}/"))
+
+
+class Traffic:
+    """Clients sending requests to the deployment through the gateway, counting the answers."""
+
+    def __init__(self, clients: int = 4) -> None:
+        import threading
+
+        self.codes: dict[str, int] = {}
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            while not self.stop.is_set():
+                try:
+                    code = str(client.post(SERVE, content=b'{"inputs": [1, 2]}').status_code)
+                except httpx.HTTPError as e:
+                    code = type(e).__name__
+                self.codes[code] = self.codes.get(code, 0) + 1
+
+    def end(self) -> dict[str, int]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=40)
+        return dict(self.codes)
 
 
 def _registered(log: Path, proc: subprocess.Popen[bytes], timeout: float = 90.0) -> bool:
@@ -161,7 +203,11 @@ def main(out: Path) -> dict[str, Any]:
             for _ in range(3):  # Ray's rare failure to register a raylet: try again
                 log = open(out / f"ray-{name}.log", "ab")  # noqa: SIM115
                 nodes[name] = subprocess.Popen(
-                    [RAY, "start", "--block", "--address", f"127.0.0.1:{RAY_PORT}",
+                    # its own PID namespace: killing the node (its process group: unshare and the
+                    # namespace's first process) kills every process in it, whatever group each
+                    # is in (Ray's workers and gpufrac's workloads are in their own)
+                    ["unshare", "--pid", "--fork", "--mount-proc",
+                     RAY, "start", "--block", "--address", f"127.0.0.1:{RAY_PORT}",
                      "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--num-gpus", "1",
                      "--labels", labels, "--disable-usage-stats"],
                     env=env, stdout=log, stderr=log, start_new_session=True,
@@ -170,7 +216,8 @@ def main(out: Path) -> dict[str, Any]:
                     break
         control_args = [
             PY, "-m", "gpufrac.cli", "control", "--ray", f"127.0.0.1:{RAY_PORT}",
-            "--port", str(CONTROL_PORT), "--lease", str(LEASE_S),
+            "--port", str(CONTROL_PORT), "--gateway-port", str(GATEWAY_PORT),
+            "--lease", str(LEASE_S),
             "--data-dir", str(out / "control"), "--node-data-dir", str(out / "nodes"),
         ]  # fmt: skip
 
@@ -195,12 +242,16 @@ def main(out: Path) -> dict[str, Any]:
         )
         seen["cluster_up_s"] = round(time.monotonic() - t0, 1)
 
+        def replicas() -> dict[str, dict[str, Any]]:
+            got = httpx.get(f"{URL}/api/v1/deployments/default/summer", timeout=5).json()
+            return {r["name"]: r for r in got["replicas"]}
+
         # placement by label; the lease's environment reaches the workload
         starts = []
         for name, gpu, kind, sharing in (
             ("embed", "{mig: 1g.18gb}", "mig", "auto"),
             ("rank", "{memory: 20GiB, compute: 30%}", "mps", "mps"),
-            ("mover", "{memory: 10GiB}", None, "auto"),
+            ("mover", "{memory: 10GiB}", None, "mps"),
         ):
             t = time.monotonic()
             apply(workload(name, gpu, selector=kind, sharing=sharing))
@@ -261,7 +312,8 @@ def main(out: Path) -> dict[str, Any]:
         ray.shutdown()
 
         # the control plane killed and started again: nothing restarted
-        before = {n: view(n)["placement"]["epoch"] for n in ("embed", "rank", "mover")}
+        kept = ("embed", "rank", "mover")
+        before = {n: view(n)["placement"]["epoch"] for n in kept}
         os.killpg(control.pid, signal.SIGKILL)
         control.wait(timeout=10)
         t = time.monotonic()
@@ -289,20 +341,51 @@ def main(out: Path) -> dict[str, Any]:
         seen["frozen_old_pids"] = old_pid
         seen["freeze_to_replaced_s"] = round(time.monotonic() - t, 2)
         os.kill(agent_pid, signal.SIGCONT)
-        wait(lambda: view("embed")["phase"] == "running", 60, "embed back on its woken node")
+        wait(
+            lambda: view("embed")["phase"] == view("rank")["phase"] == "running",
+            60,
+            "embed and rank running again (rank back on its woken node, where its label is)",
+        )
         seen["thawed_runs_mover"] = bool(_live_pids(out / "nodes" / frozen, "mover"))
         seen["mover_after_freeze"] = elsewhere["node"]
 
-        # a node killed (its raylet, its node agent): its work runs on another node, once
+        # a deployment: its replicas spread over the two nodes that take MPS work (n0 is MIG)
+        apply(DEPLOYMENT)
+        wait(lambda: sum(r["ready"] for r in replicas().values()) == 2, 90, "two replicas ready")
+        seen["replica_nodes"] = sorted(r["node"] for r in replicas().values())
+        r = httpx.post(SERVE, content=b'{"inputs": [1, 2, 3]}', timeout=30)
+        seen["served"] = [r.status_code, r.json()]
+
+        # a node killed (its PID namespace: its raylet, its node agent, its workloads) under
+        # traffic: its work runs on another node, once; the deployment answers every request
         lost = view("mover")["node"]
+        if lost not in seen["replica_nodes"]:  # mover moved to n0: kill a replica's node
+            lost = seen["replica_nodes"][0]
+        on_lost = [n for n, r in replicas().items() if r["node"] == lost]
+        traffic = Traffic()
+        time.sleep(2)
         t = time.monotonic()
         os.killpg(nodes[lost].pid, signal.SIGKILL)
-        moved = wait(
-            lambda: (v := view("mover"))["phase"] == "running" and v["node"] != lost and v,
-            60,
-            "mover elsewhere",
-        )
+        time.sleep(0.5)
+        seen["killed_node_processes_left"] = _pids_matching(re.escape(str(out / "nodes" / lost)))
+        if view("mover")["node"] == lost:
+            moved = wait(
+                lambda: (v := view("mover"))["phase"] == "running" and v["node"] != lost and v,
+                60,
+                "mover elsewhere",
+            )
+        else:
+            moved = view("mover")
         seen["node_loss_to_replaced_s"] = round(time.monotonic() - t, 2)
+        wait(
+            lambda: all((r := replicas()[n])["ready"] and r["node"] != lost for n in on_lost),
+            60,
+            "the lost node's replica ready elsewhere",
+        )
+        seen["replica_loss_to_replaced_s"] = round(time.monotonic() - t, 2)
+        time.sleep(1)
+        seen["traffic_through_node_loss"] = traffic.end()
+        seen["replica_nodes_after"] = sorted(r["node"] for r in replicas().values())
         seen["mover_after"] = moved["node"]
         seen["embed_after"] = view("embed")["phase"]  # its node stays or goes with the loss
         seen["nodes_after"] = {

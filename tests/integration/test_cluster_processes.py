@@ -1,8 +1,9 @@
 """gpufrac on several machines, as processes on this one: ``gpufrac control`` and two ``gpufrac
-node`` processes (each its own data directory and two simulated GPUs), talking HTTP over loopback
+node`` processes (each its own data directory and three simulated GPUs), talking HTTP over loopback
 with the cluster token. The CLI works against the control plane; a node's agent killed with
-``kill -9`` leaves its workload to be stopped by its shim and run on the other node once; the
-control plane killed and restarted restarts nothing."""
+``kill -9`` leaves its workload to be stopped by its shim and run on the other node once, while a
+deployment with a replica on each node answers every request through the control plane's gateway;
+the control plane killed and restarted restarts nothing."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,6 +35,7 @@ class Cluster:
     url: str
     root: Path
     port: int
+    gateway_port: int
     control: subprocess.Popen[bytes] | None = None
     nodes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -41,6 +44,7 @@ class Cluster:
             [
                 *GPUFRAC,
                 *("control", "--port", str(self.port), "--lease", str(LEASE_S)),
+                *("--gateway-port", str(self.gateway_port)),
                 *("--data-dir", str(self.root / "control")),
             ],
             stdout=subprocess.DEVNULL,
@@ -53,7 +57,7 @@ class Cluster:
         data.mkdir(exist_ok=True)
         shutil.copy(self.root / "control" / "cluster-token", data / "cluster-token")
         (data / "gpufrac.yaml").write_text("workload_users: agent\n")
-        args = [*GPUFRAC, "node", "--control", self.url, "--name", name, "--simulate", "h200:2"]
+        args = [*GPUFRAC, "node", "--control", self.url, "--name", name, "--simulate", "h200:3"]
         for label in labels:
             args += ["--label", label]
         self.nodes[name] = subprocess.Popen(
@@ -96,7 +100,7 @@ def wait(
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     port = free_port()
-    c = Cluster(f"http://127.0.0.1:{port}", tmp_path, port)
+    c = Cluster(f"http://127.0.0.1:{port}", tmp_path, port, free_port())
     c.start_control()
     try:
         yield c
@@ -126,6 +130,45 @@ spec:
   sharing: timeslice
   node_selector: {{zone: eu}}
 """
+
+
+DEPLOYMENT = f"""apiVersion: gpufrac/v1
+kind: Deployment
+metadata: {{name: summer}}
+spec:
+  template:
+    model: examples.serving.models:slow_sum
+    resources: {{gpu: {{memory: 4GiB}}}}
+    sharing: timeslice
+    workdir: {Path(__file__).resolve().parents[2]}
+  replicas: 2
+  max_concurrency: 4
+"""
+
+
+class Traffic:
+    """Three clients posting to the deployment through the gateway, counting the answers."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.codes, self.stop = url, dict[str, int](), threading.Event()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(3)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            while not self.stop.is_set():
+                try:
+                    code = str(client.post(self.url, content=b'{"inputs": [2, 3]}').status_code)
+                except httpx.HTTPError as e:
+                    code = type(e).__name__
+                self.codes[code] = self.codes.get(code, 0) + 1
+
+    def end(self) -> dict[str, int]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=40)
+        return self.codes
 
 
 def running(cluster: Cluster, name: str) -> bool:
@@ -183,6 +226,22 @@ def test_a_cluster_of_processes_places_moves_and_survives_its_control_plane(
         assert gpus.returncode == 0 and gpus.stdout.startswith("NODE"), gpus.stdout
         assert "n1" in gpus.stdout and "n2" in gpus.stdout, gpus.stdout
 
+    # a deployment: a replica on each node, served by the control plane's gateway
+    (tmp_path / "d.yaml").write_text(DEPLOYMENT)
+    applied = cluster.cli("apply", "-f", str(tmp_path / "d.yaml"))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+
+    def replicas() -> list[dict[str, Any]]:
+        return list(cluster.get("/api/v1/deployments/default/summer")["replicas"])
+
+    wait(lambda: sum(r["ready"] for r in replicas()) == 2, 60, what=replicas)
+    assert sorted(r["node"] for r in replicas()) == ["n1", "n2"]  # spread over the nodes
+    serve = f"http://127.0.0.1:{cluster.gateway_port}/serve/summer/predict"
+    answer = httpx.post(serve, content=b'{"inputs": [1, 2, 3]}', timeout=30)
+    assert (answer.status_code, answer.json()) == (200, {"outputs": 6})
+    listed = cluster.cli("get", "deployments")
+    assert listed.returncode == 0 and "2/2" in listed.stdout, listed.stdout + listed.stderr
+
     # the control plane is killed and started again: nothing that runs is restarted
     pid = child_pid(tmp_path, home)
     assert pid is not None and alive(pid)
@@ -199,6 +258,9 @@ def test_a_cluster_of_processes_places_moves_and_survives_its_control_plane(
 
     # the node's agent is killed: its shim stops the workload when the lease in its file runs
     # out, and only then does it start on the other node
+    wait(lambda: sum(r["ready"] for r in replicas()) == 2, 30, what=replicas)
+    traffic = Traffic(serve)
+    time.sleep(1)
     cluster.nodes[home].send_signal(signal.SIGKILL)
     cluster.nodes[home].wait(timeout=10)
     killed_at = time.monotonic()
@@ -216,3 +278,26 @@ def test_a_cluster_of_processes_places_moves_and_survives_its_control_plane(
     assert (tmp_path / home / "runs").exists()
     nodes = {n["name"]: n["state"] for n in cluster.get("/api/v1/nodes")["nodes"]}
     assert nodes == {home: "lost", away: "alive"}
+    # the lost node's replica, stopped by its shim, runs again on the other node; every request
+    # meanwhile was answered (the gateway retried those the dying replica did not answer)
+    wait(
+        lambda: [(r["ready"], r["node"]) for r in replicas()] == [(True, away)] * 2,
+        30,
+        what=replicas,
+    )
+    codes = traffic.end()
+    assert set(codes) == {"200"} and codes["200"] > 50, codes
+    scaled = cluster.cli("scale", "summer", "--replicas", "1")
+    assert scaled.returncode == 0, scaled.stdout + scaled.stderr
+    wait(lambda: len(replicas()) == 1, 30, what=replicas)
+    deleted = cluster.cli("delete", "--deployment", "summer")
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+    wait(
+        lambda: (
+            not any(
+                w["name"].startswith("summer-")
+                for w in cluster.get("/api/v1/workloads")["workloads"]
+            )
+        ),
+        30,
+    )

@@ -1,7 +1,9 @@
 """gpufrac on a real multi-node Ray cluster (a head and three raylets on this machine, each node
 with its own simulated GPU), all inside a network namespace with only loopback: placement by
 label, the lease's environment in workloads and Ray actors, gpufrac leases against Ray's plain
-``num_gpus`` fractions, a control plane killed and restarted, a node killed. The scenario is
+``num_gpus`` fractions, a control plane killed and restarted, a node killed (its whole PID
+namespace) while a deployment with a replica on it and one on another node serves traffic. The
+scenario is
 ``ray_scenario.py``; this test runs it (as root, which CI is: ``unshare -n`` needs it)."""
 
 from __future__ import annotations
@@ -72,4 +74,17 @@ def test_a_lost_nodes_work_runs_once_elsewhere(seen: dict[str, Any]) -> None:
     assert seen["nodes_after"][seen["lost"]] == "lost"
     assert seen["mover_after"] != seen["lost"]
     assert seen["old_copies_alive"] == []
+    assert seen["killed_node_processes_left"] == []  # its raylet, agent, shims, workloads: all
     assert seen["node_loss_to_replaced_s"] < 15
+
+
+def test_a_deployment_on_two_nodes_answers_every_request_while_one_dies(
+    seen: dict[str, Any],
+) -> None:
+    assert seen["replica_nodes"] == ["n1", "n2"]  # spread over the nodes that take MPS work
+    assert seen["served"] == [200, {"outputs": 6}]
+    codes = seen["traffic_through_node_loss"]
+    assert set(codes) == {"200"} and codes["200"] > 100, codes  # not one failed request
+    survivor = ({"n1", "n2"} - {seen["lost"]}).pop()
+    assert seen["replica_nodes_after"] == [survivor, survivor]  # the lost one's replaced there
+    assert seen["replica_loss_to_replaced_s"] < 15

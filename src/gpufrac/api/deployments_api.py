@@ -3,9 +3,10 @@ same manifest endpoint as workloads, ``POST /api/v1/deployments`` or ``/api/v1/w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import FastAPI, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
@@ -21,15 +22,37 @@ from gpufrac.api.schemas import (
 )
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec, deployment_to_json
-from gpufrac.runtime.shim import LOG
-from gpufrac.serving.deployments import gateway_path, route_name
+from gpufrac.runtime.store import Event
+from gpufrac.serving.deployments import Deployments, gateway_path, route_name
 
 if TYPE_CHECKING:
-    from gpufrac.api.service import AgentService
     from gpufrac.api.tokens import Caller
 
 
-def deployment_view(service: AgentService, d: DeploymentSpec, scaled: int | None) -> dict[str, Any]:
+class DeploymentsService(Protocol):
+    """What these routes read: one machine's agent (``AgentService``), or a cluster's control
+    plane (``cluster.serving.ClusterServing``)."""
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+
+    @property
+    def deployments(self) -> Deployments: ...
+
+    @property
+    def states(self) -> Mapping[str, Any]: ...
+
+    def wake(self) -> None: ...
+
+    def events(self, subject: str, limit: int) -> list[Event]: ...
+
+    def last_error(self, tenant: str, name: str, st: Any) -> str | None:
+        """The last line a replica that failed wrote, where it can be read."""
+
+
+def deployment_view(
+    service: DeploymentsService, d: DeploymentSpec, scaled: int | None
+) -> dict[str, Any]:
     deps = service.deployments
     traffic = deps.traffic.get(route_name(d), {})
     per_replica = traffic.get("replicas", {})
@@ -46,7 +69,7 @@ def deployment_view(service: AgentService, d: DeploymentSpec, scaled: int | None
                 "outstanding": per_replica.get(r.name, {}).get("outstanding", 0),
                 "served": per_replica.get(r.name, {}).get("served", 0),
                 "reason": st.reason if st else "",
-                "last_error": _last_error(service, d.tenant, r.name, st),
+                "last_error": service.last_error(d.tenant, r.name, st),
             }
         )
     wanted = scaled if scaled is not None else d.replicas
@@ -63,24 +86,9 @@ def deployment_view(service: AgentService, d: DeploymentSpec, scaled: int | None
     }
 
 
-def _last_error(service: AgentService, tenant: str, name: str, st: Any) -> str | None:
-    """The last line a replica that failed wrote (its traceback's last line, say), so a deployment
-    whose replicas never get ready says why."""
-    if st is None or (st.phase not in ("backoff", "failed") and st.exit_code in (None, 0)):
-        return None
-    stored = service.agent.store.workload(tenant, name)
-    run = service.agent.latest_run(tenant, name, stored.generation) if stored else None
-    try:
-        lines = (run / LOG).read_text(errors="replace").splitlines() if run else []
-    except OSError:
-        return None
-    last = next((line.strip() for line in reversed(lines) if line.strip()), None)
-    return None if last is None else last[-300:]
-
-
 def add_deployment_routes(
     app: FastAPI,
-    service: AgentService,
+    service: DeploymentsService,
     caller: Callable[[Request], Caller],
     own: Callable[[Request, str, str], object],
 ) -> None:
@@ -111,9 +119,7 @@ def add_deployment_routes(
         own(request, tenant, name)
         with service.lock:
             out = deployment_view(service, *find(tenant, name))
-            out["events"] = [
-                asdict(e) for e in service.agent.store.events(f"{tenant}/{name}", limit=100)
-            ]
+            out["events"] = [asdict(e) for e in service.events(f"{tenant}/{name}", 100)]
             return out
 
     @app.post(

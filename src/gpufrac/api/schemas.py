@@ -239,7 +239,9 @@ class ApplyAnswer(Answer):
 class ReplicaJson(Answer):
     name: str
     template: str
+    host: str = Field(description="where the gateway reaches it: its node's address on a cluster")
     port: int
+    node: str | None = Field(description="the node it is placed on (a cluster), else null")
     phase: str
     ready: bool
     draining: bool

@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from gpufrac.api.history import History
 from gpufrac.runtime.agent import Agent, WorkloadState
-from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT, Deployments
+from gpufrac.runtime.shim import LOG
+from gpufrac.runtime.store import Event
+from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT, AgentServing, Deployments
 
 RECONCILE_SECONDS = 0.5
 STALLED_SECONDS = 30.0  # no pass finished for this long: the agent says it is degraded
@@ -32,7 +34,7 @@ class AgentService:
         """``tokens``: the API tokens' tenants (None for the admin's), for the request gateway."""
         self.agent = agent
         self.deployments = Deployments(
-            agent, gateway_port=gateway_port, host=gateway_host, tokens=tokens
+            AgentServing(agent), gateway_port=gateway_port, host=gateway_host, tokens=tokens
         )
         self.lock = agent.lock  # the agent's own: its reconcile pass releases it for device calls
         self.interval = interval
@@ -70,6 +72,23 @@ class AgentService:
         self._thread = threading.Thread(target=self._loop, name="gpufrac-reconcile", daemon=True)
         self._thread.start()
         self.history.start()
+
+    def events(self, subject: str, limit: int) -> list[Event]:
+        return self.agent.store.events(subject, limit=limit)
+
+    def last_error(self, tenant: str, name: str, st: Any) -> str | None:
+        """The last line a replica that failed wrote (its traceback's last line, say), so a
+        deployment whose replicas never get ready says why."""
+        if st is None or (st.phase not in ("backoff", "failed") and st.exit_code in (None, 0)):
+            return None
+        stored = self.agent.store.workload(tenant, name)
+        run = self.agent.latest_run(tenant, name, stored.generation) if stored else None
+        try:
+            lines = (run / LOG).read_text(errors="replace").splitlines() if run else []
+        except OSError:
+            return None
+        last = next((line.strip() for line in reversed(lines) if line.strip()), None)
+        return None if last is None else last[-300:]
 
     def wake(self) -> None:
         """Run the next reconcile pass now rather than at the next tick."""

@@ -30,6 +30,7 @@ from gpufrac.cli.common import (
 from gpufrac.cluster.node import die_with_parent
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
+from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT
 
 TOKEN_FILE = "cluster-token"
 CONTROL_PORT = 8470
@@ -75,6 +76,13 @@ def control_command(
         typer.Option("--host", help="Address to listen on (beyond loopback only with API tokens)."),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = CONTROL_PORT,
+    gateway_port: Annotated[
+        int,
+        typer.Option(
+            "--gateway-port",
+            help="Port of the request gateway for the cluster's deployments (on --host).",
+        ),
+    ] = DEFAULT_GATEWAY_PORT,
     cluster_token: TokenOpt = None,
     lease: Annotated[
         float, typer.Option("--lease", help="Seconds a node's lease lasts (at least 3).")
@@ -122,6 +130,7 @@ def control_command(
     from gpufrac.cli.agent_cmds import _is_loopback
     from gpufrac.cluster.control import ControlPlane
     from gpufrac.cluster.control_api import create_control_app
+    from gpufrac.cluster.serving import ClusterServing
     from gpufrac.model.settings import load_settings
 
     with handled_errors():
@@ -141,7 +150,13 @@ def control_command(
         if not 0 <= local <= 16:
             raise InputError(f"--local {local}", field="--local", fix="give 0 to 16 nodes")
         control = ControlPlane(data, load_settings(data), lease_s=lease)
-    app = create_control_app(control, cluster_token=token, tokens=tokens)
+    serving = ClusterServing(
+        control,
+        gateway_port=gateway_port,
+        gateway_host=host,
+        tokens=None if tokens is None else {t: c.tenant for t, c in tokens.items()},
+    )
+    app = create_control_app(control, cluster_token=token, tokens=tokens, serving=serving)
     url = advertise or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     nodes = [_local_node(data, token, url, i) for i in range(local)]
     stop = threading.Event()
@@ -155,7 +170,17 @@ def control_command(
                     highlight=False,
                 )
 
+    def serve() -> None:
+        """Keep the deployments' replicas and the gateway in step with the cluster."""
+        while not stop.is_set():
+            try:
+                serving.reconcile()
+            except Exception as e:  # one bad pass is said, and the next one tried
+                err_console.print(f"[yellow]warning:[/] deployments pass: {e}", highlight=False)
+            serving.wait(0.5)
+
     threading.Thread(target=ticks, daemon=True, name="gpufrac-control-ticks").start()
+    threading.Thread(target=serve, daemon=True, name="gpufrac-control-serving").start()
     if ray_address is not None:
         from gpufrac.cluster.ray_nodes import RayNodes
 
@@ -189,6 +214,9 @@ def control_command(
         uvicorn.run(app, host=host, port=port, log_level="warning", http=HeadTimeoutProtocol)
     finally:
         stop.set()
+        serving.wake()
+        with control.lock:
+            serving.close()
         for proc in nodes:
             proc.terminate()
         for proc in nodes:
@@ -291,6 +319,8 @@ def node_command(
             highlight=False,
         )
     link = HttpLink(control, token)
+    if listen not in ("0.0.0.0", "::"):  # where its deployments' replicas listen for the gateway
+        agent.handover.listen_host = listen
     server, port = serve_in_thread(create_node_app(agent, token), listen, 0)
     link.address = f"http://{listen}:{port}"
     node = NodeAgent(

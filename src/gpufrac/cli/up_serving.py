@@ -15,7 +15,7 @@ from gpufrac.cli.common import console
 from gpufrac.cli.serve_cmds import load_table, run_load
 from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.runtime.agent import Agent, WorkloadState
-from gpufrac.serving.deployments import Deployments, gateway_path, route_name
+from gpufrac.serving.deployments import AgentServing, Deployments, gateway_path, route_name
 
 BODY = b'{"inputs": [1, 2, 3]}'
 
@@ -31,7 +31,7 @@ class ServingRun:
         step_seconds: float,
     ) -> None:
         self.specs = specs
-        self.deps = Deployments(agent, gateway_port=gateway_port)
+        self.deps = Deployments(AgentServing(agent), gateway_port=gateway_port)
         self.load, self.step_seconds = load, step_seconds
         self.started = time.monotonic()
         self.timeline: list[dict[str, Any]] = []

@@ -191,6 +191,33 @@ class ControlPlane:
                 for n in sorted(self.core.nodes.values(), key=lambda n: n.name)
             ]
 
+    def status(self, key: str) -> tuple[str, str, dict[str, Any]]:
+        """A workload's phase and reason as the cluster sees it, and its node's last view of it
+        (empty where its node has not shown this placement yet)."""
+        with self.lock:
+            a = self.core.assigned.get(key)
+            shown = self.views.get(key)
+            ended = self.core.ended.get(key)
+            epoch = a.epoch if a is not None else ENDED if ended is not None else None
+            node_view = shown[1] if shown is not None and shown[0] == epoch else {}
+            if ended is not None:
+                return ended, node_view.get("reason") or "ended", node_view
+            if node_view:
+                return node_view.get("phase", "starting"), node_view.get("reason", ""), node_view
+            if a is not None:
+                return "starting", f"placed on node {a.node}; it has not shown it yet", node_view
+            waiting = [
+                n for n, held in self.awaiting.items() if any(h.workload == key for h in held)
+            ]
+            reason = (
+                f"its node {waiting[0]} has not joined since the control plane restarted"
+                if waiting
+                else self.core.decision(key).reason
+            )
+            if key in self.lost_from:
+                reason = f"its node {self.lost_from[key]} was lost; {reason}"
+            return "pending", reason, node_view
+
     # -- desired state ---------------------------------------------------------------------------
 
     def apply(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision]:

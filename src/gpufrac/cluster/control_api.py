@@ -23,10 +23,12 @@ from prometheus_client.exposition import choose_encoder
 from pydantic import ValidationError
 
 from gpufrac.api.app import as_seen_by, check_workload_caps, problem_answer
+from gpufrac.api.deployments_api import add_deployment_routes
 from gpufrac.api.guard import Guard
 from gpufrac.api.tokens import Caller, authenticate
-from gpufrac.cluster.control import ENDED, ControlPlane, static_qos
+from gpufrac.cluster.control import ControlPlane, static_qos
 from gpufrac.cluster.metrics import control_registry
+from gpufrac.cluster.serving import ClusterServing
 from gpufrac.cluster.wire import (
     AnswerBody,
     HeartbeatBody,
@@ -40,6 +42,7 @@ from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.manifest import parse_objects
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.sched_decision import decision_to_json
+from gpufrac.serving.deployments import gateway_path
 
 NODE_PATHS = "/cluster/v1/"
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -47,8 +50,13 @@ MAX_BODY = 4 * 1024 * 1024
 
 
 def create_control_app(
-    control: ControlPlane, *, cluster_token: str, tokens: dict[str, Caller] | None = None
+    control: ControlPlane,
+    *,
+    cluster_token: str,
+    tokens: dict[str, Caller] | None = None,
+    serving: ClusterServing | None = None,
 ) -> FastAPI:
+    """``serving``: the cluster's deployments and their gateway (None: deployments refused)."""
     app = FastAPI(title="gpufrac control plane", version="1")
     app.add_exception_handler(InputError, lambda _r, e: problem_answer(e))
     app.add_middleware(Guard, tokens=tokens, max_body=MAX_BODY, own_auth=(NODE_PATHS,))
@@ -134,20 +142,21 @@ def create_control_app(
     def apply_text(who: Caller, text: str) -> dict[str, Any]:
         objects = parse_objects(text, source="body", default_tenant=who.tenant or "default")
         for o in objects:
-            if isinstance(o, DeploymentSpec):
+            if isinstance(o, DeploymentSpec) and serving is None:
                 raise InputError(
-                    "deployments are not served across a cluster yet",
+                    "this control plane serves no deployments",
                     field="kind",
-                    fix="apply the Deployment to one machine's agent",
+                    fix="apply the Deployment to a control plane started by gpufrac control",
                 )
             if not who.may_see(o.tenant):
                 raise HTTPException(
                     403, f"the manifest names tenant {o.tenant!r}; your token is for {who.tenant!r}"
                 )
         specs = [o for o in objects if isinstance(o, WorkloadSpec)]
+        deployments = [o for o in objects if isinstance(o, DeploymentSpec)]
         with control.lock:
             check_workload_caps(control.store, control.settings, specs)
-        results = []
+        results: list[dict[str, Any]] = []
         for spec in specs:
             before = control.store.workload(spec.tenant, spec.name)
             what, decision = control.apply(spec)
@@ -165,6 +174,21 @@ def create_control_app(
                     "warnings": [],
                 }
             )
+        if deployments:
+            assert serving is not None
+            with control.lock:
+                for d in deployments:
+                    results.append(
+                        {
+                            "kind": "Deployment",
+                            "deployment": d.key,
+                            "result": serving.deployments.apply(d),
+                            "decision": None,
+                            "diff": [],
+                            "url": serving.deployments.gateway_url + gateway_path(d),
+                        }
+                    )
+            serving.wake()
         return {"results": results}
 
     def view(who: Caller, tenant: str, name: str) -> dict[str, Any]:
@@ -174,30 +198,8 @@ def create_control_app(
         key = f"{tenant}/{name}"
         spec = spec_from_json(stored.spec)
         a = control.core.assigned.get(key)
-        shown = control.views.get(key)
-        ended = control.core.ended.get(key)
-        epoch = a.epoch if a is not None else ENDED if ended is not None else None
-        node_view = shown[1] if shown is not None and shown[0] == epoch else {}
+        phase, reason, node_view = control.status(key)
         placed = control.store.placement(tenant, name)
-        phase: str
-        if ended is not None:
-            phase, reason = ended, node_view.get("reason") or "ended"
-        elif node_view:
-            phase, reason = node_view.get("phase", "starting"), node_view.get("reason", "")
-        elif a is not None:
-            phase, reason = "starting", f"placed on node {a.node}; it has not shown it yet"
-        else:
-            waiting = [
-                n for n, held in control.awaiting.items() if any(h.workload == key for h in held)
-            ]
-            reason = (
-                f"its node {waiting[0]} has not joined since the control plane restarted"
-                if waiting
-                else control.core.decision(key).reason
-            )
-            if key in control.lost_from:
-                reason = f"its node {control.lost_from[key]} was lost; {reason}"
-            phase = "pending"
         return {
             "tenant": tenant,
             "name": name,
@@ -291,6 +293,16 @@ def create_control_app(
         if not who.may_see(tenant) or not control.keep_alive(tenant, name):
             raise HTTPException(404, f"no lease {tenant}/{name}")
         return {"kept": f"{tenant}/{name}"}
+
+    def own(request: Request, tenant: str, name: str) -> Caller:
+        """A tenant sees only its own deployments: another's look like they do not exist."""
+        who = caller(request)
+        if not who.may_see(tenant):
+            raise HTTPException(404, f"no deployment {tenant}/{name}")
+        return who
+
+    if serving is not None:
+        add_deployment_routes(app, serving, caller, own)
 
     registry = control_registry(control)
 

@@ -36,6 +36,7 @@ class RayNode:
     node_id: str
     name: str
     labels: dict[str, str]
+    address: str = "127.0.0.1"  # the node's own address in Ray (its node agent listens there)
 
 
 def labelled_nodes() -> list[RayNode]:
@@ -46,7 +47,8 @@ def labelled_nodes() -> list[RayNode]:
     for n in ray.nodes():  # type: ignore[no-untyped-call]
         labels = n.get("Labels") or {}
         if n.get("Alive") and labels.get(NODE_LABEL):
-            out.append(RayNode(n["NodeID"], labels[NODE_LABEL], dict(labels)))
+            address = str(n.get("NodeManagerAddress") or "127.0.0.1")
+            out.append(RayNode(n["NodeID"], labels[NODE_LABEL], dict(labels), address))
     return out
 
 
@@ -113,7 +115,7 @@ class RayNodes:
             have = self.hosts.get(node.name)
             if have is not None and have[0] == node.node_id:
                 continue
-            args = ["--control", self.control_url, "--name", node.name]
+            args = ["--control", self.control_url, "--name", node.name, "--listen", node.address]
             simulate = node.labels.get(SIMULATE_LABEL)
             if simulate:
                 args += ["--simulate", simulate.replace(".", ":")]

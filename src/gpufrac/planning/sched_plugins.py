@@ -253,16 +253,28 @@ def mig_fit(ctx: PluginContext, req: SchedRequest, c: Candidate) -> int:
 
 def replica_spread(ctx: PluginContext, req: SchedRequest, c: Candidate) -> int:
     """Replicas of one deployment go to different GPUs where they fit: a new replica should add GPU
-    time, not split a GPU its siblings already keep busy. Outweighs packing; never a filter."""
+    time, not split a GPU its siblings already keep busy; on a cluster, to different nodes too, so
+    that losing a node leaves replicas serving. Outweighs packing; never a filter."""
     group = req.spec.labels.get(DEPLOYMENT_LABEL)
     if group is None:
         return 0
-    siblings = sum(
-        1
-        for key in ctx.gpus[c.gpu].allocs
-        if key.startswith(f"{req.tenant}/") and ctx.labels_of(key).get(DEPLOYMENT_LABEL) == group
-    )
-    return -4 * MILLI * siblings
+
+    def siblings(g: GpuInfo) -> int:
+        return sum(
+            1
+            for key in g.allocs
+            if key.startswith(f"{req.tenant}/")
+            and ctx.labels_of(key).get(DEPLOYMENT_LABEL) == group
+        )
+
+    here = ctx.gpus[c.gpu]
+    on_gpu = siblings(here)
+    on_node = 0
+    if here.node:  # a cluster's GPU: every sibling on its node counts again, this one's too
+        on_node = sum(
+            siblings(g) if g is not here else on_gpu for g in ctx.gpus if g.node == here.node
+        )
+    return -4 * MILLI * on_gpu - 8 * MILLI * on_node
 
 
 SCORES: tuple[Score, ...] = (packing, recut_cost, tenant_isolation, mig_fit, replica_spread)

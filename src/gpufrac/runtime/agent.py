@@ -701,7 +701,7 @@ class Agent:
         if self.clock() < last + check.period_seconds:
             return False
         write_json(run_dir / "probe.json", {"at": self.clock()})
-        if not probe(check.kind, check.port, check.path):
+        if not probe(check.kind, check.port, check.path, self.handover.listen_host):
             return False
         write_json(run_dir / "ready.json", {"at": self.clock()})
         self.store.record_event(

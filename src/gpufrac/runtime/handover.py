@@ -45,6 +45,9 @@ class Handover:
         self.mps = mps
         self.arbiter_address = arbiter_address
         self.job_min_share_milli = job_min_share_milli
+        # the address a workload listens at to be reached by others (a deployment's replica, by
+        # the gateway): this machine's loopback, or a cluster node's own address
+        self.listen_host = "127.0.0.1"
 
     def env(
         self, spec: WorkloadSpec, decision: Decision, allocs: list[Allocation]
@@ -61,6 +64,7 @@ class Handover:
             "NVIDIA_VISIBLE_DEVICES": visible,
             "GPUFRAC_WORKLOAD": spec.name,
             "GPUFRAC_TENANT": spec.tenant,
+            "GPUFRAC_HOST": self.listen_host,
             "GPUFRAC_SHARING": decision.mode or "",
             "GPUFRAC_GPU_MEMORY_LIMIT_MIB": str(allocs[0].memory_mib) if allocs else "",
             "GPUFRAC_GPU_UUID": decision.gpus[0] if decision.gpus else "",

@@ -128,13 +128,14 @@ class Runs:
             time.sleep(0.05)
 
 
-def probe(kind: str, port: int, path: str) -> bool:
-    """One readiness probe on this machine: a TCP connect, or an HTTP GET answered with 2xx/3xx."""
+def probe(kind: str, port: int, path: str, host: str = "127.0.0.1") -> bool:
+    """One readiness probe on this machine: a TCP connect, or an HTTP GET answered with 2xx/3xx,
+    at ``host`` (where workloads listen: ``$GPUFRAC_HOST``)."""
     try:
         if kind == "tcp":
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((host, port), timeout=0.5):
                 return True
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1.0) as r:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=1.0) as r:
             return 200 <= int(r.status) < 400
     except (OSError, ValueError):
         return False

@@ -330,16 +330,25 @@ def write_lease(path: Path, until: float, grace: float) -> None:
     _write_json(path, {"until": until, "grace": grace})
 
 
-def lease_ended(path: Path) -> tuple[float, float] | None:
-    """(when it ended, the grace) if the lease in ``path`` has run out; None while it holds, or if
-    the file cannot be read (a shim never stops a workload on a read that failed)."""
+def read_lease(path: Path) -> tuple[float, float] | None:
+    """(until, grace) from the lease file in ``path``, or None where it cannot be read."""
     lease = _read_json(path)
     if lease is None:
         return None
     until, grace = lease.get("until"), lease.get("grace", 1.0)
     if not isinstance(until, int | float) or not isinstance(grace, int | float):
         return None
-    return (float(until), float(grace)) if time.time() > until else None
+    return float(until), float(grace)
+
+
+def lease_ended(path: Path, last: tuple[float, float] | None = None) -> tuple[float, float] | None:
+    """(when it ended, the grace) if the lease in ``path`` has run out; None while it holds. A
+    file that cannot be read (removed with its node's data) counts as the ``last`` lease read: a
+    shim never stops a workload while a lease it saw holds, nor runs on past it unrenewed."""
+    lease = read_lease(path) or last
+    if lease is None:
+        return None
+    return lease if time.time() > lease[0] else None
 
 
 def _run(run_dir: Path) -> int:
@@ -431,8 +440,10 @@ def _run(run_dir: Path) -> int:
     if isinstance(lease, str):
 
         def watch_lease() -> None:
+            last = None
             while not stopping.is_set() and child.poll() is None:
-                ended = lease_ended(Path(lease))
+                last = read_lease(Path(lease)) or last
+                ended = lease_ended(Path(lease), last)
                 if ended is not None:
                     until, grace = ended
                     log.write(

@@ -16,8 +16,10 @@ import json
 import random
 import socket
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import (
@@ -39,7 +41,11 @@ from gpufrac.serving.autoscaler import (
 )
 
 if TYPE_CHECKING:
-    from gpufrac.runtime.agent import Agent, WorkloadState
+    from gpufrac.model.settings import OperatorSettings
+    from gpufrac.planning.sched_decision import Decision
+    from gpufrac.runtime.agent import Agent
+    from gpufrac.runtime.failures import Failures
+    from gpufrac.runtime.store import Store
 
 DEFAULT_GATEWAY_PORT = 8480
 REPLICA_PORTS = (20000, 32768)  # below the ephemeral range
@@ -53,19 +59,105 @@ class ReplicaView:
     phase: str
     ready: bool
     draining: bool
+    host: str = "127.0.0.1"  # where the replica listens (its node's address on a cluster)
+    node: str | None = None  # the node it is placed on (on a cluster)
+
+
+class ReplicaState(Protocol):
+    """What a replica is doing, as its host sees it (a ``WorkloadState`` on one machine)."""
+
+    @property
+    def phase(self) -> str: ...
+
+    @property
+    def decision(self) -> Decision | None: ...
+
+
+class ServingHost(Protocol):
+    """Whoever runs a deployment's replicas, seen narrowly: one machine's agent
+    (``AgentServing``), or a cluster's control plane, which places them over its nodes."""
+
+    @property
+    def settings(self) -> OperatorSettings: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
+    @property
+    def failures(self) -> Failures: ...
+
+    def apply(self, spec: WorkloadSpec) -> object: ...
+
+    def delete(self, tenant: str, name: str) -> object: ...
+
+    def note_busy(self, key: str) -> None:
+        """Requests are in flight on the workload ``key``: it is busy on its GPU."""
+
+    def shares_a_gpu(self, keys: Collection[str]) -> bool:
+        """Does any of these workloads share its GPU (or MIG instance) with a workload not among
+        them?"""
+
+    def gpu_busy(self, key: str, st: ReplicaState) -> float | None:
+        """The workload's SM use (0..1) where it is known per process, else None."""
+
+    def where(self, key: str) -> tuple[str, str | None]:
+        """The address the workload listens at for the gateway, and its node (None on one
+        machine)."""
+
+
+class AgentServing:
+    """One machine's agent as a ``ServingHost``."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.settings = agent.settings
+        self.store = agent.store
+        self.data_dir = agent.data_dir
+        self.failures = agent.failures
+
+    def apply(self, spec: WorkloadSpec) -> object:
+        return self.agent.apply(spec)
+
+    def delete(self, tenant: str, name: str) -> object:
+        return self.agent.delete(tenant, name)
+
+    def note_busy(self, key: str) -> None:
+        self.agent.note_busy(key)
+
+    def shares_a_gpu(self, keys: Collection[str]) -> bool:
+        members = self.agent.arbiter.latest  # read by this pass's agent reconcile
+        domains = {m["domain"] for key, m in members.items() if key in keys}
+        return any(m["domain"] in domains and key not in keys for key, m in members.items())
+
+    def gpu_busy(self, key: str, st: ReplicaState) -> float | None:
+        dec = st.decision
+        if dec is None or dec.mode != "timeslice" or not dec.gpus or dec.mig:
+            return None
+        tenant, name = key.split("/", 1)
+        use = self.agent.memory_use(tenant, name)
+        by_pid = self.agent.health.process_utilization(dec.gpus[0])
+        if use is None or not by_pid:
+            return None
+        return min(1.0, sum(by_pid.get(p, 0) for p in use.pids) / 100)
+
+    def where(self, key: str) -> tuple[str, str | None]:
+        return "127.0.0.1", None
 
 
 class Deployments:
     def __init__(
         self,
-        agent: Agent,
+        runner: ServingHost,
         *,
         gateway_port: int = DEFAULT_GATEWAY_PORT,
         host: str = "127.0.0.1",
         tokens: dict[str, str | None] | None = None,
     ) -> None:
         """``tokens``: each API token's tenant (None for the admin's), or None without tokens."""
-        self.agent = agent
+        self.runner = runner
         self.gateway_port, self.host = gateway_port, host
         self.tokens = (
             None
@@ -75,7 +167,7 @@ class Deployments:
             }
         )
         self.gateway = ChildLink(
-            "request gateway", "gpufrac.serving.gateway", agent.data_dir / "gateway.log"
+            "request gateway", "gpufrac.serving.gateway", runner.data_dir / "gateway.log"
         )
         self.scaling: dict[str, ScaleState] = {}
         self.draining: dict[str, float] = {}  # replica key -> since
@@ -91,7 +183,7 @@ class Deployments:
 
     def apply(self, spec: DeploymentSpec) -> str:
         # its replicas will be workloads of its tenant: the same bounds, before anything is stored
-        settings = self.agent.settings
+        settings = self.runner.settings
         try:
             settings.check_priority(spec.tenant, spec.template.priority)
             settings.check_user(spec.tenant, spec.template.user)
@@ -99,9 +191,9 @@ class Deployments:
             raise InputError(
                 e.message, field=(e.field or "").replace("spec.", "spec.template.", 1), fix=e.fix
             ) from None
-        stored = {(t, n): s for t, n, s, _ in self.agent.store.deployments()}
+        stored = {(t, n): s for t, n, s, _ in self.runner.store.deployments()}
         before = stored.get((spec.tenant, spec.name))
-        changed = self.agent.store.put_deployment(
+        changed = self.runner.store.put_deployment(
             spec.tenant,
             spec.name,
             deployment_to_json(spec),
@@ -114,21 +206,21 @@ class Deployments:
         return "created" if before is None else "updated"
 
     def delete(self, tenant: str, name: str) -> bool:
-        if not self.agent.store.delete_deployment(tenant, name):
+        if not self.runner.store.delete_deployment(tenant, name):
             return False
         for w in self._replicas(tenant, name):
-            self.agent.delete(w.tenant, w.name)
+            self.runner.delete(w.tenant, w.name)
         self._configure_gone(f"{tenant}/{name}")
         return True
 
     def scale(self, tenant: str, name: str, replicas: int) -> bool:
-        if not any((t, n) == (tenant, name) for t, n, _, _ in self.agent.store.deployments()):
+        if not any((t, n) == (tenant, name) for t, n, _, _ in self.runner.store.deployments()):
             return False
-        self.agent.store.set_deployment_replicas(tenant, name, replicas, "set by gpufrac scale")
+        self.runner.store.set_deployment_replicas(tenant, name, replicas, "set by gpufrac scale")
         return True
 
     def specs(self) -> list[tuple[DeploymentSpec, int | None]]:
-        return [(deployment_from_json(s), r) for _, _, s, r in self.agent.store.deployments()]
+        return [(deployment_from_json(s), r) for _, _, s, r in self.runner.store.deployments()]
 
     @property
     def gateway_url(self) -> str:
@@ -136,7 +228,7 @@ class Deployments:
 
     # -- reconcile ------------------------------------------------------------------------------
 
-    def reconcile(self, states: dict[str, WorkloadState]) -> None:
+    def reconcile(self, states: Mapping[str, ReplicaState]) -> None:
         deployments = self.specs()
         if not deployments and not self.gateway.running:
             return
@@ -145,14 +237,14 @@ class Deployments:
         for spec, scaled in deployments:
             # one deployment that fails (a bound lowered since it was stored, say) is its own
             # failure, recorded once and retried with backoff; the others go on
-            if self.agent.failures.waiting(spec.key, "serving") is not None:
+            if self.runner.failures.waiting(spec.key, "serving") is not None:
                 continue
             try:
                 self._reconcile_one(spec, scaled, states)
             except Exception as e:
-                self.agent.failures.failed(spec.key, "serving", e)
+                self.runner.failures.failed(spec.key, "serving", e)
             else:
-                self.agent.failures.succeeded(spec.key, "serving")
+                self.runner.failures.succeeded(spec.key, "serving")
         known = {d.key for d, _ in deployments}
         for key in [k for k in self._sent if k not in known]:
             self._configure_gone(key)
@@ -167,13 +259,13 @@ class Deployments:
                 del counts[key]
 
     def _reconcile_one(
-        self, d: DeploymentSpec, scaled: int | None, states: dict[str, WorkloadState]
+        self, d: DeploymentSpec, scaled: int | None, states: Mapping[str, ReplicaState]
     ) -> None:
         now = time.monotonic()
         traffic = self.traffic.get(route_name(d), {})
         for name, seen in traffic.get("replicas", {}).items():
             if int(seen.get("outstanding", 0)) > 0:  # requests in flight: busy on its GPU
-                self.agent.note_busy(f"{d.tenant}/{name}")
+                self.runner.note_busy(f"{d.tenant}/{name}")
         replicas = self.views(d, states)
         current = [r for r in replicas if r.template == d.template_hash and not r.draining]
         want = self._wanted(d, scaled, current, traffic, now)
@@ -181,7 +273,7 @@ class Deployments:
         for index in [i for i in range(want * 2 + 1) if i not in have][
             : max(0, want - len(current))
         ]:
-            self.agent.apply(d.replica_spec(index, self._free_port()))
+            self.runner.apply(d.replica_spec(index, self._free_port()))
         # surplus replicas of this template: those not ready first, then the highest indexes
         surplus = sorted(current, key=lambda r: (r.ready, -int(r.name.rsplit("-", 1)[1])))
         retire = [r.name for r in surplus[: max(0, len(current) - want)]]
@@ -231,15 +323,15 @@ class Deployments:
         for direction in directions(count, was_boosted, decision):
             counts[direction] += 1
         if decision.why:
-            self.agent.store.record_event("autoscaler", d.key, decision.why, {"deployment": d.key})
+            self.runner.store.record_event("autoscaler", d.key, decision.why, {"deployment": d.key})
         if decision.boosted != self._boosted(d, current):
             weight = d.template.weight * (BOOST if decision.boosted else 1)
             for r in current:
-                stored = self.agent.store.workload(d.tenant, r.name)
+                stored = self.runner.store.workload(d.tenant, r.name)
                 if stored is not None:  # a QoS change: applied live, no restart
-                    self.agent.apply(replace(spec_from_json(stored.spec), weight=weight))
+                    self.runner.apply(replace(spec_from_json(stored.spec), weight=weight))
         if decision.replicas != scaled:
-            self.agent.store.set_deployment_replicas(
+            self.runner.store.set_deployment_replicas(
                 d.tenant, d.name, decision.replicas, decision.why or "autoscaler"
             )
         return decision.replicas
@@ -247,14 +339,11 @@ class Deployments:
     def _shares_a_gpu(self, d: DeploymentSpec, current: list[ReplicaView]) -> bool:
         """Does a replica share its GPU (or MIG instance) with another workload? Only then can a
         higher QoS weight give the deployment more of it; alone on a GPU, it has it all already."""
-        members = self.agent.arbiter.latest  # read by this pass's agent reconcile
-        ours = {f"{d.tenant}/{r.name}" for r in current}
-        domains = {m["domain"] for key, m in members.items() if key in ours}
-        return any(m["domain"] in domains and key not in ours for key, m in members.items())
+        return self.runner.shares_a_gpu({f"{d.tenant}/{r.name}" for r in current})
 
     def _boosted(self, d: DeploymentSpec, current: list[ReplicaView]) -> bool:
         for r in current:
-            stored = self.agent.store.workload(d.tenant, r.name)
+            stored = self.runner.store.workload(d.tenant, r.name)
             if stored is not None:
                 return int(stored.spec.get("weight", 1)) > d.template.weight
         return False
@@ -270,25 +359,26 @@ class Deployments:
             outstanding = int(busy.get(name, {}).get("outstanding", 0))
             if outstanding and now - self.draining[key] < d.timeout_seconds:
                 continue
-            self.agent.delete(d.tenant, name)
-            self.agent.store.record_event("replica_removed", d.key, f"{name} drained and deleted")
+            self.runner.delete(d.tenant, name)
+            self.runner.store.record_event("replica_removed", d.key, f"{name} drained and deleted")
             del self.draining[key]
 
     # -- replicas -------------------------------------------------------------------------------
 
     def _replicas(self, tenant: str, name: str) -> list[WorkloadSpec]:
         out = []
-        for w in self.agent.store.workloads():
+        for w in self.runner.store.workloads():
             if w.tenant == tenant and (w.spec.get("labels") or {}).get(LABEL) == name:
                 out.append(spec_from_json(w.spec))
         return out
 
-    def views(self, d: DeploymentSpec, states: dict[str, WorkloadState]) -> list[ReplicaView]:
+    def views(self, d: DeploymentSpec, states: Mapping[str, ReplicaState]) -> list[ReplicaView]:
         out = []
         for w in self._replicas(d.tenant, d.name):
             key = f"{w.tenant}/{w.name}"
             st = states.get(key)
             phase = st.phase if st else "pending"
+            address, node = self.runner.where(key)
             out.append(
                 ReplicaView(
                     name=w.name,
@@ -297,6 +387,8 @@ class Deployments:
                     phase=phase,
                     ready=phase in ("running", "paused"),
                     draining=key in self.draining,
+                    host=address,
+                    node=node,
                 )
             )
         return sorted(out, key=lambda r: r.name)
@@ -307,7 +399,7 @@ class Deployments:
         binds."""
         used = {
             int(w.spec.get("env", {}).get("PORT", 0))
-            for w in self.agent.store.workloads()
+            for w in self.runner.store.workloads()
             if (w.spec.get("env") or {}).get("PORT")
         }
         for port in random.sample(range(REPLICA_PORTS[0], REPLICA_PORTS[1]), 200):
@@ -331,11 +423,11 @@ class Deployments:
             self.gateway.call("A " + _json({"tokens": self.tokens}))
         except (RuntimeError, OSError) as e:
             self.gateway.close()
-            self.agent.store.record_event("gateway_error", "gateway", str(e))
+            self.runner.store.record_event("gateway_error", "gateway", str(e))
             return
         self._sent = {}
         self._settled = False
-        self.agent.store.record_event("gateway_started", "gateway", self.gateway_url)
+        self.runner.store.record_event("gateway_started", "gateway", self.gateway_url)
 
     def _stats(self) -> dict[str, Any]:
         if not self.gateway.running:
@@ -347,7 +439,7 @@ class Deployments:
             return {}
 
     def _configure(
-        self, d: DeploymentSpec, serving: list[ReplicaView], states: dict[str, WorkloadState]
+        self, d: DeploymentSpec, serving: list[ReplicaView], states: Mapping[str, ReplicaState]
     ) -> None:
         busy = self._gpu_busy(d, serving, states)
         msg = {
@@ -355,7 +447,8 @@ class Deployments:
             "tenant": d.tenant,
             "public": d.public,
             "replicas": [
-                {"id": r.name, "port": r.port, "busy": busy.get(r.name, 0.0)} for r in serving
+                {"id": r.name, "host": r.host, "port": r.port, "busy": busy.get(r.name, 0.0)}
+                for r in serving
             ],
             "max_concurrency": d.max_concurrency,
             "queue_limit": d.queue_limit,
@@ -370,7 +463,7 @@ class Deployments:
             self.gateway.call(line)
             self._sent[d.key] = line
         except ChildRefused as e:  # alive, and serving the rest: record it, keep it running
-            self.agent.store.record_event("gateway_error", d.key, str(e))
+            self.runner.store.record_event("gateway_error", d.key, str(e))
             self._sent[d.key] = line
         except OSError:
             self.gateway.close()
@@ -385,20 +478,17 @@ class Deployments:
                 self.gateway.close()
 
     def _gpu_busy(
-        self, d: DeploymentSpec, serving: list[ReplicaView], states: dict[str, WorkloadState]
+        self, d: DeploymentSpec, serving: list[ReplicaView], states: Mapping[str, ReplicaState]
     ) -> dict[str, float]:
-        """Each replica's SM utilization (0..1) where NVML reports it per process (time-sliced
+        """Each replica's SM utilization (0..1) where it is known per process (time-sliced
         GPUs)."""
         out: dict[str, float] = {}
         for r in serving:
-            st = states.get(f"{d.tenant}/{r.name}")
-            dec = st.decision if st else None
-            if dec is None or dec.mode != "timeslice" or not dec.gpus or dec.mig:
-                continue
-            use = self.agent.memory_use(d.tenant, r.name)
-            by_pid = self.agent.health.process_utilization(dec.gpus[0])
-            if use is not None and by_pid:
-                out[r.name] = min(1.0, sum(by_pid.get(p, 0) for p in use.pids) / 100)
+            key = f"{d.tenant}/{r.name}"
+            st = states.get(key)
+            busy = None if st is None else self.runner.gpu_busy(key, st)
+            if busy is not None:
+                out[r.name] = busy
         return out
 
     def close(self) -> None:

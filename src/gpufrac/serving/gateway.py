@@ -76,6 +76,7 @@ from gpufrac.serving.routing import Replica, Route
 MAX_BODY = 64 * 2**20  # one request's body
 TOTAL_BODIES = 256 * 2**20  # request bodies held by all connections together
 DOWN_SECONDS = 1.0  # a replica that failed to answer is skipped this long
+CONNECT_SECONDS = 3.0  # a connection to a replica not made within this: another replica
 WINDOW_SECONDS = 10.0
 # hop-by-hop headers, and Expect (the gateway already holds the whole body)
 _HOP = (
@@ -382,15 +383,13 @@ class _Exchange:
             pool = [] if replica.retired else pools.setdefault(replica, [])
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(self.route.timeout_s):
+            # a replica on a machine that is gone does not refuse: it never answers. Nothing has
+            # been sent yet, so a connection not made in CONNECT_SECONDS tries another replica
+            async with asyncio.timeout(min(CONNECT_SECONDS, self.route.timeout_s)):
                 _, conn = await loop.create_connection(
                     lambda: _Upstream(pool), replica.host, replica.port
                 )
-        except TimeoutError:
-            if not self.over:
-                self.timed_out()
-            return
-        except OSError:
+        except (OSError, TimeoutError):
             if not self.over:
                 self.no_response()
             return

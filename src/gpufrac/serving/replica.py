@@ -177,12 +177,14 @@ def _failure(e: Exception) -> bytes:
     return error_response(500, f"{type(e).__name__}: {e}")
 
 
-async def serve(model: Model, port: int, max_batch_size: int, max_wait_ms: float) -> None:
+async def serve(
+    model: Model, port: int, max_batch_size: int, max_wait_ms: float, host: str = "127.0.0.1"
+) -> None:
     pool = ThreadPoolExecutor(1, thread_name_prefix="model")
     batcher = Batcher(model, pool, max_batch_size, max_wait_ms / 1000)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Conn(batcher), "127.0.0.1", port, backlog=1024)
-    print(f"serving on 127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
+    server = await loop.create_server(lambda: _Conn(batcher), host, port, backlog=1024)
+    print(f"serving on {host}:{server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
 
@@ -191,12 +193,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpufrac.serving.replica")
     p.add_argument("model", help="package.module:factory")
     p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    p.add_argument(
+        "--host",
+        default=os.environ.get("GPUFRAC_HOST", "127.0.0.1"),
+        help="address to listen on (default: $GPUFRAC_HOST, which gpufrac sets: its node's "
+        "address on a cluster, 127.0.0.1 on one machine)",
+    )
     p.add_argument("--max-batch-size", type=int, default=1)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     args = p.parse_args(argv)
     model = adapt(load_factory(args.model))
     with contextlib.suppress(KeyboardInterrupt):
-        run(serve(model, args.port, args.max_batch_size, args.max_wait_ms))
+        run(serve(model, args.port, args.max_batch_size, args.max_wait_ms, args.host))
     return 0
 
 
