@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -18,7 +19,7 @@ import httpx
 
 from gpufrac.cli.serve_cmds import run_load
 from tests.browser.conftest import Page
-from tests.integration.conftest import TOKENS, RunningAgent
+from tests.integration.conftest import TOKENS, RunningAgent, free_port, kill_leftover_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -291,3 +292,67 @@ def test_with_tokens_the_page_asks_for_one_and_a_tenant_sees_others_anonymised(
     assert len(get(tenant_agent, "/api/v1/history", admin)["workloads"]) == 2
     page.screenshot(path=str(artifacts / "dashboard-tenant.png"), full_page=True)
     assert tab.errors == []
+
+
+def test_a_cluster_control_planes_dashboard_shows_every_nodes_gpus_and_its_deployment(
+    tab: Page, artifacts: Path, tmp_path: Path
+) -> None:
+    """``gpufrac control --local 3`` with the cluster examples applied: the page shows each node's
+    GPUs (with the node) and the deployment served across two of them, and plots each GPU by
+    node."""
+    port, gateway = free_port(), free_port()
+    data = tmp_path / "control"
+    proc = subprocess.Popen(
+        [
+            *(PY, "-m", "gpufrac.cli", "control", "--local", "3", "--port", str(port)),
+            *("--gateway-port", str(gateway), "--data-dir", str(data)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    control = RunningAgent(f"http://127.0.0.1:{port}", data, port, proc)
+    try:
+        wait_for(
+            lambda: (
+                _ok(control, "/api/v1/nodes")
+                and [n["state"] for n in get(control, "/api/v1/nodes")["nodes"]] == ["alive"] * 3
+            ),
+            "three nodes",
+        )
+        for example in ("placement.yaml", "serving.yaml"):
+            text = (ROOT / "examples" / "cluster" / example).read_text()
+            r = httpx.post(f"{control.url}/api/v1/workloads", content=text, timeout=30)
+            assert r.status_code == 200, r.text
+        wait_for(lambda: all_running(control), "the examples to run")
+        page = tab.page
+        page.goto(control.url + "/ui")
+        page.wait_for_selector("#fleet article")
+        want = page_matches_api(tab, control)
+        assert len(want["gpus"]) == 4 and want["deployments"] == {"search/summer": "2 / 2"}
+        subs = page.eval_on_selector_all("#fleet article .sub", "ss => ss.map(s => s.textContent)")
+        assert sorted(s.rsplit(" · ", 1)[-1] for s in subs) == [
+            "local-0",
+            "local-1",
+            "local-2",
+            "local-2",
+        ]
+        page.wait_for_function(  # a sample (every 5 s): each GPU's line, named by its node
+            """() => [...document.querySelectorAll('[data-plot="GPU memory used"] .legend li')]
+                      .map(li => li.children[1].textContent).join(',')
+                      .includes('local-1 GPU 0')""",
+            timeout=30_000,
+        )
+        page.screenshot(path=str(artifacts / "dashboard-cluster.png"), full_page=True)
+        assert tab.errors == []
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        for node in ("local-0", "local-1", "local-2"):
+            kill_leftover_runs(data / "nodes" / node)
+
+
+def _ok(agent: RunningAgent, path: str) -> bool:
+    try:
+        return httpx.get(agent.url + path, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -302,7 +302,8 @@ def create_app(
         return {"results": results}
 
     add_deployment_routes(app, service, caller, own)
-    add_dashboard_routes(app, service, caller, tokens_required=tokens is not None)  # /ui, history
+    # /ui, and the history behind its plots
+    add_dashboard_routes(app, service.history, caller, tokens_required=tokens is not None)
 
     @app.get("/api/v1/workloads", response_model=WorkloadList, responses=AUTH)
     def list_workloads(request: Request) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from gpufrac.api.openapi import errors
 from gpufrac.api.schemas import HistoryAnswer
 
 if TYPE_CHECKING:
-    from gpufrac.api.service import AgentService
+    from gpufrac.api.history import History
     from gpufrac.api.tokens import Caller
 
 # the page's files, and their types; OPEN_PATHS in api/guard.py lets them load without a token
@@ -47,12 +47,13 @@ def ui_file(name: str) -> bytes:
 
 def add_dashboard_routes(
     app: FastAPI,
-    service: AgentService,
+    history: History,
     caller: Callable[[Request], Caller],
     *,
     tokens_required: bool,
 ) -> None:
-    """``tokens_required``: the page asks for a token before it calls the API."""
+    """``history``: what the plots show (one machine's, or a cluster's); ``tokens_required``: the
+    page asks for a token before it calls the API."""
     auth = b'content="token"' if tokens_required else b'content="none"'
 
     def page(name: str) -> Response:
@@ -78,8 +79,13 @@ def add_dashboard_routes(
     def dashboard_file(name: str) -> Response:
         return page(name)
 
-    @app.get("/api/v1/history", response_model=HistoryAnswer, responses=errors(401, 422))
-    def history(
+    @app.get(
+        "/api/v1/history",
+        response_model=HistoryAnswer,
+        responses=errors(401, 422),
+        operation_id="history_api_v1_history_get",  # as before the handler was renamed
+    )
+    def history_samples(
         request: Request,
         since: float | None = Query(None, description="only samples taken after this time (s)"),
     ) -> dict[str, Any]:
@@ -87,4 +93,4 @@ def add_dashboard_routes(
         memory reserved; per MIG instance and per workload what it uses (a tenant: its own); per
         deployment rate, latency, queue and replicas; ``times`` are seconds since the epoch, and
         every series has one value (or null) per time."""
-        return service.history.view(caller(request), since)
+        return history.view(caller(request), since)

@@ -34,7 +34,7 @@ from gpufrac.planning.sched_state import Allocation
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.runs import process_group
 from gpufrac.runtime.shim import read_status
-from gpufrac.serving.deployments import Deployments, route_name_of
+from gpufrac.serving.deployments import Deployments, ReplicaState, route_name_of
 
 INTERVAL_SECONDS = 5.0
 WINDOW_SECONDS = 900.0
@@ -218,22 +218,22 @@ class _Copied:
     deployments: list[tuple[str, str, int, dict[str, Any], int]]
 
 
+Sampler = Callable[[], tuple[list[Reading], dict[str, dict[str, Any]]]]
+
+
 class History:
-    """The ring, and the thread that fills it (owned by the API's ``AgentService``)."""
+    """The ring, and the thread that fills it from ``read`` (one machine's agent: ``AgentSampler``;
+    a cluster's control plane: ``cluster.history``), owned by whoever serves the API."""
 
     def __init__(
         self,
-        agent: Agent,
-        deployments: Deployments,
-        states: Callable[[], Mapping[str, WorkloadState]],
+        read: Sampler,
         *,
         interval: float = INTERVAL_SECONDS,
         window: float = WINDOW_SECONDS,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.agent = agent
-        self.deployments = deployments
-        self.states = states
+        self.read = read
         self.interval = interval
         self.window = window
         self.clock = clock
@@ -278,13 +278,26 @@ class History:
         }
 
     def sample(self) -> None:
-        readings, geometry = self._read()
+        readings, geometry = self.read()
         at = self.clock()
         with self._mu:
             self.ring.add(at, readings)
             self.geometry = geometry
 
-    # -- reading ------------------------------------------------------------------------------
+
+class AgentSampler:
+    """One sample of one machine's agent: GPUs from the driver, placements from its scheduler,
+    QoS from its arbiter, deployments from its gateway."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        deployments: Deployments,
+        states: Callable[[], Mapping[str, WorkloadState]],
+    ) -> None:
+        self.agent = agent
+        self.deployments = deployments
+        self.states = states
 
     def _copy(self) -> _Copied:
         agent = self.agent
@@ -298,17 +311,7 @@ class History:
                 for a in allocs
                 for st in [states.get(a.workload)]
             }
-            deployments = []
-            for d, scaled in self.deployments.specs():
-                views = self.deployments.views(d, dict(states))
-                ready = sum(1 for r in views if r.ready and not r.draining)
-                traffic = self.deployments.traffic.get(route_name_of(d.tenant, d.name), {})
-                wanted = next(
-                    n
-                    for n in (scaled, d.replicas, sum(1 for r in views if not r.draining))
-                    if n is not None
-                )  # the autoscaler's choice is the replicas it keeps (not draining)
-                deployments.append((d.tenant, d.name, wanted, dict(traffic), ready))
+            deployments = deployment_counts(self.deployments, states)
             return _Copied(
                 allocations=allocations,
                 models={g.uuid: g.model for g in sched},
@@ -319,7 +322,7 @@ class History:
                 deployments=deployments,
             )
 
-    def _read(self) -> tuple[list[Reading], dict[str, dict[str, Any]]]:
+    def read(self) -> tuple[list[Reading], dict[str, dict[str, Any]]]:
         copied = self._copy()
         agent = self.agent
         gpus = agent.dev.gpus()  # the driver, outside the agent's lock
@@ -349,12 +352,30 @@ class History:
             node="",
             viewer=ADMIN,
         )
-        readings = _gpu_readings(fleet, copied.qos)
-        readings += _deployment_readings(copied.deployments)
+        readings = gpu_readings(fleet, copied.qos)
+        readings += deployment_readings(copied.deployments)
         return readings, {uuid: geometry(m) for uuid, m in copied.models.items()}
 
 
-def _gpu_readings(fleet: list[dict[str, Any]], qos: Mapping[str, Any]) -> list[Reading]:
+def deployment_counts(
+    deployments: Deployments, states: Mapping[str, ReplicaState]
+) -> list[tuple[str, str, int, dict[str, Any], int]]:
+    """Per deployment: tenant, name, replicas wanted, the gateway's traffic, replicas ready."""
+    out = []
+    for d, scaled in deployments.specs():
+        views = deployments.views(d, states)
+        ready = sum(1 for r in views if r.ready and not r.draining)
+        traffic = deployments.traffic.get(route_name_of(d.tenant, d.name), {})
+        wanted = next(
+            n
+            for n in (scaled, d.replicas, sum(1 for r in views if not r.draining))
+            if n is not None
+        )  # the autoscaler's choice is the replicas it keeps (not draining)
+        out.append((d.tenant, d.name, wanted, dict(traffic), ready))
+    return out
+
+
+def gpu_readings(fleet: list[dict[str, Any]], qos: Mapping[str, Any]) -> list[Reading]:
     out: list[Reading] = []
     fair = entitled(qos)
     workloads: dict[str, Reading] = {}
@@ -449,7 +470,7 @@ def _rounded(v: Any) -> Value:
     return round(float(v), 2) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def _deployment_readings(
+def deployment_readings(
     deployments: list[tuple[str, str, int, dict[str, Any], int]],
 ) -> list[Reading]:
     return [

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any, Literal
 
-from gpufrac.api.history import History
+from gpufrac.api.history import AgentSampler, History
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.shim import LOG
 from gpufrac.runtime.store import Event
@@ -45,7 +45,7 @@ class AgentService:
         self.last_pass = time.monotonic()  # when a reconcile pass last finished
         agent.mig.notify = self.wake  # a MIG instance made: the workload waiting for it starts now
         # the last 15 minutes for the dashboard's plots (GET /api/v1/history)
-        self.history = History(agent, self.deployments, lambda: self.states)
+        self.history = History(AgentSampler(agent, self.deployments, lambda: self.states).read)
 
     def reconcile(self) -> None:
         states = {s.key: s for s in self.agent.reconcile()}

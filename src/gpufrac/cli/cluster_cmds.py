@@ -126,10 +126,12 @@ def control_command(
     import uvicorn
 
     from gpufrac.api.head_timeout import HeadTimeoutProtocol
+    from gpufrac.api.history import History
     from gpufrac.api.tokens import load_tokens
     from gpufrac.cli.agent_cmds import _is_loopback
     from gpufrac.cluster.control import ControlPlane
     from gpufrac.cluster.control_api import create_control_app
+    from gpufrac.cluster.history import ClusterSampler
     from gpufrac.cluster.serving import ClusterServing
     from gpufrac.model.settings import load_settings
 
@@ -156,7 +158,11 @@ def control_command(
         gateway_host=host,
         tokens=None if tokens is None else {t: c.tenant for t, c in tokens.items()},
     )
-    app = create_control_app(control, cluster_token=token, tokens=tokens, serving=serving)
+    history = History(ClusterSampler(control, serving).read)  # the dashboard's plots
+    history.start()
+    app = create_control_app(
+        control, cluster_token=token, tokens=tokens, serving=serving, history=history
+    )
     url = advertise or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     nodes = [_local_node(data, token, url, i) for i in range(local)]
     stop = threading.Event()
@@ -214,6 +220,7 @@ def control_command(
         uvicorn.run(app, host=host, port=port, log_level="warning", http=HeadTimeoutProtocol)
     finally:
         stop.set()
+        history.stop()
         serving.wake()
         with control.lock:
             serving.close()
@@ -231,7 +238,7 @@ def control_command(
 LOCAL_KINDS = (
     ("one H200 in MIG mode", "h200:1:mig", "gpufrac.io/kind=mig"),
     ("one H200 for MPS shares", "h200:1", "gpufrac.io/kind=mps"),
-    ("one H200, time-sliced", "h200:1", "gpufrac.io/kind=timeslice"),
+    ("two H200s, time-sliced (and room for a replica)", "h200:2", "gpufrac.io/kind=timeslice"),
 )
 
 

@@ -195,13 +195,14 @@ def gpu_table(snap: Snapshot, view: ViewState) -> Table:
     _column(t, "memory used/reserved/total")
     _column(t, "util", right=True)
     _column(t, "state")
-    for g in sorted(snap.gpus, key=lambda g: g["index"]):
+    names = gpu_names(snap)
+    for g in sorted(snap.gpus, key=lambda g: (g.get("node") or "", g["index"])):
         allocs = g.get("allocations", [])
         total = g["memory_total_mib"]
         mig_on = (g.get("mig_mode") or {}).get("current") == "enabled"
         reserved = g.get("reserved_memory_mib", sum(a.get("memory_mib") or 0 for a in allocs))
         t.add_row(
-            Text(f"{g['index']}", style="bold"),
+            Text(names[g["uuid"]], style="bold"),
             Text(f"{g.get('model') or g['name']}" + (" MIG" if mig_on else ""), style="bold"),
             f"{len(allocs)} workload(s)" if allocs else Text("idle", style="dim"),
             memory_bar(g.get("memory_used_mib"), reserved, total),
@@ -244,8 +245,18 @@ class WorkloadRow:
     reason: str
 
 
+def gpu_names(snap: Snapshot) -> dict[str, str]:
+    """Each GPU's name in the views: its index, and on a cluster (GPUs of several nodes) its node
+    before it (``n1/0``)."""
+    several = len({g.get("node") for g in snap.gpus}) > 1
+    return {
+        g["uuid"]: f"{g['node']}/{g['index']}" if several else str(g["index"]) for g in snap.gpus
+    }
+
+
 def workload_rows(snap: Snapshot) -> list[WorkloadRow]:
     index = {g["uuid"]: g["index"] for g in snap.gpus}
+    names = gpu_names(snap)
     held = {
         (a.get("tenant"), a.get("name")): a for g in snap.gpus for a in g.get("allocations", [])
     }
@@ -254,7 +265,7 @@ def workload_rows(snap: Snapshot) -> list[WorkloadRow]:
         p = w.get("placement") or {}
         p = p.get("where") or p  # a finished workload keeps where it ran
         gpus = [index.get(u) for u in p.get("gpus", [])]
-        where = ",".join("?" if i is None else str(i) for i in gpus)
+        where = ",".join(names.get(u, "?") for u in p.get("gpus", []))
         where = f"GPU {where} {p.get('mode') or ''}".rstrip() if gpus else ""
         if p.get("mig"):
             where += f" {p['mig']['profile']}@{p['mig']['start']}"

@@ -23,10 +23,13 @@ from prometheus_client.exposition import choose_encoder
 from pydantic import ValidationError
 
 from gpufrac.api.app import as_seen_by, check_workload_caps, problem_answer
+from gpufrac.api.dashboard import add_dashboard_routes
 from gpufrac.api.deployments_api import add_deployment_routes
 from gpufrac.api.guard import Guard
+from gpufrac.api.history import History
 from gpufrac.api.tokens import Caller, authenticate
 from gpufrac.cluster.control import ControlPlane, static_qos
+from gpufrac.cluster.history import ClusterSampler
 from gpufrac.cluster.metrics import control_registry
 from gpufrac.cluster.serving import ClusterServing
 from gpufrac.cluster.wire import (
@@ -55,8 +58,11 @@ def create_control_app(
     cluster_token: str,
     tokens: dict[str, Caller] | None = None,
     serving: ClusterServing | None = None,
+    history: History | None = None,
 ) -> FastAPI:
-    """``serving``: the cluster's deployments and their gateway (None: deployments refused)."""
+    """``serving``: the cluster's deployments and their gateway (None: deployments refused);
+    ``history``: the dashboard's samples (its sampler started by the caller; by default one that
+    is never started, so the plots stay empty)."""
     app = FastAPI(title="gpufrac control plane", version="1")
     app.add_exception_handler(InputError, lambda _r, e: problem_answer(e))
     app.add_middleware(Guard, tokens=tokens, max_body=MAX_BODY, own_auth=(NODE_PATHS,))
@@ -303,6 +309,12 @@ def create_control_app(
 
     if serving is not None:
         add_deployment_routes(app, serving, caller, own)
+    add_dashboard_routes(
+        app,
+        history or History(ClusterSampler(control, serving).read),
+        caller,
+        tokens_required=tokens is not None,
+    )
 
     registry = control_registry(control)
 
@@ -328,22 +340,22 @@ def create_control_app(
     @app.get("/api/v1/events")
     def events(
         request: Request,
-        after: int = Query(0, ge=0, le=2**63 - 1),
-        limit: int = Query(100, ge=1, le=1000),
+        limit: int = Query(100, ge=1, le=10_000),
+        after: int | None = Query(None, ge=0, le=2**63 - 1),
+        tenant: str | None = Query(None),
     ) -> dict[str, Any]:
+        """The control plane's newest events the caller may see (a tenant: its own workloads'),
+        oldest first; ``after`` and ``tenant`` as on one machine's agent."""
         who = caller(request)
-        if not who.admin:
-            raise HTTPException(403, "only the admin token may read the control plane's events")
+        if tenant is not None and not who.may_see(tenant):
+            raise HTTPException(403, f"your token is for tenant {who.tenant!r}, not {tenant!r}")
+        found = control.store.events(
+            limit=limit, tenant=tenant if who.admin else who.tenant, after=after
+        )
         return {
             "events": [
-                {
-                    "id": e.id,
-                    "at": e.at,
-                    "kind": e.kind,
-                    "subject": e.subject,
-                    "message": e.message,
-                }
-                for e in control.store.events(after=after, limit=limit)
+                {"id": e.id, "at": e.at, "kind": e.kind, "subject": e.subject, "message": e.message}
+                for e in found
             ]
         }
 

@@ -473,7 +473,9 @@ function table(id, headers, rows, empty) {
 
 function gpuIndex(uuid) {
   const g = state.gpus.find((x) => x.uuid === uuid);
-  return g ? g.index : uuid ? uuid.slice(0, 12) : "?";
+  if (!g) return uuid ? uuid.slice(0, 12) : "?";
+  // a cluster (GPUs of several nodes): which node's
+  return new Set(state.gpus.map((x) => x.node)).size > 1 ? `${g.index} on ${g.node}` : g.index;
 }
 
 function whereOf(w) {
@@ -618,12 +620,12 @@ function renderPlots() {
   const hist = state.history;
   if (!hist) return;
   const times = hist.times;
-  const gpuName = (t) => `GPU ${t.index}`;
+  const gpuName = (t) => (t.node ? `${t.node} GPU ${t.index}` : `GPU ${t.index}`);
   const mib = (v) => (v === null ? null : v / GIB);
   const charts = [
     chart("GPU memory used", "GiB", times, hist.gpus.map((t) => ({ label: gpuName(t), values: t.series.memory_used_mib.map(mib) }))),
     chart("GPU utilization", "%", times, hist.gpus.filter((t) => !t.mig_enabled).map((t) => ({ label: gpuName(t), values: t.series.utilization_gpu })), { max: 100 }),
-    chart("MIG instances: memory used", "GiB", times, hist.instances.map((t) => ({ label: `GPU ${t.gpu_index} ${t.profile}@${t.start} ${t.workload}`, values: t.series.memory_used_mib.map(mib) })), { optional: true }),
+    chart("MIG instances: memory used", "GiB", times, hist.instances.map((t) => ({ label: `GPU ${gpuIndex(t.gpu)} ${t.profile}@${t.start} ${t.workload}`, values: t.series.memory_used_mib.map(mib) })), { optional: true }),
     chart("Workloads: memory used", "GiB", times, hist.workloads.map((t) => ({ label: t.name ? `${t.tenant}/${t.name}` : t.key, values: t.series.memory_used_mib.map(mib) }))),
     chart("Workloads: SM use", "%", times, hist.workloads.map((t) => ({ label: `${t.tenant}/${t.name}`, values: t.series.sm_percent })), { max: 100 }),
     chart(
