@@ -295,7 +295,7 @@ def node_command(
     goes unanswered for longer than its lease allows (docs/cluster.md)."""
     from dataclasses import replace
 
-    from gpufrac.cluster.node import HttpLink, NodeAgent
+    from gpufrac.cluster.node import CREDENTIAL_FILE, HttpLink, NodeAgent
     from gpufrac.cluster.node_api import create_node_app, serve_in_thread
     from gpufrac.config import simulate_spec
     from gpufrac.devices import open_devices
@@ -325,10 +325,10 @@ def node_command(
             "(docs/cluster.md)",
             highlight=False,
         )
-    link = HttpLink(control, token)
+    link = HttpLink(control, token, data / CREDENTIAL_FILE)
     if listen not in ("0.0.0.0", "::"):  # where its deployments' replicas listen for the gateway
         agent.handover.listen_host = listen
-    server, port = serve_in_thread(create_node_app(agent, token), listen, 0)
+    server, port = serve_in_thread(create_node_app(agent, lambda: link.credential), listen, 0)
     link.address = f"http://{listen}:{port}"
     node = NodeAgent(
         agent, link, say=lambda m: console.print(f"{agent.node}: {m}", highlight=False)

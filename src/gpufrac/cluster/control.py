@@ -13,6 +13,10 @@ restart is held lost: its workloads are placed again elsewhere.
 
 from __future__ import annotations
 
+import hmac
+import json
+import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -30,10 +34,15 @@ from gpufrac.planning.scheduler import workload_key
 from gpufrac.runtime.store import Store
 
 STORE_FILE = "control.db"
+CREDENTIALS_FILE = "node-credentials.json"  # each node's own secret (mode 0600)
 LEASE_LABEL = "gpufrac.io/lease"  # a workload holding a slice for Ray code (gpufrac.ray)
 LEASE_TTL_LABEL = "gpufrac.io/lease-ttl"  # seconds it lives without its holder's keep-alive
 ENDED = -1  # the epoch under which a node's view of a job that ended there is kept
 ApplyResult = Literal["created", "replaced", "unchanged", "refused"]
+
+
+class NodeRefused(Exception):
+    """A join the control plane does not take (the name is a live node's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +80,65 @@ class ControlPlane:
         self.started = clock()
         # placements stored before a restart, per node, until the node joins (or is held lost)
         self.awaiting: dict[str, list[Assignment]] = {}
+        # each node's own credential: the cluster token lets a node join; after that it speaks
+        # only for itself, with the credential its first join gave it
+        self.credentials: dict[str, str] = self._load_credentials()
         self._restore()
 
     def close(self) -> None:
         self.store.close()
 
     # -- nodes -----------------------------------------------------------------------------------
+
+    def admit(self, name: str, presented: str | None) -> str | None:
+        """May a node join as ``name``? None where it presented the credential it holds for that
+        name; a new credential for a name that is new, or whose node is not alive (its lease
+        ended: a node whose data was lost joins again after that); ``NodeRefused`` while another
+        holds the name's lease, so nobody with the cluster token alone can speak for a live node
+        (take its work's answers, report its jobs ended)."""
+        with self.lock:
+            known = self.credentials.get(name)
+            if presented is not None and self.credential_ok(name, presented):
+                return None
+            if known is not None and self._holds(name):
+                raise NodeRefused(
+                    f"node {name} is alive under its own credential; a node that lost it joins "
+                    f"again once that lease has run out ({self.core.lease_s:g} s)"
+                )
+            new = secrets.token_urlsafe(32)
+            self.credentials[name] = new
+            self._save_credentials()
+            return new
+
+    def credential_ok(self, name: str, presented: str) -> bool:
+        known = self.credentials.get(name)
+        return known is not None and hmac.compare_digest(known.encode(), presented.encode())
+
+    def _holds(self, name: str) -> bool:
+        """Is the name's lease held (a live node, or one awaited since a restart)?"""
+        node = self.core.nodes.get(name)
+        if name in self.awaiting and self.clock() - self.started <= self.core.lease_s:
+            return True
+        return (
+            node is not None
+            and node.state == "alive"
+            and self.clock() - node.renewed <= self.core.lease_s
+        )
+
+    def _load_credentials(self) -> dict[str, str]:
+        try:
+            raw = json.loads((self.data_dir / CREDENTIALS_FILE).read_text())
+        except FileNotFoundError:
+            return {}
+        return {str(k): str(v) for k, v in raw.items()}
+
+    def _save_credentials(self) -> None:
+        path = self.data_dir / CREDENTIALS_FILE
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.credentials, f)
+        tmp.replace(path)
 
     def join(
         self, name: str, labels: Mapping[str, str], gpus: list[SchedGpu], address: str | None

@@ -1,8 +1,11 @@
 """The control plane's HTTP API: the nodes' calls, and the users' API in the same shapes as one
 machine's agent (``api/schemas.py``), so the CLI works against a cluster unchanged.
 
-* ``/cluster/v1/nodes/NAME/join`` and ``.../heartbeat``: the node agents' calls, with the cluster
-  token (``Authorization: Bearer TOKEN``, compared in constant time); nothing else opens them.
+* ``/cluster/v1/nodes/NAME/join`` and ``.../heartbeat``: the node agents' calls. A join carries the
+  cluster token (``Authorization: Bearer TOKEN``, compared in constant time) and, from a node that
+  has one, its own credential (``X-Gpufrac-Node-Credential``); the answer gives a new node its
+  credential, and a name whose lease a live node holds is refused (409) without it. Heartbeats
+  carry the node's credential only: the cluster token alone speaks for no node.
 * ``/api/v1/...``: apply (manifest text, workloads only), list, get and delete workloads; the GPUs
   of every node as their node agents show them (``get gpus``), with the node; the nodes; events;
   whoami; health. With ``tokens.yaml`` in the data directory a tenant's token sees its own
@@ -28,11 +31,12 @@ from gpufrac.api.deployments_api import add_deployment_routes
 from gpufrac.api.guard import Guard
 from gpufrac.api.history import History
 from gpufrac.api.tokens import Caller, authenticate
-from gpufrac.cluster.control import ControlPlane, static_qos
+from gpufrac.cluster.control import ControlPlane, NodeRefused, static_qos
 from gpufrac.cluster.history import ClusterSampler
 from gpufrac.cluster.metrics import control_registry
 from gpufrac.cluster.serving import ClusterServing
 from gpufrac.cluster.wire import (
+    CREDENTIAL_HEADER,
     AnswerBody,
     HeartbeatBody,
     JoinBody,
@@ -74,6 +78,14 @@ def create_control_app(
         if not hmac.compare_digest(scheme.lower() + b" " + rest.strip(), expected):
             raise HTTPException(401, "a node needs the cluster token (Authorization: Bearer ...)")
 
+    def node_itself(request: Request, name: str) -> None:
+        """The call is node ``name``'s own: its credential, which its join gave it."""
+        scheme, _, rest = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not control.credential_ok(name, rest.strip()):
+            raise HTTPException(
+                401, f"node {name} calls with its own credential (from its join): join again"
+            )
+
     def caller(request: Request) -> Caller:
         found = authenticate(tokens, request.headers.get("authorization", ""))
         if found is None:
@@ -89,15 +101,21 @@ def create_control_app(
         if not DNS_LABEL.fullmatch(name):
             raise InputError(f"{name!r} is not a node name", field="name", fix="use a DNS label")
         gpus = [gpu_from_wire(g) for g in body.gpus]
+        presented = request.headers.get(CREDENTIAL_HEADER)
+        try:
+            credential = control.admit(name, presented)
+        except NodeRefused as e:
+            raise HTTPException(409, str(e)) from None
         try:
             await run_in_threadpool(control.join, name, body.labels, gpus, body.address)
         except ValueError as e:
             raise InputError(str(e), field="gpus", fix="list each GPU once") from None
-        return {"joined": name, "lease_s": control.core.lease_s}
+        # null: keep the credential it presented
+        return {"joined": name, "lease_s": control.core.lease_s, "credential": credential}
 
     @app.post(NODE_PATHS + "nodes/{name}/heartbeat", response_model=AnswerBody)
     async def heartbeat(request: Request, name: str) -> AnswerBody:
-        node_call(request)
+        node_itself(request, name)
         body = _read(HeartbeatBody, await request.body())
         gpus = None if body.gpus is None else [g.model_dump(by_alias=True) for g in body.gpus]
         answer = await run_in_threadpool(
@@ -273,15 +291,16 @@ def create_control_app(
             a = control.core.assigned.get(key)
             node = a.node if a is not None else control.core.ended_on.get(key)
             address = control.addresses.get(node) if node else None
+            credential = control.credentials.get(node) if node else None
         if node is None:
             return {"run": None, "lines": []}
-        if address is None:
+        if address is None or credential is None:
             raise HTTPException(503, f"node {node} has given no address to read logs from")
         try:
             r = httpx.get(
                 f"{address}/cluster/v1/logs/{tenant}/{name}",
                 params={"tail": tail},
-                headers={"authorization": f"Bearer {cluster_token}"},
+                headers={"authorization": f"Bearer {credential}"},  # the node's own
                 timeout=5.0,
             )
         except httpx.HTTPError as e:

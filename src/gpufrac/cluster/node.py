@@ -17,9 +17,12 @@ and joins again.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Protocol, assert_never
 
 from gpufrac.api.fleet_view import read_fleet
@@ -27,6 +30,7 @@ from gpufrac.api.tokens import ADMIN
 from gpufrac.cluster.control import ControlPlane
 from gpufrac.cluster.core import FENCE_S, Answer, ClusterCore, Ended, Report
 from gpufrac.cluster.wire import (
+    CREDENTIAL_HEADER,
     AnswerBody,
     JoinBody,
     answer_from_wire,
@@ -43,6 +47,7 @@ from gpufrac.runtime.shim import write_lease
 Views = dict[str, dict[str, Any]]
 EPOCH_LABEL = "gpufrac.io/epoch"  # the epoch a node runs a workload under, kept in its local spec
 FENCE_SHARE = 2 / 3  # a node fences itself this far into the control plane's lease, at the latest
+CREDENTIAL_FILE = "node-credential"  # in the node agent's data directory: its own, from its join
 LEASE_FILE = "lease.json"  # in the node agent's data directory: until when its workloads may run
 
 
@@ -126,24 +131,37 @@ class ServiceLink:
 
 
 class HttpLink:
-    """The control plane's API over HTTP, with the cluster token."""
+    """The control plane's API over HTTP: joins with the cluster token (and this node's own
+    credential once it has one, kept in ``credential_file``, mode 0600), heartbeats with the
+    node's credential only."""
 
-    def __init__(self, url: str, token: str, *, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, url: str, token: str, credential_file: Path, *, timeout_s: float = 2.0
+    ) -> None:
         import httpx
 
         self.url = url.rstrip("/")
-        self.client = httpx.Client(timeout=timeout_s, headers={"authorization": f"Bearer {token}"})
+        self.token = token
+        self.credential_file = credential_file
+        self.client = httpx.Client(timeout=timeout_s)
         self.address: str | None = None  # this node's own API, for logs
 
-    def _post(self, path: str, body: Any) -> Any:
+    @property
+    def credential(self) -> str | None:
+        try:
+            return self.credential_file.read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def _post(self, path: str, body: Any, headers: dict[str, str]) -> Any:
         import httpx
 
         try:
-            r = self.client.post(self.url + path, content=body.model_dump_json())
+            r = self.client.post(self.url + path, content=body.model_dump_json(), headers=headers)
         except httpx.HTTPError as e:
             raise Unreachable(f"{self.url}: {e}") from None
-        if r.status_code == 401:
-            raise Unreachable(f"{self.url} refused the cluster token (401)")
+        if r.status_code in (401, 409):
+            raise Unreachable(f"{self.url} refused this node ({r.status_code}): {r.text[:300]}")
         if r.status_code != 200:
             raise Unreachable(f"{self.url} answered {r.status_code}: {r.text[:200]}")
         return r.content
@@ -152,12 +170,24 @@ class HttpLink:
         body = JoinBody(
             labels=dict(labels), gpus=[gpu_to_wire(g) for g in gpus], address=self.address
         )
-        self._post(f"/cluster/v1/nodes/{node}/join", body)
+        headers = {"authorization": f"Bearer {self.token}"}
+        held = self.credential
+        if held is not None:
+            headers[CREDENTIAL_HEADER] = held
+        raw = self._post(f"/cluster/v1/nodes/{node}/join", body, headers)
+        given = json.loads(raw).get("credential")
+        if isinstance(given, str) and given:
+            fd = os.open(self.credential_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(given + "\n")
 
     def heartbeat(
         self, node: str, report: Report, views: Views, gpus: list[dict[str, Any]] | None
     ) -> Answer:
-        raw = self._post(f"/cluster/v1/nodes/{node}/heartbeat", report_to_wire(report, views, gpus))
+        headers = {"authorization": f"Bearer {self.credential or ''}"}
+        raw = self._post(
+            f"/cluster/v1/nodes/{node}/heartbeat", report_to_wire(report, views, gpus), headers
+        )
         return answer_from_wire(AnswerBody.model_validate_json(raw))
 
 

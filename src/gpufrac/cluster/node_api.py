@@ -1,10 +1,12 @@
-"""A node agent's own small API, for the control plane only (the cluster token): the output of
-the workloads it runs, which the control plane relays to ``gpufrac logs``."""
+"""A node agent's own small API, for the control plane only (with this node's own credential,
+which only the control plane and this node hold): the output of the workloads it runs, which the
+control plane relays to ``gpufrac logs``."""
 
 from __future__ import annotations
 
 import hmac
 import threading
+from collections.abc import Callable
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
@@ -12,17 +14,18 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from gpufrac.runtime.agent import Agent
 
 
-def create_node_app(agent: Agent, cluster_token: str) -> FastAPI:
+def create_node_app(agent: Agent, credential: Callable[[], str | None]) -> FastAPI:
+    """``credential``: this node's own, as its last join left it (None before its first)."""
     app = FastAPI(title="gpufrac node", version="1", openapi_url=None, docs_url=None)
-    expected = f"Bearer {cluster_token}".encode()
 
     @app.get("/cluster/v1/logs/{tenant}/{name}")
     def logs(
         request: Request, tenant: str, name: str, tail: int = Query(200, ge=0, le=10**7)
     ) -> dict[str, object]:
+        held = credential()
         given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            raise HTTPException(401, "the cluster token is needed")
+        if held is None or not hmac.compare_digest(given, f"Bearer {held}".encode()):
+            raise HTTPException(401, "only the control plane reads this node's logs")
         with agent.lock:
             found = agent.log_tail(tenant, name, tail)
         run, lines = found if found is not None else (None, [])

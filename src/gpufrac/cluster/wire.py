@@ -23,6 +23,8 @@ from gpufrac.model.workload import spec_from_json, spec_to_json
 from gpufrac.planning.sched_decision import decision_from_json, decision_to_json
 from gpufrac.planning.sched_state import EXTERNAL, SchedGpu
 
+CREDENTIAL_HEADER = "x-gpufrac-node-credential"  # a joining node's own, where it has one
+
 
 class Wire(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)

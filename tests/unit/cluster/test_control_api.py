@@ -59,12 +59,50 @@ def test_node_calls_need_the_cluster_token_and_a_bad_gpu_view_is_refused(client:
     for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": f"Basic {TOKEN}"}):
         r = http.post("/cluster/v1/nodes/n1/join", json={"gpus": []}, headers=headers)
         assert r.status_code == 401
-    assert http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("G")]}, headers=NODE)
+    joined = http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("G")]}, headers=NODE)
+    own = {"authorization": f"Bearer {joined.json()['credential']}"}
     bad = {"gpus": [{"uuid": "z", "allocations": [1]}]}
-    r = http.post("/cluster/v1/nodes/n1/heartbeat", json=bad, headers=NODE)
+    r = http.post("/cluster/v1/nodes/n1/heartbeat", json=bad, headers=own)
     assert r.status_code == 422
     assert control.gpu_views == {}
     assert http.get("/api/v1/gpus").json() == {"gpus": []}
+
+
+def test_each_node_speaks_only_for_itself_with_its_own_credential(tmp_path: Path) -> None:
+    now = [0.0]
+    control = ControlPlane(tmp_path, clock=lambda: now[0])
+    http = TestClient(create_control_app(control, cluster_token=TOKEN))
+
+    def join(name: str, credential: str | None = None) -> Any:
+        extra = {} if credential is None else {"x-gpufrac-node-credential": credential}
+        body = {"gpus": [gpu(f"GPU-{name}")]}
+        return http.post(f"/cluster/v1/nodes/{name}/join", json=body, headers={**NODE, **extra})
+
+    def beat(name: str, credential: str) -> int:
+        headers = {"authorization": f"Bearer {credential}"}
+        r = http.post(f"/cluster/v1/nodes/{name}/heartbeat", json={}, headers=headers)
+        return int(r.status_code)
+
+    one, two = join("n1").json()["credential"], join("n2").json()["credential"]
+    assert one and two and one != two
+    assert (tmp_path / "node-credentials.json").stat().st_mode & 0o777 == 0o600
+    assert beat("n1", one) == 200
+    assert beat("n1", TOKEN) == 401  # the cluster token speaks for no node
+    assert beat("n1", two) == 401  # nor does another node's credential
+    again = join("n1")  # its name taken while its lease holds: refused without its credential
+    assert again.status_code == 409 and "alive under its own credential" in again.text
+    assert join("n1", two).status_code == 409
+    back = join("n1", one)  # the node itself, joining again: it keeps its credential
+    assert back.status_code == 200 and back.json()["credential"] is None
+    assert beat("n1", one) == 200
+    now[0] = 7.0  # n1's lease has run out: a node that lost its credential may take the name
+    control.tick()
+    fresh = join("n1").json()["credential"]
+    assert fresh not in (None, one) and beat("n1", one) == 401 and beat("n1", fresh) == 200
+    restarted = ControlPlane(tmp_path, clock=lambda: now[0])  # kept across a restart
+    assert restarted.credential_ok("n1", fresh) and restarted.credential_ok("n2", two)
+    restarted.close()
+    control.close()
 
 
 def test_queries_are_bounded_and_what_is_not_here_says_so(client: Any) -> None:
