@@ -523,7 +523,9 @@ def _deployment_logs(
         pass
 
 
-GpuArg = Annotated[str, typer.Argument(help="GPU index or UUID.")]
+GpuArg = Annotated[
+    str, typer.Argument(help="GPU index or UUID (on a cluster: NODE/INDEX or NODE/UUID).")
+]
 
 
 def cordon_command(gpu: GpuArg, server: ServerOpt = None) -> None:

@@ -83,6 +83,7 @@ class ControlPlane:
         # each node's own credential: the cluster token lets a node join; after that it speaks
         # only for itself, with the credential its first join gave it
         self.credentials: dict[str, str] = self._load_credentials()
+        self.core.cordoned = self.store.cordons()  # applied to each GPU as its node joins
         self._restore()
 
     def close(self) -> None:
@@ -279,6 +280,39 @@ class ControlPlane:
             if key in self.lost_from:
                 reason = f"its node {self.lost_from[key]} was lost; {reason}"
             return "pending", reason, node_view
+
+    # -- GPUs ------------------------------------------------------------------------------------
+
+    def cordon(self, uuid: str, reason: str = "cordoned by hand") -> None:
+        """No new work on GPU ``uuid`` (``NODE/UUID``); ``KeyError`` if no node has it."""
+        with self.lock:
+            self.core.cordon(uuid, reason)
+            self.store.cordon(uuid, reason)
+
+    def uncordon(self, uuid: str) -> list[Decision]:
+        with self.lock:
+            before = dict(self.core.assigned)
+            placed = self.core.uncordon(uuid)
+            self.store.uncordon(uuid)
+            self._persist(before)
+            return placed
+
+    def drain(self, uuid: str, reason: str = "drained by hand") -> list[Decision]:
+        """Cordon GPU ``uuid`` and place its workloads again elsewhere (or they wait)."""
+        with self.lock:
+            before = dict(self.core.assigned)
+            moved = self.core.drain(uuid, reason)
+            self.store.cordon(uuid, reason)
+            for d in moved:
+                to = self.core.assigned.get(d.workload)
+                self.store.record_event(
+                    "moved" if to is not None else "pending",
+                    d.workload,
+                    f"moved off GPU {uuid} ({reason})"
+                    + (f" to node {to.node}" if to is not None else f"; {d.reason}"),
+                )
+            self._persist(before)
+            return moved
 
     # -- desired state ---------------------------------------------------------------------------
 

@@ -351,10 +351,51 @@ def create_control_app(
             out = []
             for node, shown in sorted(control.gpu_views.items()):
                 for g in shown:  # known here, as in decisions, by node and UUID
+                    uuid = f"{node}/{g['uuid']}"
+                    cordon = control.core.cordoned.get(uuid) or g.get("cordoned")
                     out.append(
-                        _gpu_seen_by(who, {**g, "node": node, "uuid": f"{node}/{g['uuid']}"})
+                        _gpu_seen_by(who, {**g, "node": node, "uuid": uuid, "cordoned": cordon})
                     )
             return {"gpus": out}
+
+    def gpu_named(gpu: str) -> str:
+        """``NODE/UUID`` or ``NODE/INDEX`` (the index its node shows, as ``get gpus`` does) to the
+        GPU's name here (``NODE/UUID``)."""
+        node, _, rest = gpu.partition("/")
+        with control.lock:
+            if gpu in control.core.scheduler.state.by_uuid:
+                return gpu
+            for g in control.gpu_views.get(node, []) if rest.isdigit() else []:
+                if g.get("index") == int(rest):
+                    return f"{node}/{g['uuid']}"
+        raise HTTPException(
+            404, f"no GPU {gpu}: name one as NODE/INDEX or NODE/UUID, as get gpus shows them"
+        )
+
+    def admin_only(request: Request) -> None:
+        if not caller(request).admin:
+            raise HTTPException(403, "only the admin token may change GPUs")
+
+    @app.post("/api/v1/gpus/{gpu:path}/cordon")
+    def cordon(request: Request, gpu: str) -> dict[str, Any]:
+        admin_only(request)
+        uuid = gpu_named(gpu)
+        control.cordon(uuid)
+        return {"cordoned": uuid}
+
+    @app.post("/api/v1/gpus/{gpu:path}/uncordon")
+    def uncordon(request: Request, gpu: str) -> dict[str, Any]:
+        admin_only(request)
+        uuid = gpu_named(gpu)
+        placed = control.uncordon(uuid)
+        return {"uncordoned": uuid, "placed": [d.workload for d in placed if d.outcome == "placed"]}
+
+    @app.post("/api/v1/gpus/{gpu:path}/drain")
+    def drain(request: Request, gpu: str) -> dict[str, Any]:
+        admin_only(request)
+        uuid = gpu_named(gpu)
+        moved = control.drain(uuid)
+        return {"drained": uuid, "decisions": [decision_to_json(d) for d in moved]}
 
     @app.get("/api/v1/events")
     def events(

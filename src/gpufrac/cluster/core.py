@@ -123,6 +123,7 @@ class ClusterCore:
         self.ended_on: dict[str, str] = {}  # ... and the node each ran on (which keeps its logs)
         # workload -> {node: epoch} it was taken from, alive, and has not reported gone yet
         self.revoked: dict[str, dict[str, int]] = {}
+        self.cordoned: dict[str, str] = {}  # GPU (NODE/UUID) -> why it takes no new work
         self._epoch = first_epoch - 1
 
     # -- nodes -----------------------------------------------------------------------------------
@@ -156,10 +157,11 @@ class ClusterCore:
             self.scheduler.add_gpus(fresh, retry=False)
         else:
             node.renewed, node.state = now, "alive"
-            st = self.scheduler.state
-            for gi in node.gpus:
-                if not st.gpus[gi].schedulable:
-                    st.set_schedulable(st.gpus[gi], True)
+        st = self.scheduler.state
+        for gi in node.gpus:  # a cordoned GPU stays so, through a loss or a restart
+            want = st.gpus[gi].uuid not in self.cordoned
+            if st.gpus[gi].schedulable != want:
+                st.set_schedulable(st.gpus[gi], want)
         for a in placed:
             self.restore(a.spec, a.decision, name, a.epoch)
         return self._placed(self.scheduler.retry_pending(gpus=set(node.gpus)))
@@ -242,6 +244,38 @@ class ClusterCore:
             self.delete(spec.tenant, spec.name)
         self.specs[key] = spec
         return self._place(self.scheduler.submit(spec))
+
+    def cordon(self, uuid: str, reason: str) -> None:
+        """No new work on GPU ``uuid`` (``NODE/UUID``); what runs there stays. ``KeyError``: no
+        such GPU."""
+        g = self.scheduler.state.by_uuid[uuid]
+        self.cordoned[uuid] = reason
+        if g.schedulable:
+            self.scheduler.state.set_schedulable(g, False)
+
+    def uncordon(self, uuid: str) -> list[Decision]:
+        """GPU ``uuid`` takes work again (once its node is alive); what waits is tried there."""
+        g = self.scheduler.state.by_uuid[uuid]
+        self.cordoned.pop(uuid, None)
+        if self.nodes[g.node].state != "alive" or g.schedulable:
+            return []
+        self.scheduler.state.set_schedulable(g, True)
+        return self._placed(self.scheduler.retry_pending(gpus={g.index}))
+
+    def drain(self, uuid: str, reason: str) -> list[Decision]:
+        """Cordon GPU ``uuid`` and place its workloads again, elsewhere or waiting; each starts on
+        its new node once its old one has stopped it (one copy at a time)."""
+        self.cordon(uuid, reason)
+        g = self.scheduler.state.by_uuid[uuid]
+        moved = []
+        for key in sorted({a.workload for a in g.allocs.values()}):
+            spec = self.specs.get(key)
+            if spec is None:
+                continue
+            self._revoke(key)
+            self._placed(self.scheduler.delete(spec.tenant, spec.name))
+            moved.append(self._place(self.scheduler.submit(spec)))
+        return moved
 
     def decision(self, key: str) -> Decision:
         """Where ``key`` is now: its placement, or why it waits (or that it ended)."""

@@ -196,3 +196,63 @@ def test_only_the_admin_reads_the_metrics(tmp_path: Path) -> None:
     admin = {"authorization": "Bearer a-token-0123456789"}
     assert http.get("/metrics", headers=admin).status_code == 200
     control.close()
+
+
+def test_an_admin_cordons_and_drains_a_nodes_gpu_and_the_cordon_outlives_a_restart(
+    tmp_path: Path,
+) -> None:
+    from gpufrac.api.tokens import Caller
+
+    tokens = {"admin-token-0123456789": Caller(None, admin=True), "team-0123456789": Caller("a")}
+    admin = {"authorization": "Bearer admin-token-0123456789"}
+    control = ControlPlane(tmp_path)
+    http = TestClient(create_control_app(control, cluster_token=TOKEN, tokens=tokens))
+    own: dict[str, dict[str, str]] = {}
+    for name in ("n1", "n2"):
+        r = http.post(
+            f"/cluster/v1/nodes/{name}/join", json={"gpus": [gpu(f"G{name}")]}, headers=NODE
+        )
+        own[name] = {"authorization": f"Bearer {r.json()['credential']}"}
+        view = [{**gpu(f"G{name}"), "index": 0}]  # what get gpus shows of it (enough here)
+        control.gpu_views[name] = view
+    doc = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: w, tenant: a}\nspec:\n"
+        "  command: [sleep, '60']\n  resources: {gpu: {count: 1}}\n"
+    )
+    assert http.post("/api/v1/workloads", content=doc, headers=admin).status_code == 200
+    home = control.core.assigned["a/w"].node
+    away = "n2" if home == "n1" else "n1"
+    team = {"authorization": "Bearer team-0123456789"}
+    assert http.post(f"/api/v1/gpus/{home}/0/drain", headers=team).status_code == 403
+    assert http.post("/api/v1/gpus/n9/0/drain", headers=admin).status_code == 404
+    r = http.post(f"/api/v1/gpus/{home}/0/drain", headers=admin)  # NODE/INDEX, as get gpus shows
+    assert r.status_code == 200, r.text
+    assert r.json()["drained"] == f"{home}/G{home}"
+    assert control.core.assigned["a/w"].node == away
+    # one copy at a time: its new node starts it once the old one has let it go
+    beat = http.post(f"/cluster/v1/nodes/{away}/heartbeat", json={}, headers=own[away]).json()
+    assert beat["run"] == []
+    epoch = control.store.placement("a", "w")
+    assert epoch is not None and epoch[1]["node"] == away
+    http.post(f"/cluster/v1/nodes/{home}/heartbeat", json={}, headers=own[home])  # gone there
+    beat = http.post(f"/cluster/v1/nodes/{away}/heartbeat", json={}, headers=own[away]).json()
+    assert [a["decision"]["workload"] for a in beat["run"]] == ["a/w"]
+    shown = {
+        g["uuid"]: g["cordoned"] for g in http.get("/api/v1/gpus", headers=admin).json()["gpus"]
+    }
+    assert shown == {f"{home}/G{home}": "drained by hand", f"{away}/G{away}": None}
+    control.close()
+    # a restart: the cordon holds once the node joins again
+    control = ControlPlane(tmp_path)
+    http = TestClient(create_control_app(control, cluster_token=TOKEN, tokens=tokens))
+    cred = {"x-gpufrac-node-credential": own[home]["authorization"][7:]}
+    r = http.post(
+        f"/cluster/v1/nodes/{home}/join", json={"gpus": [gpu(f"G{home}")]}, headers={**NODE, **cred}
+    )
+    assert r.status_code == 200, r.text
+    assert not control.core.scheduler.state.by_uuid[f"{home}/G{home}"].schedulable
+    r = http.post(f"/api/v1/gpus/{home}/G{home}/uncordon", headers=admin)  # NODE/UUID
+    assert r.status_code == 200 and r.json()["uncordoned"] == f"{home}/G{home}"
+    assert control.core.scheduler.state.by_uuid[f"{home}/G{home}"].schedulable
+    assert control.store.cordons() == {}
+    control.close()
