@@ -424,8 +424,8 @@ def create_control_app(
         caller(request)
         raise HTTPException(
             404,
-            f"/api/v1/{rest} is not available through the control plane yet (docs/cluster.md): "
-            "ask a node's own agent",
+            f"/api/v1/{rest} is not available through the control plane (docs/cluster.md says "
+            "what is)",
         )
 
     return app
