@@ -270,9 +270,12 @@ class Deployments:
         current = [r for r in replicas if r.template == d.template_hash and not r.draining]
         want = self._wanted(d, scaled, current, traffic, now)
         have = {int(r.name.rsplit("-", 1)[1]) for r in current}
-        for index in [i for i in range(want * 2 + 1) if i not in have][
-            : max(0, want - len(current))
-        ]:
+        missing = max(0, want - len(current))
+        # replicas are the tenant's workloads: no more of them than its bound on stored workloads
+        cap, setting = self.runner.settings.workload_cap(d.tenant)
+        stored = sum(1 for w in self.runner.store.workloads() if w.tenant == d.tenant)
+        over = max(0, missing - max(0, cap - stored))
+        for index in [i for i in range(want * 2 + 1) if i not in have][: missing - over]:
             self.runner.apply(d.replica_spec(index, self._free_port()))
         # surplus replicas of this template: those not ready first, then the highest indexes
         surplus = sorted(current, key=lambda r: (r.ready, -int(r.name.rsplit("-", 1)[1])))
@@ -295,6 +298,13 @@ class Deployments:
         )
         self._configure(d, serving, states)
         self._finish_draining(d, traffic, now)
+        if over:  # the rest of the pass done: said once (an event), tried again with backoff
+            raise InputError(
+                f"{over} replica(s) of {d.key} not created: tenant {d.tenant} is at its maximum "
+                f"of {cap} workloads ({setting})",
+                field="spec.replicas",
+                fix=f"scale it down, delete other workloads, or have the operator raise {setting}",
+            )
 
     def _wanted(
         self,

@@ -123,3 +123,23 @@ def test_a_shim_whose_lease_file_is_gone_stops_at_the_last_lease_it_read(tmp_pat
     time.sleep(0.35)
     assert lease_ended(path, last) == last  # ran out, unrenewed: the workload stops
     assert lease_ended(path) is None  # never read at all: nothing to go by
+
+
+def test_a_deployment_makes_no_more_replicas_than_its_tenant_may_store(tmp_path: Path) -> None:
+    from gpufrac.model.settings import OperatorSettings
+
+    control = ControlPlane(tmp_path, OperatorSettings(max_workloads=3))
+    serving = ClusterServing(control, gateway_port=free_port())
+    http = TestClient(create_control_app(control, cluster_token=TOKEN, serving=serving))
+    gpus = [{"uuid": "GPU-n1", "model": "H200-141GB", "mig": False}]
+    http.post("/cluster/v1/nodes/n1/join", json={"gpus": gpus}, headers=NODE)
+    five = deployment("m").replace("replicas: 2", "replicas: 5")
+    assert http.post("/api/v1/workloads", content=five).status_code == 200
+    for _ in range(2):  # the second pass is held back (backoff): still no more than 3
+        serving.reconcile()
+    assert len(control.store.workloads()) == 3
+    said = [e.message for e in control.store.events(limit=20) if e.kind == "action_failed"]
+    assert len(said) == 1 and "2 replica(s) of team/m not created" in said[0], said
+    assert "max_workloads" in said[0]
+    serving.close()
+    control.close()
