@@ -54,6 +54,7 @@ from gpufrac.cli.common import (
     fail,
     handled_errors,
     print_json,
+    serve_http,
 )
 from gpufrac.cli.describe import describe_lines
 from gpufrac.cli.tables import OutputOpt, kind_of, output_format, render
@@ -171,7 +172,6 @@ def agent_command(
     """Run the node agent in the foreground: the control API, the scheduler, the reconcile loop,
     and (once there is a deployment) the request gateway. Each decision it makes (placed, evicted,
     paused, resumed, restarted, MIG changed, scaled ...) is one line on stderr."""
-    import uvicorn
 
     from gpufrac.api.app import create_app
     from gpufrac.api.service import AgentService
@@ -241,9 +241,7 @@ def agent_command(
     address.write_text(jsonlib.dumps({"url": f"http://{here}:{port}", "pid": os.getpid()}))
     try:
         app = create_app(service, tokens=tokens, max_body=agent.settings.api_max_body_mib << 20)
-        from gpufrac.api.head_timeout import HeadTimeoutProtocol
-
-        uvicorn.run(app, host=host, port=port, log_level="warning", http=HeadTimeoutProtocol)
+        serve_http(app, host, port)
     finally:
         address.unlink(missing_ok=True)
 

@@ -9,8 +9,11 @@ missing), which every call between them carries.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -26,8 +29,8 @@ from gpufrac.cli.common import (
     console,
     err_console,
     handled_errors,
+    serve_http,
 )
-from gpufrac.cluster.node import die_with_parent
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
 from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT
@@ -123,9 +126,7 @@ def control_command(
 ) -> None:
     """Run the control plane of a cluster in the foreground: node agents (`gpufrac node`) join
     it, and the usual commands (`apply`, `get`, `delete`, with --server) work against it."""
-    import uvicorn
 
-    from gpufrac.api.head_timeout import HeadTimeoutProtocol
     from gpufrac.api.history import History
     from gpufrac.api.tokens import load_tokens
     from gpufrac.cli.agent_cmds import _is_loopback
@@ -164,10 +165,11 @@ def control_command(
         control, cluster_token=token, tokens=tokens, serving=serving, history=history
     )
     url = advertise or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    nodes = [_local_node(data, token, url, i) for i in range(local)]
+    nodes = LocalNodes(data, token, url, local)
     stop = threading.Event()
 
     def ticks() -> None:
+        n = 0
         while not stop.wait(0.5):
             for m in control.tick():
                 err_console.print(
@@ -175,6 +177,10 @@ def control_command(
                     + (f"moved to {m.to}" if m.to else f"waits ({m.reason})"),
                     highlight=False,
                 )
+            n += 1
+            if n % 4 == 0:  # every 2 s: a local node that exited is started again
+                for said in nodes.keep():
+                    err_console.print(f"  {said}", highlight=False)
 
     def serve() -> None:
         """Keep the deployments' replicas and the gateway in step with the cluster."""
@@ -214,23 +220,17 @@ def control_command(
         f"gpufrac control plane on http://{host}:{port} (data: {data}, lease {lease:g} s)",
         highlight=False,
     )
-    for i, proc in enumerate(nodes):
-        console.print(f"  local node local-{i} (pid {proc.pid}): {LOCAL_KINDS[i % 3][0]}")
+    for said in nodes.said:
+        console.print(f"  {said}", highlight=False)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", http=HeadTimeoutProtocol)
+        serve_http(app, host, port)
     finally:
         stop.set()
         history.stop()
         serving.wake()
         with control.lock:
             serving.close()
-        for proc in nodes:
-            proc.terminate()
-        for proc in nodes:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        nodes.stop()
         control.close()
 
 
@@ -242,28 +242,122 @@ LOCAL_KINDS = (
 )
 
 
-def _local_node(data: Path, token: str, url: str, i: int) -> subprocess.Popen[bytes]:
-    """Start node ``local-i`` under ``data/nodes/local-i`` with the cluster token (its log is
-    ``node.log`` there); it stops when the control plane does."""
-    where = data / "nodes" / f"local-{i}"
-    where.mkdir(parents=True, exist_ok=True)
-    token_file = where / TOKEN_FILE
-    token_file.write_text(token + "\n")
-    token_file.chmod(0o600)
-    _, gpus, label = LOCAL_KINDS[i % len(LOCAL_KINDS)]
-    settings = where / "gpufrac.yaml"
-    if not settings.exists():
-        settings.write_text("workload_users: agent\n")
-    args = [sys.executable, "-m", "gpufrac.cli", "node", "--control", url]
-    args += ["--name", f"local-{i}", "--simulate", gpus, "--label", label]
-    with open(where / "node.log", "ab") as log:
-        return subprocess.Popen(
-            [*args, "--data-dir", str(where)],
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
+class LocalNodes:
+    """The node agents ``--local`` runs on this machine, each under ``DATA/nodes/local-I`` (its
+    log in ``node.log`` there), kept running: one that exits is started again, and one still
+    running from before (the control plane was killed and started again) is taken over, not
+    started twice, so a restart of the control plane restarts no workload. Stopped with the
+    control plane (``stop``), unless that is killed (``kill -9``): they go on, fenced once the
+    control plane has not answered for two thirds of their lease."""
+
+    def __init__(self, data: Path, token: str, url: str, count: int) -> None:
+        self.data, self.token, self.url = data, token, url
+        self.procs: dict[int, subprocess.Popen[bytes] | None] = {}  # None: taken over
+        self.pids: dict[int, int] = {}
+        self.said = [said for i in range(count) if (said := self._ensure(i)) is not None]
+
+    def _where(self, i: int) -> Path:
+        return self.data / "nodes" / f"local-{i}"
+
+    def _running_pid(self, i: int) -> int | None:
+        """The pid of a node agent already running in local-I's directory (its lock held)."""
+        where = self._where(i)
+        try:
+            with open(where / "agent.lock", "a+") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pid = int((where / "node.pid").read_text())
+                    return pid if _alive(pid) else None
+                fcntl.flock(f, fcntl.LOCK_UN)
+        except (OSError, ValueError):
+            return None
+        return None
+
+    def _ensure(self, i: int) -> str | None:
+        """Start local-I if it is not running; what happened, to say, or None."""
+        proc = self.procs.get(i)
+        if proc is not None and proc.poll() is None:
+            return None
+        if proc is None and i in self.pids and _alive(self.pids[i]):
+            return None
+        gone = (
+            f"exited ({proc.returncode})"
+            if proc is not None
+            else "is gone"
+            if i in self.pids
+            else None
         )
+        running = self._running_pid(i)
+        if running is not None:
+            self.procs[i], self.pids[i] = None, running
+            return f"local node local-{i} (pid {running}): running from before, taken over"
+        started = self._start(i)
+        self.procs[i], self.pids[i] = started, started.pid
+        what = LOCAL_KINDS[i % len(LOCAL_KINDS)][0]
+        if gone is None:
+            return f"local node local-{i} (pid {started.pid}): {what}"
+        return f"local node local-{i} {gone}: started again (pid {started.pid})"
+
+    def _start(self, i: int) -> subprocess.Popen[bytes]:
+        where = self._where(i)
+        where.mkdir(parents=True, exist_ok=True)
+        token_file = where / TOKEN_FILE
+        token_file.write_text(self.token + "\n")
+        token_file.chmod(0o600)
+        _, gpus, label = LOCAL_KINDS[i % len(LOCAL_KINDS)]
+        settings = where / "gpufrac.yaml"
+        if not settings.exists():
+            settings.write_text("workload_users: agent\n")
+        args = [sys.executable, "-m", "gpufrac.cli", "node", "--control", self.url]
+        args += ["--name", f"local-{i}", "--simulate", gpus, "--label", label]
+        with open(where / "node.log", "ab") as log:
+            proc = subprocess.Popen(
+                [*args, "--data-dir", str(where)],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # stopped by the control plane, not by the terminal's ^C
+            )
+        (where / "node.pid").write_text(f"{proc.pid}\n")
+        return proc
+
+    def keep(self) -> list[str]:
+        """Start again the nodes that exited; what was done, to say."""
+        return [said for i in list(self.pids) if (said := self._ensure(i)) is not None]
+
+    def stop(self) -> None:
+        for i, pid in self.pids.items():
+            proc = self.procs.get(i)
+            with contextlib.suppress(ProcessLookupError):
+                if proc is not None:
+                    proc.terminate()
+                elif _alive(pid):
+                    os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for i, pid in self.pids.items():
+            proc = self.procs.get(i)
+            if proc is not None:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            else:
+                while _alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                with contextlib.suppress(ProcessLookupError):
+                    if _alive(pid):
+                        os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def node_command(
@@ -295,7 +389,7 @@ def node_command(
     goes unanswered for longer than its lease allows (docs/cluster.md)."""
     from dataclasses import replace
 
-    from gpufrac.cluster.node import CREDENTIAL_FILE, HttpLink, NodeAgent
+    from gpufrac.cluster.node import CREDENTIAL_FILE, HttpLink, NodeAgent, Refused
     from gpufrac.cluster.node_api import create_node_app, serve_in_thread
     from gpufrac.config import simulate_spec
     from gpufrac.devices import open_devices
@@ -319,10 +413,10 @@ def node_command(
         agent = Agent(data, dev, settings, tokens_in_use=True)
     if agent.sandbox.mode == "agent":
         err_console.print(
-            "[yellow]warning:[/] workloads run as this node agent's user (workload_users: agent, "
-            "or not root): any workload can read the cluster token in the data directory and "
-            "speak for any node; run the node agent as root with workload_users auto or tenant "
-            "(docs/cluster.md)",
+            "[yellow]warning:[/] workloads run as this node agent's user (workload_users: agent "
+            "in gpufrac.yaml, or an agent that is not root): any workload can read the cluster "
+            "token and this node's credential in its data directory, join fake nodes and speak "
+            "for this one; run it as root with workload_users auto or tenant (docs/cluster.md)",
             highlight=False,
         )
     link = HttpLink(control, token, data / CREDENTIAL_FILE)
@@ -341,6 +435,9 @@ def node_command(
             time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
     except KeyboardInterrupt:
         pass
+    except Refused as e:
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2) from None
     finally:
         server.should_exit = True
         agent.close()

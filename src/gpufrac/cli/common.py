@@ -101,3 +101,24 @@ def devices_or_simulated(simulate: str | None, data: Path | None) -> NvmlDevices
             highlight=False,
         )
         return open_simulated(DEMO_FLEET, data_dir(data))
+
+
+def serve_http(app: Any, host: str, port: int) -> None:
+    """Serve ``app`` (uvicorn) until ^C or SIGTERM, then return through the caller's clean-up.
+    uvicorn re-raises the signal it caught once it has shut down; under Python's default action
+    a SIGTERM would kill the process right there, skipping every ``finally`` of the caller (local
+    node agents left running, files left behind), so SIGTERM is turned into ``SystemExit``."""
+    import signal
+
+    import uvicorn
+
+    from gpufrac.api.head_timeout import HeadTimeoutProtocol
+
+    def terminated(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", http=HeadTimeoutProtocol)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

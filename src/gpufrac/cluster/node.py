@@ -42,7 +42,7 @@ from gpufrac.planning.sched_decision import Decision
 from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.qos_view import workload_qos
-from gpufrac.runtime.shim import write_lease
+from gpufrac.runtime.shim import read_lease, write_lease
 
 Views = dict[str, dict[str, Any]]
 EPOCH_LABEL = "gpufrac.io/epoch"  # the epoch a node runs a workload under, kept in its local spec
@@ -67,6 +67,10 @@ def local_decision(decision: Decision) -> Decision:
 
 class Unreachable(Exception):
     """The control plane did not answer."""
+
+
+class Refused(Exception):
+    """The control plane refused this node's cluster token: retrying cannot help."""
 
 
 class ControlLink(Protocol):
@@ -160,8 +164,15 @@ class HttpLink:
             r = self.client.post(self.url + path, content=body.model_dump_json(), headers=headers)
         except httpx.HTTPError as e:
             raise Unreachable(f"{self.url}: {e}") from None
-        if r.status_code in (401, 409):
-            raise Unreachable(f"{self.url} refused this node ({r.status_code}): {r.text[:300]}")
+        if r.status_code == 401 and path.endswith("/join"):
+            raise Refused(
+                f"{self.url} refused the cluster token: it is not this control plane's (copy its "
+                "cluster-token file, or give --cluster-token FILE)"
+            )
+        if r.status_code == 401:
+            raise Unreachable(f"{self.url} refused this node's credential (401)")
+        if r.status_code == 409:  # its name is held by a live node: it may end, so try again
+            raise Unreachable(f"{self.url} refused this node for now: {r.text[:300]}")
         if r.status_code != 200:
             raise Unreachable(f"{self.url} answered {r.status_code}: {r.text[:200]}")
         return r.content
@@ -184,10 +195,19 @@ class HttpLink:
     def heartbeat(
         self, node: str, report: Report, views: Views, gpus: list[dict[str, Any]] | None
     ) -> Answer:
-        headers = {"authorization": f"Bearer {self.credential or ''}"}
-        raw = self._post(
-            f"/cluster/v1/nodes/{node}/heartbeat", report_to_wire(report, views, gpus), headers
-        )
+        held = self.credential
+        if held is None:
+            return Answer(node, (), 0.0, "join")
+        headers = {"authorization": f"Bearer {held}"}
+        try:
+            raw = self._post(
+                f"/cluster/v1/nodes/{node}/heartbeat", report_to_wire(report, views, gpus), headers
+            )
+        except Unreachable as e:
+            if "(401)" not in str(e):
+                raise
+            # its credential is not known there (the control plane's data was lost): join again
+            return Answer(node, (), 0.0, "join")
         return answer_from_wire(AnswerBody.model_validate_json(raw))
 
 
@@ -229,6 +249,10 @@ class NodeAgent:
     def step(self) -> list[WorkloadState]:
         """One reconcile pass and one heartbeat; returns the pass's workload states."""
         self._fence_if_unanswered()  # before the pass, which would restart what shims stopped
+        if not self.fenced and self._lease_ran_out() and self.agent.store.workloads():
+            # started again after its lease ended (the shims stopped their workloads): nothing
+            # here runs again before an answer gives it again
+            self.fence("this node's lease ran out while its agent was not running")
         states = self.agent.reconcile()
         sent, sent_wall = self.clock(), time.time()
         try:
@@ -270,6 +294,10 @@ class NodeAgent:
         write_lease(self.lease_file, sent_wall + self.fence_s, self.kill_grace_s)
         self.follow(answer)
         return states
+
+    def _lease_ran_out(self) -> bool:
+        lease = read_lease(self.lease_file)
+        return lease is not None and time.time() > lease[0]
 
     def _fence_if_unanswered(self) -> None:
         if self.answered is None:
