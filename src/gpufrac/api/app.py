@@ -97,16 +97,13 @@ def check_workload_caps(
     """Refuse (409, nothing applied) a manifest that would take a tenant above its operator bound on
     stored workloads (``max_workloads``, replicas included): no tenant fills the node with
     processes."""
-    stored: dict[str, set[str]] = {}
-    for w in store.workloads():
-        stored.setdefault(w.tenant, set()).add(w.name)
     new: dict[str, set[str]] = {}
-    for spec in specs:
-        if spec.name not in stored.get(spec.tenant, set()):
+    for spec in specs:  # counted in SQL: an apply costs the same however many are stored
+        if not store.has_workload(spec.tenant, spec.name):
             new.setdefault(spec.tenant, set()).add(spec.name)
     for tenant, names in new.items():
         cap, setting = settings.workload_cap(tenant)
-        have = len(stored.get(tenant, ()))
+        have = store.workload_count(tenant)
         if have + len(names) > cap:
             raise HTTPException(
                 409,

@@ -180,7 +180,7 @@ class ControlPlane:
             for key, how in self.core.ended.items():
                 if key not in ended:
                     self.store.record_event(how, key, f"ended on node {name}")
-            self._persist(before, ended=True)
+            self._persist(before, ended=ended)
             return answer
 
     def keep_alive(self, tenant: str, name: str) -> bool:
@@ -218,6 +218,7 @@ class ControlPlane:
             now = self.clock()
             self._expire_leases(now)
             before = dict(self.core.assigned)
+            ended = dict(self.core.ended)
             moved = self.core.tick(now)
             if self.awaiting and now - self.started > self.core.lease_s:
                 for node, held in self.awaiting.items():  # never came back after a restart
@@ -236,7 +237,7 @@ class ControlPlane:
                     self.store.record_event("moved", m.workload, f"moved to node {m.to}")
                 else:
                     self.store.record_event("pending", m.workload, m.reason)
-            self._persist(before, ended=True)
+            self._persist(before, ended=ended)
             return moved
 
     def nodes(self) -> list[NodeView]:
@@ -347,16 +348,21 @@ class ControlPlane:
     # -- the store -------------------------------------------------------------------------------
 
     def _persist(
-        self, before: Mapping[str, Assignment], *, ended: bool = False, also: tuple[str, ...] = ()
+        self,
+        before: Mapping[str, Assignment],
+        *,
+        ended: Mapping[str, str] | None = None,
+        also: tuple[str, ...] = (),
     ) -> None:
-        """Write what changed since ``before``: placements (with node and epoch), or why a
-        workload waits, or that it ended."""
+        """Write what changed since ``before`` (and, with ``ended``, the jobs that ended since
+        then): placements (with node and epoch), or why a workload waits, or that it ended. Only
+        what changed: a heartbeat costs the same however many jobs ended before."""
         after = self.core.assigned
         changed = {k for k in before.keys() | after.keys() if before.get(k) is not after.get(k)}
         for key in [k for k in self.lost_from if k in after or k not in self.core.specs]:
             del self.lost_from[key]  # placed again, or gone
-        if ended:
-            changed |= {k for k in self.core.ended}
+        if ended is not None:
+            changed |= {k for k, how in self.core.ended.items() if ended.get(k) != how}
         for key in changed | set(also):
             tenant, name = key.split("/", 1)
             stored = self.store.workload(tenant, name)

@@ -248,6 +248,17 @@ class Store:
             _workload(r) for r in self.db.execute(sql + " ORDER BY created, tenant, name", args)
         ]
 
+    def workload_count(self, tenant: str) -> int:
+        """How many workloads ``tenant`` has stored (no spec read)."""
+        row = self.db.execute("SELECT COUNT(*) FROM workloads WHERE tenant = ?", (tenant,))
+        return int(row.fetchone()[0])
+
+    def has_workload(self, tenant: str, name: str) -> bool:
+        found = self.db.execute(
+            "SELECT 1 FROM workloads WHERE tenant = ? AND name = ?", (tenant, name)
+        ).fetchone()
+        return found is not None
+
     # -- placements -----------------------------------------------------------------------------
 
     def set_placement(
