@@ -9,6 +9,7 @@ input is a 422 whose ``detail`` names the field path and the fix. The OpenAPI de
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
@@ -92,22 +93,29 @@ def _unavailable(e: Exception) -> JSONResponse:
 
 
 def check_workload_caps(
-    store: Store, settings: OperatorSettings, specs: list[WorkloadSpec]
+    store: Store,
+    settings: OperatorSettings,
+    specs: list[WorkloadSpec],
+    deployments: Sequence[DeploymentSpec] = (),
 ) -> None:
     """Refuse (409, nothing applied) a manifest that would take a tenant above its operator bound on
-    stored workloads (``max_workloads``, replicas included): no tenant fills the node with
-    processes."""
+    stored workloads (``max_workloads``: replicas included, and each deployment counts as one
+    too): no tenant fills the node with processes, or the store with deployments."""
     new: dict[str, set[str]] = {}
     for spec in specs:  # counted in SQL: an apply costs the same however many are stored
         if not store.has_workload(spec.tenant, spec.name):
             new.setdefault(spec.tenant, set()).add(spec.name)
+    for d in deployments:
+        if store.deployment(d.tenant, d.name) is None:
+            new.setdefault(d.tenant, set()).add(f"deployment {d.name}")
     for tenant, names in new.items():
         cap, setting = settings.workload_cap(tenant)
-        have = store.workload_count(tenant)
+        have = store.workload_count(tenant) + store.deployment_count(tenant)
         if have + len(names) > cap:
             raise HTTPException(
                 409,
-                f"tenant {tenant} has {have} workloads and this adds {len(names)}: above its "
+                f"tenant {tenant} has {have} workloads and deployments and this adds "
+                f"{len(names)}: above its "
                 f"maximum of {cap}; delete some first, or ask the operator to raise {setting} in "
                 "gpufrac.yaml",
             )
@@ -262,7 +270,9 @@ def create_app(
         deployments = [o for o in objects if isinstance(o, DeploymentSpec)]
         results = []
         with service.lock:
-            check_workload_caps(service.agent.store, service.agent.settings, specs)
+            check_workload_caps(service.agent.store, service.agent.settings, specs, deployments)
+            for d in deployments:  # every deployment's bounds before anything is stored
+                service.deployments.check(d)
             for spec in specs:
                 before = service.agent.store.workload(spec.tenant, spec.name)
                 what, decision = service.agent.apply(spec)

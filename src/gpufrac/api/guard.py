@@ -37,12 +37,15 @@ class Guard:
         tokens: dict[str, Caller] | None,
         max_body: int,
         own_auth: tuple[str, ...] = (),
+        own_check: Callable[[str, str], bool] | None = None,
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.max_body = max_body
-        # path prefixes whose handlers check a token of their own (a cluster's node calls)
+        # path prefixes whose calls carry a token of their own (a cluster's node calls), and how
+        # to check it (path, Authorization) before the body is read: a refused caller sends none
         self.own_auth = own_auth
+        self.own_check = own_check
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,6 +58,13 @@ class Guard:
             and authenticate(self.tokens, headers.get("authorization", "")) is None
         ):
             await _answer(send, 401, "a valid API token is needed (Authorization: Bearer TOKEN)")
+            return
+        if (
+            self.own_check is not None
+            and scope["path"].startswith(self.own_auth or ("\0",))
+            and not self.own_check(scope["path"], headers.get("authorization", ""))
+        ):
+            await _answer(send, 401, "not a node of this cluster (its token or credential)")
             return
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):

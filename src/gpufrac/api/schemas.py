@@ -227,6 +227,7 @@ class DeploymentResult(Answer):
     decision: None
     diff: list[str]
     url: str
+    warnings: list[str] = Field(default=[], description="its replicas fit on no node now, say")
 
 
 class ApplyAnswer(Answer):

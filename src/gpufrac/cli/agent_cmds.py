@@ -288,6 +288,8 @@ def apply_command(
 def _print_result(r: WorkloadResult | DeploymentResult) -> None:
     if isinstance(r, DeploymentResult):
         console.print(f"deployment {r.deployment} {r.result}: {r.url}", highlight=False)
+        for line in r.warnings:
+            err_console.print(f"    [yellow]warning[/]: {line}", highlight=False)
         return
     d = r.decision
     if r.result == "refused":

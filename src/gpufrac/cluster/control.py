@@ -111,6 +111,31 @@ class ControlPlane:
             self._save_credentials()
             return new
 
+    def admitted_join(
+        self,
+        name: str,
+        presented: str | None,
+        labels: Mapping[str, str],
+        gpus: list[SchedGpu],
+        address: str | None,
+    ) -> str | None:
+        """``admit`` then ``join``, under one lock: a join that fails (``ValueError``) leaves no
+        credential behind."""
+        with self.lock:
+            had = self.credentials.get(name)
+            credential = self.admit(name, presented)
+            try:
+                self.join(name, labels, gpus, address)
+            except ValueError:
+                if credential is not None:  # the one given back
+                    if had is None:
+                        self.credentials.pop(name, None)
+                    else:
+                        self.credentials[name] = had
+                    self._save_credentials()
+                raise
+            return credential
+
     def credential_ok(self, name: str, presented: str) -> bool:
         known = self.credentials.get(name)
         return known is not None and hmac.compare_digest(known.encode(), presented.encode())
@@ -167,7 +192,9 @@ class ControlPlane:
     ) -> Answer:
         with self.lock:
             if gpus is not None and name in self.core.nodes:
-                self.gpu_views[name] = gpus
+                joined = self.core.scheduler.state.by_uuid
+                # only the GPUs it joined with: a view of others is not taken
+                self.gpu_views[name] = [g for g in gpus if f"{name}/{g.get('uuid')}" in joined]
             before = dict(self.core.assigned)
             ended = dict(self.core.ended)
             answer = self.core.heartbeat(name, report, self.clock())

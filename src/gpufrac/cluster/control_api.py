@@ -69,8 +69,26 @@ def create_control_app(
     is never started, so the plots stay empty)."""
     app = FastAPI(title="gpufrac control plane", version="1")
     app.add_exception_handler(InputError, lambda _r, e: problem_answer(e))
-    app.add_middleware(Guard, tokens=tokens, max_body=MAX_BODY, own_auth=(NODE_PATHS,))
     expected = f"bearer {cluster_token}".encode()
+
+    def node_authorized(path: str, authorization: str) -> bool:
+        """Before a node call's body is read: a join carries the cluster token, a heartbeat its
+        node's credential (each handler checks again)."""
+        parts = path[len(NODE_PATHS) :].split("/")
+        scheme, _, rest = authorization.strip().partition(" ")
+        if len(parts) != 3 or parts[0] != "nodes" or scheme.lower() != "bearer":
+            return False
+        if parts[2] == "join":
+            return hmac.compare_digest(b"bearer " + rest.strip().encode(), expected)
+        return parts[2] == "heartbeat" and control.credential_ok(parts[1], rest.strip())
+
+    app.add_middleware(
+        Guard,
+        tokens=tokens,
+        max_body=MAX_BODY,
+        own_auth=(NODE_PATHS,),
+        own_check=node_authorized,
+    )
 
     def node_call(request: Request) -> None:
         given = request.headers.get("authorization", "").strip().encode()
@@ -103,13 +121,15 @@ def create_control_app(
         gpus = [gpu_from_wire(g) for g in body.gpus]
         presented = request.headers.get(CREDENTIAL_HEADER)
         try:
-            credential = control.admit(name, presented)
+            credential = await run_in_threadpool(
+                control.admitted_join, name, presented, body.labels, gpus, body.address
+            )
         except NodeRefused as e:
             raise HTTPException(409, str(e)) from None
-        try:
-            await run_in_threadpool(control.join, name, body.labels, gpus, body.address)
         except ValueError as e:
-            raise InputError(str(e), field="gpus", fix="list each GPU once") from None
+            raise InputError(
+                str(e), field="gpus", fix="list each GPU once, the same as when it joined before"
+            ) from None
         # null: keep the credential it presented
         return {"joined": name, "lease_s": control.core.lease_s, "credential": credential}
 
@@ -142,7 +162,7 @@ def create_control_app(
 
     @app.get("/api/v1/nodes")
     def nodes(request: Request) -> dict[str, Any]:
-        caller(request)
+        who = caller(request)
         return {
             "nodes": [
                 {
@@ -150,7 +170,7 @@ def create_control_app(
                     "state": n.state,
                     "labels": n.labels,
                     "gpus": n.gpus,
-                    "address": n.address,
+                    "address": n.address if who.admin else None,
                     "last_heartbeat_s": round(n.seen_s_ago, 3),
                 }
                 for n in control.nodes()
@@ -158,6 +178,7 @@ def create_control_app(
         }
 
     @app.post("/api/v1/workloads")
+    @app.post("/api/v1/deployments")  # the same manifest endpoint, as on one machine
     async def apply(request: Request) -> dict[str, Any]:
         who = caller(request)
         text = (await request.body()).decode("utf-8", "replace")
@@ -178,40 +199,51 @@ def create_control_app(
                 )
         specs = [o for o in objects if isinstance(o, WorkloadSpec)]
         deployments = [o for o in objects if isinstance(o, DeploymentSpec)]
-        with control.lock:
-            check_workload_caps(control.store, control.settings, specs)
         results: list[dict[str, Any]] = []
-        for spec in specs:
-            before = control.store.workload(spec.tenant, spec.name)
-            what, decision = control.apply(spec)
-            diff = (
-                spec_diff(before.spec, spec_to_json(spec)) if before and what == "replaced" else []
-            )
-            results.append(
-                {
-                    "kind": "Workload",
-                    "workload": f"{spec.tenant}/{spec.name}",
-                    "result": what,
-                    "decision": as_seen_by(who, decision_to_json(decision)),
-                    "spec": spec_to_json(spec),
-                    "diff": diff,
-                    "warnings": [],
-                }
-            )
-        if deployments:
-            assert serving is not None
-            with control.lock:
-                for d in deployments:
-                    results.append(
-                        {
-                            "kind": "Deployment",
-                            "deployment": d.key,
-                            "result": serving.deployments.apply(d),
-                            "decision": None,
-                            "diff": [],
-                            "url": serving.deployments.gateway_url + gateway_path(d),
-                        }
-                    )
+        # one lock for the whole manifest: its checks and what it stores (no two applies between
+        # a tenant's bound and its workloads); every check before anything is stored
+        with control.lock:
+            check_workload_caps(control.store, control.settings, specs, deployments)
+            for d in deployments:
+                assert serving is not None
+                serving.deployments.check(d)
+            for spec in specs:
+                before = control.store.workload(spec.tenant, spec.name)
+                what, decision = control.apply(spec)
+                diff = (
+                    spec_diff(before.spec, spec_to_json(spec))
+                    if before and what == "replaced"
+                    else []
+                )
+                results.append(
+                    {
+                        "kind": "Workload",
+                        "workload": f"{spec.tenant}/{spec.name}",
+                        "result": what,
+                        "decision": as_seen_by(who, decision_to_json(decision)),
+                        "spec": spec_to_json(spec),
+                        "diff": diff,
+                        "warnings": [],
+                    }
+                )
+            for d in deployments:
+                assert serving is not None
+                # a replica no node could ever hold: said now, not only later as an event
+                refusal = control.core.scheduler.refusal(d.replica_spec(0, 0))
+                results.append(
+                    {
+                        "kind": "Deployment",
+                        "deployment": d.key,
+                        "result": serving.deployments.apply(d),
+                        "decision": None,
+                        "diff": [],
+                        "url": serving.deployments.gateway_url + gateway_path(d),
+                        "warnings": []
+                        if refusal is None or not control.core.nodes
+                        else [f"its replicas fit on no node now: {refusal}"],
+                    }
+                )
+        if serving is not None and deployments:
             serving.wake()
         return {"results": results}
 
@@ -363,11 +395,14 @@ def create_control_app(
         GPU's name here (``NODE/UUID``)."""
         node, _, rest = gpu.partition("/")
         with control.lock:
-            if gpu in control.core.scheduler.state.by_uuid:
+            known = control.core.scheduler.state.by_uuid
+            if gpu in known:
                 return gpu
-            for g in control.gpu_views.get(node, []) if rest.isdigit() else []:
-                if g.get("index") == int(rest):
-                    return f"{node}/{g['uuid']}"
+            if re.fullmatch(r"[0-9]{1,4}", rest):  # ASCII digits only
+                for g in control.gpu_views.get(node, []):
+                    # among the GPUs its node joined with (a heartbeat may show others)
+                    if g.get("index") == int(rest) and f"{node}/{g.get('uuid')}" in known:
+                        return f"{node}/{g['uuid']}"
         raise HTTPException(
             404, f"no GPU {gpu}: name one as NODE/INDEX or NODE/UUID, as get gpus shows them"
         )

@@ -156,7 +156,19 @@ class ClusterCore:
             self.nodes[name] = node = Node(name, dict(labels), [g.index for g in fresh], now)
             self.scheduler.add_gpus(fresh, retry=False)
         else:
+            st = self.scheduler.state
+            had = sorted(st.gpus[gi].uuid for gi in node.gpus)
+            if sorted(f"{name}/{g.uuid}" for g in gpus) != had:
+                raise ValueError(
+                    f"node {name} joined before with other GPUs ({', '.join(had)}); a machine "
+                    "whose GPUs changed joins under another name (--name)"
+                )  # nothing changed
             node.renewed, node.state = now, "alive"
+            if dict(labels) != node.labels:  # the operator changed its labels: they hold now
+                node.labels = dict(labels)
+                for gi in node.gpus:
+                    st.gpus[gi].node_labels = dict(labels)
+                st.nodes[name] = dict(labels)
         st = self.scheduler.state
         for gi in node.gpus:  # a cordoned GPU stays so, through a loss or a restart
             want = st.gpus[gi].uuid not in self.cordoned

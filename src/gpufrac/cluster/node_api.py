@@ -23,8 +23,12 @@ def create_node_app(agent: Agent, credential: Callable[[], str | None]) -> FastA
         request: Request, tenant: str, name: str, tail: int = Query(200, ge=0, le=10**7)
     ) -> dict[str, object]:
         held = credential()
-        given = request.headers.get("authorization", "").encode()
-        if held is None or not hmac.compare_digest(given, f"Bearer {held}".encode()):
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        if (
+            held is None
+            or scheme.lower() != "bearer"
+            or not hmac.compare_digest(given.strip().encode(), held.encode())
+        ):
             raise HTTPException(401, "only the control plane reads this node's logs")
         with agent.lock:
             found = agent.log_tail(tenant, name, tail)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -125,6 +126,10 @@ class Store:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        # specs hold their environment (secrets, say): the owner's alone, as SQLite makes its
+        # -wal and -shm files with the database's own mode
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.chmod(path, 0o600)
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
@@ -339,6 +344,17 @@ class Store:
             "SELECT tenant, name, spec, replicas FROM deployments ORDER BY tenant, name"
         )
         return [(r[0], r[1], json.loads(r[2]), r[3]) for r in rows]
+
+    def deployment(self, tenant: str, name: str) -> dict[str, Any] | None:
+        """One deployment's spec as stored, or None."""
+        row = self.db.execute(
+            "SELECT spec FROM deployments WHERE tenant = ? AND name = ?", (tenant, name)
+        ).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    def deployment_count(self, tenant: str) -> int:
+        row = self.db.execute("SELECT COUNT(*) FROM deployments WHERE tenant = ?", (tenant,))
+        return int(row.fetchone()[0])
 
     def set_deployment_replicas(self, tenant: str, name: str, replicas: int, why: str) -> None:
         with self.transaction() as db:

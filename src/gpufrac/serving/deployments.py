@@ -181,8 +181,9 @@ class Deployments:
 
     # -- desired state --------------------------------------------------------------------------
 
-    def apply(self, spec: DeploymentSpec) -> str:
-        # its replicas will be workloads of its tenant: the same bounds, before anything is stored
+    def check(self, spec: DeploymentSpec) -> None:
+        """Its replicas will be workloads of its tenant: the same bounds (``InputError``), checked
+        before anything of a manifest is stored."""
         settings = self.runner.settings
         try:
             settings.check_priority(spec.tenant, spec.template.priority)
@@ -191,8 +192,10 @@ class Deployments:
             raise InputError(
                 e.message, field=(e.field or "").replace("spec.", "spec.template.", 1), fix=e.fix
             ) from None
-        stored = {(t, n): s for t, n, s, _ in self.runner.store.deployments()}
-        before = stored.get((spec.tenant, spec.name))
+
+    def apply(self, spec: DeploymentSpec) -> str:
+        self.check(spec)
+        before = self.runner.store.deployment(spec.tenant, spec.name)
         changed = self.runner.store.put_deployment(
             spec.tenant,
             spec.name,

@@ -97,6 +97,16 @@ _NOT_RELAYED = frozenset(_HOP + _FRAMING)
 ADMIN = ""  # the tenant a token of the admin maps to
 
 
+def route_of(target: str) -> tuple[str, str]:
+    """``/serve/NAME/REST?QUERY`` (or ``/serve/NAME?QUERY``) to the deployment's name and the
+    target its replica gets (``/REST?QUERY``)."""
+    tail = target[7:]
+    slash, query = tail.find("/"), tail.find("?")
+    cut = min((i for i in (slash, query) if i >= 0), default=len(tail))
+    rest = tail[cut:]
+    return tail[:cut], rest if rest.startswith("/") else "/" + rest
+
+
 class Gateway:
     def __init__(self) -> None:
         self.routes: dict[str, Route] = {}
@@ -133,7 +143,7 @@ class Gateway:
             return 404, "not found: use /serve/{deployment}/..."
         if not self.settled:
             return 503, "the gateway is starting: try again"
-        name = target[7:].partition("/")[0]
+        name = route_of(target)[0]
         route = self.routes.get(name)
         if self.tokens is not None and (route is None or not route.public):
             # without a valid token every name that is not public answers the same 401, so none
@@ -250,14 +260,14 @@ class Gateway:
             extra = [b"Retry-After: 1"] if status == 503 else []
             client.send(error_response(status, why, extra=extra), req)
             return None
-        name, _, rest = path[7:].partition("/")
+        name, rest = route_of(path)
         route = self.routes[name]
         started = time.monotonic()
         replica = None if route.waiters else route.pick(started)
         if replica is None:
-            return self._queued(client, req, route, "/" + rest, started)
+            return self._queued(client, req, route, rest, started)
         replica.outstanding += 1
-        ex = _Exchange(self, client, req, route, "/" + rest, started)
+        ex = _Exchange(self, client, req, route, rest, started)
         ex.go(replica)
         return ex.done
 

@@ -256,3 +256,61 @@ def test_an_admin_cordons_and_drains_a_nodes_gpu_and_the_cordon_outlives_a_resta
     assert control.core.scheduler.state.by_uuid[f"{home}/G{home}"].schedulable
     assert control.store.cordons() == {}
     control.close()
+
+
+def test_hostile_calls_are_refused_whole_and_leave_nothing_behind(tmp_path: Path) -> None:
+    """From the hostile review: a node call without its token is refused before its body is read;
+    GPU names take ASCII digits only; a failed join issues no credential; a manifest is checked
+    whole (a deployment's bounds, deployments counted against max_workloads) before anything of
+    it is stored; node addresses are the admin's to see."""
+    from gpufrac.api.tokens import Caller
+    from gpufrac.cluster.serving import ClusterServing
+    from gpufrac.model.settings import OperatorSettings, TenantQuota
+    from tests.integration.conftest import free_port
+
+    settings = OperatorSettings(tenants={"bob": TenantQuota(max_workloads=2)})
+    control = ControlPlane(tmp_path, settings)
+    tokens = {
+        "admin-token-0123456789": Caller(None, admin=True),
+        "bob-token-0123456789": Caller("bob"),
+    }
+    admin = {"authorization": "Bearer admin-token-0123456789"}
+    bob = {"authorization": "Bearer bob-token-0123456789"}
+    serving = ClusterServing(control, gateway_port=free_port())
+    http = TestClient(
+        create_control_app(control, cluster_token=TOKEN, tokens=tokens, serving=serving)
+    )
+    big = b"x" * (3 * 1024 * 1024)
+    r = http.post("/cluster/v1/nodes/n1/heartbeat", content=big, headers=NODE)
+    assert r.status_code == 401  # the cluster token is no node's credential: no body read
+    r = http.post("/cluster/v1/nodes/n1/join", content=big, headers={"authorization": "Bearer x"})
+    assert r.status_code == 401
+    bad = http.post(
+        "/cluster/v1/nodes/n1/join", json={"gpus": [gpu("GPU-a"), gpu("GPU-a")]}, headers=NODE
+    )
+    assert bad.status_code == 422 and control.credentials == {}  # no credential for a failed join
+    r = http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("GPU-a")]}, headers=NODE)
+    control.gpu_views["n1"] = [{**gpu("GPU-a"), "index": 0}, {**gpu("GPU-zz"), "index": 1}]
+    for name in ("n1/²", "n1/%E2%81%B0", "n1/０", "n1/1", "n1/99999", "../n1/0", "n1/"):
+        assert http.post(f"/api/v1/gpus/{name}/cordon", headers=admin).status_code == 404, name
+    assert control.core.cordoned == {}
+    deployment = (
+        "apiVersion: gpufrac/v1\nkind: Deployment\nmetadata: {{name: {name}, tenant: bob}}\n"
+        "spec:\n  template:\n    command: [sleep, '60']\n    resources: {{gpu: {{memory: 1GiB}}}}\n"
+        "    priority: {priority}\n  replicas: 0\n"
+    )
+    workload = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: atom, tenant: bob}\nspec:\n"
+        "  command: [sleep, '60']\n  resources: {gpu: {memory: 1GiB}}\n"
+    )
+    mixed = workload + "---\n" + deployment.format(name="d0", priority=100000)
+    r = http.post("/api/v1/workloads", content=mixed, headers=bob)
+    assert r.status_code == 422 and "priority" in r.text
+    assert control.store.workloads() == [] and control.store.deployments() == []
+    three = "---\n".join(deployment.format(name=f"d{i}", priority=50) for i in range(3))
+    r = http.post("/api/v1/deployments", content=three, headers=bob)
+    assert r.status_code == 409 and "max_workloads" in r.text  # deployments count too
+    assert control.store.deployments() == []
+    assert http.get("/api/v1/nodes", headers=bob).json()["nodes"][0]["address"] is None
+    serving.close()
+    control.close()

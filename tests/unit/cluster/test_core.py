@@ -105,7 +105,12 @@ def test_a_returning_node_takes_work_again_and_never_gets_its_old_epochs_back() 
     assert moved.node == other and moved.epoch > first.epoch
     core.apply(w("y", count=1))
     assert core.decision("a/y").outcome == "pending"  # the lost node's GPU takes nothing
-    decided = core.join(first.node, {}, [], LEASE_S + 2)
+    again = [
+        SchedGpu(g.uuid.split("/", 1)[1], 0, H200, mig=False)
+        for g in core.scheduler.state.gpus
+        if g.node == first.node
+    ]  # the same GPUs as when it joined
+    decided = core.join(first.node, {"name": first.node}, again, LEASE_S + 2)
     assert [d.workload for d in decided] == ["a/y"]
     answer = core.heartbeat(first.node, Report(running={"a/x": first.epoch}), LEASE_S + 2)
     assert running(answer) == {"a/y": core.assigned["a/y"].epoch}  # a/x is not its to run
@@ -183,8 +188,11 @@ class SimNode:
 
     def step(self, core: ClusterCore, now: float) -> None:
         if not self.silent:
-            if core.nodes[self.name].state == "lost":
-                core.join(self.name, {}, [], now)
+            if core.nodes[self.name].state == "lost":  # back, with the GPUs it had
+                st = core.scheduler.state
+                had = [st.gpus[gi] for gi in core.nodes[self.name].gpus]
+                again = [SchedGpu(g.uuid.split("/", 1)[1], 0, H200, mig=False) for g in had]
+                core.join(self.name, dict(core.nodes[self.name].labels), again, now)
             answer = core.heartbeat(self.name, Report(running=dict(self.runs)), now)
             self.answered = now
             self.runs = running(answer)
@@ -233,3 +241,22 @@ def test_no_workload_ever_runs_on_two_nodes(ops: list[tuple[str, int, int, int]]
             case "wait":
                 advance(i)
         advance(1)
+
+
+def test_a_node_joins_again_with_the_gpus_it_had_and_its_labels_as_they_are_now() -> None:
+    core = core_with(("n1", 1))
+    same = [
+        SchedGpu(g.uuid.split("/", 1)[1], 0, H200, mig=False) for g in core.scheduler.state.gpus
+    ]
+    core.join("n1", {"zone": "eu"}, same, 1.0)  # relabelled: new placements see the new labels
+    assert core.nodes["n1"].labels == {"zone": "eu"}
+    assert core.scheduler.state.gpus[0].node_labels == {"zone": "eu"}
+    placed = core.apply(dataclasses.replace(w("x", count=1), node_selector={"zone": "eu"}))
+    assert placed.outcome == "placed"
+    try:
+        core.join("n1", {"zone": "eu"}, gpus(2), 2.0)  # other GPUs under the same name
+    except ValueError as e:
+        assert "joined before with other GPUs" in str(e)
+    else:
+        raise AssertionError("a node's GPUs changed under its name")
+    assert len(core.scheduler.state.gpus) == 1 and core.assigned["a/x"].node == "n1"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpufrac.serving.gateway import WINDOW_SECONDS, Gateway, Replica, Route
+from gpufrac.serving.gateway import WINDOW_SECONDS, Gateway, Replica, Route, route_of
 from gpufrac.serving.http11 import HttpError, Request
 
 
@@ -459,3 +459,19 @@ def test_queue_limit_zero_rejects_at_once() -> None:
     gw = full_gateway(queue_limit=0)
     client = serve(gw, "/serve/m/x")
     assert status_of(client.sent) == 429
+
+
+@pytest.mark.parametrize(
+    ("target", "name", "rest"),
+    [
+        ("/serve/m/predict", "m", "/predict"),
+        ("/serve/m/predict?x=1", "m", "/predict?x=1"),
+        ("/serve/m?x=1", "m", "/?x=1"),  # a query straight after the name is not part of it
+        ("/serve/m", "m", "/"),
+        ("/serve/a.m/", "a.m", "/"),
+    ],
+)
+def test_a_target_names_its_deployment_and_what_the_replica_gets(
+    target: str, name: str, rest: str
+) -> None:
+    assert route_of(target) == (name, rest)
