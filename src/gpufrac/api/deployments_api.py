@@ -51,14 +51,19 @@ class DeploymentsService(Protocol):
 
 
 def deployment_view(
-    service: DeploymentsService, d: DeploymentSpec, scaled: int | None
+    service: DeploymentsService,
+    d: DeploymentSpec,
+    scaled: int | None,
+    states: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``states``: the replicas' states, read once for many deployments (else read here)."""
     deps = service.deployments
+    states = service.states if states is None else states
     traffic = deps.traffic.get(route_name(d), {})
     per_replica = traffic.get("replicas", {})
     replicas = []
-    for r in deps.views(d, service.states):
-        st = service.states.get(f"{d.tenant}/{r.name}")
+    for r in deps.views(d, states):
+        st = states.get(f"{d.tenant}/{r.name}")
         where = st.decision.gpus if st and st.decision else []
         replicas.append(
             {
@@ -101,10 +106,11 @@ def add_deployment_routes(
     @app.get("/api/v1/deployments", response_model=DeploymentList, responses=errors(401, 503))
     def list_deployments(request: Request) -> dict[str, Any]:
         who = caller(request)
-        with service.lock:
+        with service.lock, service.deployments.batch():
+            states = service.states
             return {
                 "deployments": [
-                    deployment_view(service, d, scaled)
+                    deployment_view(service, d, scaled, states)
                     for d, scaled in service.deployments.specs()
                     if who.may_see(d.tenant)
                 ]

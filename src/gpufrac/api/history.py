@@ -362,8 +362,9 @@ def deployment_counts(
 ) -> list[tuple[str, str, int, dict[str, Any], int]]:
     """Per deployment: tenant, name, replicas wanted, the gateway's traffic, replicas ready."""
     out = []
-    for d, scaled in deployments.specs():
-        views = deployments.views(d, states)
+    with deployments.batch():
+        specs = [(d, scaled, deployments.views(d, states)) for d, scaled in deployments.specs()]
+    for d, scaled, views in specs:
         ready = sum(1 for r in views if r.ready and not r.draining)
         traffic = deployments.traffic.get(route_name_of(d.tenant, d.name), {})
         wanted = next(

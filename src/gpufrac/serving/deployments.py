@@ -11,12 +11,13 @@ down loses no request.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
 import socket
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -178,6 +179,9 @@ class Deployments:
         self.replica_counts: dict[str, tuple[int, int, int]] = {}
         self._sent: dict[str, str] = {}
         self._settled = False  # the running gateway was told "G" (every deployment was sent)
+        # during a reconcile pass: every deployment's replicas and the ports taken, read once
+        self._index: dict[tuple[str, str], list[WorkloadSpec]] | None = None
+        self._ports: set[int] | None = None
 
     # -- desired state --------------------------------------------------------------------------
 
@@ -235,6 +239,28 @@ class Deployments:
         deployments = self.specs()
         if not deployments and not self.gateway.running:
             return
+        with self.batch():
+            self._reconcile_all(deployments, states)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Within it, the store is read once for every deployment's replicas (a reconcile pass,
+        a list of every deployment): it costs the deployments plus the workloads, not their
+        product."""
+        if self._index is not None:
+            yield
+            return
+        self._index, self._ports = self._replica_index()
+        try:
+            yield
+        finally:
+            self._index = self._ports = None
+
+    def _reconcile_all(
+        self,
+        deployments: list[tuple[DeploymentSpec, int | None]],
+        states: Mapping[str, ReplicaState],
+    ) -> None:
         self._ensure_gateway()
         self.traffic = self._stats()
         for spec, scaled in deployments:
@@ -378,10 +404,25 @@ class Deployments:
 
     # -- replicas -------------------------------------------------------------------------------
 
-    def _replicas(self, tenant: str, name: str) -> list[WorkloadSpec]:
-        out = []
+    def _replica_index(self) -> tuple[dict[tuple[str, str], list[WorkloadSpec]], set[int]]:
+        """Every deployment's replicas, by (tenant, deployment), and the ports workloads have."""
+        index: dict[tuple[str, str], list[WorkloadSpec]] = {}
+        ports: set[int] = set()
         for w in self.runner.store.workloads():
-            if w.tenant == tenant and (w.spec.get("labels") or {}).get(LABEL) == name:
+            port = (w.spec.get("env") or {}).get("PORT")
+            if isinstance(port, str) and port.isdigit():
+                ports.add(int(port))
+            group = (w.spec.get("labels") or {}).get(LABEL)
+            if group is not None:
+                index.setdefault((w.tenant, group), []).append(spec_from_json(w.spec))
+        return index, ports
+
+    def _replicas(self, tenant: str, name: str) -> list[WorkloadSpec]:
+        if self._index is not None:  # during a pass
+            return list(self._index.get((tenant, name), []))
+        out = []
+        for w in self.runner.store.workloads(tenant):
+            if (w.spec.get("labels") or {}).get(LABEL) == name:
                 out.append(spec_from_json(w.spec))
         return out
 
@@ -410,11 +451,7 @@ class Deployments:
         """A port no replica has and nothing listens on, below Linux's ephemeral range (32768 and
         up), so no outgoing connection (the gateway's own, say) takes it before the replica
         binds."""
-        used = {
-            int(w.spec.get("env", {}).get("PORT", 0))
-            for w in self.runner.store.workloads()
-            if (w.spec.get("env") or {}).get("PORT")
-        }
+        used = self._ports if self._ports is not None else self._replica_index()[1]
         for port in random.sample(range(REPLICA_PORTS[0], REPLICA_PORTS[1]), 200):
             if port in used or port == self.gateway_port:
                 continue
@@ -423,6 +460,7 @@ class Deployments:
                     s.bind(("127.0.0.1", port))
                 except OSError:
                     continue
+            used.add(port)  # taken by the replica made now (the pass's set)
             return port
         raise RuntimeError("no free port for a replica")
 
