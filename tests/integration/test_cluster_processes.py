@@ -241,6 +241,12 @@ def test_a_cluster_of_processes_places_moves_and_survives_its_control_plane(
     assert (answer.status_code, answer.json()) == (200, {"outputs": 6})
     listed = cluster.cli("get", "deployments")
     assert listed.returncode == 0 and "2/2" in listed.stdout, listed.stdout + listed.stderr
+    # a replica answers its gateway only: straight to its port (from another tenant's workload on
+    # the node, say), a request without the gateway's key is refused
+    port = replicas()[0]["port"]
+    direct = httpx.post(f"http://127.0.0.1:{port}/predict", content=b'{"inputs": [1]}', timeout=10)
+    assert direct.status_code == 403, direct.text
+    assert "GPUFRAC_REPLICA_KEY" not in str(cluster.workload(replicas()[0]["name"])["env"])
 
     # the control plane is killed and started again: nothing that runs is restarted
     pid = child_pid(tmp_path, home)

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpufrac.model.workload import HealthCheck, WorkloadSpec, spec_from_json, spec_to_json
 
+REPLICA_KEY_ENV = "GPUFRAC_REPLICA_KEY"  # the secret a replica knows its gateway by
 LABEL = "gpufrac.io/deployment"
 TEMPLATE_LABEL = "gpufrac.io/template"
 
@@ -69,8 +70,10 @@ class DeploymentSpec:
         }
         return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:8]
 
-    def replica_spec(self, index: int, port: int) -> WorkloadSpec:
-        """Replica ``index`` of the current template, listening on ``port``."""
+    def replica_spec(self, index: int, port: int, key: str | None = None) -> WorkloadSpec:
+        """Replica ``index`` of the current template, listening on ``port``; ``key``: the secret
+        its gateway sends with each request (``$GPUFRAC_REPLICA_KEY``), so that the replica
+        serves its gateway, not whoever else reaches its port."""
         t = self.template
         command = t.command
         if self.model is not None:
@@ -92,7 +95,7 @@ class DeploymentSpec:
             tenant=self.tenant,
             type="service",
             command=command,
-            env={**t.env, "PORT": str(port)},
+            env={**t.env, "PORT": str(port), **({REPLICA_KEY_ENV: key} if key else {})},
             labels={**t.labels, LABEL: self.name, TEMPLATE_LABEL: self.template_hash},
             health=health,
             restart="always",

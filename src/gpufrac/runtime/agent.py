@@ -63,7 +63,15 @@ from gpufrac.runtime.mig_worker import MigWorker
 from gpufrac.runtime.mps import MpsDaemons
 from gpufrac.runtime.native_memory import NativeMemory
 from gpufrac.runtime.qos_care import QosCare, Running
-from gpufrac.runtime.runs import Runs, handed_env, probe, read_json, write_json
+from gpufrac.runtime.runs import (
+    Runs,
+    handed_env,
+    port_owners,
+    probe,
+    process_group,
+    read_json,
+    write_json,
+)
 from gpufrac.runtime.sandbox import Sandbox, separation
 from gpufrac.runtime.shim import (
     LAUNCH_TIMEOUT_S,
@@ -690,6 +698,26 @@ class Agent:
 
     # -- readiness ------------------------------------------------------------------------------
 
+    def _owns_port(self, spec: WorkloadSpec, run_dir: Path, status: ShimStatus, port: int) -> bool:
+        """Is what answered on ``port`` this workload (its process group), not another process
+        that took the port (another tenant's, say, before this one could bind it)? Where the
+        owner cannot be told, it is taken as the workload's."""
+        owners = port_owners(port)
+        group = process_group(status.child_pid) if status.child_pid else None
+        if not owners or group is None:
+            return True
+        if any(process_group(pid) == group for pid in owners):
+            return True
+        if not (run_dir / "port-taken.json").exists():
+            write_json(run_dir / "port-taken.json", {"owners": sorted(owners)})
+            self.store.record_event(
+                "not_ready",
+                workload_key(spec),
+                f"port {port} is held by another process (pid {min(owners)}), not this "
+                "workload: it does not get traffic",
+            )
+        return False
+
     def _ready(self, spec: WorkloadSpec, run_dir: Path, status: ShimStatus) -> bool:
         """A service with a health check is ready once the check passed (remembered in the run)."""
         check = spec.health
@@ -702,6 +730,8 @@ class Agent:
             return False
         write_json(run_dir / "probe.json", {"at": self.clock()})
         if not probe(check.kind, check.port, check.path, self.handover.listen_host):
+            return False
+        if not self._owns_port(spec, run_dir, status, check.port):
             return False
         write_json(run_dir / "ready.json", {"at": self.clock()})
         self.store.record_event(

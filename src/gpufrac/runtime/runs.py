@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gpufrac.model.deployment import REPLICA_KEY_ENV
 from gpufrac.runtime.shim import launch, live, read_status, stop
 
 GONE = ".gone"  # attempts of removed workloads that are still ending
@@ -141,6 +142,41 @@ def probe(kind: str, port: int, path: str, host: str = "127.0.0.1") -> bool:
         return False
 
 
+def port_owners(port: int) -> set[int] | None:
+    """The processes holding a listening TCP socket on ``port`` (any address), from ``/proc``;
+    None where that cannot be told (no ``/proc``, or sockets of processes it may not read)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    if (
+                        len(cols) > 9
+                        and cols[3] == "0A"
+                        and int(cols[1].rsplit(":", 1)[1], 16) == port
+                    ):
+                        inodes.add(cols[9])
+        except (OSError, ValueError, IndexError):
+            return None
+    if not inodes:
+        return set()
+    wanted = {f"socket:[{i}]" for i in inodes}
+    owners: set[int] = set()
+    for proc in os.listdir("/proc"):
+        if not proc.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{proc}/fd"):
+                if os.readlink(f"/proc/{proc}/fd/{fd}") in wanted:
+                    owners.add(int(proc))
+                    break
+        except OSError:  # gone, or not ours to read
+            continue
+    return owners or None
+
+
 def process_group(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -171,4 +207,5 @@ def handed_env(run_dir: Path | None) -> dict[str, str]:
         env = json.loads((run_dir / "spec.json").read_text()).get("env") or {}
     except (OSError, ValueError):
         return {}
-    return {k: v for k, v in env.items() if k.startswith(HANDED_OVER)}
+    # a replica's key is a secret between it and its gateway: not shown
+    return {k: v for k, v in env.items() if k.startswith(HANDED_OVER) and k != REPLICA_KEY_ENV}

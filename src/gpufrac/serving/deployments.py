@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import random
+import secrets
 import socket
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import (
     LABEL,
+    REPLICA_KEY_ENV,
     TEMPLATE_LABEL,
     DeploymentSpec,
     deployment_from_json,
@@ -305,7 +307,7 @@ class Deployments:
         stored = self.runner.store.workload_count(d.tenant)
         over = max(0, missing - max(0, cap - stored))
         for index in [i for i in range(want * 2 + 1) if i not in have][: missing - over]:
-            self.runner.apply(d.replica_spec(index, self._free_port()))
+            self.runner.apply(d.replica_spec(index, self._free_port(), secrets.token_urlsafe(24)))
         # surplus replicas of this template: those not ready first, then the highest indexes
         surplus = sorted(current, key=lambda r: (r.ready, -int(r.name.rsplit("-", 1)[1])))
         retire = [r.name for r in surplus[: max(0, len(current) - want)]]
@@ -493,12 +495,19 @@ class Deployments:
         self, d: DeploymentSpec, serving: list[ReplicaView], states: Mapping[str, ReplicaState]
     ) -> None:
         busy = self._gpu_busy(d, serving, states)
+        keys = {w.name: w.env.get(REPLICA_KEY_ENV) for w in self._replicas(d.tenant, d.name)}
         msg = {
             "name": route_name(d),
             "tenant": d.tenant,
             "public": d.public,
             "replicas": [
-                {"id": r.name, "host": r.host, "port": r.port, "busy": busy.get(r.name, 0.0)}
+                {
+                    "id": r.name,
+                    "host": r.host,
+                    "port": r.port,
+                    "busy": busy.get(r.name, 0.0),
+                    "key": keys.get(r.name),
+                }
                 for r in serving
             ],
             "max_concurrency": d.max_concurrency,

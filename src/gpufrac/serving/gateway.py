@@ -52,6 +52,7 @@ import contextlib
 import hashlib
 import json
 import math
+import re
 import signal
 import socket
 import sys
@@ -62,6 +63,7 @@ from typing import Any, cast
 import httptools
 
 from gpufrac.serving.http11 import (
+    KEY_HEADER,
     REASONS,
     BodyBudget,
     HttpConnection,
@@ -90,11 +92,23 @@ _HOP = (
 )
 # written by the gateway itself from what it parsed, never copied
 _FRAMING = (b"content-length", b"transfer-encoding", b"trailer")
-_NOT_FORWARDED = frozenset(_HOP + _FRAMING + (b"authorization",))
-_NOT_RELAYED = frozenset(_HOP + _FRAMING)
+# KEY_HEADER: the key a replica knows its gateway by (``serving.replica``): the gateway's to add,
+# no client's
+_NOT_FORWARDED = frozenset(_HOP + _FRAMING + (b"authorization", KEY_HEADER))
+_NOT_RELAYED = frozenset(_HOP + _FRAMING + (KEY_HEADER,))
 
 
 ADMIN = ""  # the tenant a token of the admin maps to
+
+
+def _key_line(key: Any) -> bytes:
+    """The header line that carries a replica's key (none: b""); a key is a URL-safe token."""
+    if key is None or key == "":
+        return b""
+    text = str(key)
+    if not re.fullmatch(r"[A-Za-z0-9_-]{16,128}", text):
+        raise ValueError("a replica's key is 16 to 128 URL-safe characters")
+    return b"X-Gpufrac-Replica-Key: " + text.encode() + b"\r\n"
 
 
 def route_of(target: str) -> tuple[str, str]:
@@ -167,6 +181,7 @@ class Gateway:
                 str(r.get("host", "127.0.0.1")),
                 int(r["port"]),
                 float(r.get("busy", 0.0)),
+                _key_line(r.get("key")),
             )
             for r in raw.get("replicas", [])
         }  # read whole before anything changes
@@ -182,20 +197,20 @@ class Gateway:
             route.max_concurrency = max(1, int(numbers["max_concurrency"]))
         if "queue_limit" in numbers:
             route.queue_limit = max(0, int(numbers["queue_limit"]))  # 0: 429 once all are busy
-        for key in ("timeout_s", "cold_start_timeout_s"):
-            if key in numbers:
-                setattr(route, key, numbers[key])
+        for field_name in ("timeout_s", "cold_start_timeout_s"):
+            if field_name in numbers:
+                setattr(route, field_name, numbers[field_name])
         for rid in [k for k in route.replicas if k not in wanted]:
             gone = route.replicas.pop(rid)
             self._retire(gone)  # in-flight requests on it finish on their own connections
             if gone.outstanding:
                 route.retiring[rid] = gone  # reported until its last request is answered
-        for rid, (host, port, busy) in wanted.items():
+        for rid, (host, port, busy, key) in wanted.items():
             rep = route.replicas.get(rid)
-            if rep is None or (rep.host, rep.port) != (host, port):
+            if rep is None or (rep.host, rep.port, rep.key) != (host, port, key):
                 if rep is not None:
                     self._retire(rep)  # moved: its connections go to where it was
-                rep = Replica(rid, host, port)
+                rep = Replica(rid, host, port, key=key)
                 route.replicas[rid] = rep
             rep.busy = busy
         route.wake()
@@ -418,6 +433,9 @@ class _Exchange:
             data = self.data = _request_head(
                 self.req, self.path, keep_authorization=self.gateway.tokens is None
             )
+        key = self.replica.key
+        if key:  # the head ends with its blank line: the replica's key goes before it
+            data = data[:-2] + key + b"\r\n"
         conn.begin(self, data, self.route.timeout_s)
         if not self.client.writable:  # the client has not taken the last answer yet
             conn.pause()

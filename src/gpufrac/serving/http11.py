@@ -31,6 +31,8 @@ from typing import Any, assert_never, cast
 
 import httptools
 
+# the header with the key a replica knows its gateway by (gateway.py adds it, replica.py checks it)
+KEY_HEADER = b"x-gpufrac-replica-key"
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
 REASONS = {

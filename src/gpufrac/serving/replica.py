@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hmac
 import importlib
 import json
 import os
@@ -31,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gpufrac.serving.http11 import (
+    KEY_HEADER,
     HttpConnection,
     HttpError,
     Request,
@@ -133,6 +135,10 @@ class Batcher:
 
 
 class _Conn(HttpConnection):
+    # the key its gateway sends with each request ($GPUFRAC_REPLICA_KEY, set by gpufrac): with
+    # one, a request without it (from anything else that reaches the port) is refused
+    key: bytes | None = None
+
     def __init__(self, batcher: Batcher) -> None:
         super().__init__()
         self.batcher = batcher
@@ -141,6 +147,11 @@ class _Conn(HttpConnection):
         if req.method in ("GET", "HEAD") and req.target in ("/healthz", "/health"):
             self.send(json_response(200, {"status": "ok"}, keep_alive=req.keep_alive), req)
             return None
+        if self.key is not None:
+            given = next((v for k, v in req.headers if k.lower() == KEY_HEADER), b"")
+            if not hmac.compare_digest(given, self.key):
+                self.send(error_response(403, "only through the gpufrac gateway"), req)
+                return None
         if req.method != "POST" or req.target not in ("/", "/predict"):
             self.send(error_response(404, 'POST /predict with {"inputs": ...}'), req)
             return None
@@ -202,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch-size", type=int, default=1)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     args = p.parse_args(argv)
+    key = os.environ.get("GPUFRAC_REPLICA_KEY")
+    _Conn.key = key.encode() if key else None
     model = adapt(load_factory(args.model))
     with contextlib.suppress(KeyboardInterrupt):
         run(serve(model, args.port, args.max_batch_size, args.max_wait_ms, args.host))

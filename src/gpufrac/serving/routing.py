@@ -29,6 +29,7 @@ class Replica:
     codes: dict[int, int] = field(default_factory=dict)  # answers by status code
     latency: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
     latency_sum: float = 0.0
+    key: bytes = b""  # the header line with the key the replica knows its gateway by, or b""
 
     def observe(self, code: int, seconds: float) -> None:
         """Count one answered request: a few increments, no container made."""

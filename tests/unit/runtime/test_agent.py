@@ -338,6 +338,45 @@ def test_a_service_is_running_only_once_its_health_check_passes(
     agent.delete("default", "web")
 
 
+def test_a_service_whose_port_another_process_holds_is_never_ready(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    """Another process (another tenant's, say) took the port first and answers the health check:
+    the workload, which could not bind it, gets no traffic."""
+    import http.server
+    import threading
+    import time
+
+    from gpufrac.model.workload import HealthCheck
+
+    squatter = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    port = squatter.server_address[1]
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    try:
+        spec = job(
+            "web",
+            "import time; time.sleep(60)",  # it would listen on the port, if it could
+            type="service",
+            restart="always",
+            sharing="timeslice",
+            health=HealthCheck("http", port, "/", period_seconds=1),
+        )
+        agent = Agent(data_dir, dev)
+        agent.apply(spec)
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            states = {s.key: s for s in agent.reconcile()}
+            assert states["default/web"].phase != "running", "ready on another process's port"
+            if any(e.kind == "not_ready" for e in agent.store.events("default/web")):
+                break
+            time.sleep(0.3)
+        said = [e.message for e in agent.store.events("default/web") if e.kind == "not_ready"]
+        assert said and f"port {port} is held by another process" in said[0], said
+        agent.delete("default", "web")
+    finally:
+        squatter.shutdown()
+
+
 def test_mig_changes_through_the_agent_keep_its_scheduler_true(
     data_dir: Path, dev: NvmlDevices
 ) -> None:

@@ -171,3 +171,19 @@ def test_a_process_that_leaves_the_workloads_group_ends_with_it(tmp_path: Path) 
             break  # killed, not reaped yet
         assert time.monotonic() < deadline, "the escaped process lives on"
         time.sleep(0.05)
+
+
+def test_the_owner_of_a_listening_port_is_found_through_proc() -> None:
+    import socket
+
+    from gpufrac.runtime.runs import port_owners
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert port_owners(port) == {os.getpid()}
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        free = unused.getsockname()[1]
+    assert port_owners(free) == set()  # nobody listens there
