@@ -284,6 +284,11 @@ def test_a_cluster_of_processes_places_moves_and_survives_its_control_plane(
     assert (tmp_path / home / "runs").exists()
     nodes = {n["name"]: n["state"] for n in cluster.get("/api/v1/nodes")["nodes"]}
     assert nodes == {home: "lost", away: "alive"}
+    moved = cluster.workload("svc")
+    assert moved["restarts"] >= 1  # its run on the lost node counts
+    said = [(e["kind"], e["message"]) for e in moved["events"]]  # the nodes' own, passed on
+    assert any(k == "started" and m.startswith("attempt 1 on ") for k, m in said), said
+    assert any(m.endswith(f"(node {away})") for _, m in said), said
     # the lost node's replica, stopped by its shim, runs again on the other node; every request
     # meanwhile was answered (the gateway retried those the dying replica did not answer)
     wait(

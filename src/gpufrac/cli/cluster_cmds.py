@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import typer
 
@@ -157,6 +158,7 @@ def control_command(
         control,
         gateway_port=gateway_port,
         gateway_host=host,
+        url_host=urlsplit(advertise).hostname if advertise else None,
         tokens=None if tokens is None else {t: c.tenant for t, c in tokens.items()},
     )
     history = History(ClusterSampler(control, serving).read)  # the dashboard's plots

@@ -61,6 +61,13 @@ def _apply_through(
     """The whole plan checked against the agent's GPUs (bad input changes nothing), then each GPU
     through the agent; exits 0 when every GPU is as asked, 1 when one was refused or failed."""
     with handled_errors():
+        if agent_call("GET", url, "/api/v1/health").get("role") == "control-plane":
+            raise InputError(
+                f"{url} is a cluster's control plane: MIG layouts are not applied through it "
+                "yet (docs/cluster.md)",
+                field="--server",
+                fix="the scheduler cuts MIG instances on any node as workloads need them",
+            )
         gpus = agent_call("GET", url, "/api/v1/gpus")["gpus"]
         _check_against(gpus, targets)
     outcomes = _through_agent(url, gpus, targets, drain=drain, allow_mode_change=allow_mode_change)

@@ -19,12 +19,20 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gpufrac.cluster.core import LEASE_S, Answer, Assignment, ClusterCore, Moved, Report
+from gpufrac.cluster.core import (
+    LEASE_S,
+    Answer,
+    Assignment,
+    ClusterCore,
+    Moved,
+    NodeEvent,
+    Report,
+)
 from gpufrac.model.qos import min_share_of, qos_params
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_from_json, spec_to_json
@@ -71,6 +79,8 @@ class ControlPlane:
         self.store = Store(data_dir / STORE_FILE)
         self.core = ClusterCore(self.settings, lease_s=lease_s)
         self.views: dict[str, tuple[int, dict[str, Any]]] = {}  # workload -> (epoch, node's view)
+        # workload -> its restarts in runs before the one its node shows (moves, fencing)
+        self.carried: dict[str, int] = {}
         self.addresses: dict[str, str] = {}  # node -> its agent's API, where it serves logs
         self.gpu_views: dict[str, list[dict[str, Any]]] = {}  # node -> its GPUs as it shows them
         self.lost_from: dict[str, str] = {}  # a workload waiting since its node was lost -> node
@@ -189,8 +199,10 @@ class ControlPlane:
         report: Report,
         views: Mapping[str, Mapping[str, Any]],
         gpus: list[dict[str, Any]] | None = None,
+        events: Sequence[NodeEvent] = (),
     ) -> Answer:
         with self.lock:
+            self._take_events(name, events)
             if gpus is not None and name in self.core.nodes:
                 joined = self.core.scheduler.state.by_uuid
                 # only the GPUs it joined with: a view of others is not taken
@@ -201,6 +213,19 @@ class ControlPlane:
             for key, view in views.items():
                 a = self.core.assigned.get(key)
                 if a is not None and a.node == name:
+                    before_view = self.views.get(key)
+                    if (
+                        before_view is not None
+                        and before_view[0] != ENDED
+                        and (
+                            before_view[0] != a.epoch  # moved (another node, or placed again)
+                            or int(view.get("attempts") or 0)
+                            < int(before_view[1].get("attempts") or 0)
+                        )
+                    ):  # a new run where one ran: its restarts so far, and this one, still count
+                        self.carried[key] = (
+                            self.carried.get(key, 0) + int(before_view[1].get("restarts") or 0) + 1
+                        )
                     self.views[key] = (a.epoch, dict(view))
                 elif self.core.ended_on.get(key) == name:  # a job that ended there, as it ended
                     self.views[key] = (ENDED, dict(view))
@@ -209,6 +234,26 @@ class ControlPlane:
                     self.store.record_event(how, key, f"ended on node {name}")
             self._persist(before, ended=ended)
             return answer
+
+    def _take_events(self, name: str, events: Sequence[NodeEvent]) -> None:
+        """A known node's own events, into the control plane's: a workload's only where it runs
+        (or ran, or was taken from) that node, so no node speaks of another's work; the node's
+        own (a GPU's, its fencing) under its name."""
+        if name not in self.core.nodes:
+            return
+        for e in events:
+            key = e.subject
+            a = self.core.assigned.get(key)
+            ours = (
+                (a is not None and a.node == name)
+                or self.core.ended_on.get(key) == name
+                or name in self.core.revoked.get(key, {})
+            )
+            if ours:
+                self.store.record_event(e.kind, key, f"{e.message} (node {name})")
+            elif "/" not in key:  # a GPU's, or the node's own
+                said = e.message if key == name else f"{key}: {e.message}"
+                self.store.record_event(e.kind, name, said)
 
     def keep_alive(self, tenant: str, name: str) -> bool:
         """A lease's holder (a Ray driver) says it still uses it (False: no such lease)."""
@@ -359,6 +404,7 @@ class ControlPlane:
             self.store.put_workload(spec.tenant, spec.name, raw)
             decision = self.core.apply(spec)
             self.views.pop(key, None)
+            self.carried.pop(key, None)
             self._persist(before, also=(key,))
             return ("replaced" if stored is not None else "created"), decision
 
@@ -369,6 +415,7 @@ class ControlPlane:
             before = dict(self.core.assigned)
             self.core.delete(tenant, name)
             self.views.pop(f"{tenant}/{name}", None)
+            self.carried.pop(f"{tenant}/{name}", None)
             self._persist(before)
             return True
 

@@ -41,6 +41,7 @@ from gpufrac.cluster.wire import (
     HeartbeatBody,
     JoinBody,
     answer_to_wire,
+    events_from_wire,
     gpu_from_wire,
     report_from_wire,
 )
@@ -139,7 +140,12 @@ def create_control_app(
         body = _read(HeartbeatBody, await request.body())
         gpus = None if body.gpus is None else [g.model_dump(by_alias=True) for g in body.gpus]
         answer = await run_in_threadpool(
-            control.heartbeat, name, report_from_wire(body), body.views, gpus
+            control.heartbeat,
+            name,
+            report_from_wire(body),
+            body.views,
+            gpus,
+            events_from_wire(body),
         )
         return answer_to_wire(answer)
 
@@ -264,7 +270,7 @@ def create_control_app(
             "phase": phase,
             "reason": reason,
             "attempts": node_view.get("attempts", 0),
-            "restarts": node_view.get("restarts", 0),
+            "restarts": int(node_view.get("restarts") or 0) + control.carried.get(key, 0),
             "exit_code": node_view.get("exit_code"),
             "env": node_view.get("env", {}),
             "placement": as_seen_by(who, placed[1]) if placed else None,

@@ -64,6 +64,15 @@ class Report:
     ended: Mapping[str, tuple[int, Ended]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class NodeEvent:
+    """One of a node's own events, as it passes it on (its kind, subject and message)."""
+
+    kind: str
+    subject: str
+    message: str
+
+
 AnswerStatus = Literal["ok", "lost", "join"]  # join: the core does not know the node (restarted)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, assert_never
@@ -28,7 +28,7 @@ from typing import Any, Protocol, assert_never
 from gpufrac.api.fleet_view import read_fleet
 from gpufrac.api.tokens import ADMIN
 from gpufrac.cluster.control import ControlPlane
-from gpufrac.cluster.core import FENCE_S, Answer, ClusterCore, Ended, Report
+from gpufrac.cluster.core import FENCE_S, Answer, ClusterCore, Ended, NodeEvent, Report
 from gpufrac.cluster.wire import (
     CREDENTIAL_HEADER,
     AnswerBody,
@@ -47,6 +47,9 @@ from gpufrac.runtime.shim import read_lease, write_lease
 Views = dict[str, dict[str, Any]]
 EPOCH_LABEL = "gpufrac.io/epoch"  # the epoch a node runs a workload under, kept in its local spec
 FENCE_SHARE = 2 / 3  # a node fences itself this far into the control plane's lease, at the latest
+RELAYED_FILE = "events-relayed"  # in the node agent's data directory: the last event passed on
+RELAY_AT_ONCE = 200  # events passed on with one heartbeat, at most
+NOT_RELAYED = frozenset({"applied", "deleted"})  # the control plane's own, not the node's
 CREDENTIAL_FILE = "node-credential"  # in the node agent's data directory: its own, from its join
 LEASE_FILE = "lease.json"  # in the node agent's data directory: until when its workloads may run
 
@@ -79,11 +82,16 @@ class ControlLink(Protocol):
     def join(self, node: str, labels: Mapping[str, str], gpus: list[SchedGpu]) -> None: ...
 
     def heartbeat(
-        self, node: str, report: Report, views: Views, gpus: list[dict[str, Any]] | None
+        self,
+        node: str,
+        report: Report,
+        views: Views,
+        gpus: list[dict[str, Any]] | None,
+        events: Sequence[NodeEvent] = (),
     ) -> Answer:
         """The answer, or ``Unreachable``. ``views``: per workload what the node's agent shows of
         it; ``gpus``: the node's GPUs as its agent shows them (both for the control plane's
-        views)."""
+        views); ``events``: its own events since the last answer."""
         ...
 
 
@@ -106,7 +114,12 @@ class InProcessLink:
             self.core.join(node, labels, gpus, self.clock())
 
     def heartbeat(
-        self, node: str, report: Report, views: Views, gpus: list[dict[str, Any]] | None
+        self,
+        node: str,
+        report: Report,
+        views: Views,
+        gpus: list[dict[str, Any]] | None,
+        events: Sequence[NodeEvent] = (),
     ) -> Answer:
         if node in self.cut:
             raise Unreachable(node)
@@ -127,11 +140,16 @@ class ServiceLink:
         self.control.join(node, labels, gpus, None)
 
     def heartbeat(
-        self, node: str, report: Report, views: Views, gpus: list[dict[str, Any]] | None
+        self,
+        node: str,
+        report: Report,
+        views: Views,
+        gpus: list[dict[str, Any]] | None,
+        events: Sequence[NodeEvent] = (),
     ) -> Answer:
         if node in self.cut:
             raise Unreachable(node)
-        return self.control.heartbeat(node, report, views, gpus)
+        return self.control.heartbeat(node, report, views, gpus, events)
 
 
 class HttpLink:
@@ -193,7 +211,12 @@ class HttpLink:
                 f.write(given + "\n")
 
     def heartbeat(
-        self, node: str, report: Report, views: Views, gpus: list[dict[str, Any]] | None
+        self,
+        node: str,
+        report: Report,
+        views: Views,
+        gpus: list[dict[str, Any]] | None,
+        events: Sequence[NodeEvent] = (),
     ) -> Answer:
         held = self.credential
         if held is None:
@@ -201,7 +224,9 @@ class HttpLink:
         headers = {"authorization": f"Bearer {held}"}
         try:
             raw = self._post(
-                f"/cluster/v1/nodes/{node}/heartbeat", report_to_wire(report, views, gpus), headers
+                f"/cluster/v1/nodes/{node}/heartbeat",
+                report_to_wire(report, views, gpus, events),
+                headers,
             )
         except Unreachable as e:
             if "(401)" not in str(e):
@@ -236,6 +261,12 @@ class NodeAgent:
         self.unreachable = False
         self.refused: dict[str, tuple[int, str]] = {}  # placements that did not fit here
         self.say = say  # what the node tells whoever runs it (`gpufrac node` prints it)
+        # the last of its own events the control plane has taken (kept across restarts)
+        self.relayed_file = agent.data_dir / RELAYED_FILE
+        try:
+            self.relayed = int(self.relayed_file.read_text())
+        except (OSError, ValueError):
+            self.relayed = 0
 
     def join(self) -> None:
         dev = self.agent.dev
@@ -255,11 +286,19 @@ class NodeAgent:
             self.fence("this node's lease ran out while its agent was not running")
         states = self.agent.reconcile()
         sent, sent_wall = self.clock(), time.time()
+        batch = self.agent.store.events(after=self.relayed, limit=RELAY_AT_ONCE)
+        events = [
+            NodeEvent(e.kind[:64], e.subject[:300], e.message[:2000])
+            for e in batch
+            if e.kind not in NOT_RELAYED
+        ]
         try:
             if not self.joined:
                 self.join()
             views = {**self.views(states), **self._refused_views()}
-            answer = self.link.heartbeat(self.name, self.report(states), views, self.gpus(states))
+            answer = self.link.heartbeat(
+                self.name, self.report(states), views, self.gpus(states), events
+            )
             if answer.status == "join":  # a restarted control plane: join (which restores what
                 # runs here) and call again at once, so the work goes on within the same lease
                 self.say("the control plane does not know this node (restarted?): joining again")
@@ -289,6 +328,9 @@ class NodeAgent:
         if self.unreachable:
             self.say("the control plane answers again")
         self.answered, self.fenced, self.unreachable = sent, False, False
+        if batch:  # taken: not sent again
+            self.relayed = batch[-1].id
+            self.relayed_file.write_text(f"{self.relayed}\n")
         # well inside the control plane's lease, whatever it is: stopped before it ends
         self.fence_s = min(self.fence_at_most, answer.lease_s * FENCE_SHARE)
         write_lease(self.lease_file, sent_wall + self.fence_s, self.kill_grace_s)

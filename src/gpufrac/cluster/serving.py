@@ -121,11 +121,16 @@ class ClusterServing:
         gateway_port: int = DEFAULT_GATEWAY_PORT,
         gateway_host: str = "127.0.0.1",
         tokens: dict[str, str | None] | None = None,
+        url_host: str | None = None,
     ) -> None:
         self.control = control
         self.host = ControlServing(control)
         self.deployments = Deployments(
-            self.host, gateway_port=gateway_port, host=gateway_host, tokens=tokens
+            self.host,
+            gateway_port=gateway_port,
+            host=gateway_host,
+            tokens=tokens,
+            url_host=url_host,
         )
         self.lock = control.lock
         self._wake = threading.Event()

@@ -9,12 +9,13 @@ unknown fields refused), and the conversions to the core's values.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufrac.api.schemas import GpuJson
-from gpufrac.cluster.core import Answer, Assignment, Ended, Report
+from gpufrac.cluster.core import Answer, Assignment, Ended, NodeEvent, Report
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import catalog
 from gpufrac.model.manifest_types import NodeLabelKey, NodeLabelValue
@@ -57,12 +58,22 @@ class JoinBody(Wire):
         return self
 
 
+class EventWire(Wire):
+    """One of a node's own events (a workload started, exited, backed off; fenced ...), for the
+    control plane's events."""
+
+    kind: str = Field(min_length=1, max_length=64, pattern=r"^[a-z_]+$")
+    subject: str = Field(min_length=1, max_length=300)
+    message: str = Field(max_length=2000)
+
+
 class HeartbeatBody(Wire):
     running: dict[str, int] = {}
     ended: dict[str, tuple[int, Literal["succeeded", "failed"]]] = {}
     views: dict[str, dict[str, Any]] = {}  # per workload, what the node's agent shows of it
     gpus: list[GpuJson] | None = Field(None, max_length=64)  # the node's GPUs, as its agent
     # shows them (every workload named: the control plane hides other tenants' from a tenant)
+    events: list[EventWire] = Field([], max_length=200)  # its events since the last answered
 
 
 class AssignmentWire(Wire):
@@ -115,14 +126,22 @@ def gpu_from_wire(w: GpuWire) -> SchedGpu:
 
 
 def report_to_wire(
-    report: Report, views: dict[str, dict[str, Any]], gpus: list[dict[str, Any]] | None
+    report: Report,
+    views: dict[str, dict[str, Any]],
+    gpus: list[dict[str, Any]] | None,
+    events: Sequence[NodeEvent] = (),
 ) -> HeartbeatBody:
     return HeartbeatBody(
         running=dict(report.running),
         ended={k: (e, how) for k, (e, how) in report.ended.items()},
         views=views,
         gpus=None if gpus is None else [GpuJson.model_validate(g) for g in gpus],
+        events=[EventWire(kind=e.kind, subject=e.subject, message=e.message) for e in events],
     )
+
+
+def events_from_wire(body: HeartbeatBody) -> list[NodeEvent]:
+    return [NodeEvent(e.kind, e.subject, e.message) for e in body.events]
 
 
 def report_from_wire(body: HeartbeatBody) -> Report:

@@ -158,9 +158,12 @@ class Deployments:
         gateway_port: int = DEFAULT_GATEWAY_PORT,
         host: str = "127.0.0.1",
         tokens: dict[str, str | None] | None = None,
+        url_host: str | None = None,
     ) -> None:
-        """``tokens``: each API token's tenant (None for the admin's), or None without tokens."""
+        """``tokens``: each API token's tenant (None for the admin's), or None without tokens;
+        ``url_host``: the name clients reach the gateway by, where ``host`` is every address."""
         self.runner = runner
+        self.url_host = url_host
         self.gateway_port, self.host = gateway_port, host
         self.tokens = (
             None
@@ -233,7 +236,10 @@ class Deployments:
 
     @property
     def gateway_url(self) -> str:
-        return f"http://{self.host}:{self.gateway_port}"
+        """Where clients reach the gateway: its address, or, listening on every address, the one
+        it was told it is known by (``url_host``), else this machine's loopback."""
+        host = self.url_host or ("127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host)
+        return f"http://{host}:{self.gateway_port}"
 
     # -- reconcile ------------------------------------------------------------------------------
 
