@@ -446,12 +446,15 @@ def _run(run_dir: Path) -> int:
                 ended = lease_ended(Path(lease), last)
                 if ended is not None:
                     until, grace = ended
-                    log.write(
-                        b"gpufrac shim: this node's lease ran out (its agent did not renew it): "
-                        b"stopping the workload\n"
-                    )
-                    _write_json(run_dir / "fenced.json", {"lease_until": until, "at": time.time()})
-                    forward(signal.SIGTERM, None, grace)
+                    forward(signal.SIGTERM, None, grace)  # first: nothing below may keep it
+                    with contextlib.suppress(OSError, ValueError):  # its directory removed, say
+                        log.write(
+                            b"gpufrac shim: this node's lease ran out (its agent did not renew "
+                            b"it): stopping the workload\n"
+                        )
+                        _write_json(
+                            run_dir / "fenced.json", {"lease_until": until, "at": time.time()}
+                        )
                     return
                 time.sleep(LEASE_CHECK_S)
 

@@ -187,3 +187,34 @@ def test_the_owner_of_a_listening_port_is_found_through_proc() -> None:
         unused.bind(("127.0.0.1", 0))
         free = unused.getsockname()[1]
     assert port_owners(free) == set()  # nobody listens there
+
+
+def test_a_shim_whose_node_data_is_removed_still_stops_at_the_lease_it_read(tmp_path: Path) -> None:
+    """The node's data directory removed under it (run directory and lease file): the shim stops
+    its workload once the last lease it read has run out, and does not outlive it."""
+    import shutil
+
+    from gpufrac.runtime.shim import write_lease
+
+    node = tmp_path / "node"
+    run = node / "runs" / "w"
+    lease = node / "lease.json"
+    node.mkdir()
+    write_lease(lease, time.time() + 1.5, 0.5)
+    shim_pid = launch(run, [PY, "-c", "import time; time.sleep(60)"], lease=lease)
+    child = read_status(run).child_pid
+    assert shim_pid and child
+    time.sleep(0.6)  # the shim has read the lease
+    shutil.rmtree(node)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (_alive(child) or _alive(shim_pid)):
+        time.sleep(0.1)
+    assert not _alive(child) and not _alive(shim_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
