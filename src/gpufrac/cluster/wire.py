@@ -55,6 +55,8 @@ class JoinBody(Wire):
         uuids = [g.uuid for g in self.gpus]
         if len(set(uuids)) != len(uuids):
             raise ValueError("a GPU is listed twice")
+        if any(g.instances and not g.mig for g in self.gpus):
+            raise ValueError("a GPU not in MIG mode has no MIG instances")
         return self
 
 

@@ -36,6 +36,7 @@ def gpu(uuid: str, **more: Any) -> dict[str, Any]:
             "gpus.instances",
         ),
         ({"gpus": [gpu("GPU-a", model="nope")]}, "gpus.model"),
+        ({"gpus": [gpu("GPU-a", instances=[{"start": 0, "profile": "7g.141gb"}])]}, "body"),
         ({"gpus": [gpu("a/b")]}, "gpus.0.uuid"),
         ({"gpus": [gpu(f"GPU-{i}") for i in range(65)]}, "gpus"),
         ({"gpus": [], "labels": {"bad key!": "x"}}, "labels"),
