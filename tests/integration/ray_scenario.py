@@ -141,11 +141,13 @@ def _live_pids(node_dir: Path, name: str) -> list[int]:
 
 
 class Traffic:
-    """Clients sending requests to the deployment through the gateway, counting the answers."""
+    """Clients sending requests to a deployment through its gateway (``url``), counting the
+    answers (status codes, or the error's name where none came)."""
 
-    def __init__(self, clients: int = 4) -> None:
+    def __init__(self, url: str = SERVE, clients: int = 4) -> None:
         import threading
 
+        self.url = url
         self.codes: dict[str, int] = {}
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
@@ -156,7 +158,7 @@ class Traffic:
         with httpx.Client(timeout=30) as client:
             while not self.stop.is_set():
                 try:
-                    code = str(client.post(SERVE, content=b'{"inputs": [1, 2]}').status_code)
+                    code = str(client.post(self.url, content=b'{"inputs": [1, 2]}').status_code)
                 except httpx.HTTPError as e:
                     code = type(e).__name__
                 self.codes[code] = self.codes.get(code, 0) + 1

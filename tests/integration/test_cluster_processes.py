@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import pytest
 
 from gpufrac.runtime.shim import read_status
 from tests.integration.conftest import free_port, kill_leftover_runs
+from tests.integration.ray_scenario import Traffic
 
 PY = sys.executable
 GPUFRAC = [PY, "-m", "gpufrac.cli"]
@@ -146,31 +146,6 @@ spec:
 """
 
 
-class Traffic:
-    """Three clients posting to the deployment through the gateway, counting the answers."""
-
-    def __init__(self, url: str) -> None:
-        self.url, self.codes, self.stop = url, dict[str, int](), threading.Event()
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(3)]
-        for t in self.threads:
-            t.start()
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as client:
-            while not self.stop.is_set():
-                try:
-                    code = str(client.post(self.url, content=b'{"inputs": [2, 3]}').status_code)
-                except httpx.HTTPError as e:
-                    code = type(e).__name__
-                self.codes[code] = self.codes.get(code, 0) + 1
-
-    def end(self) -> dict[str, int]:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=40)
-        return self.codes
-
-
 def running(cluster: Cluster, name: str) -> bool:
     return bool(cluster.workload(name)["phase"] == "running")
 
@@ -265,7 +240,7 @@ def test_a_cluster_of_processes_places_moves_and_survives_its_control_plane(
     # the node's agent is killed: its shim stops the workload when the lease in its file runs
     # out, and only then does it start on the other node
     wait(lambda: sum(r["ready"] for r in replicas()) == 2, 30, what=replicas)
-    traffic = Traffic(serve)
+    traffic = Traffic(serve, clients=3)
     time.sleep(1)
     cluster.nodes[home].send_signal(signal.SIGKILL)
     cluster.nodes[home].wait(timeout=10)

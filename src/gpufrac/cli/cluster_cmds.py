@@ -33,6 +33,7 @@ from gpufrac.cli.common import (
     serve_http,
 )
 from gpufrac.config import data_dir as resolve_data_dir
+from gpufrac.devices.simfleet import pid_alive
 from gpufrac.errors import InputError
 from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT
 
@@ -270,7 +271,7 @@ class LocalNodes:
                     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     pid = int((where / "node.pid").read_text())
-                    return pid if _alive(pid) else None
+                    return pid if pid_alive(pid) else None
                 fcntl.flock(f, fcntl.LOCK_UN)
         except (OSError, ValueError):
             return None
@@ -281,7 +282,7 @@ class LocalNodes:
         proc = self.procs.get(i)
         if proc is not None and proc.poll() is None:
             return None
-        if proc is None and i in self.pids and _alive(self.pids[i]):
+        if proc is None and i in self.pids and pid_alive(self.pids[i]):
             return None
         gone = (
             f"exited ({proc.returncode})"
@@ -334,7 +335,7 @@ class LocalNodes:
             with contextlib.suppress(ProcessLookupError):
                 if proc is not None:
                     proc.terminate()
-                elif _alive(pid):
+                elif pid_alive(pid):
                     os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         for i, pid in self.pids.items():
@@ -345,21 +346,11 @@ class LocalNodes:
                 except subprocess.TimeoutExpired:
                     proc.kill()
             else:
-                while _alive(pid) and time.monotonic() < deadline:
+                while pid_alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.1)
                 with contextlib.suppress(ProcessLookupError):
-                    if _alive(pid):
+                    if pid_alive(pid):
                         os.kill(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def node_command(
