@@ -430,9 +430,24 @@ class Scheduler:
         elif preempt and self.state.min_priority() < req.priority:
             whose = "" if req.spec.preemption == "never" else "its tenant's "
             reasons.append(f"it evicts no one ({whose}preemption: never)")
+        if req.selector:
+            reasons.insert(0, self._selected_nodes(req))
         reason = "; ".join(dict.fromkeys(reasons)) or "no GPU has room"
         self.pending[key] = reason
         return [Decision(key, "pending", reason)]
+
+    def _selected_nodes(self, req: SchedRequest) -> str:
+        """Which nodes have its ``spec.node_selector`` labels, and those that take no new work
+        (every GPU cordoned, or its node lost): a reason that names them all."""
+        admitted = sorted(n for n, lab in self.state.nodes.items() if req.admits(lab))
+        closed = {
+            n for n in admitted if not any(g.schedulable for g in self.state.gpus if g.node == n)
+        }
+        said = ", ".join(
+            f"{n or '(unnamed)'}" + (" (takes no new work)" if n in closed else "")
+            for n in admitted
+        )
+        return f"nodes with its spec.node_selector labels: {said}"
 
     def _earlier(self, req: SchedRequest) -> list[SchedRequest]:
         """The waiting MIG requests of ``req``'s tenant that came before it, of at least its

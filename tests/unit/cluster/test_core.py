@@ -260,3 +260,13 @@ def test_a_node_joins_again_with_the_gpus_it_had_and_its_labels_as_they_are_now(
     else:
         raise AssertionError("a node's GPUs changed under its name")
     assert len(core.scheduler.state.gpus) == 1 and core.assigned["a/x"].node == "n1"
+
+
+def test_a_workload_waiting_for_its_labelled_node_says_that_node_takes_no_new_work() -> None:
+    core = ClusterCore()
+    core.join("n1", {"kind": "mps"}, gpus(1), 0.0)
+    core.join("n2", {"kind": "timeslice"}, gpus(1), 0.0)
+    core.cordon(f"n1/{core.scheduler.state.gpus[0].uuid.split('/', 1)[1]}", "maintenance")
+    d = core.apply(dataclasses.replace(w("x", memory_mib=GIB), node_selector={"kind": "mps"}))
+    assert d.outcome == "pending"
+    assert "nodes with its spec.node_selector labels: n1 (takes no new work)" in d.reason, d.reason
