@@ -212,8 +212,8 @@ def test_a_cluster_of_processes_places_moves_and_survives_its_control_plane(
     wait(lambda: sum(r["ready"] for r in replicas()) == 2, 60, what=replicas)
     assert sorted(r["node"] for r in replicas()) == ["n1", "n2"]  # spread over the nodes
     serve = f"http://127.0.0.1:{cluster.gateway_port}/serve/summer/predict"
-    answer = httpx.post(serve, content=b'{"inputs": [1, 2, 3]}', timeout=30)
-    assert (answer.status_code, answer.json()) == (200, {"outputs": 6})
+    answer = httpx.post(serve + "?trace=1", content=b'{"inputs": [1, 2, 3]}', timeout=30)
+    assert (answer.status_code, answer.json()) == (200, {"outputs": 6})  # a query is no path
     listed = cluster.cli("get", "deployments")
     assert listed.returncode == 0 and "2/2" in listed.stdout, listed.stdout + listed.stderr
     # a replica answers its gateway only: straight to its port (from another tenant's workload on

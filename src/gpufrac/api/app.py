@@ -48,7 +48,7 @@ from gpufrac.api.schemas import (
 from gpufrac.api.service import AgentService
 from gpufrac.api.tokens import Caller, authenticate
 from gpufrac.errors import InputError
-from gpufrac.model.deployment import DeploymentSpec
+from gpufrac.model.deployment import DeploymentSpec, shown_spec
 from gpufrac.model.manifest import parse_objects
 from gpufrac.model.mig import layout_from_json
 from gpufrac.model.settings import OperatorSettings
@@ -196,7 +196,7 @@ def create_app(
             "tenant": tenant,
             "name": name,
             "generation": stored.generation,
-            "spec": stored.spec,
+            "spec": shown_spec(stored.spec),
             "phase": state.phase if state else "pending",
             "reason": state.reason if state else "",
             "attempts": state.attempts if state else 0,

@@ -42,7 +42,16 @@ from gpufrac.planning.scheduler import workload_key
 from gpufrac.runtime.store import Store
 
 STORE_FILE = "control.db"
-CREDENTIALS_FILE = "node-credentials.json"  # each node's own secret (mode 0600)
+CREDENTIALS_FILE = "node-credentials.json"
+RELAY_PER_WINDOW, RELAY_WINDOW_S = 600, 60.0  # a node's own events taken, at most, per window
+# what the control plane says itself: a node's events of these kinds are not taken
+CONTROL_KINDS = frozenset(
+    {
+        "node_joined", "node_rejoined", "node_lost", "moved", "pending", "lease_expired",
+        "gateway_started", "gateway_error", "deployment_applied", "events_dropped",
+        "cordoned", "uncordoned", "replica_removed", "autoscaler",
+    }
+)  # fmt: skip  # each node's own secret (mode 0600)
 LEASE_LABEL = "gpufrac.io/lease"  # a workload holding a slice for Ray code (gpufrac.ray)
 LEASE_TTL_LABEL = "gpufrac.io/lease-ttl"  # seconds it lives without its holder's keep-alive
 ENDED = -1  # the epoch under which a node's view of a job that ended there is kept
@@ -81,6 +90,8 @@ class ControlPlane:
         self.views: dict[str, tuple[int, dict[str, Any]]] = {}  # workload -> (epoch, node's view)
         # workload -> its restarts in runs before the one its node shows (moves, fencing)
         self.carried: dict[str, int] = {}
+        # node -> [window start, events taken in it, said that the rest were dropped]
+        self.relay_windows: dict[str, list[float | int | bool]] = {}
         self.addresses: dict[str, str] = {}  # node -> its agent's API, where it serves logs
         self.gpu_views: dict[str, list[dict[str, Any]]] = {}  # node -> its GPUs as it shows them
         self.lost_from: dict[str, str] = {}  # a workload waiting since its node was lost -> node
@@ -239,9 +250,25 @@ class ControlPlane:
         """A known node's own events, into the control plane's: a workload's only where it runs
         (or ran, or was taken from) that node, so no node speaks of another's work; the node's
         own (a GPU's, its fencing) under its name."""
-        if name not in self.core.nodes:
+        if name not in self.core.nodes or not events:
             return
-        for e in events:
+        now = self.clock()
+        window = self.relay_windows.get(name)
+        if window is None or now - window[0] >= RELAY_WINDOW_S:
+            window = self.relay_windows[name] = [now, 0, False]
+        room = max(0, RELAY_PER_WINDOW - int(window[1]))
+        if len(events) > room and not window[2]:
+            window[2] = True  # said once a window: nobody floods the store's bounded events
+            self.store.record_event(
+                "events_dropped",
+                name,
+                f"node {name} passed on more than {RELAY_PER_WINDOW} events in "
+                f"{RELAY_WINDOW_S:g} s: the rest of this window's are dropped",
+            )
+        window[1] = int(window[1]) + min(room, len(events))
+        for e in events[:room]:
+            if e.kind in CONTROL_KINDS:  # the control plane's own: no node speaks for it
+                continue
             key = e.subject
             a = self.core.assigned.get(key)
             ours = (

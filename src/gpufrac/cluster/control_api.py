@@ -46,7 +46,7 @@ from gpufrac.cluster.wire import (
     report_from_wire,
 )
 from gpufrac.errors import InputError
-from gpufrac.model.deployment import DeploymentSpec
+from gpufrac.model.deployment import DeploymentSpec, shown_spec
 from gpufrac.model.manifest import parse_objects
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.sched_decision import decision_to_json
@@ -266,7 +266,7 @@ def create_control_app(
             "tenant": tenant,
             "name": name,
             "generation": stored.generation,
-            "spec": stored.spec,
+            "spec": shown_spec(stored.spec),
             "phase": phase,
             "reason": reason,
             "attempts": node_view.get("attempts", 0),

@@ -17,6 +17,17 @@ from typing import Any
 from gpufrac.model.workload import HealthCheck, WorkloadSpec, spec_from_json, spec_to_json
 
 REPLICA_KEY_ENV = "GPUFRAC_REPLICA_KEY"  # the secret a replica knows its gateway by
+
+
+def shown_spec(raw: dict[str, Any]) -> dict[str, Any]:
+    """A stored workload spec as the API shows it: a replica's key left out (it is between the
+    replica and its gateway)."""
+    env = raw.get("env") or {}
+    if REPLICA_KEY_ENV not in env:
+        return raw
+    return {**raw, "env": {k: v for k, v in env.items() if k != REPLICA_KEY_ENV}}
+
+
 LABEL = "gpufrac.io/deployment"
 TEMPLATE_LABEL = "gpufrac.io/template"
 

@@ -310,7 +310,8 @@ class Deployments:
         missing = max(0, want - len(current))
         # replicas are the tenant's workloads: no more of them than its bound on stored workloads
         cap, setting = self.runner.settings.workload_cap(d.tenant)
-        stored = self.runner.store.workload_count(d.tenant)
+        store = self.runner.store  # as an apply counts them: workloads and deployments
+        stored = store.workload_count(d.tenant) + store.deployment_count(d.tenant)
         over = max(0, missing - max(0, cap - stored))
         for index in [i for i in range(want * 2 + 1) if i not in have][: missing - over]:
             self.runner.apply(d.replica_spec(index, self._free_port(), secrets.token_urlsafe(24)))

@@ -144,7 +144,8 @@ class _Conn(HttpConnection):
         self.batcher = batcher
 
     def handle(self, req: Request) -> Awaitable[None] | None:
-        if req.method in ("GET", "HEAD") and req.target in ("/healthz", "/health"):
+        path = req.target.split("?", 1)[0]  # a query string is the model's business, not a path
+        if req.method in ("GET", "HEAD") and path in ("/healthz", "/health"):
             self.send(json_response(200, {"status": "ok"}, keep_alive=req.keep_alive), req)
             return None
         if self.key is not None:
@@ -152,7 +153,7 @@ class _Conn(HttpConnection):
             if not hmac.compare_digest(given, self.key):
                 self.send(error_response(403, "only through the gpufrac gateway"), req)
                 return None
-        if req.method != "POST" or req.target not in ("/", "/predict"):
+        if req.method != "POST" or path not in ("/", "/predict"):
             self.send(error_response(404, 'POST /predict with {"inputs": ...}'), req)
             return None
         if self.batcher.size <= 1:  # the model runs here, on the loop: no task, no thread hop

@@ -315,3 +315,41 @@ def test_hostile_calls_are_refused_whole_and_leave_nothing_behind(tmp_path: Path
     assert http.get("/api/v1/nodes", headers=bob).json()["nodes"][0]["address"] is None
     serving.close()
     control.close()
+
+
+def test_a_node_passes_on_its_own_events_within_bounds(tmp_path: Path) -> None:
+    """A node's events are taken about its own work only, not of the control plane's kinds, and
+    no more than the window allows (a flood would push every tenant's events out of the store)."""
+    from gpufrac.cluster.control import RELAY_PER_WINDOW
+    from gpufrac.cluster.core import NodeEvent, Report
+
+    control = ControlPlane(tmp_path)
+    http = TestClient(create_control_app(control, cluster_token=TOKEN))
+    for name in ("n1", "n2"):
+        http.post(f"/cluster/v1/nodes/{name}/join", json={"gpus": [gpu(f"G{name}")]}, headers=NODE)
+    doc = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: w, tenant: a}\nspec:\n"
+        "  command: [sleep, '60']\n  resources: {gpu: {count: 1}}\n"
+    )
+    assert http.post("/api/v1/workloads", content=doc).status_code == 200
+    home = control.core.assigned["a/w"].node
+    away = "n2" if home == "n1" else "n1"
+    events = [
+        NodeEvent("started", "a/w", "attempt 1"),
+        NodeEvent("node_lost", home, "forged"),
+        NodeEvent("xid", f"G{away}", "a GPU's"),
+    ]
+    control.heartbeat(away, Report(), {}, None, events)  # not its workload
+    control.heartbeat(home, Report(), {}, None, events)
+    taken = [(e.kind, e.subject, e.message) for e in control.store.events(limit=50)]
+    assert ("started", "a/w", f"attempt 1 (node {home})") in taken
+    assert ("started", "a/w", f"attempt 1 (node {away})") not in taken
+    assert not any(k == "node_lost" for k, _, _ in taken)
+    assert ("xid", away, f"G{away}: a GPU's") in taken
+    flood = [NodeEvent("started", "a/w", f"flood {i}") for i in range(200)]
+    for _ in range(RELAY_PER_WINDOW // 200 + 3):
+        control.heartbeat(home, Report(), {}, None, flood)
+    flooded = sum(1 for e in control.store.events(limit=10_000) if e.message.startswith("flood"))
+    assert flooded <= RELAY_PER_WINDOW
+    assert [e.kind for e in control.store.events(limit=10_000)].count("events_dropped") == 1
+    control.close()
