@@ -261,9 +261,16 @@ def test_a_cluster_of_processes_places_moves_and_survives_its_control_plane(
     assert nodes == {home: "lost", away: "alive"}
     moved = cluster.workload("svc")
     assert moved["restarts"] >= 1  # its run on the lost node counts
-    said = [(e["kind"], e["message"]) for e in moved["events"]]  # the nodes' own, passed on
-    assert any(k == "started" and m.startswith("attempt 1 on ") for k, m in said), said
-    assert any(m.endswith(f"(node {away})") for _, m in said), said
+
+    def said() -> list[tuple[str, str]]:  # the nodes' own events, passed on with heartbeats
+        return [(e["kind"], e["message"]) for e in cluster.workload("svc")["events"]]
+
+    wait(  # the new node's, with its next heartbeat or two
+        lambda: any(k == "started" and m.endswith(f"(node {away})") for k, m in said()),
+        15,
+        what=said,
+    )
+    assert any(k == "started" and m.endswith(f"(node {home})") for k, m in said()), said()
     # the lost node's replica, stopped by its shim, runs again on the other node; every request
     # meanwhile was answered (the gateway retried those the dying replica did not answer)
     wait(

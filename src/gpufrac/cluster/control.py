@@ -227,16 +227,11 @@ class ControlPlane:
                     before_view = self.views.get(key)
                     if (
                         before_view is not None
-                        and before_view[0] != ENDED
-                        and (
-                            before_view[0] != a.epoch  # moved (another node, or placed again)
-                            or int(view.get("attempts") or 0)
-                            < int(before_view[1].get("attempts") or 0)
-                        )
-                    ):  # a new run where one ran: its restarts so far, and this one, still count
-                        self.carried[key] = (
-                            self.carried.get(key, 0) + int(before_view[1].get("restarts") or 0) + 1
-                        )
+                        and before_view[0] == a.epoch
+                        and int(view.get("attempts") or 0)
+                        < int(before_view[1].get("attempts") or 0)
+                    ):  # a new run under the same placement (its node fenced it): it counts
+                        self._carry(key)
                     self.views[key] = (a.epoch, dict(view))
                 elif self.core.ended_on.get(key) == name:  # a job that ended there, as it ended
                     self.views[key] = (ENDED, dict(view))
@@ -245,6 +240,13 @@ class ControlPlane:
                     self.store.record_event(how, key, f"ended on node {name}")
             self._persist(before, ended=ended)
             return answer
+
+    def _carry(self, key: str) -> None:
+        """``key`` runs anew (moved, or started again by its node): the restarts of the run it
+        had, and this one, count on in RESTARTS."""
+        shown = self.views.get(key)
+        had = int(shown[1].get("restarts") or 0) if shown is not None and shown[0] != ENDED else 0
+        self.carried[key] = self.carried.get(key, 0) + had + 1
 
     def _take_events(self, name: str, events: Sequence[NodeEvent]) -> None:
         """A known node's own events, into the control plane's: a workload's only where it runs
@@ -329,6 +331,7 @@ class ControlPlane:
             self.lost_count += len({m.lost for m in moved})
             self.moved_count += sum(1 for m in moved if m.to is not None)
             for m in moved:
+                self._carry(m.workload)
                 if m.to is None:
                     self.lost_from[m.workload] = m.lost
                 self.store.record_event("node_lost", m.lost, f"{m.workload}: {m.reason}")
@@ -404,6 +407,7 @@ class ControlPlane:
             moved = self.core.drain(uuid, reason)
             self.store.cordon(uuid, reason)
             for d in moved:
+                self._carry(d.workload)
                 to = self.core.assigned.get(d.workload)
                 self.store.record_event(
                     "moved" if to is not None else "pending",
