@@ -182,8 +182,19 @@ def _registered(log: Path, proc: subprocess.Popen[bytes], timeout: float = 90.0)
     return False
 
 
+def _pid_namespaces() -> bool:
+    """Whether this machine lets a node run in its own PID namespace (a container may not allow
+    mounting a /proc of its own): else each node is its own process group, as before."""
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, check=False
+    )
+    return done.returncode == 0
+
+
 def main(out: Path) -> dict[str, Any]:
     seen: dict[str, Any] = {}
+    own_pids = seen["pid_namespaces"] = _pid_namespaces()
+    namespace = ["unshare", "--pid", "--fork", "--mount-proc"] if own_pids else []
     # a loaded 2-core machine: raylets get longer to register than Ray's default 30 s
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_raylet_start_wait_time_s": "120"}
     procs: list[subprocess.Popen[bytes]] = []
@@ -208,7 +219,7 @@ def main(out: Path) -> dict[str, Any]:
                     # its own PID namespace: killing the node (its process group: unshare and the
                     # namespace's first process) kills every process in it, whatever group each
                     # is in (Ray's workers and gpufrac's workloads are in their own)
-                    ["unshare", "--pid", "--fork", "--mount-proc",
+                    [*namespace,
                      RAY, "start", "--block", "--address", f"127.0.0.1:{RAY_PORT}",
                      "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--num-gpus", "1",
                      "--labels", labels, "--disable-usage-stats"],

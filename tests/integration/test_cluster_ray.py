@@ -74,7 +74,8 @@ def test_a_lost_nodes_work_runs_once_elsewhere(seen: dict[str, Any]) -> None:
     assert seen["nodes_after"][seen["lost"]] == "lost"
     assert seen["mover_after"] != seen["lost"]
     assert seen["old_copies_alive"] == []
-    assert seen["killed_node_processes_left"] == []  # its raylet, agent, shims, workloads: all
+    if seen["pid_namespaces"]:  # where the machine allows one per node (this one does)
+        assert seen["killed_node_processes_left"] == []  # its raylet, agent, shims, workloads
     assert seen["node_loss_to_replaced_s"] < 15
 
 
