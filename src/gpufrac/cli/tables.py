@@ -315,12 +315,18 @@ def deployment_rows(
 EVENT_HEADERS = ("TIME", "KIND", "SUBJECT", "MESSAGE")
 
 
+# a stream's columns cannot be sized to what is still to come: wide enough for the kinds gpufrac
+# records (deployment_applied) and a replica's name (TENANT/NAME-TEMPLATE-N)
+KIND_WIDTH, SUBJECT_WIDTH = 18, 30
+
+
 def event_line(e: EventJson) -> str:
     """One event as a line whose columns line up with ``event_header`` (for a stream of them)."""
     return (
-        f"{when(e.at):<8}  {e.kind:<14}  {e.subject:<24}  " + " ".join(e.message.split())
+        f"{when(e.at):<8}  {e.kind:<{KIND_WIDTH}}  {e.subject:<{SUBJECT_WIDTH}}  "
+        + " ".join(e.message.split())
     ).rstrip()
 
 
 def event_header() -> str:
-    return f"{'TIME':<8}  {'KIND':<14}  {'SUBJECT':<24}  MESSAGE"
+    return f"{'TIME':<8}  {'KIND':<{KIND_WIDTH}}  {'SUBJECT':<{SUBJECT_WIDTH}}  MESSAGE"
