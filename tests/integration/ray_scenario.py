@@ -121,9 +121,10 @@ def lo_up() -> None:
         fcntl.ioctl(sock, siocsifflags, struct.pack("16sH14s", b"lo", flags | iff_up, b""))
 
 
-def _kill_node_agents_and_hosts(nodes_dir: Path) -> None:
-    """What is left of the nodes, found by command line (pids as seen from here: a workload's
-    ``child.json`` holds its node's own, inside the node's PID namespace)."""
+def _kill_node_agents_and_hosts(nodes_dir: Path, own_pids: bool) -> None:
+    """What is left of the nodes, found by command line; without PID namespaces, the workloads'
+    process groups too, from their ``child.json`` (in a namespace that holds the node's own pids,
+    not ones to kill from here: there the namespace took them with it)."""
     for pid in _pids_matching(re.escape(str(nodes_dir))):
         with contextlib.suppress(OSError, ValueError, IndexError):
             parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -131,6 +132,9 @@ def _kill_node_agents_and_hosts(nodes_dir: Path) -> None:
                 os.kill(parent, signal.SIGKILL)
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+    for child in [] if own_pids else nodes_dir.glob("*/runs/*/*/*/child.json"):
+        with contextlib.suppress(OSError, ValueError):
+            os.killpg(int(json.loads(child.read_text())["pgid"]), signal.SIGKILL)
 
 
 def _live_pids(node_dir: Path, name: str) -> list[int]:
@@ -417,7 +421,7 @@ def main(out: Path) -> dict[str, Any]:
         # each Ray node in its own process group, killed above: no `ray stop`, which would stop
         # every Ray cluster on the machine. Ray's workers leave their node's group: the actors
         # that ran the node agents are found as the agents' parents
-        _kill_node_agents_and_hosts(out / "nodes")
+        _kill_node_agents_and_hosts(out / "nodes", own_pids)
         for pid in _pids_matching(re.escape(str(out / "nodes"))):  # shims left
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
