@@ -84,8 +84,10 @@ def test_beside_a_busy_higher_class_a_job_is_paused_visibly_and_still_finishes(
     assert "default/hot" in reasons[0] and "higher class" in reasons[0]
     # its default min share (10%) lets it go on: it finishes, it does not wait forever
     wait_for(agent, lambda ws: phase(ws, "batch") == "succeeded", timeout=120)
-    events = httpx.get(agent.url + "/api/v1/workloads/default/batch", timeout=10).json()["events"]
-    assert any(e["kind"] == "paused" for e in events) and all("at" in e for e in events)
+    # beside the busy service for its min share, its pauses are short (under a second: counted,
+    # not each an event)
+    qos = httpx.get(agent.url + "/api/v1/workloads/default/batch", timeout=10).json()["qos"]
+    assert qos["pauses"] >= 1 and qos["paused_total_s"] > 0
 
 
 def test_preemption_never_waits_instead_of_evicting(agent: RunningAgent) -> None:

@@ -129,6 +129,17 @@ def workload_families(
             "gauge",
             "1 while the QoS arbiter holds the workload's process group stopped.",
         ),
+        "pauses": Family(
+            "gpufrac_workload_pauses",
+            "counter",
+            "Pauses of the workload's processes by the QoS arbiter, however short, since the agent"
+            " started.",
+        ),
+        "paused_seconds": Family(
+            "gpufrac_workload_paused_seconds",
+            "counter",
+            "Time the QoS arbiter held the workload's processes stopped, since the agent started.",
+        ),
         "restarts": Family(
             "gpufrac_workload_restarts", "gauge", "Restarts of the workload's current generation."
         ),
@@ -165,6 +176,11 @@ def workload_families(
         placed = d is not None and bool(d.gpus)
         first = {**lab, **where(gpus, d.gpus[0], d)} if d is not None and placed else lab
         member = qos.get(key)
+        counted = agent.qos.pauses.counts.get(key)
+        if counted is not None:
+            n, seconds = counted.total(time.monotonic())
+            f["pauses"].add(lab, n)
+            f["paused_seconds"].add(lab, seconds)
         if member is not None:
             f["given"].add(first, member["share"])
             f["paused"].add(first, 1 if member["paused"] else 0)

@@ -159,6 +159,11 @@ class QosJson(Answer):
     paused: bool | None
     paused_by: str | None
     paused_s: Number | None
+    pauses: int | None  # pauses counted by the arbiter since the agent started, however short
+    paused_total_s: Number | None
+    longest_pause_1h_s: Number | None
+    run_s: Number | None  # the time it was allowed to run on its GPU (arbiter's accounting)
+    busy_s: Number | None  # its GPU's busy time meanwhile (at least one workload ran)
     active: bool | None
     turns: int | None
     arbiter_share: Number | None

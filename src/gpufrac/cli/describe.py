@@ -92,7 +92,15 @@ def qos_fields(q: dict[str, Any]) -> list[tuple[str, str]]:
         ("Arbiter", str(q.get("mode") or "not arbitrated (alone on its GPU)")),
     ]
     if q.get("paused"):
-        fields.append(("Paused", f"by {q.get('paused_by') or 'another workload'}"))
+        fields.append(("Paused", f"now, by {q.get('paused_by') or 'another workload'}"))
+    if q.get("pauses"):
+        fields.append(
+            (
+                "Pauses",
+                f"{q['pauses']}, {q.get('paused_total_s') or 0:.1f}s in all; the longest in the"
+                f" last hour {q.get('longest_pause_1h_s') or 0:.1f}s",
+            )
+        )
     measured = q.get("measured_share")
     by = {"nvml": "NVML per-process SM use", "sdk": "the SDK's CUDA-event timings"}
     fields.append(
@@ -105,5 +113,9 @@ def qos_fields(q: dict[str, Any]) -> list[tuple[str, str]]:
         )
     )
     if q.get("arbiter_share") is not None:
-        fields.append(("Given", f"{q['arbiter_share']:.0%} of the turns' time by the arbiter"))
+        fields.append(
+            ("Given", f"{q['arbiter_share']:.0%} of its GPU's busy time (the last window)")
+        )
+    if q.get("run_s") is not None and q.get("busy_s"):
+        fields.append(("Ran", f"{q['run_s']:.1f}s of its GPU's {q['busy_s']:.1f}s busy time"))
     return fields

@@ -277,14 +277,15 @@ def _summary(
         for e in events:
             if e.kind == "evicted":
                 told.append(f"{key} was evicted at {_clock(e.at)}: {e.message}")
-        pauses = kinds.count("paused")
+        # the arbiter counts every pause (its qos.json); events tell those of a second or more
+        pauses = int(str(qos.get("pauses") or 0)) if qos else kinds.count("paused")
         if pauses:
             held = float(str(qos.get("paused_s") or 0)) if qos else 0.0
             by = next((e.message for e in events if e.kind == "paused"), "")
             told.append(
                 f"{key} was paused {pauses} time(s)"
                 + (f", {held:.1f}s in all" if held else "")
-                + f" ({by})"
+                + (f" ({by})" if by else "")
             )
         t.add_row(
             key,

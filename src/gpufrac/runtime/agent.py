@@ -31,6 +31,7 @@ failed while it was down.
 from __future__ import annotations
 
 import fcntl
+import os
 import socket
 import threading
 import time
@@ -212,10 +213,13 @@ class Agent:
             shared_dir(data_dir) / "arbiter",
             quantum_ms=settings.qos_quantum_ms,
             preempt=settings.qos_preempt,
+            # the arbiter's own log of what it did (docs/qos.md), for an operator looking closer
+            trace=Path(os.environ["GPUFRAC_ARBITER_TRACE"])
+            if os.environ.get("GPUFRAC_ARBITER_TRACE")
+            else None,
         )
         self.health = DeviceHealth(dev)
         self.busy_until: dict[str, float] = {}  # workload -> until when it is busy (note_busy)
-        self._paused: set[str] = set()  # workloads shown paused (for the pause/resume events)
         self.qos = QosCare(
             self.store,
             self.arbiter,
@@ -471,34 +475,21 @@ class Agent:
         return states
 
     def _pause_shown(self, st: WorkloadState) -> WorkloadState:
-        """A running workload the QoS arbiter holds stopped shows ``paused``, with who has its GPU;
-        each pause and resume is an event."""
+        """A running workload the QoS arbiter holds stopped shows ``paused``, with who has its GPU
+        (its pauses are counted, and told as events, by ``QosCare``)."""
         member = self.arbiter.latest.get(st.key) or {}
-        paused = st.phase == "running" and bool(member.get("paused"))
+        if st.phase != "running" or not member.get("paused"):
+            return st
         by = member.get("paused_by") or "another workload"
         if "/" in by and by.split("/", 1)[0] != st.key.split("/", 1)[0]:
             by = "another tenant's workload"  # not named to this one's tenant
-        if member.get("paused_for") == "min share":
-            why = f"paused while {by} has its guaranteed share of the GPU (min share)"
-        else:
-            why = f"paused while {by} (a higher class) uses the GPU"
-        if paused != (st.key in self._paused):
-            if paused:
-                self._paused.add(st.key)
-                self.store.record_event(
-                    "paused", st.key, why.removeprefix("paused ") + " (QoS)", {"workload": st.key}
-                )
-            else:
-                self._paused.discard(st.key)
-                self.store.record_event(
-                    "resumed",
-                    st.key,
-                    f"after {float(member.get('paused_s') or 0):.1f}s paused",
-                    {"workload": st.key},
-                )
-        if not paused:
-            return st
-        return replace(st, phase="paused", reason=why + "; resumes when it is idle")
+        why = f"paused while {by} (a higher class) uses the GPU"
+        resumes = (
+            "when it is idle"
+            if not member["qos"]["min_share_milli"]
+            else ("when it is idle, or beside it for its min share")
+        )
+        return replace(st, phase="paused", reason=f"{why}; resumes {resumes}")
 
     def _upkeep(self) -> None:
         for what, fn in (

@@ -62,6 +62,10 @@ class ArbiterLink:
         )
         self._sent: dict[str, MemberSpec] = {}
         self.latest: dict[str, Any] = {}  # the last stats read (each reconcile pass reads them)
+        self.ended: list[dict[str, Any]] = []  # the pauses that ended since the read before
+        self.clock = 0.0  # the arbiter's monotonic clock at the last read
+        self._epoch: object = None
+        self._pauses_after = 0
 
     @property
     def address(self) -> str:
@@ -114,15 +118,26 @@ class ArbiterLink:
 
     def stats(self) -> dict[str, Any]:
         """Per member: mode, paused, turns, held share, GPU share the SDK measured. Empty if not
-        running."""
+        running. The pauses that ended since the last read are kept in ``ended`` (each once, for
+        the events and counters), with ``clock``: the arbiter's monotonic time when it answered."""
+        self.ended = []
         if not self.running:
             self.latest = {}
             return {}
         try:
-            self.latest = dict(self.child.call("T").get("members") or {})
+            got = self.child.call("T " + json.dumps({"pauses_after": self._pauses_after}))
         except OSError:
             self.child.close()
             self.latest = {}
+            return {}
+        if got.get("epoch") != self._epoch:  # a new arbiter: its pause ids start again
+            self._epoch, self._pauses_after = got.get("epoch"), 0
+            got = self.child.call("T " + json.dumps({"pauses_after": 0}))
+        self.ended = [p for p in got.get("pauses") or [] if isinstance(p, dict)]
+        if self.ended:
+            self._pauses_after = max(int(p["id"]) for p in self.ended)
+        self.clock = float(got.get("now") or 0.0)
+        self.latest = dict(got.get("members") or {})
         return self.latest
 
     def close(self) -> None:

@@ -112,6 +112,7 @@ class ArbiterServer:
         self.slots: dict[str, int] = {}
         self.trace = open(trace, "a") if trace else None  # noqa: SIM115 - for the process's life
         self.running = True
+        self.epoch = f"{os.getpid()}-{time.monotonic_ns()}"
         self._next_reap = 0.0
         directory.mkdir(parents=True, exist_ok=True)
         flags = directory / FLAGS
@@ -178,8 +179,7 @@ class ArbiterServer:
         self._next_reap = now + REAP_SECONDS
         for m in list(self.policy.members.values()):
             if m.transparent and m.pgid is not None and not _group_alive(m.pgid):
-                m.resume(now)
-                self._apply(self.policy.remove_member(m.key, now))
+                self._apply(self.policy.resume_gone(m.key, now))
 
     def _stop(self) -> None:
         self.running = False
@@ -189,7 +189,6 @@ class ArbiterServer:
         for m in self.policy.members.values():
             if m.paused and m.pgid is not None:
                 _signal(m.pgid, signal.SIGCONT)
-                m.resume(time.monotonic())
         with contextlib.suppress(OSError):
             if os.stat(self.dir / SOCKET).st_ino == self._inode:  # not a newer arbiter's socket
                 (self.dir / SOCKET).unlink()
@@ -269,14 +268,19 @@ class ArbiterServer:
                 raise ValueError(f"pgid {pgid!r} is not a process group")
             if pgid == os.getpgrp():  # pausing it would stop the arbiter (and its agent) too
                 raise ValueError(f"pgid {pgid} is the arbiter's own process group")
+            key = str(raw["key"])
+            active = raw.get("active", True) is not False
+            before = self.policy.members.get(key)
+            if self.trace is not None and (before is None or before.active != active):
+                self._trace_line({"action": "active" if active else "idle", "member": key})
             self._apply(
                 self.policy.set_member(
-                    str(raw["key"]),
+                    key,
                     str(raw["domain"]),
                     QosParams.from_json(_mapping(raw.get("qos") or {})),
                     pgid,
                     now,
-                    active=raw.get("active", True) is not False,
+                    active=active,
                 )
             )
             self._send(conn, "K {}")
@@ -284,7 +288,8 @@ class ArbiterServer:
             self._apply(self.policy.remove_member(rest.strip(), now))
             self._send(conn, "K {}")
         elif op == "T":
-            self._send(conn, "K " + json.dumps(self.stats(now)))
+            since = _mapping(rest).get("pauses_after", 0) if rest.strip() else 0
+            self._send(conn, "K " + json.dumps(self.stats(now, int(since or 0))))
         elif op == "Q":
             self._send(conn, "K {}")
             self.running = False
@@ -339,8 +344,7 @@ class ArbiterServer:
         for key in gone:
             m = self.policy.members.get(key)
             if m is not None and m.pgid is not None and not _group_alive(m.pgid):
-                m.resume(time.monotonic())
-                self._apply(self.policy.remove_member(key, time.monotonic()))
+                self._apply(self.policy.resume_gone(key, time.monotonic()))
 
     def _trace(self, a: Action) -> None:
         assert self.trace is not None
@@ -349,36 +353,36 @@ class ArbiterServer:
             return
         m = self.policy.members.get(who)
         wanting = [
-            {"key": x.key, "rank": x.qos.rank}
+            {"key": x.key, "rank": x.qos.rank, "active": x.active}
             for x in self.policy.members.values()
             if m is not None and x.domain == m.domain and x.wants and x.key != who
         ]
-        self.trace.write(
-            json.dumps(
-                {
-                    "t": time.monotonic(),
-                    "action": type(a).__name__.lower(),
-                    "member": who,
-                    "rank": m.qos.rank if m else None,
-                    "wanting": wanting,
-                }
-            )
-            + "\n"
+        self._trace_line(
+            {
+                "action": type(a).__name__.lower(),
+                "member": who,
+                "rank": m.qos.rank if m else None,
+                "by": m.paused_by if m is not None and isinstance(a, Pause) else None,
+                "wanting": wanting,
+            }
         )
+
+    def _trace_line(self, entry: dict[str, Any]) -> None:
+        assert self.trace is not None
+        self.trace.write(json.dumps({"t": time.monotonic(), **entry}) + "\n")
         self.trace.flush()
 
-    def _paused_for(self, m: Member) -> str:
-        """Why ``m`` is paused: a higher class holds its GPU, or one of a lower or equal class
-        has its guaranteed share (min share) now."""
-        holder = self.policy.members.get(self.policy.domains[m.domain].holder or "")
-        if holder is not None and holder.qos.rank <= m.qos.rank:
-            return "min share"
-        return "higher class"
-
-    def stats(self, now: float) -> dict[str, Any]:
+    def stats(self, now: float, pauses_after: int = 0) -> dict[str, Any]:
+        """Every member's state and what it was given; the pauses that ended after id
+        ``pauses_after``; ``epoch`` names this arbiter process (pause ids start again with a new
+        one); monotonic times (``CLOCK_MONOTONIC``, the same for every process of the machine)."""
+        policy = self.policy
         return {
-            "quantum_s": self.policy.quantum,
-            "window_s": self.policy.window,
+            "epoch": self.epoch,
+            "now": now,
+            "quantum_s": policy.quantum,
+            "window_s": policy.window,
+            "pauses": [p.to_json() for p in policy.pauses_since(pauses_after)],
             "members": {
                 m.key: {
                     "domain": m.domain,
@@ -387,17 +391,21 @@ class ArbiterServer:
                     "clients": len(m.clients),
                     "paused": m.paused,
                     "paused_s": round(m.paused_total(now), 3),
-                    "paused_by": self.policy.domains[m.domain].holder if m.paused else None,
-                    "paused_for": self._paused_for(m) if m.paused else None,
+                    "paused_by": m.paused_by if m.paused else None,
+                    "pause_id": m.pause_id,
+                    "paused_since": m.paused_since,
+                    "pauses": m.pauses,
                     "active": m.active,
-                    "holding": self.policy.domains[m.domain].holder == m.key,
+                    "holding": policy.domains[m.domain].holder == m.key,
+                    "beside": m.key in policy.domains[m.domain].beside,
                     "turns": m.turns,
                     "held_s": round(m.held_s, 6),
+                    "busy_s": round(policy.busy_total(m.domain, now), 6),
                     "gpu_s": round(m.gpu_s, 6),
-                    "share": round(self.policy.share(m.key, now), 4),
-                    "gpu_share": self.policy.gpu_share(m.key, now),
+                    "share": round(policy.share(m.key, now), 4),
+                    "gpu_share": policy.gpu_share(m.key, now),
                 }
-                for m in self.policy.members.values()
+                for m in policy.members.values()
             },
         }
 

@@ -26,6 +26,7 @@ from gpufrac.planning.sched_decision import Decision
 from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec
 from gpufrac.runtime.failures import Failures
 from gpufrac.runtime.handover import qos_domain
+from gpufrac.runtime.pauses import PauseBook, PauseEvent
 from gpufrac.runtime.runs import Runs, process_group, write_json
 from gpufrac.runtime.shim import read_status
 from gpufrac.runtime.store import Store
@@ -62,6 +63,7 @@ class QosCare:
         self.busy_until = busy_until  # workload -> until when it is busy (requests in flight)
         self.job_min_share_milli = job_min_share_milli
         self._written: dict[str, Any] = {}  # what each run's qos.json holds: written on change only
+        self.pauses = PauseBook()  # every pause the arbiter counted, per workload
 
     def sync(self, running: Sequence[Running]) -> None:
         """Tell the arbiter which workloads share which GPU (or MIG instance), with their class."""
@@ -93,12 +95,35 @@ class QosCare:
         else:
             self.failures.succeeded("arbiter", "keeping the QoS arbiter in step")
         written = self._written
-        for key, got in self.arbiter.stats().items():  # kept with the run, for summaries after it
+        stats = self.arbiter.stats()
+        for event in self.pauses.observe(
+            stats,
+            self.arbiter.ended,
+            self.arbiter.clock,
+            lambda: {f"{w.tenant}/{w.name}" for w in self.store.workloads()},
+        ):
+            self._record(event)
+        for key, got in stats.items():  # kept with the run, for summaries after it
             if key in runs and written.get(key) != got:
                 write_json(runs[key] / "qos.json", got)
                 written[key] = got
         for key in [k for k in written if k not in runs]:
             del written[key]
+
+    def _record(self, event: PauseEvent) -> None:
+        """A pause of a second or more: one ``paused`` event when it has lasted a second, one
+        ``resumed`` with its own length when it ends. ``by`` is kept in the event's data (the
+        API names it to those who may see it)."""
+        tenant = event.workload.split("/", 1)[0]
+        by = event.by or "another workload"
+        if "/" in by and by.split("/", 1)[0] != tenant:
+            by = "another tenant's workload"  # not named to this one's tenant
+        data: dict[str, object] = {"workload": event.workload, "by": event.by}
+        if event.kind == "paused":
+            text = f"while {by} (a higher class) uses the GPU (QoS)"
+        else:
+            text = f"after {event.seconds:.1f}s paused"
+        self.store.record_event(event.kind, event.workload, text, data)
 
     def _active(
         self, key: str, d: Decision, pgid: int, readings: dict[str, dict[int, int] | None]

@@ -9,6 +9,7 @@ no processes' use). Neither is guessed: without a reading the measured share is 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from gpufrac.model.gpu import GpuState
@@ -72,6 +73,9 @@ def workload_qos(
         "paused": member.get("paused"),
         "paused_by": _named_to(spec.tenant, member.get("paused_by")),
         "paused_s": member.get("paused_s"),
+        **agent.qos.pauses.view(key, time.monotonic()),
+        "run_s": member.get("held_s"),
+        "busy_s": member.get("busy_s"),
         "active": member.get("active"),
         "turns": member.get("turns"),
         "arbiter_share": member.get("share"),

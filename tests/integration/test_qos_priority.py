@@ -1,0 +1,232 @@
+"""Priority that protects the service it promises to protect, through a real agent (real
+processes, the real arbiter process, simulated GPUs): a `priority: high` service that is busy part
+of the time beside a `priority: low` job and a job without a min share on one time-sliced GPU, and
+two equal jobs on another, all at once.
+
+What is checked comes from the processes themselves (`/proc/PID/stat`, sampled every 0.1 s) and
+from the arbiter's own log (`GPUFRAC_ARBITER_TRACE`: each pause and resume, each change of a
+member's activity, on the arbiter's clock), never from wall-clock throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import kill_leftover_runs
+from tests.integration.conftest import RunningAgent, free_port
+from tests.integration.test_agent_api import wait_for
+
+PY = sys.executable
+BUSY_S, IDLE_S = 3.0, 2.0  # the service's cycle: busy on the GPU's SMs, then idle
+# a service whose processes (it and a child) keep the simulated GPU's SMs 90% busy for BUSY_S, then
+# idle for IDLE_S, as NVML's per-process reading would show; it writes its process group down
+TELL = """
+import os
+open(os.environ["PGID_FILE"] + ".tmp", "w").write(str(os.getpgrp()))
+os.replace(os.environ["PGID_FILE"] + ".tmp", os.environ["PGID_FILE"])
+"""
+SERVICE = (
+    TELL
+    + f"""
+import subprocess, sys, time
+from gpufrac.sdk import report_gpu_use
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+while True:
+    report_gpu_use(1024, 90)
+    time.sleep({BUSY_S})
+    report_gpu_use(1024, 0)
+    time.sleep({IDLE_S})
+"""
+)
+JOB = TELL + "import time\nwhile True: time.sleep(0.005)\n"  # runs until deleted, light on the CPU
+
+
+def doc(
+    where: Path, name: str, kind: str, code: str, priority: str, fraction: float, **extra: str
+) -> str:
+    extra["env"] = json.dumps({"PGID_FILE": str(where / f"{name}.pgid")})
+    more = "".join(f"  {k}: {v}\n" for k, v in extra.items())
+    restart = "  restart: always\n" if kind == "service" else "  restart: never\n"
+    return (
+        "apiVersion: gpufrac/v1\nkind: Workload\n"
+        f"metadata: {{name: {name}}}\n"
+        f"spec:\n  type: {kind}\n  command: {json.dumps([PY, '-c', code])}\n"
+        f"  resources: {{gpu: {{fraction: {fraction}}}}}\n  sharing: timeslice\n"
+        f"  priority: {priority}\n{restart}{more}"
+    )
+
+
+@pytest.fixture
+def traced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningAgent]:
+    """An agent whose arbiter writes its log to tmp_path/trace."""
+    monkeypatch.setenv("GPUFRAC_ARBITER_TRACE", str(tmp_path / "trace"))
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    port = free_port()
+    running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None)  # type: ignore[arg-type]
+    running.start()
+    yield running
+    running.proc.kill()
+    running.proc.wait(timeout=10)
+    kill_leftover_runs(data_dir)
+
+
+def states_of(pgid: int) -> list[str]:
+    """The state letter of every live process in the process group."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:
+            out.append(fields[0])
+    return out
+
+
+def view(agent: RunningAgent, name: str) -> dict[str, Any]:
+    r = httpx.get(f"{agent.url}/api/v1/workloads/default/{name}", timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def intervals(trace: list[dict[str, Any]], member: str, on: str, off: str) -> list[list[float]]:
+    """[start, end] of each stretch between an ``on`` and the next ``off`` action of ``member``
+    (end: inf while it lasts)."""
+    out: list[list[float]] = []
+    for e in trace:
+        if e["member"] != member:
+            continue
+        if e["action"] == on and (not out or out[-1][1] != float("inf")):
+            out.append([e["t"], float("inf")])
+        elif e["action"] == off and out and out[-1][1] == float("inf"):
+            out[-1][1] = e["t"]
+    return out
+
+
+def test_the_high_service_is_never_stopped_and_the_jobs_get_their_share(
+    traced: RunningAgent, tmp_path: Path
+) -> None:
+    agent = traced
+    text = "---\n".join(
+        [
+            doc(tmp_path, "chat", "service", SERVICE, "high", 0.3),
+            doc(tmp_path, "batch-low", "job", JOB, "low", 0.3),  # job_min_share: 10%
+            doc(tmp_path, "batch-none", "job", JOB, "low", 0.3, min_share="0"),
+            doc(tmp_path, "eq-a", "job", JOB, "normal", 0.4),  # these two do not fit beside them
+            doc(tmp_path, "eq-b", "job", JOB, "normal", 0.4),
+        ]
+    )
+    r = httpx.post(agent.url + "/api/v1/workloads", content=text, timeout=30)
+    assert r.status_code == 200, r.text
+    names = ["chat", "batch-low", "batch-none", "eq-a", "eq-b"]
+    wait_for(
+        agent, lambda ws: all(w["phase"] in ("running", "paused") for w in ws) and len(ws) == 5
+    )
+    gpus = {n: view(agent, n)["placement"]["gpus"] for n in names}
+    assert gpus["chat"] == gpus["batch-low"] == gpus["batch-none"] != gpus["eq-a"] == gpus["eq-b"]
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"{n}.pgid").exists() for n in names):
+        assert time.monotonic() < deadline, "the workloads did not start"
+        time.sleep(0.1)
+    pgids = {n: int((tmp_path / f"{n}.pgid").read_text()) for n in names}
+    service_pgid = pgids["chat"]
+    time.sleep(1.0)  # the arbiter has them all, and has seen the service busy
+    before = view(agent, "batch-low")["qos"]
+    started = time.monotonic()
+    seen: dict[str, list[str]] = {"chat": [], "batch-low": [], "eq": []}
+    while time.monotonic() - started < 20.0:
+        seen["chat"] += states_of(service_pgid)
+        seen["batch-low"] += states_of(pgids["batch-low"])
+        seen["eq"] += states_of(pgids["eq-a"]) + states_of(pgids["eq-b"])
+        time.sleep(0.1)
+    ended = time.monotonic()
+    after = view(agent, "batch-low")["qos"]
+
+    # (i) every process of the high service, sampled every 0.1 s for 20 s: never stopped
+    assert len(seen["chat"]) >= 2 * 150 and "T" not in seen["chat"], seen["chat"].count("T")
+    assert "T" in seen["batch-low"]  # the low job was paused: the service was protected
+    # (iv) two equal jobs on one GPU never stop each other
+    assert seen["eq"] and "T" not in seen["eq"]
+
+    trace = [json.loads(line) for line in (tmp_path / "trace").read_text().splitlines()]
+    busy = intervals(trace, "default/chat", "active", "idle")
+    assert len(busy) >= 3  # the arbiter saw the service busy and idle in turns
+    # (ii) from the arbiter's own log: the low jobs are paused only while the service is busy,
+    # each pause by the service
+    for job in ("default/batch-low", "default/batch-none"):
+        pauses = intervals(trace, job, "pause", "resume")
+        assert pauses, job
+        for start, end in pauses:
+            assert any(b0 - 0.05 <= start and end <= b1 + 0.05 for b0, b1 in busy), (job, start)
+        assert {e["by"] for e in trace if e["member"] == job and e["action"] == "pause"} == {
+            "default/chat"
+        }
+    assert not [
+        e
+        for e in trace
+        if e["action"] == "pause"
+        and e["member"] != "default/batch-low"
+        and e["member"] != "default/batch-none"
+    ]
+
+    # (iii) over the same 20 s the job's accounted share is at least its min share minus 2 points
+    ran = after["run_s"] - before["run_s"]
+    gpu_busy = after["busy_s"] - before["busy_s"]
+    assert gpu_busy > 15.0 and ran / gpu_busy >= 0.10 - 0.02, (ran, gpu_busy)
+
+    # (vi) each resumed event states its own pause's length (not a running total), and matches a
+    # pause of the arbiter's log; every pause, however short, is counted
+    events = view(agent, "batch-none")["events"]
+    told = [
+        float(m.group(1))
+        for e in events
+        if e["kind"] == "resumed"
+        if (m := re.search(r"after ([0-9.]+)s paused", e["message"]))
+    ]
+    log = [
+        end - start
+        for start, end in intervals(trace, "default/batch-none", "pause", "resume")
+        if end != float("inf")
+    ]
+    assert len(told) >= 2
+    for seconds in told:
+        assert seconds < BUSY_S + 1.5  # one busy stretch of the service, never a sum of them
+        assert any(abs(seconds - s) < 0.15 for s in log), (seconds, log)
+    assert sum(e["kind"] == "paused" for e in events) >= len(told)
+    low = view(agent, "batch-low")["qos"]
+    short = [
+        s
+        for s in (
+            end - start for start, end in intervals(trace, "default/batch-low", "pause", "resume")
+        )
+        if s < 1.0
+    ]
+    assert short  # beside the busy service, for its min share: short pauses, counted too
+    assert low["pauses"] >= len(intervals(trace, "default/batch-low", "pause", "resume")) - 1
+    longest = max(
+        end - start
+        for start, end in intervals(trace, "default/batch-low", "pause", "resume")
+        if end != float("inf")
+    )
+    assert low["longest_pause_1h_s"] >= longest - 0.05
+    metrics = httpx.get(agent.url + "/metrics", timeout=10).text
+    counted = re.search(
+        r'^gpufrac_workload_pauses_total\{tenant="default",workload="batch-low"\} ([0-9.e+]+)$',
+        metrics,
+        re.M,
+    )
+    assert counted is not None and float(counted.group(1)) >= low["pauses"] - 5
+    assert ended - started >= 20.0
