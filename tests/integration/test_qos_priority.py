@@ -25,6 +25,7 @@ import pytest
 from tests.conftest import kill_leftover_runs
 from tests.integration.conftest import RunningAgent, free_port
 from tests.integration.test_agent_api import wait_for
+from tests.integration.test_cli_contract import cli
 
 PY = sys.executable
 BUSY_S, IDLE_S = 3.0, 2.0  # the service's cycle: busy on the GPU's SMs, then idle
@@ -81,9 +82,9 @@ def traced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningA
     kill_leftover_runs(data_dir)
 
 
-def states_of(pgid: int) -> list[str]:
-    """The state letter of every live process in the process group."""
-    out = []
+def proc_states() -> dict[int, list[str]]:
+    """The state letter of every live process, by process group."""
+    out: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -91,8 +92,7 @@ def states_of(pgid: int) -> list[str]:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[2]) == pgid:
-            out.append(fields[0])
+        out.setdefault(int(fields[2]), []).append(fields[0])
     return out
 
 
@@ -147,16 +147,20 @@ def test_the_high_service_is_never_stopped_and_the_jobs_get_their_share(
     before = view(agent, "batch-low")["qos"]
     started = time.monotonic()
     seen: dict[str, list[str]] = {"chat": [], "batch-low": [], "eq": []}
+    samples = 0
     while time.monotonic() - started < 20.0:
-        seen["chat"] += states_of(service_pgid)
-        seen["batch-low"] += states_of(pgids["batch-low"])
-        seen["eq"] += states_of(pgids["eq-a"]) + states_of(pgids["eq-b"])
+        by_group = proc_states()
+        seen["chat"] += by_group.get(service_pgid, [])
+        seen["batch-low"] += by_group.get(pgids["batch-low"], [])
+        seen["eq"] += by_group.get(pgids["eq-a"], []) + by_group.get(pgids["eq-b"], [])
+        samples += 1
         time.sleep(0.1)
     ended = time.monotonic()
     after = view(agent, "batch-low")["qos"]
 
     # (i) every process of the high service, sampled every 0.1 s for 20 s: never stopped
-    assert len(seen["chat"]) >= 2 * 150 and "T" not in seen["chat"], seen["chat"].count("T")
+    assert samples >= 120 and len(seen["chat"]) >= 2 * samples  # it and its child, each time
+    assert "T" not in seen["chat"], seen["chat"].count("T")
     assert "T" in seen["batch-low"]  # the low job was paused: the service was protected
     # (iv) two equal jobs on one GPU never stop each other
     assert seen["eq"] and "T" not in seen["eq"]
@@ -201,7 +205,7 @@ def test_the_high_service_is_never_stopped_and_the_jobs_get_their_share(
         for start, end in intervals(trace, "default/batch-none", "pause", "resume")
         if end != float("inf")
     ]
-    assert len(told) >= 2
+    assert len(told) >= len(log) - 1 >= 2, (told, log)  # each pause of a second or more
     for seconds in told:
         assert seconds < BUSY_S + 1.5  # one busy stretch of the service, never a sum of them
         assert any(abs(seconds - s) < 0.15 for s in log), (seconds, log)
@@ -230,3 +234,9 @@ def test_the_high_service_is_never_stopped_and_the_jobs_get_their_share(
     )
     assert counted is not None and float(counted.group(1)) >= low["pauses"] - 5
     assert ended - started >= 20.0
+    described = cli(agent, "describe", "workload", "batch-low").stdout
+    shown = re.search(
+        r"Pauses:\s+(\d+), ([0-9.]+)s in all; the longest in the last hour ([0-9.]+)s", described
+    )
+    assert shown is not None, described
+    assert int(shown.group(1)) >= low["pauses"] and float(shown.group(3)) >= longest - 0.05

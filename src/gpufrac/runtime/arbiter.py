@@ -95,7 +95,8 @@ PAUSE_LOG = 4096  # the ended pauses kept for the agent to read (it reads them e
 class PauseRecord:
     """One pause of a transparent member, once it has ended."""
 
-    id: int
+    seq: int  # its place in the pause log: given when it ends (``pauses_since`` reads by it)
+    id: int  # given when it started
     member: str
     start: float
     end: float
@@ -107,6 +108,7 @@ class PauseRecord:
 
     def to_json(self) -> dict[str, object]:
         return {
+            "seq": self.seq,
             "id": self.id,
             "member": self.member,
             "start": self.start,
@@ -207,6 +209,7 @@ class TurnPolicy:
         self.client_member: dict[int, str] = {}
         self.pause_log: deque[PauseRecord] = deque(maxlen=PAUSE_LOG)
         self._next_pause = 1
+        self._next_seq = 1
 
     # -- membership -----------------------------------------------------------------------------
 
@@ -478,8 +481,9 @@ class TurnPolicy:
         return d.busy_s
 
     def pauses_since(self, after: int) -> list[PauseRecord]:
-        """The ended pauses with an id above ``after``, oldest first."""
-        return [p for p in self.pause_log if p.id > after]
+        """The pauses that ended after the one logged as ``after`` (their ``seq``), in the order
+        they ended. (Not by id: a long pause that began first may end after many short ones.)"""
+        return [p for p in self.pause_log if p.seq > after]
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -580,9 +584,17 @@ class TurnPolicy:
     def _resumed(self, m: Member, now: float) -> None:
         """The member's pause, if one is under way, ends now: kept in the pause log."""
         if m.paused_since is not None and m.pause_id is not None:
-            record = PauseRecord(m.pause_id, m.key, m.paused_since, now, m.paused_by)
+            record = PauseRecord(
+                self._next_seq,
+                m.pause_id,
+                m.key,
+                m.paused_since,
+                now,
+                m.paused_by,
+            )
             m.paused_s += record.seconds
             self.pause_log.append(record)
+            self._next_seq += 1
         m.paused, m.paused_since, m.paused_by, m.pause_id = False, None, None, None
 
     def _owner(self, d: Domain, now: float) -> Member | None:

@@ -135,7 +135,7 @@ class ArbiterLink:
             got = self.child.call("T " + json.dumps({"pauses_after": 0}))
         self.ended = [p for p in got.get("pauses") or [] if isinstance(p, dict)]
         if self.ended:
-            self._pauses_after = max(int(p["id"]) for p in self.ended)
+            self._pauses_after = max(int(p["seq"]) for p in self.ended)
         self.clock = float(got.get("now") or 0.0)
         self.latest = dict(got.get("members") or {})
         return self.latest
