@@ -34,7 +34,6 @@ from gpufrac.cluster.core import (
     NodeEvent,
     Report,
 )
-from gpufrac.model.deployment import LABEL
 from gpufrac.model.qos import min_share_of, qos_params
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_from_json, spec_to_json
@@ -43,11 +42,11 @@ from gpufrac.planning.sched_decision import (
     Displacement,
     decision_from_json,
     decision_to_json,
-    displaced_summary,
     displacement_of,
 )
 from gpufrac.planning.sched_state import SchedGpu
 from gpufrac.planning.scheduler import workload_key
+from gpufrac.runtime.executor import record_displaced
 from gpufrac.runtime.store import Store
 
 STORE_FILE = "control.db"
@@ -291,25 +290,7 @@ class ControlPlane:
             if x.action != "requeued":
                 self._carry(x.workload)
         told = [*decided, *more]
-        by_cause: dict[str, list[Displacement]] = {}
-        for x in told:
-            self.store.record_event(x.action, x.workload, x.reason, cause=x.cause)
-            if x.cause is not None:
-                by_cause.setdefault(x.cause, []).append(x)
-        for cause, theirs in by_cause.items():
-            victims = tuple(x.workload for x in theirs)
-            summary = displaced_summary(theirs)
-            self.store.record_event("displaced", cause, summary, mentions=victims)
-            spec = self.core.specs.get(cause)
-            deployment = spec.labels.get(LABEL) if spec is not None else None
-            if spec is not None and deployment:
-                self.store.record_event(
-                    "displaced",
-                    f"{spec.tenant}/{deployment}",
-                    f"its replica {cause}: {summary}",
-                    cause=cause,
-                    mentions=victims,
-                )
+        record_displaced(self.store, told, self.core.specs.get)
         for collected in self._collecting:
             collected.extend(told)
 

@@ -27,12 +27,12 @@ Every displacement is told (``tell``), whoever caused it: an event per workload 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import assert_never
 
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.deployment import LABEL
-from gpufrac.model.workload import spec_from_json
+from gpufrac.model.workload import WorkloadSpec, spec_from_json
 from gpufrac.planning.sched_decision import (
     MIG_ACTIONS,
     Decision,
@@ -115,31 +115,9 @@ class Executor:
         return told
 
     def tell(self, told: Sequence[Displacement]) -> None:
-        """An event per displaced workload (its kind the displacement's action), then, per cause,
-        one ``displaced`` event on the cause listing them (also on its deployment, for a replica:
-        ``describe deployment`` shows it); each open ``displacements`` block gets them too."""
-        by_cause: dict[str, list[Displacement]] = {}
-        for x in told:
-            said = {"workload": x.workload, "cause": x.cause}
-            self.store.record_event(x.action, x.workload, x.reason, said, cause=x.cause)
-            if x.cause is not None:
-                by_cause.setdefault(x.cause, []).append(x)
-        for cause, theirs in by_cause.items():
-            victims = tuple(x.workload for x in theirs)
-            summary = displaced_summary(theirs)
-            details = {"workload": cause, "displaced": list(victims)}
-            self.store.record_event("displaced", cause, summary, details, mentions=victims)
-            spec = self.scheduler.spec(cause)
-            deployment = spec.labels.get(LABEL) if spec is not None else None
-            if spec is not None and deployment:
-                self.store.record_event(
-                    "displaced",
-                    f"{spec.tenant}/{deployment}",
-                    f"its replica {cause}: {summary}",
-                    details,
-                    cause=cause,
-                    mentions=victims,
-                )
+        """Record the displacements' events (``record_displaced``); each open ``displacements``
+        block gets them too."""
+        record_displaced(self.store, told, self.scheduler.spec)
         for collected in self._collecting:
             collected.extend(told)
 
@@ -318,6 +296,37 @@ class Executor:
             if d.evicted:
                 out["evicted"] = list(d.evicted)
         return out
+
+
+def record_displaced(
+    store: Store, told: Sequence[Displacement], spec_of: Callable[[str], WorkloadSpec | None]
+) -> None:
+    """An event per displaced workload (its kind the displacement's action, its message the reason,
+    its cause the workload that took its place), then, per cause, one ``displaced`` event on the
+    cause listing them, and on its deployment too for a replica (``describe deployment`` shows
+    it). Every workload is named in full: readers are shown what they may see (``api.seen_by``)."""
+    by_cause: dict[str, list[Displacement]] = {}
+    for x in told:
+        said = {"workload": x.workload, "cause": x.cause}
+        store.record_event(x.action, x.workload, x.reason, said, cause=x.cause)
+        if x.cause is not None:
+            by_cause.setdefault(x.cause, []).append(x)
+    for cause, theirs in by_cause.items():
+        victims = tuple(x.workload for x in theirs)
+        summary = displaced_summary(theirs)
+        details = {"workload": cause, "displaced": list(victims)}
+        store.record_event("displaced", cause, summary, details, mentions=victims)
+        spec = spec_of(cause)
+        deployment = spec.labels.get(LABEL) if spec is not None else None
+        if spec is not None and deployment:
+            store.record_event(
+                "displaced",
+                f"{spec.tenant}/{deployment}",
+                f"its replica {cause}: {summary}",
+                details,
+                cause=cause,
+                mentions=victims,
+            )
 
 
 def where(d: Decision) -> str:
