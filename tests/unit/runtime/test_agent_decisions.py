@@ -106,7 +106,7 @@ def test_an_operator_mig_change_that_is_refused_moves_nothing(
 
 
 def test_a_replica_that_displaces_work_is_told_on_its_deployment_and_by_gpufrac_up(
-    data_dir: Path, dev: NvmlDevices
+    data_dir: Path, dev: NvmlDevices, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A displacement caused later (the autoscaler's replica, applied by the serving layer) is told
     like an apply's: an event for the displaced workload naming its cause, one on the cause and one
@@ -115,6 +115,9 @@ def test_a_replica_that_displaces_work_is_told_on_its_deployment_and_by_gpufrac_
 
     from rich.console import Console
 
+    from gpufrac.api.seen_by import event_seen_by
+    from gpufrac.api.tokens import ADMIN
+    from gpufrac.cli.serve_cmds import print_deployment
     from gpufrac.cli.up import _tell_displaced
     from gpufrac.model.deployment import LABEL
 
@@ -139,6 +142,12 @@ def test_a_replica_that_displaces_work_is_told_on_its_deployment_and_by_gpufrac_
     assert requeued.message == "preempted by default/web-abc-0 (priority 100)"
     (on_web,) = [e for e in agent.store.events("default/web") if e.kind == "displaced"]
     assert on_web.message == "its replica default/web-abc-0: requeued 1: default/batch"
+    view = {"tenant": "default", "name": "web", "url": "-", "template": "abc", "replicas": []}
+    shown_events = [event_seen_by(ADMIN, e) for e in agent.store.events("default/web")]
+    print_deployment({**view, "replicas_ready": 1, "replicas_wanted": 1, "events": shown_events})
+    assert "displaced: its replica default/web-abc-0: requeued 1: default/batch" in (
+        capsys.readouterr().out
+    )
     shown = io.StringIO()
     _tell_displaced(agent, 0, Console(file=shown, width=200))
     lines = shown.getvalue().splitlines()
