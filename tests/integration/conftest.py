@@ -122,14 +122,19 @@ def tokens_yaml() -> str:
     )
 
 
+# search may evict another tenant's lower-priority work (the operator's decision: the default is
+# own-tenant); research has no setting of its own, so it evicts only its own
+TENANT_SETTINGS = "workload_users: agent\ntenants:\n  search: {preemption: lower-priority}\n"
+
+
 @pytest.fixture
 def tenant_agent(tmp_path: Path) -> Iterator[RunningAgent]:
     """An agent with API tokens for two tenants and the admin, running workloads as its own user
     (these tests run Python workloads from a venv other users cannot reach; the sandbox of tenant
-    users has its own test)."""
+    users has its own test); search may evict research's lower-priority work (TENANT_SETTINGS)."""
     data_dir = tmp_path / "data"
     data_dir.mkdir()
-    (data_dir / "gpufrac.yaml").write_text("workload_users: agent\n")
+    (data_dir / "gpufrac.yaml").write_text(TENANT_SETTINGS)
     (data_dir / "tokens.yaml").write_text(tokens_yaml())
     port = free_port()
     running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None)  # type: ignore[arg-type]

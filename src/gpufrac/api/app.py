@@ -11,7 +11,6 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Query, Request
@@ -45,7 +44,9 @@ from gpufrac.api.schemas import (
     WorkloadDetail,
     WorkloadList,
 )
+from gpufrac.api.seen_by import as_seen_by, displaced_seen_by, event_seen_by, shown_text
 from gpufrac.api.service import AgentService
+from gpufrac.api.tokens import ADMIN as ADMIN_CALLER
 from gpufrac.api.tokens import Caller, authenticate
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec, shown_spec
@@ -121,22 +122,6 @@ def check_workload_caps(
             )
 
 
-def as_seen_by(who: Caller, decision: dict[str, Any]) -> dict[str, Any]:
-    """A decision as its caller may see it: another tenant's workloads it evicted are not named."""
-    if who.admin:
-        return decision
-
-    def named(key: Any) -> Any:
-        return key if who.may_see(str(key).split("/", 1)[0]) else "another tenant's workload"
-
-    out = dict(decision)
-    if "evicted" in decision:  # a stored record of a finished run has neither
-        out["evicted"] = [named(k) for k in decision["evicted"]]
-    if "actions" in decision:
-        out["actions"] = [{**a, "workload": named(a["workload"])} for a in decision["actions"]]
-    return out
-
-
 def _unavailable_disk(e: Exception) -> JSONResponse:
     return JSONResponse(
         status_code=503,
@@ -192,18 +177,23 @@ def create_app(
             raise HTTPException(404, f"no workload {key}")
         state = service.states.get(key)
         placed = service.agent.store.placement(tenant, name)
+        record = placed[1] if placed else None
+        # where it runs, or where a finished one ran: this machine, the agent's node
+        where = (record.get("where") if record else None) or record or {}
         return {
             "tenant": tenant,
             "name": name,
             "generation": stored.generation,
             "spec": shown_spec(stored.spec),
             "phase": state.phase if state else "pending",
-            "reason": state.reason if state else "",
+            "reason": shown_text(who, state.reason, [state.cause]) if state else "",
             "attempts": state.attempts if state else 0,
-            "restarts": max(0, (state.attempts if state else 0) - 1),
+            "restarts": state.restarts if state else 0,
+            "evictions": state.evictions if state else 0,
             "exit_code": state.exit_code if state else None,
             "env": state.env if state else {},
-            "placement": as_seen_by(who, placed[1]) if placed else None,
+            "node": service.agent.node if where.get("gpus") else None,
+            "placement": as_seen_by(who, record) if record else None,
             "qos": workload_qos(
                 service.agent,
                 spec_from_json(stored.spec),
@@ -275,7 +265,8 @@ def create_app(
                 service.deployments.check(d)
             for spec in specs:
                 before = service.agent.store.workload(spec.tenant, spec.name)
-                what, decision = service.agent.apply(spec)
+                with service.agent.displacements() as told:
+                    what, decision = service.agent.apply(spec)
                 diff = (
                     spec_diff(before.spec, spec_to_json(spec))
                     if before and what in ("replaced", "updated")
@@ -292,6 +283,7 @@ def create_app(
                         "spec": spec_to_json(spec),
                         "diff": diff,
                         "warnings": service.agent.warnings(spec, decision),
+                        "displaced": displaced_seen_by(who, told),
                     }
                 )
             for d in deployments:
@@ -335,7 +327,8 @@ def create_app(
         with service.lock:
             out = view(who, f"{tenant}/{name}")
             out["events"] = [
-                asdict(e) for e in service.agent.store.events(f"{tenant}/{name}", limit=50)
+                event_seen_by(who, e)
+                for e in service.agent.store.events(f"{tenant}/{name}", limit=50)
             ]
             return out
 
@@ -403,9 +396,14 @@ def create_app(
         admin_only(request)
         with service.lock:
             uuid = _gpu_uuid(gpu)
-            moved = service.agent.drain(uuid)
+            with service.agent.displacements() as told:
+                moved = service.agent.drain(uuid)
         service.wake()
-        return {"drained": uuid, "decisions": [decision_to_json(d) for d in moved]}
+        return {
+            "drained": uuid,
+            "decisions": [decision_to_json(d) for d in moved],
+            "displaced": displaced_seen_by(ADMIN_CALLER, told),
+        }
 
     @app.post(
         "/api/v1/gpus/{gpu}/mig",
@@ -434,7 +432,7 @@ def create_app(
 
     def apply_mig(gpu: str, layout: Any, flags: dict[str, bool]) -> dict[str, Any]:
         try:
-            with service.lock:
+            with service.lock, service.agent.displacements() as told:
                 uuid = _gpu_uuid(gpu)
                 done = service.agent.apply_mig(
                     uuid,
@@ -453,6 +451,7 @@ def create_app(
             "result": "changed" if done else "unchanged",
             "pinned": pinned,
             "actions": [a.to_json() for a in done],
+            "displaced": displaced_seen_by(ADMIN_CALLER, told),
         }
 
     @app.delete("/api/v1/gpus/{gpu}/mig/pin", response_model=MigReleased, responses=ADMIN)
@@ -482,6 +481,6 @@ def create_app(
             found = service.agent.store.events(
                 limit=limit, tenant=tenant if who.admin else who.tenant, after=after
             )
-        return {"events": [asdict(e) for e in found]}
+        return {"events": [event_seen_by(who, e) for e in found]}
 
     return app

@@ -20,6 +20,7 @@ from gpufrac.api.schemas import (
     ScaleAnswer,
     ScaleBody,
 )
+from gpufrac.api.seen_by import event_seen_by
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec, deployment_to_json
 from gpufrac.runtime.store import Event
@@ -73,7 +74,7 @@ def deployment_view(
                 "mode": st.decision.mode if st and st.decision else None,
                 "outstanding": per_replica.get(r.name, {}).get("outstanding", 0),
                 "served": per_replica.get(r.name, {}).get("served", 0),
-                "reason": st.reason if st else "",
+                "reason": st.reason_for(d.tenant) if st else "",
                 "last_error": service.last_error(d.tenant, r.name, st),
             }
         )
@@ -123,9 +124,10 @@ def add_deployment_routes(
     )
     def get_deployment(request: Request, tenant: str, name: str) -> dict[str, Any]:
         own(request, tenant, name)
+        who = caller(request)
         with service.lock:
             out = deployment_view(service, *find(tenant, name))
-            out["events"] = [asdict(e) for e in service.events(f"{tenant}/{name}", 100)]
+            out["events"] = [event_seen_by(who, e) for e in service.events(f"{tenant}/{name}", 100)]
             return out
 
     @app.post(

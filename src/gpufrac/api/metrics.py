@@ -141,7 +141,14 @@ def workload_families(
             "Time the QoS arbiter held the workload's processes stopped, since the agent started.",
         ),
         "restarts": Family(
-            "gpufrac_workload_restarts", "gauge", "Restarts of the workload's current generation."
+            "gpufrac_workload_restarts",
+            "gauge",
+            "Restarts of the workload's current generation after a failure or an exit.",
+        ),
+        "evictions": Family(
+            "gpufrac_workload_evictions",
+            "gauge",
+            "Times the workload's current generation was stopped to make room (not failures).",
         ),
         "state": Family("gpufrac_workload_state", "gauge", "1 for the workload's current phase."),
         "pending": Family(
@@ -159,7 +166,8 @@ def workload_families(
     for key, st in sorted(states.items()):
         tenant, name = key.split("/", 1)
         lab = {"tenant": tenant, "workload": name}
-        f["restarts"].add(lab, max(0, st.attempts - 1))
+        f["restarts"].add(lab, st.restarts)
+        f["evictions"].add(lab, st.evictions)
         f["state"].add({**lab, "phase": st.phase}, 1)
         if st.phase == "pending":
             since = next(

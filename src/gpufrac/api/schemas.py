@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpufrac.model.gpu import Health, MigMode
 from gpufrac.model.migplan import MigActionKind
 from gpufrac.model.workload import Mode, QosMode
-from gpufrac.planning.sched_decision import ActionKind, Outcome
+from gpufrac.planning.sched_decision import ActionKind, DisplaceAction, Outcome
 
 # JSON numbers as the agent computes them: an int stays an int, a float a float (not 5 -> 5.0)
 Number = int | float
@@ -122,6 +122,9 @@ class DecisionJson(Answer):
     mig: MigPlacementJson | None = None
     evicted: list[str] = Field(default_factory=list)
     actions: list[SchedActionJson] = Field(default_factory=list)
+    cause: str | None = Field(
+        None, description="the workload that took its place (its reason names it), if one did"
+    )
 
 
 class WhereJson(Answer):
@@ -138,6 +141,8 @@ class CompletedJson(Answer):
     reason: str = ""
     where: WhereJson | None = None
     attempts: int | None = Field(None, description="null: completed under an older gpufrac")
+    restarts: int | None = Field(None, description="null: completed under an older gpufrac")
+    evictions: int | None = Field(None, description="null: completed under an older gpufrac")
     exit_code: int | None = None
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -177,6 +182,22 @@ class EventJson(Answer):
     kind: str
     subject: str
     message: str
+    cause: str | None = Field(
+        None,
+        description="the workload that caused it (one that took the subject's place), or "
+        '"another tenant\'s workload" for a tenant that may not see it',
+    )
+
+
+class DisplacedJson(Answer):
+    """A workload a call (or the autoscaler, a drain, a MIG change) took the place of."""
+
+    workload: str = Field(description='TENANT/NAME, or "another tenant\'s workload"')
+    action: DisplaceAction = Field(
+        description="moved: placed again elsewhere at once; evicted: stopped, it waits; "
+        "requeued: it waits again, not started yet"
+    )
+    reason: str
 
 
 class WorkloadJson(Answer):
@@ -187,9 +208,15 @@ class WorkloadJson(Answer):
     phase: Phase
     reason: str
     attempts: int
-    restarts: int
+    restarts: int = Field(description="attempts after a failure or an exit (its restart policy's)")
+    evictions: int = Field(
+        0, description="attempts stopped to make room (preempted, moved, drained): no failures"
+    )
     exit_code: int | None
     env: dict[str, str]
+    node: str | None = Field(
+        None, description="the node it runs on, or a finished one ran on; null while it waits"
+    )
     placement: DecisionJson | CompletedJson | None
     qos: QosJson
 
@@ -223,6 +250,9 @@ class WorkloadResult(Answer):
     spec: dict[str, Any]
     diff: list[str]
     warnings: list[str]
+    displaced: list[DisplacedJson] = Field(
+        default_factory=list, description="the workloads its placement took the place of"
+    )
 
 
 class DeploymentResult(Answer):
@@ -371,6 +401,7 @@ class Uncordoned(Answer):
 class Drained(Answer):
     drained: str
     decisions: list[DecisionJson]
+    displaced: list[DisplacedJson] = Field(default_factory=list)
 
 
 class MigActionJson(Answer):
@@ -390,6 +421,7 @@ class MigChanged(Answer):
     result: Literal["changed", "unchanged"]
     pinned: bool
     actions: list[MigActionJson]
+    displaced: list[DisplacedJson] = Field(default_factory=list)
 
 
 class MigReleased(Answer):

@@ -53,6 +53,7 @@ from gpufrac.cli.common import (
     err_console,
     fail,
     handled_errors,
+    note_preemption_default,
     print_json,
     serve_http,
 )
@@ -62,6 +63,7 @@ from gpufrac.cli.watch import IntervalOpt, WatchOpt, out, watch
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
 from gpufrac.model.manifest import load_manifest_files
+from gpufrac.planning.sched_decision import displaced_summary
 
 TenantOpt = Annotated[
     str | None,
@@ -204,6 +206,8 @@ def agent_command(
         dev = open_devices(simulate_spec(simulate), data)
         agent = Agent(data, dev, _settings(settings_file, data_dir), tokens_in_use=bool(tokens))
         agent.store.listeners.append(DecisionLog(sys.stderr, fmt))
+        known = [c.tenant for c in (tokens or {}).values()] + agent.store.tenants()
+        note_preemption_default(agent.settings, known)
     service = AgentService(
         agent,
         gateway_port=gateway_port,
@@ -302,13 +306,10 @@ def _print_result(r: WorkloadResult | DeploymentResult) -> None:
         if d.mig is not None:
             detail += f" ({d.mig.profile}@{d.mig.start})"
         outcome = f": {d.outcome} {detail}"
-    console.print(f"{r.workload} {r.result}{outcome}", highlight=False)
-    for a in d.actions if d is not None else []:
-        if a.kind == "evict":
-            console.print(
-                f"    [yellow]evicts[/] {a.workload}: {a.reason or 'to make room'}",
-                highlight=False,
-            )
+    told = f" ({displaced_summary(r.displaced)})" if r.displaced else ""
+    console.print(f"{r.workload} {r.result}{told}{outcome}", highlight=False)
+    for x in r.displaced:
+        console.print(f"    [yellow]{x.action}[/] {x.workload}: {x.reason}", highlight=False)
     for line in r.diff:
         console.print(f"    [yellow]~[/] {line}", highlight=False)
     for line in r.warnings:

@@ -30,6 +30,7 @@ from gpufrac.cli.common import (
     console,
     err_console,
     handled_errors,
+    note_preemption_default,
     serve_http,
 )
 from gpufrac.config import data_dir as resolve_data_dir
@@ -155,6 +156,8 @@ def control_command(
         if not 0 <= local <= 16:
             raise InputError(f"--local {local}", field="--local", fix="give 0 to 16 nodes")
         control = ControlPlane(data, load_settings(data), lease_s=lease)
+        known = [c.tenant for c in (tokens or {}).values()] + control.store.tenants()
+        note_preemption_default(control.settings, known)
     serving = ClusterServing(
         control,
         gateway_port=gateway_port,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -22,6 +22,7 @@ from gpufrac.devices import NvmlDevices, open_devices, open_simulated
 from gpufrac.devices.errors import DeviceError, DriverUnavailable
 from gpufrac.devices.nvml import open_real_nvml
 from gpufrac.errors import InputError
+from gpufrac.model.settings import OperatorSettings, preemption_notes
 
 # piped (a CI log, `| grep`, `| tee`): lines are not wrapped at 80 columns, and tables get room to
 # keep each row on one line (COLUMNS, when set, still decides)
@@ -122,3 +123,11 @@ def serve_http(app: Any, host: str, port: int) -> None:
         uvicorn.run(app, host=host, port=port, log_level="warning", http=HeadTimeoutProtocol)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def note_preemption_default(settings: OperatorSettings, tenants: Iterable[str | None]) -> None:
+    """Once at start (``gpufrac agent``, ``gpufrac control``): each tenant known here (the
+    settings', the API tokens', those with stored work) that has no preemption setting of its own,
+    whose workloads now evict only their own tenant's, and how to keep the old behaviour."""
+    for line in preemption_notes(settings, [t for t in tenants if t]):
+        err_console.print(f"[yellow]note:[/] {line}", highlight=False)

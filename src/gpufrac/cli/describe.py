@@ -25,7 +25,11 @@ def describe_lines(w: dict[str, Any], gpus: list[dict[str, Any]]) -> list[str]:
     if w.get("reason"):
         lines.append(f"Reason:      {w['reason']}")
     exit_code = "-" if w.get("exit_code") is None else str(w["exit_code"])
-    lines.append(f"Attempts:    {w['attempts']} (restarts {w['restarts']}, last exit {exit_code})")
+    # restarts: after a failure or an exit; evictions: stopped to make room (moved, preempted)
+    lines.append(
+        f"Attempts:    {w['attempts']} (restarts {w['restarts']}, evictions "
+        f"{w.get('evictions', 0)}, last exit {exit_code})"
+    )
     lines += ["", *placement_lines(w, gpus)]
     q = w.get("qos") or {}
     if q:

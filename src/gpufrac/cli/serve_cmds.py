@@ -50,7 +50,13 @@ def print_deployment(d: dict[str, Any]) -> None:
                 highlight=False,
             )
     for e in d.get("events", []):
-        if e["kind"] in ("scaled", "autoscaler", "replica_removed", "deployment_applied"):
+        if e["kind"] in (
+            "scaled",
+            "autoscaler",
+            "replica_removed",
+            "deployment_applied",
+            "displaced",  # what a replica took the place of
+        ):
             stamp = time.strftime("%H:%M:%S", time.localtime(e["at"]))
             console.print(f"  {stamp} {e['kind']}: {e['message']}", highlight=False)
 

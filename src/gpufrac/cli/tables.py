@@ -177,7 +177,7 @@ def workload_rows(
 ) -> tuple[list[str], list[list[str]]]:
     headers = ["TENANT", "NAME", "PHASE", "RESTARTS", "NODE", "GPU", "SLICE"]
     if wide:
-        headers += ["MODE", "MEM-USED", "SM", "PRIORITY", "GPU-UUID"]
+        headers += ["EVICTIONS", "MODE", "MEM-USED", "SM", "PRIORITY", "GPU-UUID"]
     headers.append("REASON")
     rows = []
     for w in workloads:
@@ -185,10 +185,13 @@ def workload_rows(
         uuids = list(where.get("gpus") or [])
         alloc = allocation_of(w, gpus)
         index, node = gpu_place(uuids, gpus) if uuids else ("-", "-")
+        if node == "-" and w.get("node"):  # a GPU no longer listed (its node gone): where it ran
+            node = str(w["node"])
         row = [w["tenant"], w["name"], w["phase"], str(w["restarts"]), node, index]
         row.append(share_text(w, alloc))
         if wide:
             row += [
+                str(w.get("evictions", 0)),
                 str(where.get("mode") or "-"),
                 size((alloc or {}).get("used_memory_mib")),
                 pct((alloc or {}).get("sm_percent")),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
@@ -33,6 +33,7 @@ from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.workload import WorkloadSpec
+from gpufrac.planning.sched_decision import DISPLACE_ACTIONS, displaced_summary
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.runs import read_json
 
@@ -92,17 +93,20 @@ def up_command(
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         for spec in specs:
-            what, decision = agent.apply(spec)
+            with agent.displacements() as told:
+                what, decision = agent.apply(spec)
             where = f" ({decision.outcome}: {decision.reason or decision.mode})" if decision else ""
-            console.print(f"{spec.tenant}/{spec.name}: {what}{where}", highlight=False)
-            for a in decision.actions if decision else ():
-                if a.kind == "evict":
-                    console.print(
-                        f"    [yellow]evicts[/] {a.workload}: {a.reason}", highlight=False
-                    )
+            shown = f" ({displaced_summary(told)})" if told else ""
+            console.print(f"{spec.tenant}/{spec.name}: {what}{shown}{where}", highlight=False)
+            for x in told:
+                console.print(
+                    f"    [yellow]{x.action}[/] {x.workload}: {x.reason}", highlight=False
+                )
             for line in agent.warnings(spec, decision):
                 err_console.print(f"    [yellow]warning[/]: {line}", highlight=False)
         keys = {f"{s.tenant}/{s.name}" for s in specs}
+        newest = agent.store.events(limit=1)
+        seen = newest[-1].id if newest else 0  # displacements after this one are told as they come
         with Live(console=console, refresh_per_second=4, transient=False) as live:
             while True:
                 every = {s.key: s for s in agent.reconcile()}
@@ -111,6 +115,7 @@ def up_command(
                 if serving is not None:
                     serving.reconcile(every)
                     view = Group(view, serving.table())
+                seen = _tell_displaced(agent, seen, live.console)
                 live.update(view)
                 if duration is not None and time.monotonic() - started >= duration:
                     break
@@ -133,6 +138,25 @@ def up_command(
         agent.close()
         dev.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _tell_displaced(agent: Agent, after: int, out: Console) -> int:
+    """Print each workload displaced since event ``after`` (by the autoscaler's replicas, say) with
+    its cause, and each ``displaced`` event of a cause; returns the newest event's id seen."""
+    newest = after
+    while True:
+        events = agent.store.events(after=newest, limit=500)
+        for e in events:
+            if e.kind == "displaced" and e.cause is None:  # the cause's own (not its deployment's)
+                out.print(f"{e.subject} displaced ({e.message})", highlight=False)
+            elif e.kind in DISPLACE_ACTIONS:
+                out.print(
+                    f"    [yellow]{e.kind}[/] {e.subject} at {_clock(e.at)}: {e.message}",
+                    highlight=False,
+                )
+        if not events:
+            return newest
+        newest = events[-1].id
 
 
 def _clock(at: float) -> str:
@@ -270,13 +294,14 @@ def _summary(
                 {
                     k
                     for k in kinds
-                    if k in ("restarted", "memory_limit", "evicted", "paused", "action_failed")
+                    if k
+                    in ("restarted", "memory_limit", "paused", "action_failed", *DISPLACE_ACTIONS)
                 }
             )
         )
         for e in events:
-            if e.kind == "evicted":
-                told.append(f"{key} was evicted at {_clock(e.at)}: {e.message}")
+            if e.kind in DISPLACE_ACTIONS:
+                told.append(f"{key} was {e.kind} at {_clock(e.at)}: {e.message}")
         # the arbiter counts every pause (its qos.json); events tell those of a second or more
         pauses = int(str(qos.get("pauses") or 0)) if qos else kinds.count("paused")
         if pauses:
@@ -291,7 +316,8 @@ def _summary(
             key,
             placed.split(" on ", 1)[-1] if placed else (st.reason if st else ""),
             st.phase if st else "-",
-            str(max(0, (st.attempts if st else 0) - 1)),
+            str(st.restarts if st else 0)
+            + (f" (+{st.evictions} evicted)" if st and st.evictions else ""),
             limit,
             peak,
             turns,

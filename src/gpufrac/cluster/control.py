@@ -13,13 +13,14 @@ restart is held lost: its workloads are placed again elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -36,9 +37,16 @@ from gpufrac.cluster.core import (
 from gpufrac.model.qos import min_share_of, qos_params
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_from_json, spec_to_json
-from gpufrac.planning.sched_decision import Decision, decision_from_json, decision_to_json
+from gpufrac.planning.sched_decision import (
+    Decision,
+    Displacement,
+    decision_from_json,
+    decision_to_json,
+    displacement_of,
+)
 from gpufrac.planning.sched_state import SchedGpu
 from gpufrac.planning.scheduler import workload_key
+from gpufrac.runtime.executor import record_displaced
 from gpufrac.runtime.store import Store
 
 STORE_FILE = "control.db"
@@ -88,8 +96,12 @@ class ControlPlane:
         self.store = Store(data_dir / STORE_FILE)
         self.core = ClusterCore(self.settings, lease_s=lease_s)
         self.views: dict[str, tuple[int, dict[str, Any]]] = {}  # workload -> (epoch, node's view)
-        # workload -> its restarts in runs before the one its node shows (moves, fencing)
+        # workload -> its restarts in runs before the one its node shows (a node counts its own)
         self.carried: dict[str, int] = {}
+        # workload -> the times it was moved or fenced (its runs before the one its node shows,
+        # and their evictions): never restarts, which count failures only
+        self.moves: dict[str, int] = {}
+        self._collecting: list[list[Displacement]] = []  # the open ``displacements`` blocks'
         # node -> [window start, events taken in it, said that the rest were dropped]
         self.relay_windows: dict[str, list[float | int | bool]] = {}
         self.addresses: dict[str, str] = {}  # node -> its agent's API, where it serves logs
@@ -242,11 +254,45 @@ class ControlPlane:
             return answer
 
     def _carry(self, key: str) -> None:
-        """``key`` runs anew (moved, or started again by its node): the restarts of the run it
-        had, and this one, count on in RESTARTS."""
+        """``key`` runs anew (moved, or started again by its node after a fencing): the restarts
+        of the run it had count on in RESTARTS, and this move (with the run's own evictions) in
+        its evictions: a move is no failure."""
         shown = self.views.get(key)
-        had = int(shown[1].get("restarts") or 0) if shown is not None and shown[0] != ENDED else 0
-        self.carried[key] = self.carried.get(key, 0) + had + 1
+        view = shown[1] if shown is not None and shown[0] != ENDED else {}
+        self.carried[key] = self.carried.get(key, 0) + int(view.get("restarts") or 0)
+        self.moves[key] = self.moves.get(key, 0) + int(view.get("evictions") or 0) + 1
+
+    def counts(self, key: str, node_view: Mapping[str, Any]) -> tuple[int, int]:
+        """(restarts, evictions) of ``key``: its node's count of the run it shows, and those of
+        the runs before (moved, fenced)."""
+        return (
+            int(node_view.get("restarts") or 0) + self.carried.get(key, 0),
+            int(node_view.get("evictions") or 0) + self.moves.get(key, 0),
+        )
+
+    @contextlib.contextmanager
+    def displacements(self) -> Iterator[list[Displacement]]:
+        """The displacements told while the block runs (for the answer of the call that caused
+        them); with the lock held."""
+        collected: list[Displacement] = []
+        self._collecting.append(collected)
+        try:
+            yield collected
+        finally:
+            self._collecting.remove(collected)
+
+    def _tell(self, more: Sequence[Displacement] = ()) -> None:
+        """Tell of each workload displaced (the core's decisions', and ``more``): an event each,
+        of its action's kind, and per cause one ``displaced`` event listing them (on its
+        deployment too, for a replica), as one machine's agent does."""
+        decided = self.core.take_displaced()
+        for x in decided:  # taken from its node: it runs anew where it goes (a move, no restart)
+            if x.action != "requeued":
+                self._carry(x.workload)
+        told = [*decided, *more]
+        record_displaced(self.store, told, self.core.specs.get)
+        for collected in self._collecting:
+            collected.extend(told)
 
     def _take_events(self, name: str, events: Sequence[NodeEvent]) -> None:
         """A known node's own events, into the control plane's: a workload's only where it runs
@@ -339,6 +385,7 @@ class ControlPlane:
                     self.store.record_event("moved", m.workload, f"moved to node {m.to}")
                 else:
                     self.store.record_event("pending", m.workload, m.reason)
+            self._tell()  # placed again elsewhere, a lost node's work may have evicted some
             self._persist(before, ended=ended)
             return moved
 
@@ -406,15 +453,15 @@ class ControlPlane:
             before = dict(self.core.assigned)
             moved = self.core.drain(uuid, reason)
             self.store.cordon(uuid, reason)
+            told = []
             for d in moved:
                 self._carry(d.workload)
                 to = self.core.assigned.get(d.workload)
-                self.store.record_event(
-                    "moved" if to is not None else "pending",
-                    d.workload,
-                    f"moved off GPU {uuid} ({reason})"
-                    + (f" to node {to.node}" if to is not None else f"; {d.reason}"),
+                why = f"moved off GPU {uuid} ({reason})" + (
+                    f" to node {to.node}" if to is not None else f"; {d.reason}"
                 )
+                told.append(displacement_of(d.workload, d, d.workload in before, why, None))
+            self._tell(told)
             self._persist(before)
             return moved
 
@@ -436,6 +483,8 @@ class ControlPlane:
             decision = self.core.apply(spec)
             self.views.pop(key, None)
             self.carried.pop(key, None)
+            self.moves.pop(key, None)
+            self._tell()
             self._persist(before, also=(key,))
             return ("replaced" if stored is not None else "created"), decision
 
@@ -447,6 +496,8 @@ class ControlPlane:
             self.core.delete(tenant, name)
             self.views.pop(f"{tenant}/{name}", None)
             self.carried.pop(f"{tenant}/{name}", None)
+            self.moves.pop(f"{tenant}/{name}", None)
+            self._tell()
             self._persist(before)
             return True
 
@@ -481,10 +532,18 @@ class ControlPlane:
                     "epoch": a.epoch,
                 }
             elif key in self.core.ended:
+                ran = before.get(key)  # where it ran: kept, as one machine's agent keeps it
                 record = {
                     "outcome": "completed",
                     "phase": self.core.ended[key],
                     "node": self.core.ended_on.get(key),
+                    "where": None
+                    if ran is None
+                    else {
+                        "mode": ran.decision.mode,
+                        "gpus": list(ran.decision.gpus),
+                        "mig": None if ran.decision.mig is None else ran.decision.mig.to_json(),
+                    },
                 }
             else:
                 record = dict(decision_to_json(self.core.decision(key)))

@@ -25,11 +25,12 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client.exposition import choose_encoder
 from pydantic import ValidationError
 
-from gpufrac.api.app import as_seen_by, check_workload_caps, problem_answer
+from gpufrac.api.app import check_workload_caps, problem_answer
 from gpufrac.api.dashboard import add_dashboard_routes
 from gpufrac.api.deployments_api import add_deployment_routes
 from gpufrac.api.guard import Guard
 from gpufrac.api.history import History
+from gpufrac.api.seen_by import as_seen_by, displaced_seen_by, event_seen_by, shown_text
 from gpufrac.api.tokens import Caller, authenticate
 from gpufrac.cluster.control import ControlPlane, NodeRefused, static_qos
 from gpufrac.cluster.history import ClusterSampler
@@ -215,7 +216,8 @@ def create_control_app(
                 serving.deployments.check(d)
             for spec in specs:
                 before = control.store.workload(spec.tenant, spec.name)
-                what, decision = control.apply(spec)
+                with control.displacements() as told:
+                    what, decision = control.apply(spec)
                 diff = (
                     spec_diff(before.spec, spec_to_json(spec))
                     if before and what == "replaced"
@@ -230,6 +232,7 @@ def create_control_app(
                         "spec": spec_to_json(spec),
                         "diff": diff,
                         "warnings": [],
+                        "displaced": displaced_seen_by(who, told),
                     }
                 )
             for d in deployments:
@@ -262,15 +265,18 @@ def create_control_app(
         a = control.core.assigned.get(key)
         phase, reason, node_view = control.status(key)
         placed = control.store.placement(tenant, name)
+        restarts, evictions = control.counts(key, node_view)
+        cause = control.core.scheduler.pending.causes.get(key) if phase == "pending" else None
         return {
             "tenant": tenant,
             "name": name,
             "generation": stored.generation,
             "spec": shown_spec(stored.spec),
             "phase": phase,
-            "reason": reason,
+            "reason": shown_text(who, reason, [cause]),
             "attempts": node_view.get("attempts", 0),
-            "restarts": int(node_view.get("restarts") or 0) + control.carried.get(key, 0),
+            "restarts": restarts,
+            "evictions": evictions,
             "exit_code": node_view.get("exit_code"),
             "env": node_view.get("env", {}),
             "placement": as_seen_by(who, placed[1]) if placed else None,
@@ -298,14 +304,7 @@ def create_control_app(
         with control.lock:
             out = view(who, tenant, name)
             out["events"] = [
-                {
-                    "id": e.id,
-                    "at": e.at,
-                    "kind": e.kind,
-                    "subject": e.subject,
-                    "message": e.message,
-                }
-                for e in control.store.events(f"{tenant}/{name}", limit=50)
+                event_seen_by(who, e) for e in control.store.events(f"{tenant}/{name}", limit=50)
             ]
             return out
 
@@ -435,8 +434,13 @@ def create_control_app(
     def drain(request: Request, gpu: str) -> dict[str, Any]:
         admin_only(request)
         uuid = gpu_named(gpu)
-        moved = control.drain(uuid)
-        return {"drained": uuid, "decisions": [decision_to_json(d) for d in moved]}
+        with control.lock, control.displacements() as told:
+            moved = control.drain(uuid)
+        return {
+            "drained": uuid,
+            "decisions": [decision_to_json(d) for d in moved],
+            "displaced": displaced_seen_by(caller(request), told),
+        }
 
     @app.get("/api/v1/events")
     def events(
@@ -453,12 +457,7 @@ def create_control_app(
         found = control.store.events(
             limit=limit, tenant=tenant if who.admin else who.tenant, after=after
         )
-        return {
-            "events": [
-                {"id": e.id, "at": e.at, "kind": e.kind, "subject": e.subject, "message": e.message}
-                for e in found
-            ]
-        }
+        return {"events": [event_seen_by(who, e) for e in found]}
 
     @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     def not_here(request: Request, rest: str) -> None:

@@ -29,7 +29,7 @@ from typing import Literal
 
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec
-from gpufrac.planning.sched_decision import Decision
+from gpufrac.planning.sched_decision import Decision, Displacement, displacements
 from gpufrac.planning.sched_state import SchedGpu
 from gpufrac.planning.scheduler import Scheduler, workload_key
 
@@ -133,6 +133,8 @@ class ClusterCore:
         # workload -> {node: epoch} it was taken from, alive, and has not reported gone yet
         self.revoked: dict[str, dict[str, int]] = {}
         self.cordoned: dict[str, str] = {}  # GPU (NODE/UUID) -> why it takes no new work
+        # the workloads decisions took the place of, until the caller takes them (``take_told``)
+        self.displaced: list[Displacement] = []
         self._epoch = first_epoch - 1
 
     # -- nodes -----------------------------------------------------------------------------------
@@ -305,7 +307,13 @@ class ClusterCore:
             return a.decision
         if key in self.ended:
             return Decision(key, "pending", f"it ended ({self.ended[key]})")
-        return Decision(key, "pending", self.scheduler.pending.get(key, "not placed"))
+        return self.scheduler.pending.decision(key)
+
+    def take_displaced(self) -> list[Displacement]:
+        """The workloads decisions took the place of since the last call (each once): evicted (it
+        had a node), moved (placed again at once) or requeued."""
+        told, self.displaced = self.displaced, []
+        return told
 
     def delete(self, tenant: str, name: str) -> bool:
         key = f"{tenant}/{name}"
@@ -368,6 +376,7 @@ class ClusterCore:
         """Assignments for placed decisions (a new epoch each); an evicted or waiting workload
         loses its assignment, so its node stops it at its next heartbeat."""
         st = self.scheduler.state
+        had_node = set(self.assigned)
         for d in decisions:
             self._revoke(d.workload)
             if d.outcome == "placed":
@@ -376,4 +385,5 @@ class ClusterCore:
                 self.assigned[d.workload] = Assignment(self.specs[d.workload], d, node, self._epoch)
             for victim in d.evicted:
                 self._revoke(victim)
+        self.displaced += displacements(decisions, had_node.__contains__)
         return decisions

@@ -374,9 +374,10 @@ class NodeAgent:
             qos = workload_qos(agent, spec, s.decision, agent.arbiter.latest, None, s)
             out[s.key] = {
                 "phase": s.phase,
-                "reason": s.reason,
+                "reason": s.reason_for(s.key.split("/", 1)[0]),
                 "attempts": s.attempts,
-                "restarts": max(0, s.attempts - 1),
+                "restarts": s.restarts,
+                "evictions": s.evictions,
                 "exit_code": s.exit_code,
                 "env": dict(s.env),
                 "qos": qos,

@@ -8,6 +8,7 @@ file means the defaults. ``docs/manifest.md`` documents every field.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal, Self, get_args
@@ -51,9 +52,11 @@ WorkloadUsers = Literal["auto", "agent", "tenant"]
 WORKLOAD_USERS: tuple[WorkloadUsers, ...] = get_args(WorkloadUsers)
 DEFAULT_TENANT_UIDS = (200_000, 299_999)
 # how far a tenant's workloads may evict others: any lower-priority workload; only their own
-# tenant's; none. It caps a workload's own ``spec.preemption``.
+# tenant's; none. It caps a workload's own ``spec.preemption``. Evicting another tenant's work is
+# the operator's decision: a tenant without a setting of its own evicts only its own tenant's.
 TenantPreemption = Literal["lower-priority", "own-tenant", "never"]
 TENANT_PREEMPTION: tuple[TenantPreemption, ...] = get_args(TenantPreemption)
+DEFAULT_TENANT_PREEMPTION: TenantPreemption = "own-tenant"
 DEFAULT_MAX_PRIORITY = 1000
 
 
@@ -65,7 +68,7 @@ class TenantQuota:
     gpus_milli: int | None = None  # milli-GPU: 2500 is two and a half GPUs
     max_priority: int | None = None  # None: the operator's max_priority for every tenant
     max_workloads: int | None = None  # None: the operator's max_workloads for every tenant
-    preemption: TenantPreemption = "lower-priority"
+    preemption: TenantPreemption | None = None  # None: not set (DEFAULT_TENANT_PREEMPTION)
     users: tuple[str, ...] = ()  # the user names its workloads may ask for in spec.user
 
 
@@ -131,8 +134,30 @@ class OperatorSettings:
         """Whom a workload of ``tenant`` whose ``spec.preemption`` is ``own`` may evict: the
         stricter of its own setting and its tenant's."""
         q = self.tenants.get(tenant)
-        bound: TenantPreemption = q.preemption if q is not None else "lower-priority"
-        return "never" if own == "never" else bound
+        bound = q.preemption if q is not None and q.preemption is not None else None
+        return "never" if own == "never" else bound or DEFAULT_TENANT_PREEMPTION
+
+    def preemption_defaulted(self, tenants: Iterable[str]) -> list[str]:
+        """Those of ``tenants`` (and of the tenants the settings list) with no preemption setting
+        of their own: they take ``DEFAULT_TENANT_PREEMPTION`` (until issue 23 the default was
+        ``lower-priority``: any tenant's lower-priority work). Sorted, each once."""
+        named = set(tenants) | set(self.tenants)
+        return sorted(
+            t for t in named if (q := self.tenants.get(t)) is None or q.preemption is None
+        )
+
+
+def preemption_notes(settings: OperatorSettings, tenants: Iterable[str]) -> list[str]:
+    """What ``gpufrac agent`` and ``gpufrac control`` say once at start: for each tenant whose
+    behaviour the default changed (no preemption setting of its own), that it evicts only its own
+    tenant's work now, and how to keep the old behaviour."""
+    return [
+        f"tenant {t}: preemption is {DEFAULT_TENANT_PREEMPTION} by default (its workloads evict "
+        "only its own lower-priority work, never another tenant's); to let it evict any tenant's "
+        f"lower-priority work as before, set tenants.{t}.preemption: lower-priority in "
+        f"{SETTINGS_FILE}"
+        for t in settings.preemption_defaulted(tenants)
+    ]
 
 
 def load_settings(data_dir: Path) -> OperatorSettings:
@@ -199,10 +224,10 @@ class TenantFields(Strict):
     max_workloads: _WORKLOADS | None = Field(
         None, description="The most workloads it may have stored at once (replicas count)."
     )
-    preemption: Annotated[TenantPreemption, Word] = Field(
-        "lower-priority",
-        description="Whom its workloads may evict to get placed: any lower-priority workload, "
-        "only its own, or none.",
+    preemption: Annotated[TenantPreemption | None, Word] = Field(
+        None,
+        description="Whom its workloads may evict to get placed: any lower-priority workload "
+        "(lower-priority), only its own tenant's (own-tenant, the default), or none (never).",
     )
     users: Annotated[list[Text], Hint(fix="write [alice]")] = Field(
         [], description="The spec.user values its workloads may ask for."

@@ -10,8 +10,9 @@ Decisions are stored as JSON with the placement; docs/json.md has the shape.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, assert_never, get_args
+from typing import Any, Literal, Protocol, TypeVar, assert_never, get_args
 
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.workload import MODES, Mode, WorkloadSpec
@@ -29,6 +30,11 @@ ACTION_KINDS: tuple[ActionKind, ...] = get_args(ActionKind)
 Outcome = Literal["placed", "pending", "refused"]
 OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 MIG_ACTIONS: frozenset[ActionKind] = frozenset({"destroy_mig_instance", "create_mig_instance"})
+# what became of a workload that lost its place: placed again elsewhere at once (moved), stopped
+# and waiting (evicted), or waiting again before it ran (requeued: placed, but not started yet)
+DisplaceAction = Literal["evicted", "moved", "requeued"]
+DISPLACE_ACTIONS: tuple[DisplaceAction, ...] = get_args(DisplaceAction)
+ANOTHER_TENANTS = "another tenant's workload"  # a workload a viewer may not see, as it is named
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +82,8 @@ class Decision:
     mig: MigPlacement | None = None
     evicted: tuple[str, ...] = ()
     actions: tuple[SchedAction, ...] = ()
+    # the workload whose placement took this one's place (a preemption): its reason names it
+    cause: str | None = None
 
     def mig_actions(self) -> tuple[SchedAction, ...]:
         """The MIG changes (destroys, then the create) this placement needs before its start."""
@@ -92,6 +100,7 @@ def decision_to_json(d: Decision) -> dict[str, object]:
         "mig": None if d.mig is None else d.mig.to_json(),
         "evicted": list(d.evicted),
         "actions": [a.to_json() for a in d.actions],
+        "cause": d.cause,
     }
 
 
@@ -127,7 +136,76 @@ def decision_from_json(raw: dict[str, Any]) -> Decision:
         mig=_placement(raw.get("mig")),
         evicted=tuple(raw.get("evicted", ())),
         actions=tuple(action_from_json(a) for a in raw.get("actions", ())),
+        cause=raw.get("cause"),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Displacement:
+    """A workload that lost its place, what became of it, and why; ``cause``: the workload whose
+    placement took it (None: the operator's or a GPU's doing, which ``reason`` says)."""
+
+    workload: str
+    action: DisplaceAction
+    reason: str
+    cause: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"workload": self.workload, "action": self.action, "reason": self.reason}
+
+
+def displacement_of(
+    workload: str, after: Decision | None, was_running: bool, reason: str, cause: str | None
+) -> Displacement:
+    """What became of ``workload``, displaced: ``after`` is its decision once it lost its place."""
+    action: DisplaceAction = (
+        "moved"
+        if after is not None and after.outcome == "placed"
+        else "evicted"
+        if was_running
+        else "requeued"
+    )
+    return Displacement(workload, action, reason, cause)
+
+
+def displacements(
+    decisions: Sequence[Decision], was_running: Callable[[str], bool]
+) -> list[Displacement]:
+    """Every workload the ``decisions`` (one operation's, in order) took the place of, once each:
+    moved where its own later decision placed it, else evicted (``was_running``: it had a process
+    or a node) or requeued."""
+    final = {d.workload: d for d in decisions}  # each workload's last decision
+    out: list[Displacement] = []
+    told: set[str] = set()
+    for d in decisions:
+        why = {a.workload: a.reason for a in d.actions if a.kind == "evict"}
+        for v in d.evicted:
+            if v in told:
+                continue
+            told.add(v)
+            reason = why.get(v) or f"preempted by {d.workload}"
+            out.append(displacement_of(v, final.get(v), was_running(v), reason, d.workload))
+    return out
+
+
+class Displaced(Protocol):
+    """A displacement as a summary reads it (``Displacement``, or the API's answer of one)."""
+
+    @property
+    def workload(self) -> str: ...
+
+    @property
+    def action(self) -> DisplaceAction: ...
+
+
+def displaced_summary(told: Sequence[Displaced]) -> str:
+    """``evicted 2: alpha/a, alpha/b; moved 1: alpha/c``: what one placement displaced."""
+    parts = []
+    for action in DISPLACE_ACTIONS:
+        names = [x.workload for x in told if x.action == action]
+        if names:
+            parts.append(f"{action} {len(names)}: {', '.join(names)}")
+    return "; ".join(parts)
 
 
 def workload_key(spec: WorkloadSpec) -> str:

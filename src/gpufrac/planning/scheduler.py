@@ -124,26 +124,41 @@ class PendingQueue(dict[str, str]):
         super().__init__()
         self._requests = requests
         self.mig: set[str] = set()
+        # a waiting workload whose reason names the workload that took its place -> that workload
+        self.causes: dict[str, str] = {}
 
     def __setitem__(self, key: str, reason: str) -> None:
         super().__setitem__(key, reason)
+        self.causes.pop(key, None)
         if "mig" in self._requests[key].kinds:
             self.mig.add(key)
+
+    def displace(self, key: str, reason: str, cause: str | None) -> None:
+        """``key`` waits because ``cause`` took its place (``reason`` names it)."""
+        self[key] = reason
+        if cause is not None:
+            self.causes[key] = cause
 
     def __delitem__(self, key: str) -> None:
         super().__delitem__(key)
         self.mig.discard(key)
+        self.causes.pop(key, None)
 
     def pop(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
         self.mig.discard(key)
+        self.causes.pop(key, None)
         return super().pop(key, default)
 
+    def decision(self, key: str, default: str = "not placed") -> Decision:
+        """Why ``key`` waits, as a decision (with the workload that took its place, if one did)."""
+        return Decision(key, "pending", self.get(key, default), cause=self.causes.get(key))
 
-def preempted_by(req: SchedRequest, victim: str) -> str:
-    """A victim's reason: who preempted it, named only to its own tenant (another tenant's
-    workloads are not shown to it, not even by name)."""
-    who = req.key if victim.split("/", 1)[0] == req.tenant else "another tenant's workload"
-    return f"preempted by {who} (priority {req.priority})"
+
+def preempted_by(req: SchedRequest, _victim: str) -> str:
+    """A victim's reason: who preempted it. It names the preemptor, whoever's the victim is: the
+    decision carries it as its ``cause``, and what a viewer may not see is hidden when it is shown
+    (the API: another tenant's workload is not named, not even by name)."""
+    return f"preempted by {req.key} (priority {req.priority})"
 
 
 class Scheduler:
@@ -246,7 +261,7 @@ class Scheduler:
         key = workload_key(spec)
         req = self.requests[key] = SchedRequest(spec, next(self._seq))
         if decision.outcome != "placed" or decision.mode is None:
-            self.pending[key] = decision.reason or "waiting"
+            self.pending.displace(key, decision.reason or "waiting", decision.cause)
             return
         with self.state.statement() as trial:
             why = self._restore_trial(trial, req, decision)
@@ -419,7 +434,7 @@ class Scheduler:
             if mode == "mig" and allowed in ("idle", "drain") and self._holds(req):
                 self._reserve(req)
         if only is not None or scope is not None:  # a cheap retry found nothing: the reason stays
-            return [Decision(key, "pending", self.pending[key])]
+            return [self.pending.decision(key)]
         policy = self.settings.preemption(req.tenant, req.spec.preemption)
         if preempt and policy != "never":
             plan = preemption(self.state, req, self.settings, self.recut)
@@ -526,16 +541,16 @@ class Scheduler:
             for v in victims:
                 st.release(v)
                 st.on_rollback(self._restorer(v))
-                self.pending[v] = preempted_by(req, v)
+                self.pending.displace(v, preempted_by(req, v), req.key)
             placed = self._commit(st, req, chosen, tuple(victims), preempted_by)
             st.commit()
         moved = []
         for v in victims:
             again = self._try(self.requests[v], preempt=False)
             if again[0].outcome != "placed":
-                self.pending[v] = preempted_by(req, v)
-                again = [Decision(v, "pending", self.pending[v])]
-            moved.append(again[0])
+                self.pending.displace(v, preempted_by(req, v), req.key)
+                again = [self.pending.decision(v)]
+            moved.append(replace(again[0], cause=req.key))
         if placed.mode == "mig":  # the victims' instances became the newcomer's: none is left over
             return [placed, *moved]
         # what the eviction freed beyond the newcomer's need goes to whoever waits for it
@@ -545,12 +560,13 @@ class Scheduler:
     def _restorer(self, key: str) -> Callable[[], None]:
         """What puts ``key``'s place in the pending queue back as it is now (for a rollback)."""
         had = self.pending.get(key)
+        cause = self.pending.causes.get(key)
 
         def undo() -> None:
             if had is None:
                 self.pending.pop(key, None)
             else:
-                self.pending[key] = had
+                self.pending.displace(key, had, cause)
 
         return undo
 

@@ -36,6 +36,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, get_args
@@ -51,7 +52,13 @@ from gpufrac.model.migplan import MigAction
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.sched_candidates import RecutScope
-from gpufrac.planning.sched_decision import Decision, SchedAction, decision_from_json
+from gpufrac.planning.sched_decision import (
+    ANOTHER_TENANTS,
+    Decision,
+    Displacement,
+    SchedAction,
+    decision_from_json,
+)
 from gpufrac.planning.sched_state import sched_gpus_from_states
 from gpufrac.planning.scheduler import Scheduler, workload_key
 from gpufrac.runtime.arbiter_link import ArbiterLink
@@ -109,9 +116,21 @@ class WorkloadState:
     reason: str = ""
     decision: Decision | None = None
     attempts: int = 0
+    # of the attempts after the first, those that followed a failure or an exit (the restart
+    # policy's), and the attempts stopped to make room (preempted, moved, drained): never failures
+    restarts: int = 0
+    evictions: int = 0
     exit_code: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     group: int | None = None  # the process group of its attempt still running, as the pass saw it
+    cause: str | None = None  # the workload ``reason`` names (pending: it took its place; paused)
+
+    def reason_for(self, tenant: str) -> str:
+        """``reason`` as ``tenant`` (the workload's own, say) may read it: its cause named only if
+        it is that tenant's (the API renders per caller: ``api.seen_by``)."""
+        if self.cause is None or self.cause.split("/", 1)[0] == tenant:
+            return self.reason
+        return self.reason.replace(self.cause, ANOTHER_TENANTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +143,7 @@ class Seen:
     completed: dict[str, object] | None  # how it ended, once it has
     attempts: list[Path]
     status: ShimStatus | None  # of the newest attempt
+    evicted: tuple[bool, ...] = ()  # per attempt: stopped to make room
 
     @property
     def key(self) -> str:
@@ -142,13 +162,18 @@ class Seen:
         attempts: int | None = None,
         placed: bool = True,
     ) -> WorkloadState:
+        made = len(self.attempts) if attempts is None else attempts
+        restarts, evictions = attempt_counts(self.evicted, made)
         return WorkloadState(
             key=self.key,
             generation=self.stored.generation,
             phase=phase,
             reason=reason,
             decision=self.decision if placed else None,
-            attempts=len(self.attempts) if attempts is None else attempts,
+            attempts=made,
+            restarts=restarts,
+            evictions=evictions,
+            cause=self.decision.cause if self.decision is not None and phase == "pending" else None,
             exit_code=exit_code,
             env=handed_env(self.latest) if placed or phase != "pending" else {},
             group=None
@@ -220,6 +245,7 @@ class Agent:
         )
         self.health = DeviceHealth(dev)
         self.busy_until: dict[str, float] = {}  # workload -> until when it is busy (note_busy)
+        self._evicted_runs: dict[Path, bool] = {}  # a done attempt -> it was stopped to make room
         self.qos = QosCare(
             self.store,
             self.arbiter,
@@ -285,6 +311,11 @@ class Agent:
         # what waits is tried again: the settings (mig_reconfigure, say) may have changed
         self.executor.record(self.scheduler.retry_pending())
 
+    def displacements(self) -> AbstractContextManager[list[Displacement]]:
+        """The workloads displaced while the block runs (by an apply, a drain, a MIG change, the
+        autoscaler's replicas): for the answer of the call; with the lock held."""
+        return self.executor.displacements()
+
     def close(self) -> None:
         self.mig.close()
         self.arbiter.close()
@@ -317,7 +348,7 @@ class Agent:
         if refusal is not None:
             return "refused", Decision(key, "refused", refusal)
         if stored is not None:
-            self.runs.remove(spec.tenant, spec.name)
+            self._remove_runs(spec.tenant, spec.name)
             self.failures.forget(key)
             if self.scheduler.knows(key):
                 self.executor.record(self.scheduler.delete(spec.tenant, spec.name))
@@ -355,13 +386,19 @@ class Agent:
         if self.store.workload(tenant, name) is None:
             return False
         key = f"{tenant}/{name}"
-        self.runs.remove(tenant, name)
+        self._remove_runs(tenant, name)
         self.store.delete_workload(tenant, name)
         self.failures.forget(key)
         self.busy_until.pop(key, None)
         if self.scheduler.knows(key):
             self.executor.record(self.scheduler.delete(tenant, name))
         return True
+
+    def _remove_runs(self, tenant: str, name: str) -> None:
+        root = self.runs.of(tenant, name)
+        self.runs.remove(tenant, name)
+        for run in [r for r in self._evicted_runs if r.parent == root]:
+            del self._evicted_runs[run]
 
     # -- views ----------------------------------------------------------------------------------
 
@@ -476,20 +513,19 @@ class Agent:
 
     def _pause_shown(self, st: WorkloadState) -> WorkloadState:
         """A running workload the QoS arbiter holds stopped shows ``paused``, with who has its GPU
-        (its pauses are counted, and told as events, by ``QosCare``)."""
+        (named in full, as its ``cause``: the API names it to those who may see it; its pauses
+        are counted, and told as events, by ``QosCare``)."""
         member = self.arbiter.latest.get(st.key) or {}
         if st.phase != "running" or not member.get("paused"):
             return st
-        by = member.get("paused_by") or "another workload"
-        if "/" in by and by.split("/", 1)[0] != st.key.split("/", 1)[0]:
-            by = "another tenant's workload"  # not named to this one's tenant
-        why = f"paused while {by} (a higher class) uses the GPU"
+        by = member.get("paused_by")
+        why = f"paused while {by or 'another workload'} (a higher class) uses the GPU"
         resumes = (
             "when it is idle"
             if not member["qos"]["min_share_milli"]
-            else ("when it is idle, or beside it for its min share")
+            else "when it is idle, or beside it for its min share"
         )
-        return replace(st, phase="paused", reason=f"{why}; resumes {resumes}")
+        return replace(st, phase="paused", reason=f"{why}; resumes {resumes}", cause=by)
 
     def _upkeep(self) -> None:
         for what, fn in (
@@ -548,7 +584,21 @@ class Agent:
             return Seen(w, spec_from_json(w.spec), None, completed, [], None)
         attempts = self.runs.attempts(w.tenant, w.name, w.generation)
         status = read_status(attempts[-1]) if attempts else None
-        return Seen(w, spec_from_json(w.spec), decision, completed, attempts, status)
+        evicted = self._evicted(attempts)
+        return Seen(w, spec_from_json(w.spec), decision, completed, attempts, status, evicted)
+
+    def _evicted(self, attempts: list[Path]) -> tuple[bool, ...]:
+        """Per attempt, whether it was stopped to make room; an attempt before the newest is done,
+        so what it says is read once."""
+        flags = []
+        for i, run in enumerate(attempts):
+            known = self._evicted_runs.get(run)
+            if known is None:
+                known = bool(read_json(run / "killed.json").get(EVICTED))
+                if i < len(attempts) - 1:
+                    self._evicted_runs[run] = known
+            flags.append(known)
+        return tuple(flags)
 
     def _decide(self, s: Seen) -> Step:
         if s.completed is not None:
@@ -559,13 +609,17 @@ class Agent:
                 return Step(s.state(phase, str(done.get("reason", "")), exit_code=code))
             kept = done.get("exit_code")
             env = done.get("env")
+            attempts = int(str(done["attempts"]))
             return Step(
                 WorkloadState(
                     key=s.key,
                     generation=s.stored.generation,
                     phase=phase,
                     reason=str(done.get("reason", "")),
-                    attempts=int(str(done["attempts"])),
+                    attempts=attempts,
+                    # kept when it completed (before, each attempt after the first was a restart)
+                    restarts=int(str(done.get("restarts", max(0, attempts - 1)))),
+                    evictions=int(str(done.get("evictions", 0))),
                     exit_code=kept if isinstance(kept, int) else None,
                     env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
                 )
@@ -680,6 +734,8 @@ class Agent:
                 "reason": why,
                 "where": _where_json(s),
                 "attempts": state.attempts,
+                "restarts": state.restarts,
+                "evictions": state.evictions,
                 "exit_code": code,
                 "env": state.env,
             },
@@ -729,6 +785,14 @@ class Agent:
             "ready", workload_key(spec), f"{check.kind} check on port {check.port} passed"
         )
         return True
+
+
+def attempt_counts(evicted: tuple[bool, ...], attempts: int) -> tuple[int, int]:
+    """(restarts, evictions) of a workload with ``attempts`` attempts (the newest may be one being
+    started now) whose attempts so far were stopped to make room where ``evicted`` says: an
+    attempt after an evicted one is no restart."""
+    restarts = sum(1 for flag in evicted[: max(0, attempts - 1)] if not flag)
+    return restarts, sum(evicted)
 
 
 def _where_json(s: Seen) -> dict[str, object] | None:

@@ -6,7 +6,7 @@ this part does it, reading the truth first so that every action is idempotent:
 
 * ``evict`` stops a workload that lost its place; it is marked evicted in its run, so it starts
   again (a new attempt of the same generation) wherever it is placed next, and is not counted as a
-  failure;
+  failure (nor as a restart: ``evictions`` counts it);
 * ``destroy_mig_instance`` is refused for an instance that a placed workload owns; otherwise it,
   like ``create_mig_instance``, is queued for the GPU's MIG worker (``runtime/mig_worker.py``),
   which carries it out in the background, outside the agent's lock (the driver refuses to destroy an
@@ -17,21 +17,31 @@ this part does it, reading the truth first so that every action is idempotent:
 
 What the MIG worker did is recorded by ``record_mig``: an event per change, and a failed action once
 per condition, retried with backoff (``Failures``).
+
+Every displacement is told (``tell``), whoever caused it: an event per workload that lost its place
+(``evicted``, ``moved`` or ``requeued``, naming the cause), and one ``displaced`` event on the cause
+(and on its deployment, for a replica) listing them. The calls that cause some collect them too
+(``displacements``), for their answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import assert_never
 
 from gpufrac.devices.nvml import NvmlDevices
-from gpufrac.model.workload import spec_from_json
+from gpufrac.model.deployment import LABEL
+from gpufrac.model.workload import WorkloadSpec, spec_from_json
 from gpufrac.planning.sched_decision import (
     MIG_ACTIONS,
     Decision,
+    Displacement,
     SchedAction,
     decision_from_json,
     decision_to_json,
+    displaced_summary,
+    displacements,
 )
 from gpufrac.planning.scheduler import Scheduler
 from gpufrac.runtime.failures import Failures
@@ -72,16 +82,21 @@ class Executor:
         self.failures = failures
         self.mig = mig
         self.sandbox = sandbox
+        self._collecting: list[list[Displacement]] = []  # the open ``displacements`` blocks'
 
     # -- decisions ------------------------------------------------------------------------------
 
-    def record(self, decisions: Sequence[Decision]) -> None:
+    def record(self, decisions: Sequence[Decision]) -> list[Displacement]:
         """Store each decision with its workload's generation, carry out its evictions now and
         queue its MIG changes at once: the scheduler counts on them from this moment, so they are
-        made even if the workload goes before it starts (its instance is then simply free)."""
+        made even if the workload goes before it starts (its instance is then simply free). Every
+        workload the decisions displaced is told (``tell``); returns them."""
+        running: dict[str, bool] = {}  # evicted -> whether a process of it was stopped
         for d in decisions:
             for action in d.actions:
-                if action.kind == "evict" or action.kind in MIG_ACTIONS:
+                if action.kind == "evict":
+                    running[action.workload] = self.evict(action.workload, action.reason)
+                elif action.kind in MIG_ACTIONS:
                     self.carry_out(action)
             tenant, name = d.workload.split("/", 1)
             stored = self.store.workload(tenant, name)
@@ -89,8 +104,33 @@ class Executor:
                 continue
             self.store.set_placement(tenant, name, stored.generation, decision_to_json(d))
             self.store.record_event(
-                d.outcome, d.workload, d.reason or where(d), self.details(d.workload, d)
+                d.outcome,
+                d.workload,
+                d.reason or where(d),
+                self.details(d.workload, d),
+                cause=d.cause,
             )
+        told = displacements(decisions, lambda v: running.get(v, False))
+        self.tell(told)
+        return told
+
+    def tell(self, told: Sequence[Displacement]) -> None:
+        """Record the displacements' events (``record_displaced``); each open ``displacements``
+        block gets them too."""
+        record_displaced(self.store, told, self.scheduler.spec)
+        for collected in self._collecting:
+            collected.extend(told)
+
+    @contextlib.contextmanager
+    def displacements(self) -> Iterator[list[Displacement]]:
+        """The displacements told while the block runs (for the answer of the call that caused
+        them); call with the agent's lock held, so another thread's are not among them."""
+        collected: list[Displacement] = []
+        self._collecting.append(collected)
+        try:
+            yield collected
+        finally:
+            self._collecting.remove(collected)
 
     # -- one action -----------------------------------------------------------------------------
 
@@ -98,7 +138,7 @@ class Executor:
         """Carry out one action; raises ``DeviceError`` or ``ActionRefused`` if it cannot be."""
         match action.kind:
             case "evict":
-                self._evict(action)
+                self.evict(action.workload, action.reason)
             case "destroy_mig_instance":
                 self._destroy(action)
             case "create_mig_instance":
@@ -110,18 +150,17 @@ class Executor:
             case _:
                 assert_never(action.kind)
 
-    def _evict(self, a: SchedAction) -> None:
-        tenant, name = a.workload.split("/", 1)
+    def evict(self, workload: str, reason: str) -> bool:
+        """Stop what runs of ``workload``, marked evicted (its next attempt is no restart); whether
+        a process of it was stopped. The caller tells of it (``tell``)."""
+        tenant, name = workload.split("/", 1)
         stored = self.store.workload(tenant, name)
         if stored is None:
-            return
+            return False
         for run in self.runs.attempts(tenant, name, stored.generation):
             if not read_status(run).done:
-                write_json(run / "killed.json", {"reason": a.reason, EVICTED: True})
-        if self.runs.stop_live(tenant, name):
-            self.store.record_event(
-                "evicted", a.workload, a.reason or "lost its place", {"workload": a.workload}
-            )
+                write_json(run / "killed.json", {"reason": reason, EVICTED: True})
+        return self.runs.stop_live(tenant, name)
 
     def _stop(self, a: SchedAction) -> None:
         tenant, name = a.workload.split("/", 1)
@@ -257,6 +296,37 @@ class Executor:
             if d.evicted:
                 out["evicted"] = list(d.evicted)
         return out
+
+
+def record_displaced(
+    store: Store, told: Sequence[Displacement], spec_of: Callable[[str], WorkloadSpec | None]
+) -> None:
+    """An event per displaced workload (its kind the displacement's action, its message the reason,
+    its cause the workload that took its place), then, per cause, one ``displaced`` event on the
+    cause listing them, and on its deployment too for a replica (``describe deployment`` shows
+    it). Every workload is named in full: readers are shown what they may see (``api.seen_by``)."""
+    by_cause: dict[str, list[Displacement]] = {}
+    for x in told:
+        said = {"workload": x.workload, "cause": x.cause}
+        store.record_event(x.action, x.workload, x.reason, said, cause=x.cause)
+        if x.cause is not None:
+            by_cause.setdefault(x.cause, []).append(x)
+    for cause, theirs in by_cause.items():
+        victims = tuple(x.workload for x in theirs)
+        summary = displaced_summary(theirs)
+        details = {"workload": cause, "displaced": list(victims)}
+        store.record_event("displaced", cause, summary, details, mentions=victims)
+        spec = spec_of(cause)
+        deployment = spec.labels.get(LABEL) if spec is not None else None
+        if spec is not None and deployment:
+            store.record_event(
+                "displaced",
+                f"{spec.tenant}/{deployment}",
+                f"its replica {cause}: {summary}",
+                details,
+                cause=cause,
+                mentions=victims,
+            )
 
 
 def where(d: Decision) -> str:

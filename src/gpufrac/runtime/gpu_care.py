@@ -8,7 +8,7 @@ from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
-from gpufrac.planning.sched_decision import Decision, SchedAction
+from gpufrac.planning.sched_decision import Decision, displacement_of
 from gpufrac.planning.sched_state import EXTERNAL, SchedGpu
 from gpufrac.planning.scheduler import Scheduler
 from gpufrac.runtime.executor import Executor
@@ -77,16 +77,18 @@ class GpuCare:
         return self._move(sorted(owners), f"moved off GPU {g.index}: {reason}")
 
     def _move(self, keys: list[str], why: str) -> list[Decision]:
-        """Evict each workload and place it again (elsewhere, or it waits)."""
+        """Evict each workload and place it again (elsewhere, or it waits); each is told as
+        displaced (moved, evicted or requeued), by the operator or the GPU (no workload's cause)."""
         moved: list[Decision] = []
         for key in keys:
             spec = self.scheduler.spec(key)
             if spec is None:
                 continue
-            self.executor.carry_out(SchedAction("evict", key, reason=why))
+            was_running = self.executor.evict(key, why)
             self.executor.record(self.scheduler.delete(spec.tenant, spec.name))
             decisions = self.scheduler.submit(spec)
             self.executor.record(decisions)
+            self.executor.tell([displacement_of(key, decisions[0], was_running, why, None)])
             moved.extend(decisions)
         return moved
 
@@ -147,10 +149,11 @@ class GpuCare:
             field="instances",
         )
         moved = [s for k in sorted(owners) if (s := self.scheduler.spec(k)) is not None]
+        why = f"moved off GPU {g.index}: its MIG layout is changed by the operator"
+        was_running: dict[str, bool] = {}
         for spec in moved:
             key = f"{spec.tenant}/{spec.name}"
-            why = f"moved off GPU {g.index}: its MIG layout is changed by the operator"
-            self.executor.carry_out(SchedAction("evict", key, reason=why))
+            was_running[key] = self.executor.evict(key, why)
             self.executor.record(self.scheduler.delete(spec.tenant, spec.name))
         try:
             with self.executor.mig.gpu_lock(uuid):
@@ -165,7 +168,12 @@ class GpuCare:
             pinned = pin and after.mig_enabled and after.layout == wanted
             self.scheduler.relayout(uuid, after.mig_enabled, list(after.layout), pinned=pinned)
             for spec in moved:
-                self.executor.record(self.scheduler.submit(spec))
+                key = f"{spec.tenant}/{spec.name}"
+                decisions = self.scheduler.submit(spec)
+                self.executor.record(decisions)
+                self.executor.tell(
+                    [displacement_of(key, decisions[0], was_running[key], why, None)]
+                )
         if pinned:
             self.store.pin_mig(uuid)
         else:

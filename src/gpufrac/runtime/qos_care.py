@@ -112,18 +112,16 @@ class QosCare:
 
     def _record(self, event: PauseEvent) -> None:
         """A pause of a second or more: one ``paused`` event when it has lasted a second, one
-        ``resumed`` with its own length when it ends. ``by`` is kept in the event's data (the
-        API names it to those who may see it)."""
-        tenant = event.workload.split("/", 1)[0]
+        ``resumed`` with its own length when it ends. The workload that caused it is named in
+        full, as the event's ``cause`` (the API names it to those who may see it)."""
         by = event.by or "another workload"
-        if "/" in by and by.split("/", 1)[0] != tenant:
-            by = "another tenant's workload"  # not named to this one's tenant
-        data: dict[str, object] = {"workload": event.workload, "by": event.by}
         if event.kind == "paused":
             text = f"while {by} (a higher class) uses the GPU (QoS)"
         else:
             text = f"after {event.seconds:.1f}s paused"
-        self.store.record_event(event.kind, event.workload, text, data)
+        self.store.record_event(
+            event.kind, event.workload, text, {"workload": event.workload}, cause=event.by
+        )
 
     def _active(
         self, key: str, d: Decision, pgid: int, readings: dict[str, dict[int, int] | None]

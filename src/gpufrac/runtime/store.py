@@ -86,6 +86,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             uid INTEGER NOT NULL UNIQUE   -- the unprivileged uid the tenant's workloads run as
         )""",
     ),
+    7: (
+        # the workload that caused the event (one that took the subject's place), named in the
+        # message; and the other workloads the message names (JSON list): each is shown per
+        # viewer when the event is read (another tenant's is not named)
+        "ALTER TABLE events ADD COLUMN cause TEXT",
+        "ALTER TABLE events ADD COLUMN mentions TEXT",
+    ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 EVENTS_KEPT = 50_000  # the newest events kept; older ones are pruned as new ones come
@@ -120,6 +127,12 @@ class Event:
     kind: str
     subject: str
     message: str
+    cause: str | None = None  # the workload (TENANT/NAME) that caused it, named in the message
+    mentions: tuple[str, ...] = ()  # other workloads the message names
+
+    def named(self) -> tuple[str, ...]:
+        """The workloads the message names besides its subject (the cause first)."""
+        return ((self.cause,) if self.cause else ()) + self.mentions
 
 
 class Store:
@@ -252,6 +265,13 @@ class Store:
         return [
             _workload(r) for r in self.db.execute(sql + " ORDER BY created, tenant, name", args)
         ]
+
+    def tenants(self) -> list[str]:
+        """Every tenant with a workload or a deployment stored, sorted."""
+        rows = self.db.execute(
+            "SELECT tenant FROM workloads UNION SELECT tenant FROM deployments ORDER BY tenant"
+        )
+        return [str(r[0]) for r in rows]
 
     def workload_count(self, tenant: str) -> int:
         """How many workloads ``tenant`` has stored (no spec read)."""
@@ -423,11 +443,21 @@ class Store:
     # -- events ---------------------------------------------------------------------------------
 
     def record_event(
-        self, kind: str, subject: str, message: str, details: Mapping[str, object] | None = None
+        self,
+        kind: str,
+        subject: str,
+        message: str,
+        details: Mapping[str, object] | None = None,
+        *,
+        cause: str | None = None,
+        mentions: tuple[str, ...] = (),
     ) -> None:
-        """Store an event; ``details`` (where a workload runs, say) go to the listeners only."""
+        """Store an event; ``details`` (where a workload runs, say) go to the listeners only.
+        ``cause`` and ``mentions``: the workloads the message names besides its subject (the
+        workload that caused it; others), kept so that each reader is shown only the names it may
+        see."""
         with self.transaction() as db:
-            self._event(db, kind, subject, message, details)
+            self._event(db, kind, subject, message, details, cause=cause, mentions=mentions)
         self._since_prune += 1
         if self._since_prune >= PRUNE_EVERY:
             self.prune_events()
@@ -449,14 +479,18 @@ class Store:
         subject: str,
         message: str,
         details: Mapping[str, object] | None = None,
+        *,
+        cause: str | None = None,
+        mentions: tuple[str, ...] = (),
     ) -> None:
         at = time.time()
         row = db.execute(
-            "INSERT INTO events (at, kind, subject, message) VALUES (?, ?, ?, ?)",
-            (at, kind, subject, message),
+            "INSERT INTO events (at, kind, subject, message, cause, mentions) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (at, kind, subject, message, cause, json.dumps(list(mentions)) if mentions else None),
         )
         if self.listeners:
-            event = Event(int(row.lastrowid or 0), at, kind, subject, message)
+            event = Event(int(row.lastrowid or 0), at, kind, subject, message, cause, mentions)
             self._untold.append((event, details or {}))
 
     def events(
@@ -469,7 +503,7 @@ class Store:
     ) -> list[Event]:
         """The newest ``limit`` events (of one subject, or of one tenant's workloads), oldest first;
         with ``after``, the oldest ``limit`` of those whose id is above it (to follow new ones)."""
-        sql = "SELECT id, at, kind, subject, message FROM events WHERE 1"
+        sql = "SELECT id, at, kind, subject, message, cause, mentions FROM events WHERE 1"
         args: tuple[Any, ...] = ()
         if subject is not None:
             sql += " AND subject = ?"
@@ -483,7 +517,18 @@ class Store:
         else:
             rows = self.db.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
             rows.reverse()
-        return [Event(int(r[0]), float(r[1]), r[2], r[3], r[4]) for r in rows]
+        return [
+            Event(
+                int(r[0]),
+                float(r[1]),
+                r[2],
+                r[3],
+                r[4],
+                r[5],
+                tuple(str(k) for k in json.loads(r[6])) if r[6] else (),
+            )
+            for r in rows
+        ]
 
 
 def _workload(row: tuple[Any, ...]) -> StoredWorkload:

@@ -353,3 +353,64 @@ def test_a_node_passes_on_its_own_events_within_bounds(tmp_path: Path) -> None:
     assert flooded <= RELAY_PER_WINDOW
     assert [e.kind for e in control.store.events(limit=10_000)].count("events_dropped") == 1
     control.close()
+
+
+def test_the_control_plane_tells_every_displacement_and_keeps_where_a_job_ran(
+    tmp_path: Path,
+) -> None:
+    """As on one machine: the apply answer's ``displaced`` and an event per displaced workload,
+    each viewer seeing only the names it may; a move is no restart; a finished job keeps where it
+    ran."""
+    from gpufrac.api.tokens import Caller
+    from gpufrac.cluster.core import Report
+    from gpufrac.model.settings import OperatorSettings, TenantQuota
+
+    other = "another tenant's workload"
+    settings = OperatorSettings(tenants={"search": TenantQuota(preemption="lower-priority")})
+    control = ControlPlane(tmp_path, settings)
+    tokens = {"r": Caller("research"), "s": Caller("search"), "x": Caller(None, admin=True)}
+    http = TestClient(create_control_app(control, cluster_token=TOKEN, tokens=tokens))
+    as_ = {k: {"authorization": f"Bearer {k}"} for k in tokens}
+    http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("G1")]}, headers=NODE)
+    doc = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {name}, tenant: {tenant}}}\n"
+        "spec:\n  type: {type}\n  command: [sleep, '60']\n"
+        "  resources: {{gpu: {{memory: {gib}GiB}}}}\n  sharing: timeslice\n  priority: {prio}\n"
+    )
+    for name in ("a", "b"):
+        text = doc.format(name=name, tenant="research", type="service", gib=60, prio=10)
+        assert http.post("/api/v1/workloads", content=text, headers=as_["r"]).status_code == 200
+    bully = doc.format(name="bully", tenant="search", type="service", gib=140, prio=100)
+    r = http.post("/api/v1/workloads", content=bully, headers=as_["s"])
+    assert r.status_code == 200, r.text
+    told = r.json()["results"][0]["displaced"]
+    reason = "preempted by search/bully (priority 100)"
+    assert told == [{"workload": other, "action": "evicted", "reason": reason}] * 2, told
+    for who, cause in (("x", "search/bully"), ("r", other)):
+        seen = http.get("/api/v1/workloads/research/a", headers=as_[who]).json()
+        (evicted,) = [e for e in seen["events"] if e["kind"] == "evicted"]
+        assert evicted["cause"] == cause and evicted["message"] == reason.replace(
+            "search/bully", cause
+        )
+        assert seen["reason"].startswith(f"preempted by {cause}"), seen
+        assert (seen["restarts"], seen["evictions"]) == (0, 1), seen  # a move, no restart
+    mine = http.get("/api/v1/events", headers=as_["s"]).json()["events"]
+    (summary,) = [e for e in mine if e["kind"] == "displaced"]
+    assert (
+        summary["subject"] == "search/bully"
+        and summary["message"] == f"evicted 2: {other}, {other}"
+    )
+    assert "research/" not in http.get("/api/v1/events", headers=as_["s"]).text
+    # a job that ends on its node keeps its GPU and node in the list
+    job = doc.format(name="j", tenant="search", type="job", gib=1, prio=200)
+    assert http.post("/api/v1/workloads", content=job, headers=as_["s"]).status_code == 200
+    epoch = control.core.assigned["search/j"].epoch
+    control.heartbeat("n1", Report(ended={"search/j": (epoch, "succeeded")}), {})
+    (ended,) = [
+        w
+        for w in http.get("/api/v1/workloads", headers=as_["s"]).json()["workloads"]
+        if w["name"] == "j"
+    ]
+    assert ended["phase"] == "succeeded" and ended["node"] == "n1", ended
+    assert ended["placement"]["where"]["gpus"] == ["n1/G1"], ended
+    control.close()

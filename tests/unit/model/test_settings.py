@@ -215,3 +215,18 @@ def test_a_tenants_workload_bound_is_its_own_or_the_operators() -> None:
     assert settings.workload_cap("a") == (5, "tenants.a.max_workloads")
     assert settings.workload_cap("b") == (50, "max_workloads")
     assert parse_settings("").workload_cap("b") == (1000, "max_workloads")
+
+
+def test_a_tenant_without_a_preemption_setting_evicts_only_its_own() -> None:
+    """Cross-tenant eviction is the operator's decision: the default is own-tenant, and each tenant
+    the default changed is named once at start with the setting that keeps the old behaviour."""
+    from gpufrac.model.settings import preemption_notes
+
+    s = parse_settings("tenants:\n  a: {gpus: 1}\n  b: {preemption: lower-priority}\n")
+    assert s.preemption("a", "lower-priority") == "own-tenant"
+    assert s.preemption("c", "lower-priority") == "own-tenant"  # not listed at all
+    assert s.preemption("b", "lower-priority") == "lower-priority"
+    assert s.preemption("b", "never") == "never"
+    notes = preemption_notes(s, ["c", "b", "c"])
+    assert [n.split(":")[0] for n in notes] == ["tenant a", "tenant c"]
+    assert "set tenants.a.preemption: lower-priority in gpufrac.yaml" in notes[0]

@@ -440,3 +440,23 @@ def test_a_workload_runs_as_its_user(data_dir: Path, dev: NvmlDevices) -> None:
     agent.apply(who)  # a system program: nobody cannot read this venv under /root
     settle(agent, "default/who", {"succeeded"})
     assert (data_dir / "runs/default/who/g1-1" / LOG).read_text().strip() == str(nobody.pw_uid)
+
+
+@pytest.mark.parametrize(
+    ("evicted", "attempts", "counts"),
+    [
+        ((), 0, (0, 0)),
+        ((False,), 1, (0, 0)),
+        ((False,), 2, (1, 0)),  # it exited and its next attempt starts: a restart
+        ((True,), 1, (0, 1)),  # stopped to make room, waiting
+        ((True,), 2, (0, 1)),  # ... and started again: no restart
+        ((False, True), 2, (1, 1)),
+        ((True, False, False), 3, (1, 1)),
+    ],
+)
+def test_restarts_count_failures_and_evictions_count_apart(
+    evicted: tuple[bool, ...], attempts: int, counts: tuple[int, int]
+) -> None:
+    from gpufrac.runtime.agent import attempt_counts
+
+    assert attempt_counts(evicted, attempts) == counts

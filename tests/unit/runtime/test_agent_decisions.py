@@ -103,3 +103,58 @@ def test_an_operator_mig_change_that_is_refused_moves_nothing(
     assert after.attempts == 1 and after.decision == before.decision
     assert agent.scheduler.allocations("default/svc")
     agent.close()
+
+
+def test_a_replica_that_displaces_work_is_told_on_its_deployment_and_by_gpufrac_up(
+    data_dir: Path, dev: NvmlDevices, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A displacement caused later (the autoscaler's replica, applied by the serving layer) is told
+    like an apply's: an event for the displaced workload naming its cause, one on the cause and one
+    on its deployment (``describe deployment``), and ``gpufrac up`` prints them as they come."""
+    import io
+
+    from rich.console import Console
+
+    from gpufrac.api.seen_by import event_seen_by
+    from gpufrac.api.tokens import ADMIN
+    from gpufrac.cli.serve_cmds import print_deployment
+    from gpufrac.cli.up import _tell_displaced
+    from gpufrac.model.deployment import LABEL
+
+    agent = Agent(data_dir, dev)
+    whole = GpuRequest(count=1)
+    agent.apply(WorkloadSpec(name="batch", gpu=whole, command=(PY, "-c", "pass"), priority=10))
+    replica = WorkloadSpec(
+        name="web-abc-0",
+        gpu=whole,
+        command=(PY, "-c", "pass"),
+        type="service",
+        priority=100,
+        labels={LABEL: "web"},
+    )
+    with agent.displacements() as told:
+        agent.apply(replica)
+    assert [(x.workload, x.action, x.cause) for x in told] == [
+        ("default/batch", "requeued", "default/web-abc-0")  # placed, not started yet
+    ]
+    (requeued,) = [e for e in agent.store.events("default/batch") if e.kind == "requeued"]
+    assert requeued.cause == "default/web-abc-0"
+    assert requeued.message == "preempted by default/web-abc-0 (priority 100)"
+    (on_web,) = [e for e in agent.store.events("default/web") if e.kind == "displaced"]
+    assert on_web.message == "its replica default/web-abc-0: requeued 1: default/batch"
+    view = {"tenant": "default", "name": "web", "url": "-", "template": "abc", "replicas": []}
+    shown_events = [event_seen_by(ADMIN, e) for e in agent.store.events("default/web")]
+    print_deployment({**view, "replicas_ready": 1, "replicas_wanted": 1, "events": shown_events})
+    assert "displaced: its replica default/web-abc-0: requeued 1: default/batch" in (
+        capsys.readouterr().out
+    )
+    shown = io.StringIO()
+    _tell_displaced(agent, 0, Console(file=shown, width=200))
+    lines = shown.getvalue().splitlines()
+    assert "default/web-abc-0 displaced (requeued 1: default/batch)" in lines
+    assert any(
+        line.startswith("    requeued default/batch at ")
+        and "preempted by default/web-abc-0" in line
+        for line in lines
+    ), lines
+    agent.close()

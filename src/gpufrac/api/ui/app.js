@@ -479,7 +479,8 @@ function gpuIndex(uuid) {
 }
 
 function whereOf(w) {
-  const p = w.placement;
+  // a finished workload keeps where it ran (its placement's "where")
+  const p = w.placement && w.placement.outcome === "completed" ? w.placement.where : w.placement;
   if (!p || !p.gpus || !p.gpus.length) return "–";
   const gpus = p.gpus.map((u) => `GPU ${gpuIndex(u)}`).join(", ");
   if (p.mig) return `${gpus} · ${p.mig.profile}@${p.mig.start}`;
