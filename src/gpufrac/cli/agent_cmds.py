@@ -214,14 +214,21 @@ def agent_command(
     console.print(f"gpufrac agent on http://{host}:{port} (data: {data}{auth})", highlight=False)
     if agent.sandbox.mode == "tenant":
         console.print("workloads run as their tenant's own user (workload_users: tenant)")
-        if not _open_to_all(Path(sys.executable)):
+        python = agent.sandbox.python
+        if python.problem is not None:
             err_console.print(
-                f"[yellow]warning:[/] {sys.executable} cannot be run by other users (a directory"
-                " on its way is closed), so workloads that run it as their tenant's user cannot"
+                f"[yellow]warning:[/] {sys.executable} cannot be run by other users"
+                f" ({python.problem}), so workloads that run it as their tenant's user cannot"
                 " start: model: deployments (their replicas run gpufrac's server with it), and"
                 " manifests whose command is this venv's python (the examples): install Python and"
                 " gpufrac where every user can run them, or set workload_users: agent (no"
-                " separation of tenants)",
+                " separation of tenants) (docs/agent.md)",
+                highlight=False,
+            )
+        elif python.view.covers:
+            console.print(
+                f"their workloads see this agent's Python through a read-only view of it over"
+                f" {', '.join(python.view.tops())}, closed to them (docs/agent.md)",
                 highlight=False,
             )
     elif tokens:
@@ -582,15 +589,3 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
-
-
-def _open_to_all(program: Path) -> bool:
-    """Whether any user may run ``program``: every directory on its way searchable by others, the
-    file (after links) executable by others."""
-    try:
-        real = program.resolve()
-        if not real.stat().st_mode & 0o001:
-            return False
-        return all(p.stat().st_mode & 0o001 for p in real.parents)
-    except OSError:
-        return False

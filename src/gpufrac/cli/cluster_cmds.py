@@ -412,6 +412,14 @@ def node_command(
             "for this one; run it as root with workload_users auto or tenant (docs/cluster.md)",
             highlight=False,
         )
+    elif agent.sandbox.python.problem is not None:
+        err_console.print(
+            f"[yellow]warning:[/] {sys.executable} cannot be run by other users"
+            f" ({agent.sandbox.python.problem}): workloads that run it as their tenant's user"
+            " (a model: deployment's replicas) cannot start; install Python and gpufrac where"
+            " every user can run them (docs/cluster.md)",
+            highlight=False,
+        )
     link = HttpLink(control, token, data / CREDENTIAL_FILE)
     if listen not in ("0.0.0.0", "::"):  # where its deployments' replicas listen for the gateway
         agent.handover.listen_host = listen
