@@ -32,10 +32,9 @@ from gpufrac.cli.common import (
     handled_errors,
     serve_http,
 )
+from gpufrac.config import DEFAULT_GATEWAY_PORT
 from gpufrac.config import data_dir as resolve_data_dir
-from gpufrac.devices.simfleet import pid_alive
 from gpufrac.errors import InputError
-from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT
 
 TOKEN_FILE = "cluster-token"
 CONTROL_PORT = 8470
@@ -264,6 +263,8 @@ class LocalNodes:
 
     def _running_pid(self, i: int) -> int | None:
         """The pid of a node agent already running in local-I's directory (its lock held)."""
+        from gpufrac.devices.simfleet import pid_alive
+
         where = self._where(i)
         try:
             with open(where / "agent.lock", "a+") as f:
@@ -279,6 +280,8 @@ class LocalNodes:
 
     def _ensure(self, i: int) -> str | None:
         """Start local-I if it is not running; what happened, to say, or None."""
+        from gpufrac.devices.simfleet import pid_alive
+
         proc = self.procs.get(i)
         if proc is not None and proc.poll() is None:
             return None
@@ -330,6 +333,8 @@ class LocalNodes:
         return [said for i in list(self.pids) if (said := self._ensure(i)) is not None]
 
     def stop(self) -> None:
+        from gpufrac.devices.simfleet import pid_alive
+
         for i, pid in self.pids.items():
             proc = self.procs.get(i)
             with contextlib.suppress(ProcessLookupError):

@@ -1,6 +1,11 @@
 """What every command shares: options, output, and turning errors into exit codes.
 
 Exit codes: 0 success, 1 a check failed or the devices refused, 2 bad input or no driver.
+
+Every ``gpufrac`` call imports the command modules (Typer reads each command's signature), so they
+import at their top only what is cheap (Typer, Rich's console, gpufrac's options and errors); each
+command imports what it uses (the devices, httpx, the API's models, the agent) in its body
+(tests/unit/cli/test_light_imports.py).
 """
 
 from __future__ import annotations
@@ -11,17 +16,17 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from gpufrac.config import DEMO_FLEET, data_dir, simulate_spec
-from gpufrac.devices import NvmlDevices, open_devices, open_simulated
-from gpufrac.devices.errors import DeviceError, DriverUnavailable
-from gpufrac.devices.nvml import open_real_nvml
-from gpufrac.errors import InputError
+from gpufrac.errors import GpufracError, InputError
+
+if TYPE_CHECKING:
+    from gpufrac.devices import NvmlDevices
 
 # piped (a CI log, `| grep`, `| tee`): lines are not wrapped at 80 columns, and tables get room to
 # keep each row on one line (COLUMNS, when set, still decides)
@@ -69,15 +74,22 @@ def handled_errors() -> Iterator[None]:
         yield
     except InputError as e:
         raise fail(str(e), 2) from None
-    except DriverUnavailable as e:
-        raise fail(e.message, 2, e.hint) from None
-    except DeviceError as e:
-        raise fail(e.message, 1, e.hint) from None
+    except GpufracError as e:
+        # the devices' errors: their module is loaded once one was raised
+        from gpufrac.devices.errors import DeviceError, DriverUnavailable
+
+        if isinstance(e, DriverUnavailable):
+            raise fail(e.message, 2, e.hint) from None
+        if isinstance(e, DeviceError):
+            raise fail(e.message, 1, e.hint) from None
+        raise
 
 
 @contextmanager
 def devices(simulate: str | None, data: Path | None) -> Iterator[NvmlDevices]:
     """The device adapter the options ask for; closed afterwards."""
+    from gpufrac.devices import open_devices
+
     spec = simulate_spec(simulate)
     dev = open_devices(spec, data_dir(data))
     try:
@@ -90,6 +102,9 @@ def devices(simulate: str | None, data: Path | None) -> Iterator[NvmlDevices]:
 
 def devices_or_simulated(simulate: str | None, data: Path | None) -> NvmlDevices:
     """The real GPUs, or (for demo and up only) the demo's simulated fleet with a visible notice."""
+    from gpufrac.devices import DriverUnavailable, open_simulated
+    from gpufrac.devices.nvml import open_real_nvml
+
     spec = simulate_spec(simulate)
     if spec:
         return open_simulated(spec, data_dir(data))
