@@ -11,6 +11,7 @@ models are imported by the calls that use them, not with the CLI (``cli/common.p
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 from pathlib import Path
@@ -22,6 +23,8 @@ from gpufrac.cli.common import fail
 from gpufrac.config import data_dir as resolve_data_dir
 
 if TYPE_CHECKING:
+    import ssl
+
     import httpx
     from pydantic import BaseModel
 
@@ -70,7 +73,7 @@ def find_agent(server: str | None, *, probe: bool = True, data: Path | None = No
 
     url = f"http://127.0.0.1:{DEFAULT_PORT}"
     try:
-        if httpx.get(url + "/api/v1/health", timeout=0.3).status_code == 200:
+        if httpx.get(url + "/api/v1/health", timeout=0.3, verify=_tls()).status_code == 200:
             return url
     except httpx.HTTPError:
         return None
@@ -92,7 +95,17 @@ def send(method: str, server: str | None, path: str, **kw: Any) -> httpx.Respons
     url = _server(server) + path
     token = os.environ.get("GPUFRAC_TOKEN")
     headers = {**kw.pop("headers", {}), **({"authorization": f"Bearer {token}"} if token else {})}
-    return httpx.request(method, url, timeout=kw.pop("timeout", 30), headers=headers, **kw)
+    timeout = kw.pop("timeout", 30)
+    return httpx.request(method, url, timeout=timeout, headers=headers, verify=_tls(), **kw)
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """httpx's default TLS context (certifi's CA bundle, or $SSL_CERT_FILE / $SSL_CERT_DIR), made
+    once a process: each call would load the bundle again, tens of milliseconds every time."""
+    import httpx
+
+    return httpx.create_ssl_context()
 
 
 def agent_address(server: str | None) -> str:
