@@ -63,7 +63,7 @@ class Stub(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def agent() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 
