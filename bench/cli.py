@@ -4,8 +4,9 @@ Times, as their own processes (wall clock, and CPU time: user + system), ``gpufr
 ``gpufrac get workloads`` against a running agent (its own process, simulated GPUs, 8 workloads) and
 ``gpufrac validate`` on one file. Baselines from the same run: ``python -c pass`` (the interpreter's
 start), the same interpreter importing Typer and httpx (the frameworks a calling command cannot do
-without; Typer converts each parameter with pydantic, so that comes with it), and the same two GETs
-``get workloads`` makes, done with the standard library (what the agent's answers cost). Target:
+without), the same two GETs ``get workloads`` makes, done with the standard library (what the
+agent's answers cost), and a bare Typer command of ``get``'s parameters making them with httpx (the
+floor of a Typer command that calls: Typer converts each parameter with pydantic). Target:
 ``get workloads`` within 0.25 s of ``python -c pass`` (median). Then where the import time of
 ``get workloads`` goes (``python -X importtime``, the largest top-level imports).
 
@@ -112,10 +113,29 @@ def main() -> None:
         "import urllib.request as u\n"
         f"for p in ('workloads', 'gpus'): u.urlopen('{url}/api/v1/' + p).read()\n"
     )
+    # the floor of a Typer command: get's parameters, the same two calls with httpx, one line out
+    bare_typer = (
+        "from typing import Annotated, Optional\nimport typer\napp = typer.Typer()\n"
+        "@app.command()\n"
+        "def get(what: str, tenant: Annotated[Optional[str], typer.Option()] = None,\n"
+        "        output: Annotated[Optional[str], typer.Option()] = None,\n"
+        "        watch: Annotated[bool, typer.Option()] = False,\n"
+        "        interval: Annotated[float, typer.Option()] = 1.0,\n"
+        "        server: Annotated[Optional[str], typer.Option()] = None,\n"
+        "        json: Annotated[bool, typer.Option()] = False) -> None:\n"
+        "    import httpx\n"
+        "    with httpx.Client() as c:\n"
+        "        n = [len(c.get(f'{server}/api/v1/{p}').json()[p]) for p in ('workloads',"
+        " 'gpus')]\n"
+        "    print(n)\n"
+        "@app.command()\ndef other() -> None: pass\n"
+        "app()\n"
+    )
     cases = {
         "python -c pass": [sys.executable, "-c", "pass"],
         "python: import typer, httpx": [sys.executable, "-c", "import typer, httpx"],
         "python: the 2 GETs (urllib)": [sys.executable, "-c", get_both],
+        "a bare Typer get (httpx)": [sys.executable, "-c", bare_typer, "get", "w", "--server", url],
         "gpufrac --help": [*gpufrac(), "--help"],
         "gpufrac get workloads": [*gpufrac(), "get", "workloads", "--server", url],
         "gpufrac validate (1 file)": [*gpufrac(), "validate", "examples/quickstart.yaml"],
