@@ -11,6 +11,7 @@ from pathlib import Path
 SIMULATE_ENV = "GPUFRAC_SIMULATE"
 DATA_DIR_ENV = "GPUFRAC_DATA_DIR"
 DEMO_FLEET = "h200:1:mig,h200:1"
+DEFAULT_GATEWAY_PORT = 8480  # the request gateway's (serving/gateway.py)
 
 
 def data_dir(explicit: Path | None = None) -> Path:

@@ -1,11 +1,15 @@
 """The workload sandbox: an agent running as root with API tokens runs each tenant's workloads as
 the tenant's own unprivileged user, so a tenant's job cannot read the tokens, the store, or another
-tenant's runs and logs, nor signal another tenant's processes. Workloads here are shell commands
-(the test's Python lives where other users cannot reach)."""
+tenant's runs and logs, nor signal another tenant's processes. Workloads here are shell commands,
+but for the last test: the agent's Python, in a directory closed to other users, run by a tenant."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
+import gpufrac
 from tests.conftest import kill_leftover_runs
-from tests.integration.conftest import TOKENS, RunningAgent, free_port, tokens_yaml
+from tests.integration.conftest import FLEET, TOKENS, RunningAgent, free_port, tokens_yaml
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tenant users need a root agent")
 
@@ -107,3 +112,87 @@ def test_a_tenants_workload_cannot_reach_the_agent_or_another_tenant(
     named = shell("named", "search", "id -u").replace("  restart:", "  user: root\n  restart:")
     r = httpx.post(url + "/workloads", content=named, headers=h("search"))
     assert r.status_code == 422 and "spec" in r.text and "user" in r.text
+
+
+def test_tenants_run_the_agents_python_from_a_directory_closed_to_them(tmp_path: Path) -> None:
+    """The README's set-up as root: the checkout, and so its .venv, under a directory only root may
+    enter (and, on a machine like this one, the interpreter that venv was made from under /root,
+    pyenv's). A tenant's workload still runs that venv's python with the project on its path (what
+    a model: replica runs), and sees nothing else of the closed directory."""
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    os.chmod(closed, 0o700)
+    venv = closed / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (closed / "src").symlink_to(Path(gpufrac.__file__).parents[1])  # the checkout's, as if here
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    deps = sysconfig.get_paths()["purelib"]  # the test venv's: the project's dependencies
+    (site / "gpufrac.pth").write_text(f"{closed / 'src'}\n{deps}\n")
+    secret = closed / "operator-notes"
+    secret.write_text("operator-secret")
+    os.chmod(secret, 0o644)  # readable by all: only the closed directory guards it
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "tokens.yaml").write_text(tokens_yaml())
+    port = free_port()
+    gw = ("--gateway-port", str(free_port()))
+    env = {
+        **os.environ,
+        "GPUFRAC_SIMULATE": FLEET,
+        "GPUFRAC_DATA_DIR": str(data),
+        "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', os.defpath)}",  # as make demo runs it
+    }
+    out = tmp_path / "agent.out"
+    with open(out, "wb") as stdout, open(tmp_path / "agent.log", "wb") as stderr:
+        proc = subprocess.Popen(
+            [venv / "bin" / "python", "-m", "gpufrac.cli", "agent", "--port", str(port), *gw],
+            env=env,
+            cwd=tmp_path,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    agent = RunningAgent(f"http://127.0.0.1:{port}", data, port, proc)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(agent.url + "/api/v1/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "agent.log"
+            ).read_text()
+            time.sleep(0.1)
+        code = (
+            "import os, sys, gpufrac.serving.replica\n"
+            "print('prefix', sys.prefix, os.getuid())\n"
+            f"try:\n    print(open({str(secret)!r}).read())\n"
+            "except OSError as e:\n    print('hidden', type(e).__name__)\n"
+        )
+        manifest = {
+            "apiVersion": "gpufrac/v1",
+            "kind": "Workload",
+            "metadata": {"name": "py", "tenant": "search"},
+            "spec": {
+                "type": "job",
+                "command": ["python", "-c", code],
+                "resources": {"gpu": {"fraction": 0.1}},
+                "sharing": "timeslice",
+                "restart": "never",
+            },
+        }
+        url = agent.url + "/api/v1"
+        r = httpx.post(url + "/workloads", content=json.dumps(manifest), headers=h("search"))
+        assert r.status_code == 200, r.text
+        w = finished(agent, "search", "py")
+        lines = httpx.get(url + "/workloads/search/py/logs", headers=h("search")).json()["lines"]
+        assert w["phase"] == "succeeded", (w, lines)
+        prefix = next(line for line in lines if line.startswith("prefix "))
+        assert prefix.split()[1] == str(venv) and int(prefix.split()[2]) >= 200_000
+        assert "operator-secret" not in "\n".join(lines) and "hidden FileNotFoundError" in lines
+        assert "read-only view" in out.read_text()  # the agent says how, at start
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        kill_leftover_runs(data)

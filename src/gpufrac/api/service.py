@@ -9,10 +9,11 @@ import time
 from typing import Any, Literal
 
 from gpufrac.api.history import AgentSampler, History
+from gpufrac.config import DEFAULT_GATEWAY_PORT
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.shim import LOG
 from gpufrac.runtime.store import Event
-from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT, AgentServing, Deployments
+from gpufrac.serving.deployments import AgentServing, Deployments
 
 RECONCILE_SECONDS = 0.5
 STALLED_SECONDS = 30.0  # no pass finished for this long: the agent says it is degraded

@@ -4,24 +4,28 @@ An agent is found by ``--server``, then ``$GPUFRAC_SERVER``, then the agent runn
 directory (it writes where it listens to ``DATA_DIR/agent.json``), then one answering on the default
 port. Answers map to exit codes: 2 for bad input (422), 1 for a refusal or something not found.
 Answers are read with the API's own models (``gpufrac.api.schemas``, what ``/openapi.json``
-describes): ``call_as`` and ``read_as``. ``--json`` prints the answer as it came.
+describes): ``call_as`` and ``read_as``. ``--json`` prints the answer as it came. httpx and the
+models are imported by the calls that use them, not with the CLI (``cli/common.py``).
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-import httpx
 import typer
 
 from gpufrac.cli.common import fail
 from gpufrac.config import data_dir as resolve_data_dir
 
 if TYPE_CHECKING:
+    import ssl
+
+    import httpx
     from pydantic import BaseModel
 
 M = TypeVar("M", bound="BaseModel")
@@ -65,9 +69,11 @@ def find_agent(server: str | None, *, probe: bool = True, data: Path | None = No
             return url.rstrip("/")
     if not probe:
         return None
+    import httpx
+
     url = f"http://127.0.0.1:{DEFAULT_PORT}"
     try:
-        if httpx.get(url + "/api/v1/health", timeout=0.3).status_code == 200:
+        if httpx.get(url + "/api/v1/health", timeout=0.3, verify=_tls()).status_code == 200:
             return url
     except httpx.HTTPError:
         return None
@@ -84,10 +90,22 @@ def _server(server: str | None) -> str:
 def send(method: str, server: str | None, path: str, **kw: Any) -> httpx.Response:
     """One call to the agent, with the caller's token; raises ``httpx.HTTPError`` when the agent
     cannot be reached (what watching commands wait out)."""
+    import httpx
+
     url = _server(server) + path
     token = os.environ.get("GPUFRAC_TOKEN")
     headers = {**kw.pop("headers", {}), **({"authorization": f"Bearer {token}"} if token else {})}
-    return httpx.request(method, url, timeout=kw.pop("timeout", 30), headers=headers, **kw)
+    timeout = kw.pop("timeout", 30)
+    return httpx.request(method, url, timeout=timeout, headers=headers, verify=_tls(), **kw)
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """httpx's default TLS context (certifi's CA bundle, or $SSL_CERT_FILE / $SSL_CERT_DIR), made
+    once a process: each call would load the bundle again, tens of milliseconds every time."""
+    import httpx
+
+    return httpx.create_ssl_context()
 
 
 def agent_address(server: str | None) -> str:
@@ -97,6 +115,8 @@ def agent_address(server: str | None) -> str:
 
 def request(method: str, server: str | None, path: str, **kw: Any) -> httpx.Response:
     """One call to the agent, with the caller's token; an agent that cannot be reached is exit 2."""
+    import httpx
+
     try:
         return send(method, server, path, **kw)
     except httpx.HTTPError as e:

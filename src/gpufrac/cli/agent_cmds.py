@@ -14,27 +14,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import BaseModel
 
-from gpufrac.api.schemas import (
-    ApplyAnswer,
-    Cordoned,
-    DeploymentDetail,
-    DeploymentList,
-    DeploymentResult,
-    Drained,
-    GpuList,
-    LogsAnswer,
-    ScaleAnswer,
-    Uncordoned,
-    WhoAmI,
-    WorkloadDetail,
-    WorkloadList,
-    WorkloadResult,
-)
 from gpufrac.cli.agent_client import (
     AGENT_FILE,
     DEFAULT_PORT,
@@ -62,8 +45,11 @@ from gpufrac.cli.tables import OutputOpt, kind_of, output_format, render
 from gpufrac.cli.watch import IntervalOpt, WatchOpt, out, watch
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
-from gpufrac.model.manifest import load_manifest_files
-from gpufrac.planning.sched_decision import displaced_summary
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from gpufrac.api.schemas import DeploymentResult, WorkloadResult
 
 TenantOpt = Annotated[
     str | None,
@@ -71,14 +57,21 @@ TenantOpt = Annotated[
         "--tenant", "-t", help="The tenant (default: default; or write the name as TENANT/NAME)."
     ),
 ]
-LISTS: dict[str, type[BaseModel]] = {
-    "workloads": WorkloadList,
-    "deployments": DeploymentList,
-    "gpus": GpuList,
-}
 FilterTenantOpt = Annotated[
     str | None, typer.Option("--tenant", "-t", help="Only this tenant's (default: all you see).")
 ]
+
+
+def list_model(kind: str) -> type[BaseModel]:
+    """The API's model of the list of ``kind`` (workloads, deployments, gpus)."""
+    from gpufrac.api.schemas import DeploymentList, GpuList, WorkloadList
+
+    models: dict[str, type[BaseModel]] = {
+        "workloads": WorkloadList,
+        "deployments": DeploymentList,
+        "gpus": GpuList,
+    }
+    return models[kind]
 
 
 def qualified(name: str, tenant: str | None, server: str | None = None) -> tuple[str, str]:
@@ -101,7 +94,13 @@ def _token_tenant(server: str | None) -> str:
     r = request("GET", server, "/api/v1/whoami")
     if r.status_code != 200:
         return "default"
-    return read_as(WhoAmI, r.json()).tenant or "default"
+    got = r.json()
+    tenant = got.get("tenant") if isinstance(got, dict) else None
+    if not isinstance(tenant, str | None):  # read with the model only to say what is wrong
+        from gpufrac.api.schemas import WhoAmI
+
+        tenant = read_as(WhoAmI, got).tenant
+    return tenant or "default"
 
 
 def _find(server: str | None, kind: str, tenant: str, name: str) -> Any:
@@ -114,6 +113,8 @@ def _find(server: str | None, kind: str, tenant: str, name: str) -> Any:
 
 def _elsewhere(server: str | None, kind: str, tenant: str, name: str) -> str | None:
     """A hint naming the tenants (that the caller may see) where ``name`` exists."""
+    from gpufrac.api.schemas import DeploymentList, WorkloadList
+
     r = request("GET", server, f"/api/v1/{kind}s")
     if r.status_code != 200:
         return None
@@ -218,14 +219,21 @@ def agent_command(
     console.print(f"gpufrac agent on http://{host}:{port} (data: {data}{auth})", highlight=False)
     if agent.sandbox.mode == "tenant":
         console.print("workloads run as their tenant's own user (workload_users: tenant)")
-        if not _open_to_all(Path(sys.executable)):
+        python = agent.sandbox.python
+        if python.problem is not None:
             err_console.print(
-                f"[yellow]warning:[/] {sys.executable} cannot be run by other users (a directory"
-                " on its way is closed), so workloads that run it as their tenant's user cannot"
+                f"[yellow]warning:[/] {sys.executable} cannot be run by other users"
+                f" ({python.problem}), so workloads that run it as their tenant's user cannot"
                 " start: model: deployments (their replicas run gpufrac's server with it), and"
                 " manifests whose command is this venv's python (the examples): install Python and"
                 " gpufrac where every user can run them, or set workload_users: agent (no"
-                " separation of tenants)",
+                " separation of tenants) (docs/agent.md)",
+                highlight=False,
+            )
+        elif python.view.covers:
+            console.print(
+                f"their workloads see this agent's Python through a read-only view of it over"
+                f" {', '.join(python.view.tops())}, closed to them (docs/agent.md)",
                 highlight=False,
             )
     elif tokens:
@@ -260,6 +268,9 @@ def apply_command(
     Every file is checked first: bad input (not UTF-8, not YAML, a field wrong) applies nothing and
     exits 2, listing every problem. A valid document the agent refuses (no GPU here could ever hold
     it) is reported with why while the others are applied, and the command exits 1."""
+    from gpufrac.api.schemas import ApplyAnswer
+    from gpufrac.model.manifest import load_manifest_files
+
     with handled_errors():  # all or nothing: every file is valid first
         texts = [text for text, _ in load_manifest_files(file)]
     results: list[dict[str, Any]] = []  # as the agent answered (--json prints them)
@@ -290,6 +301,9 @@ def apply_command(
 
 
 def _print_result(r: WorkloadResult | DeploymentResult) -> None:
+    from gpufrac.api.schemas import DeploymentResult
+    from gpufrac.planning.sched_decision import displaced_summary
+
     if isinstance(r, DeploymentResult):
         console.print(f"deployment {r.deployment} {r.result}: {r.url}", highlight=False)
         for line in r.warnings:
@@ -335,17 +349,23 @@ def get_command(
 
     def text(get: Callable[[str], Any]) -> str:
         data = get(f"/api/v1/{kind}")  # -o json prints it as it came
-        listed = read_as(LISTS[kind], data)
-        if tenant is not None and kind != "gpus":
-            mine = [x.tenant == tenant for x in getattr(listed, kind)]
-            data = {kind: [x for x, keep in zip(data[kind], mine, strict=True) if keep]}
-        gpus: list[dict[str, Any]] = []
-        if kind == "gpus":
-            gpus = data["gpus"]
-        elif kind == "workloads" and fmt in ("table", "wide"):
-            gpus = get("/api/v1/gpus")["gpus"]  # where each runs: GPU index, node, its share
-            read_as(GpuList, {"gpus": gpus})
-        return render(kind, data, gpus, fmt)
+        gpus: Any = []
+        try:
+            if kind == "gpus":
+                gpus = data["gpus"]
+            elif kind == "workloads" and fmt in ("table", "wide"):
+                gpus = get("/api/v1/gpus")["gpus"]  # where each runs: GPU index, node, its share
+            if tenant is not None and kind != "gpus":
+                data = {kind: [x for x in data[kind] if x["tenant"] == tenant]}
+            return render(kind, data, gpus, fmt)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            # read straight from the answers (a command run in loops starts without the API's
+            # models); one that cannot be read so is read with the models, which say where it is
+            # not what this gpufrac reads (exit 1)
+            read_as(list_model(kind), data)
+            if kind == "workloads" and fmt in ("table", "wide"):
+                read_as(list_model("gpus"), {"gpus": gpus})
+            raise
 
     if watch_:
         watch(lambda poller: text(poller.get), server, interval)
@@ -362,6 +382,8 @@ def describe_command(
 ) -> None:
     """Everything about one workload: status, placement (where a finished one ran), QoS,
     environment handed over, and its events."""
+    from gpufrac.api.schemas import DeploymentDetail, GpuList, WorkloadDetail
+
     if kind not in ("workload", "deployment"):
         raise fail(f"cannot describe {kind!r}: use workload or deployment", 2)
     tenant_, name = qualified(name, tenant, server)
@@ -455,6 +477,8 @@ def _follow_logs(
     prefix: str,
     show: Callable[[str], str] = _shown_as_is,
 ) -> None:
+    from gpufrac.api.schemas import LogsAnswer, WorkloadDetail
+
     path = f"/api/v1/workloads/{tenant}/{name}"
     data = call_as(
         LogsAnswer, "GET", server, path + "/logs", params={"tail": 0 if follow else tail}
@@ -488,6 +512,8 @@ def _deployment_logs(
     show: Callable[[str], str] = _shown_as_is,
 ) -> None:
     """The replicas' output; with ``follow``, replicas that come later are followed too."""
+    from gpufrac.api.schemas import DeploymentDetail, LogsAnswer
+
     seen: dict[str, int] = {}
     runs: dict[str, str | None] = {}
     try:
@@ -531,12 +557,16 @@ GpuArg = Annotated[
 
 def cordon_command(gpu: GpuArg, server: ServerOpt = None) -> None:
     """Stop placing new work on a GPU (what runs there stays)."""
+    from gpufrac.api.schemas import Cordoned
+
     done = call_as(Cordoned, "POST", server, f"/api/v1/gpus/{gpu}/cordon")
     console.print(f"cordoned {done.cordoned}", highlight=False)
 
 
 def uncordon_command(gpu: GpuArg, server: ServerOpt = None) -> None:
     """Let a GPU take new work again."""
+    from gpufrac.api.schemas import Uncordoned
+
     r = call_as(Uncordoned, "POST", server, f"/api/v1/gpus/{gpu}/uncordon")
     console.print(
         f"uncordoned {r.uncordoned}; placed now: {', '.join(r.placed) or 'none'}", highlight=False
@@ -545,6 +575,8 @@ def uncordon_command(gpu: GpuArg, server: ServerOpt = None) -> None:
 
 def drain_command(gpu: GpuArg, server: ServerOpt = None, json: JsonOpt = False) -> None:
     """Cordon a GPU and move its workloads elsewhere."""
+    from gpufrac.api.schemas import Drained
+
     got = call("POST", server, f"/api/v1/gpus/{gpu}/drain")
     r = read_as(Drained, got)
     if json:
@@ -562,6 +594,8 @@ def scale_command(
     server: ServerOpt = None,
 ) -> None:
     """Set a deployment's replica count (with autoscale, the autoscaler goes on from there)."""
+    from gpufrac.api.schemas import ScaleAnswer
+
     if replicas < 0:
         raise fail("--replicas: give 0 or more", 2)
     tenant_, name = qualified(name, tenant, server)
@@ -583,15 +617,3 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
-
-
-def _open_to_all(program: Path) -> bool:
-    """Whether any user may run ``program``: every directory on its way searchable by others, the
-    file (after links) executable by others."""
-    try:
-        real = program.resolve()
-        if not real.stat().st_mode & 0o001:
-            return False
-        return all(p.stat().st_mode & 0o001 for p in real.parents)
-    except OSError:
-        return False

@@ -1,8 +1,12 @@
-"""The ``gpufrac`` command."""
+"""The ``gpufrac`` command.
+
+Every call imports every command's module (Typer reads their signatures), so those modules import
+only what is cheap at their top; each command imports what it uses when it runs (``cli/common.py``).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -36,10 +40,9 @@ from gpufrac.cli.serve_cmds import load_command
 from gpufrac.cli.top import top_command
 from gpufrac.cli.up import up_command
 from gpufrac.cli.watch import events_command
-from gpufrac.devices import NvmlDevices
-from gpufrac.planning.demand import parse_profile_demand, resolve_demand
-from gpufrac.planning.mig_planner import plan_mig
-from gpufrac.runtime.mig_apply import GpuTarget, apply_targets, diff_actions
+
+if TYPE_CHECKING:
+    from gpufrac.devices import NvmlDevices
 
 app = typer.Typer(
     help="gpufrac: share NVIDIA GPUs between AI workloads (MIG, MPS, time-slices).",
@@ -104,6 +107,10 @@ def demo_command(simulate: SimulateOpt = None, data_dir: DataDirOpt = None) -> N
 
 
 def _demo(dev: NvmlDevices) -> None:
+    from gpufrac.planning.demand import parse_profile_demand, resolve_demand
+    from gpufrac.planning.mig_planner import plan_mig
+    from gpufrac.runtime.mig_apply import GpuTarget, apply_targets, diff_actions
+
     states = dev.gpus()
     console.rule("[bold]GPUs")
     for gpu in states:

@@ -33,10 +33,9 @@ from gpufrac.cli.common import (
     note_preemption_default,
     serve_http,
 )
+from gpufrac.config import DEFAULT_GATEWAY_PORT
 from gpufrac.config import data_dir as resolve_data_dir
-from gpufrac.devices.simfleet import pid_alive
 from gpufrac.errors import InputError
-from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT
 
 TOKEN_FILE = "cluster-token"
 CONTROL_PORT = 8470
@@ -267,6 +266,8 @@ class LocalNodes:
 
     def _running_pid(self, i: int) -> int | None:
         """The pid of a node agent already running in local-I's directory (its lock held)."""
+        from gpufrac.devices.simfleet import pid_alive
+
         where = self._where(i)
         try:
             with open(where / "agent.lock", "a+") as f:
@@ -282,6 +283,8 @@ class LocalNodes:
 
     def _ensure(self, i: int) -> str | None:
         """Start local-I if it is not running; what happened, to say, or None."""
+        from gpufrac.devices.simfleet import pid_alive
+
         proc = self.procs.get(i)
         if proc is not None and proc.poll() is None:
             return None
@@ -333,6 +336,8 @@ class LocalNodes:
         return [said for i in list(self.pids) if (said := self._ensure(i)) is not None]
 
     def stop(self) -> None:
+        from gpufrac.devices.simfleet import pid_alive
+
         for i, pid in self.pids.items():
             proc = self.procs.get(i)
             with contextlib.suppress(ProcessLookupError):
@@ -413,6 +418,14 @@ def node_command(
             "in gpufrac.yaml, or an agent that is not root): any workload can read the cluster "
             "token and this node's credential in its data directory, join fake nodes and speak "
             "for this one; run it as root with workload_users auto or tenant (docs/cluster.md)",
+            highlight=False,
+        )
+    elif agent.sandbox.python.problem is not None:
+        err_console.print(
+            f"[yellow]warning:[/] {sys.executable} cannot be run by other users"
+            f" ({agent.sandbox.python.problem}): workloads that run it as their tenant's user"
+            " (a model: deployment's replicas) cannot start; install Python and gpufrac where"
+            " every user can run them (docs/cluster.md)",
             highlight=False,
         )
     link = HttpLink(control, token, data / CREDENTIAL_FILE)

@@ -1,6 +1,11 @@
 """What every command shares: options, output, and turning errors into exit codes.
 
 Exit codes: 0 success, 1 a check failed or the devices refused, 2 bad input or no driver.
+
+Every ``gpufrac`` call imports the command modules (Typer reads each command's signature), so they
+import at their top only what is cheap (Typer, Rich's console, gpufrac's options and errors); each
+command imports what it uses (the devices, httpx, the API's models, the agent) in its body
+(tests/unit/cli/test_light_imports.py).
 """
 
 from __future__ import annotations
@@ -11,18 +16,18 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from gpufrac.config import DEMO_FLEET, data_dir, simulate_spec
-from gpufrac.devices import NvmlDevices, open_devices, open_simulated
-from gpufrac.devices.errors import DeviceError, DriverUnavailable
-from gpufrac.devices.nvml import open_real_nvml
-from gpufrac.errors import InputError
-from gpufrac.model.settings import OperatorSettings, preemption_notes
+from gpufrac.errors import GpufracError, InputError
+
+if TYPE_CHECKING:
+    from gpufrac.devices import NvmlDevices
+    from gpufrac.model.settings import OperatorSettings
 
 # piped (a CI log, `| grep`, `| tee`): lines are not wrapped at 80 columns, and tables get room to
 # keep each row on one line (COLUMNS, when set, still decides)
@@ -70,15 +75,22 @@ def handled_errors() -> Iterator[None]:
         yield
     except InputError as e:
         raise fail(str(e), 2) from None
-    except DriverUnavailable as e:
-        raise fail(e.message, 2, e.hint) from None
-    except DeviceError as e:
-        raise fail(e.message, 1, e.hint) from None
+    except GpufracError as e:
+        # the devices' errors: their module is loaded once one was raised
+        from gpufrac.devices.errors import DeviceError, DriverUnavailable
+
+        if isinstance(e, DriverUnavailable):
+            raise fail(e.message, 2, e.hint) from None
+        if isinstance(e, DeviceError):
+            raise fail(e.message, 1, e.hint) from None
+        raise
 
 
 @contextmanager
 def devices(simulate: str | None, data: Path | None) -> Iterator[NvmlDevices]:
     """The device adapter the options ask for; closed afterwards."""
+    from gpufrac.devices import open_devices
+
     spec = simulate_spec(simulate)
     dev = open_devices(spec, data_dir(data))
     try:
@@ -91,6 +103,9 @@ def devices(simulate: str | None, data: Path | None) -> Iterator[NvmlDevices]:
 
 def devices_or_simulated(simulate: str | None, data: Path | None) -> NvmlDevices:
     """The real GPUs, or (for demo and up only) the demo's simulated fleet with a visible notice."""
+    from gpufrac.devices import DriverUnavailable, open_simulated
+    from gpufrac.devices.nvml import open_real_nvml
+
     spec = simulate_spec(simulate)
     if spec:
         return open_simulated(spec, data_dir(data))
@@ -129,5 +144,7 @@ def note_preemption_default(settings: OperatorSettings, tenants: Iterable[str | 
     """Once at start (``gpufrac agent``, ``gpufrac control``): each tenant known here (the
     settings', the API tokens', those with stored work) that has no preemption setting of its own,
     whose workloads now evict only their own tenant's, and how to keep the old behaviour."""
+    from gpufrac.model.settings import preemption_notes
+
     for line in preemption_notes(settings, [t for t in tenants if t]):
         err_console.print(f"[yellow]note:[/] {line}", highlight=False)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json as jsonlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from gpufrac.cli.agent_client import ServerOpt, agent_holds, answer_detail, find_agent
 from gpufrac.cli.agent_client import call as agent_call
@@ -27,22 +26,16 @@ from gpufrac.cli.common import (
 from gpufrac.cli.mig_plan import DrainOpt, ModeOpt
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.config import simulate_spec
-from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import lookup_model
-from gpufrac.model.gpu import GpuState
-from gpufrac.model.manifest_fields import read_text_file
 from gpufrac.model.mig import check_layout, format_layout
 from gpufrac.model.migplan import MigAction, targets_from_json
-from gpufrac.planning.migparted import (
-    MigPartedConfig,
-    assert_config,
-    dump_migparted,
-    export_config,
-    parse_migparted,
-    resolve_config,
-)
-from gpufrac.runtime.mig_apply import ApplyRefused, GpuTarget, apply_targets, diff_actions
+
+if TYPE_CHECKING:  # the planner and the runtime are imported by the commands that use them
+    from gpufrac.devices.nvml import NvmlDevices
+    from gpufrac.model.gpu import GpuState
+    from gpufrac.planning.migparted import MigPartedConfig
+    from gpufrac.runtime.mig_apply import GpuTarget
 
 PlanFileOpt = Annotated[
     Path | None, typer.Option("--plan", help="A plan from `gpufrac mig plan -o FILE` (or --json).")
@@ -76,6 +69,9 @@ def _apply_through(
 
 
 def _plan_targets(plan: Path) -> list[GpuTarget]:
+    from gpufrac.model.manifest_fields import read_text_file
+    from gpufrac.runtime.mig_apply import GpuTarget
+
     try:
         raw = jsonlib.loads(read_text_file(plan, field="--plan"))
     except ValueError as e:
@@ -120,6 +116,10 @@ def _check_against(gpus: list[dict[str, Any]], targets: list[GpuTarget]) -> None
 def _targets(
     dev: NvmlDevices, plan: Path | None, config: Path | None, name: str | None
 ) -> list[GpuTarget]:
+    from gpufrac.model.manifest_fields import read_text_file
+    from gpufrac.planning.migparted import parse_migparted, resolve_config
+    from gpufrac.runtime.mig_apply import GpuTarget
+
     if (plan is None) == (config is None):
         raise InputError("give exactly one of --plan FILE or -f CONFIG -c NAME", field="--plan")
     if plan is not None:
@@ -158,6 +158,10 @@ def apply_command(
 
     When a node agent runs (``--server``, ``$GPUFRAC_SERVER``, the agent of the data directory, or
     one on the default port), the change goes through it, one GPU at a time."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from gpufrac.runtime.mig_apply import ApplyRefused, apply_targets, diff_actions
+
     data = resolve_data_dir(data_dir)
     named = find_agent(server, probe=False, data=data)
     if named is not None and plan is not None and not dry_run:  # no local GPUs needed
@@ -325,6 +329,9 @@ def assert_command(
 ) -> None:
     """Check that the GPUs match a plan or a mig-parted config. Exit 0 match, 1 mismatch, 2 bad
     input."""
+    from gpufrac.model.manifest_fields import read_text_file
+    from gpufrac.planning.migparted import assert_config, parse_migparted
+
     with handled_errors(), devices(simulate, data_dir) as dev:
         if config_file is not None and plan is None:
             if not selected_config:
@@ -376,6 +383,8 @@ def export_command(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Write the GPUs' MIG state as a mig-parted config (YAML)."""
+    from gpufrac.planning.migparted import dump_migparted, export_config
+
     with handled_errors(), devices(simulate, data_dir) as dev:
         config: MigPartedConfig = export_config(dev.gpus(), name)
     text = dump_migparted(config)

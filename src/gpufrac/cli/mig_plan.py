@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json as jsonlib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from gpufrac.cli.common import (
     DataDirOpt,
@@ -18,19 +17,15 @@ from gpufrac.cli.common import (
     handled_errors,
     print_json,
 )
-from gpufrac.devices.simfleet import simulated_gpu_uuid
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel, lookup_model
 from gpufrac.model.gpu import GpuState, MigInstanceState
 from gpufrac.model.mig import format_layout, layout_from_json
-from gpufrac.model.migplan import MigPlan
-from gpufrac.planning.demand import (
-    DemandClass,
-    parse_need_demand,
-    parse_profile_demand,
-    resolve_demand,
-)
-from gpufrac.planning.mig_planner import PlanGpu, PlanOptions, plan_mig
+
+if TYPE_CHECKING:  # the planner is imported by the commands that use it
+    from gpufrac.model.migplan import MigPlan
+    from gpufrac.planning.demand import DemandClass
+    from gpufrac.planning.mig_planner import PlanGpu
 
 DrainOpt = Annotated[bool, typer.Option("--drain", help="Allow destroying busy MIG instances.")]
 ModeOpt = Annotated[
@@ -89,6 +84,9 @@ def plan_command(
     json: JsonOpt = False,
 ) -> None:
     """Plan MIG layouts from demand: where each instance goes, and the actions to get there."""
+    from gpufrac.planning.demand import parse_need_demand, parse_profile_demand, resolve_demand
+    from gpufrac.planning.mig_planner import PlanOptions, plan_mig
+
     with handled_errors():
         if demand is None and need is None:
             raise InputError(
@@ -146,6 +144,9 @@ def _fleet(
 
 
 def _paper_fleet(spec: str) -> list[PlanGpu]:
+    from gpufrac.devices.simfleet import simulated_gpu_uuid
+    from gpufrac.planning.mig_planner import PlanGpu
+
     fleet: list[PlanGpu] = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         name, _, count = part.partition(":")
@@ -167,6 +168,8 @@ def _paper_fleet(spec: str) -> list[PlanGpu]:
 
 
 def plan_gpu(g: GpuState, model: GpuModel) -> PlanGpu:
+    from gpufrac.planning.mig_planner import PlanGpu
+
     return PlanGpu(
         uuid=g.uuid,
         index=g.index,
@@ -180,6 +183,8 @@ def plan_gpu(g: GpuState, model: GpuModel) -> PlanGpu:
 
 def fleet_from_json(raw: Any, *, field: str) -> list[PlanGpu]:
     """PlanGpus from ``gpufrac gpus --json`` output."""
+    from gpufrac.planning.mig_planner import PlanGpu
+
     if not isinstance(raw, dict) or not isinstance(raw.get("gpus"), list):
         raise InputError(
             "must be an object with a 'gpus' list",
@@ -266,6 +271,8 @@ def _costs(text: str | None, models: list[GpuModel]) -> dict[str, float] | None:
 
 
 def render_plan(plan: MigPlan) -> None:
+    from rich.table import Table
+
     t = Table(title="MIG plan", title_justify="left")
     for col in ("GPU", "model", "layout", "kept", "created", "destroyed"):
         t.add_column(col, overflow="fold")

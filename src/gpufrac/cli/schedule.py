@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
-from gpufrac.api.schemas import DecisionJson, WorkloadList
 from gpufrac.cli.agent_client import call_as, find_agent
 from gpufrac.cli.common import (
     DataDirOpt,
@@ -27,24 +25,13 @@ from gpufrac.cli.common import (
 )
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
-from gpufrac.model.deployment import DeploymentSpec
-from gpufrac.model.manifest import load_manifest_files
-from gpufrac.model.manifest_fields import read_choice, read_text_file
-from gpufrac.model.settings import (
-    PLACEMENT_POLICIES,
-    OperatorSettings,
-    load_settings,
-    parse_settings,
-)
-from gpufrac.model.workload import WorkloadSpec, spec_from_json
-from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
-from gpufrac.planning.scheduler import (
-    Decision,
-    Scheduler,
-    decision_from_json,
-    decision_to_json,
-)
-from gpufrac.runtime.store import Store
+
+if TYPE_CHECKING:
+    from gpufrac.model.deployment import DeploymentSpec
+    from gpufrac.model.settings import OperatorSettings
+    from gpufrac.model.workload import WorkloadSpec
+    from gpufrac.planning.sched_state import SchedGpu
+    from gpufrac.planning.scheduler import Decision, Scheduler
 
 FilesArg = Annotated[
     list[Path], typer.Argument(help="Manifest files (YAML or JSON; several documents each).")
@@ -52,11 +39,15 @@ FilesArg = Annotated[
 
 
 def _load(files: list[Path]) -> list[WorkloadSpec | DeploymentSpec]:
+    from gpufrac.model.manifest import load_manifest_files
+
     return [o for _, objects in load_manifest_files(files) for o in objects]
 
 
 def _workloads(objects: list[WorkloadSpec | DeploymentSpec]) -> list[WorkloadSpec]:
     """Workloads as they are, and each deployment as the replicas it starts with."""
+    from gpufrac.model.workload import WorkloadSpec
+
     out: list[WorkloadSpec] = []
     for o in objects:
         if isinstance(o, WorkloadSpec):
@@ -69,6 +60,8 @@ def _workloads(objects: list[WorkloadSpec | DeploymentSpec]) -> list[WorkloadSpe
 
 def validate_command(files: FilesArg, json: JsonOpt = False) -> None:
     """Check manifests: strict schema, every error names the field. Exit 0 valid, 2 invalid."""
+    from gpufrac.model.workload import WorkloadSpec
+
     with handled_errors():
         objects = _load(files)
     specs = [f"{s.tenant}/{s.name}" for s in objects if isinstance(s, WorkloadSpec)]
@@ -110,6 +103,12 @@ def schedule_command(
     json: JsonOpt = False,
 ) -> None:
     """Show where the scheduler would place each workload (a dry run: nothing is started)."""
+    from rich.table import Table
+
+    from gpufrac.model.manifest_fields import read_choice
+    from gpufrac.model.settings import PLACEMENT_POLICIES
+    from gpufrac.planning.scheduler import Scheduler, decision_to_json
+
     with handled_errors():
         specs = _workloads(_load(files))
         cfg = _settings(settings_file, data_dir)
@@ -163,6 +162,10 @@ def _take_agent_placements(sched: Scheduler, data: Path | None) -> int:
     """On the live GPUs of a data directory an agent runs on, the dry run starts from what the agent
     has placed (instances it gave out are taken, shares used): the same picture its scheduler
     has."""
+    from gpufrac.api.schemas import DecisionJson, WorkloadList
+    from gpufrac.model.workload import spec_from_json
+    from gpufrac.planning.scheduler import decision_from_json
+
     url = find_agent(None, probe=False, data=resolve_data_dir(data))
     if url is None:
         return 0
@@ -192,6 +195,9 @@ def _changes(d: Decision) -> str:
 
 
 def _settings(path: Path | None, data: Path | None) -> OperatorSettings:
+    from gpufrac.model.manifest_fields import read_text_file
+    from gpufrac.model.settings import load_settings, parse_settings
+
     if path is None:
         return load_settings(resolve_data_dir(data))
     text = read_text_file(path, field="--settings")
@@ -202,6 +208,8 @@ def _fleet(
     spec: str | None, simulate: str | None, data: Path | None, cfg: OperatorSettings
 ) -> list[SchedGpu]:
     """The GPUs of the dry run, as one node: this machine, named and labelled by the settings."""
+    from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
+
     node = cfg.node_name or socket.gethostname()
     if spec is not None:
         from gpufrac.devices.simfleet import parse_simulate_spec, simulated_gpu_uuid
@@ -235,6 +243,8 @@ def _fleet(
 
 def _pinned(data: Path) -> frozenset[str]:
     """The GPUs whose MIG layout an operator pinned through the agent of this data directory."""
+    from gpufrac.runtime.store import Store
+
     if not (data / "state.db").exists():
         return frozenset()
     store = Store(data / "state.db")

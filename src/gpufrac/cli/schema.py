@@ -11,7 +11,6 @@ import typer
 
 from gpufrac.cli.common import console, handled_errors
 from gpufrac.errors import InputError
-from gpufrac.model.schema import manifest_json_schema, schema_text, settings_json_schema
 
 
 def schema_command(
@@ -30,6 +29,8 @@ def schema_command(
     """Print the JSON Schema of manifests (Workload and Deployment documents), generated from
     the models gpufrac validates them with. Point an editor at it with a first line like
     '# yaml-language-server: $schema=manifest.schema.json'."""
+    from gpufrac.model.schema import manifest_json_schema, schema_text, settings_json_schema
+
     text = schema_text(settings_json_schema() if settings else manifest_json_schema())
     if output is None:
         sys.stdout.write(text)

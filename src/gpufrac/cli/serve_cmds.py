@@ -3,15 +3,17 @@ small load generator with a traffic schedule, for demos and for watching the aut
 
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
 
 import typer
 from rich.table import Table
 
 from gpufrac.cli.common import JsonOpt, console, print_json
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 def print_deployment(d: dict[str, Any]) -> None:
@@ -85,6 +87,8 @@ async def _client(
     stop: asyncio.Event,
     record: list[tuple[float, float, int]],
 ) -> None:
+    import asyncio
+
     reader: asyncio.StreamReader | None = None
     writer: asyncio.StreamWriter | None = None
     while not stop.is_set():
@@ -117,6 +121,8 @@ async def run_load(
     url: str, body: bytes, steps: list[int], step_seconds: float, on_second: Any
 ) -> list[dict[str, Any]]:
     """Closed-loop clients, their number following ``steps``; one summary row per step."""
+    import asyncio
+
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     request = (
@@ -191,6 +197,8 @@ def load_command(
         console.print(
             f"{n:3d} clients: {len(last):5d} req/s, p99 {p99}, non-2xx {bad}", highlight=False
         )
+
+    import asyncio
 
     rows = asyncio.run(run_load(url, body.encode(), steps, step, tick))
     if json:

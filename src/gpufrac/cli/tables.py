@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, assert_never, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, assert_never, get_args
 
 import typer
-import yaml
 
-from gpufrac.api.schemas import EventJson
 from gpufrac.cli.common import fail
+
+if TYPE_CHECKING:
+    from gpufrac.api.schemas import EventJson
 
 Output = Literal["table", "wide", "json", "yaml", "name"]
 OUTPUTS: tuple[Output, ...] = get_args(Output)
@@ -68,6 +69,8 @@ def table_text(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def as_yaml(data: Any) -> str:
+    import yaml
+
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip("\n")
 
 

@@ -3,7 +3,8 @@
 The frames come from ``cli/top_view.py`` (pure); this module does the rest: asking the agent (three
 GETs a refresh, with the caller's token), the terminal (cbreak mode for single keys, restored on
 exit, on Ctrl-C and on SIGTERM), and the loop. An agent that stops answering is shown as such and
-asked again every refresh; the view keeps its last answer meanwhile.
+asked again every refresh; the view keeps its last answer meanwhile. httpx, Rich's live display, the
+API's models and the view are imported when top runs (not with every command: ``cli/common.py``).
 """
 
 from __future__ import annotations
@@ -19,37 +20,38 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import httpx
 import typer
-from pydantic import BaseModel
-from rich.console import Console
-from rich.live import Live
 
-from gpufrac.api.schemas import DeploymentList, GpuList, WorkloadList
 from gpufrac.cli.agent_client import ServerOpt, agent_address, answer_detail
 from gpufrac.cli.common import console, fail
-from gpufrac.cli.top_view import (
-    Snapshot,
-    ViewState,
-    frame,
-    keys_from,
-    next_view,
-    render,
-    tenants_of,
-)
+
+if TYPE_CHECKING:
+    import httpx
+    from pydantic import BaseModel
+    from rich.console import Console
+
+    from gpufrac.cli.top_view import Snapshot
 
 PATHS = {
     "gpus": "/api/v1/gpus", "workloads": "/api/v1/workloads", "deployments": "/api/v1/deployments",
 }  # fmt: skip
-ANSWERS: dict[str, type[BaseModel]] = {
-    "gpus": GpuList, "workloads": WorkloadList, "deployments": DeploymentList,
-}  # fmt: skip
+
+
+def answers() -> dict[str, type[BaseModel]]:
+    from gpufrac.api.schemas import DeploymentList, GpuList, WorkloadList
+
+    return {"gpus": GpuList, "workloads": WorkloadList, "deployments": DeploymentList}
 
 
 def fetch(client: httpx.Client, last: Snapshot) -> Snapshot:
     """The agent's answers now, or the last ones with why asking failed."""
+    import httpx
+
+    from gpufrac.cli.top_view import Snapshot
+
+    models = answers()
     got = {}
     for key, path in PATHS.items():
         try:
@@ -60,7 +62,7 @@ def fetch(client: httpx.Client, last: Snapshot) -> Snapshot:
             return replace(last, error=f"{path} answered {r.status_code}: {answer_detail(r)}")
         try:
             body = r.json()
-            ANSWERS[key].model_validate(body)  # the shape the views read
+            models[key].model_validate(body)  # the shape the views read
             got[key] = tuple(body[key])
         except (ValueError, KeyError, TypeError):  # ValidationError is a ValueError
             return replace(last, error=f"{path} answered something that is not its JSON")
@@ -90,6 +92,8 @@ def keys_within(fd: int, seconds: float) -> list[str]:
     ready, _, _ = select.select([fd], [], [], max(0.0, seconds))
     if not ready:
         return []
+    from gpufrac.cli.top_view import keys_from
+
     data = os.read(fd, 64)
     if not data:  # the terminal went away
         raise SystemExit(0)
@@ -97,6 +101,10 @@ def keys_within(fd: int, seconds: float) -> list[str]:
 
 
 def run(client: httpx.Client, snap: Snapshot, interval: float, screen: Console) -> None:
+    from rich.live import Live
+
+    from gpufrac.cli.top_view import ViewState, next_view, render, tenants_of
+
     fd = sys.stdin.fileno()
     view = ViewState()
     with cbreak(fd), Live(console=screen, screen=True, auto_refresh=False) as live:
@@ -125,6 +133,10 @@ def top_command(
     """A live full-screen view of the agent: GPUs and their slices, workloads, deployments, pending.
 
     Keys (also on its last line): q quit, s sort, r reverse, / filter, t tenant, Esc clear."""
+    import httpx
+
+    from gpufrac.cli.top_view import Snapshot, ViewState, frame
+
     url = agent_address(server)
     token = os.environ.get("GPUFRAC_TOKEN")
     headers = {"authorization": f"Bearer {token}"} if token else {}

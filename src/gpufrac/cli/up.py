@@ -11,12 +11,9 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
 
 from gpufrac.cli.common import (
     DataDirOpt,
@@ -26,16 +23,16 @@ from gpufrac.cli.common import (
     err_console,
     handled_errors,
 )
-from gpufrac.cli.schedule import _load, _settings
-from gpufrac.cli.up_serving import ServingRun
 from gpufrac.config import data_dir as resolve_data_dir
-from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
-from gpufrac.model.deployment import DeploymentSpec
-from gpufrac.model.workload import WorkloadSpec
-from gpufrac.planning.sched_decision import DISPLACE_ACTIONS, displaced_summary
-from gpufrac.runtime.agent import Agent, WorkloadState
-from gpufrac.runtime.runs import read_json
+
+if TYPE_CHECKING:
+    from rich.console import Console, Group
+
+    from gpufrac.devices.nvml import NvmlDevices
+    from gpufrac.model.deployment import DeploymentSpec
+    from gpufrac.model.workload import WorkloadSpec
+    from gpufrac.runtime.agent import Agent, WorkloadState
 
 TERMINAL = ("succeeded", "failed")
 
@@ -71,6 +68,16 @@ def up_command(
 ) -> None:
     """Run manifests on this machine with a live view (the agent in the foreground). Deployments get
     the request gateway and the autoscaler; --load drives traffic to show them working."""
+    from rich.console import Group
+    from rich.live import Live
+
+    from gpufrac.cli.schedule import _load, _settings
+    from gpufrac.cli.up_serving import ServingRun
+    from gpufrac.model.deployment import DeploymentSpec
+    from gpufrac.model.workload import WorkloadSpec
+    from gpufrac.planning.sched_decision import displaced_summary
+    from gpufrac.runtime.agent import Agent
+
     with handled_errors():
         objects = _load(files)
         specs = [o for o in objects if isinstance(o, WorkloadSpec)]
@@ -143,6 +150,8 @@ def up_command(
 def _tell_displaced(agent: Agent, after: int, out: Console) -> int:
     """Print each workload displaced since event ``after`` (by the autoscaler's replicas, say) with
     its cause, and each ``displaced`` event of a cause; returns the newest event's id seen."""
+    from gpufrac.planning.sched_decision import DISPLACE_ACTIONS
+
     newest = after
     while True:
         events = agent.store.events(after=newest, limit=500)
@@ -193,6 +202,9 @@ def _done(specs: list[WorkloadSpec], states: dict[str, WorkloadState]) -> bool:
 def _view(
     dev: NvmlDevices, specs: list[WorkloadSpec], states: dict[str, WorkloadState], elapsed: float
 ) -> Group:
+    from rich.console import Group
+    from rich.table import Table
+
     gpus = Table(title=f"GPUs ({'simulated' if dev.simulated else 'local'})", title_justify="left")
     for col in ("GPU", "name", "MIG", "memory used", "instances"):
         gpus.add_column(col)
@@ -240,6 +252,11 @@ def _view(
 def _summary(
     agent: Agent, specs: list[WorkloadSpec], states: dict[str, WorkloadState], since: float
 ) -> None:
+    from rich.table import Table
+
+    from gpufrac.planning.sched_decision import DISPLACE_ACTIONS
+    from gpufrac.runtime.runs import read_json
+
     if not specs:
         return  # deployments only: their own summary follows
     t = Table(title="summary", title_justify="left")

@@ -14,10 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
-import httpx
 import typer
 
-from gpufrac.api.schemas import EventList
 from gpufrac.cli.agent_client import ServerOpt, agent_address, answer, read_as, send
 from gpufrac.cli.common import JsonOpt, err_console, fail
 from gpufrac.cli.tables import (
@@ -50,6 +48,8 @@ class Poller:
     def get(self, path: str, **params: Any) -> Any:
         """The answer to GET ``path``; exits as ``answer`` does on a refusal (401, 403, 404,
         422)."""
+        import httpx
+
         while True:
             try:
                 r = send("GET", self.server, path, params=params or None, timeout=10)
@@ -119,6 +119,8 @@ def events_command(
     """The agent's events (placed, started, evicted, paused, failed, MIG changes, ...), oldest
     first; with -w, then each new one as it happens. -o json: the API's answer; with -w, one JSON
     object per event and line."""
+    from gpufrac.api.schemas import EventList
+
     fmt = output_format(output, json_, ("table", "json", "yaml"))
     if not 1 <= limit <= 10_000:
         raise fail("--limit: give 1 to 10000", 2)

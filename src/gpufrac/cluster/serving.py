@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gpufrac.cluster.control import ControlPlane
+from gpufrac.config import DEFAULT_GATEWAY_PORT
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import LABEL
 from gpufrac.model.settings import OperatorSettings
@@ -26,7 +27,7 @@ from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.runtime.failures import Failures
 from gpufrac.runtime.store import Event, Store
-from gpufrac.serving.deployments import DEFAULT_GATEWAY_PORT, Deployments, ReplicaState
+from gpufrac.serving.deployments import Deployments, ReplicaState
 
 
 @dataclass(frozen=True, slots=True)

@@ -214,6 +214,7 @@ class Executor:
             workdir=spec.workdir or who.workdir,
             user=who.user,
             group=who.group,
+            view=who.view,
         )
         if attempt == 1:
             self.store.record_event(

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpufrac.model.deployment import REPLICA_KEY_ENV
+from gpufrac.runtime.python_view import PythonView
 from gpufrac.runtime.shim import launch, live, read_status, stop
 
 GONE = ".gone"  # attempts of removed workloads that are still ending
@@ -62,6 +63,7 @@ class Runs:
         workdir: str | None,
         user: str | int | None,
         group: int | None = None,
+        view: PythonView | None = None,
     ) -> Path:
         run_dir = self.of(tenant, name) / f"g{generation}-{attempt}"
         launch(
@@ -71,6 +73,7 @@ class Runs:
             workdir=workdir,
             user=user,
             group=group,
+            view=view,
             lease=self.lease_file,
             wait=False,
         )

@@ -10,17 +10,24 @@ must reach
 (the QoS arbiter's socket, the simulated GPUs' drop box) lives outside it. With ``workload_users:
 agent`` (the default otherwise) workloads run as the agent's user and nothing separates tenants from
 each other or from the agent; the agent says so at start when it has API tokens.
+
+Tenants' users run the agent's Python (its venv's ``python``, a ``model:`` replica's server) even
+where it lives under a directory closed to them (``/root``): through a read-only view of just that
+Python in the workload's own mount namespace (``runtime/python_view.py``), checked once at start.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import subprocess
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from gpufrac.errors import InputError
 from gpufrac.model.settings import OperatorSettings
+from gpufrac.runtime.python_view import PythonView, probe, view_for
 from gpufrac.runtime.store import Store
 
 Separation = Literal["agent", "tenant"]
@@ -32,6 +39,30 @@ class Identity:
     group: int | None
     env: dict[str, str]  # HOME, where it has one of its own
     workdir: str | None  # the default working directory
+    view: PythonView = field(default_factory=PythonView)  # what of the agent's Python it is shown
+
+
+@dataclass(frozen=True, slots=True)
+class TenantsPython:
+    """Whether tenants' users can run the agent's Python, and how."""
+
+    view: PythonView  # empty: they reach it as it is (or the view did not work)
+    problem: str | None  # why they cannot run it; None: they can
+
+
+def tenants_python(executable: str, uid: int) -> TenantsPython:
+    """How users such as ``uid`` run ``executable``: as it is, where every directory on its way is
+    open to them, else through a view of it; each checked by running it as ``uid``."""
+    try:
+        view = view_for(executable)
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        return TenantsPython(PythonView(), f"cannot list the directories it reads from: {e}")
+    problem = probe(executable, view, uid)
+    if problem is None:
+        return TenantsPython(view, None)
+    if view.covers:
+        problem = f"{problem} (through a view of it over {', '.join(view.tops())})"
+    return TenantsPython(PythonView(), problem)
 
 
 def separation(settings: OperatorSettings, *, tokens_in_use: bool) -> Separation:
@@ -65,20 +96,25 @@ class Sandbox:
         self.settings = settings
         self.store = store
         self.homes = homes
+        self.python = TenantsPython(PythonView(), None)
         if mode == "tenant":
             os.chmod(data_dir, 0o700)  # tokens, store, runs and logs: the agent's alone
             homes.mkdir(mode=0o711, exist_ok=True)
             os.chmod(homes, 0o711)  # each tenant enters its own, and lists none
+            # checked as the range's last uid: one no account uses (tenant_uids' rule)
+            self.python = tenants_python(sys.executable, settings.tenant_uids[1])
 
     def identity(self, tenant: str, user: str | None) -> Identity:
         """Who a workload of ``tenant`` that asks for ``user`` runs as (``user`` was checked
         against the tenant's allowlist when it was applied)."""
-        if self.mode == "agent" or user is not None:
+        if self.mode == "agent":
             return Identity(user, None, {}, None)
+        if user is not None:
+            return Identity(user, None, {}, None, self.python.view)
         first, last = self.settings.tenant_uids
         uid = self.store.tenant_uid(tenant, first, last)
         home = self.homes / tenant
         home.mkdir(mode=0o700, exist_ok=True)
         os.chown(home, uid, uid)
         os.chmod(home, 0o700)
-        return Identity(uid, uid, {"HOME": str(home)}, str(home))
+        return Identity(uid, uid, {"HOME": str(home)}, str(home), self.python.view)

@@ -8,6 +8,9 @@ the agent can be killed, even with ``kill -9``, without taking workloads with it
 * copies the workload's output into ``output.log``, rotated by size (``output.log.1``, ...);
 * passes SIGTERM/SIGINT on to the workload's process group;
 * when the workload ends, writes ``exit.json`` (exit code or signal) atomically, then exits;
+* with a ``view`` (a workload run as a tenant's user, where the agent's Python is closed to it),
+  starts the workload in its own mount namespace that shows it the agent's Python
+  (``runtime/python_view.py``), made as root before the change of user;
 * on a node of a cluster (``lease`` given), stops the workload (``fenced.json``) once the node's
   lease file says the lease has run out: a node agent that cannot renew it (frozen, cut off from
   the control plane) stops its work by the shims' hand before the control plane places it again.
@@ -23,15 +26,18 @@ import ctypes
 import io
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpufrac.runtime.python_view import PythonView, enter
 
 LOG = "output.log"
 
@@ -74,6 +80,7 @@ def launch(
     workdir: str | None = None,
     user: str | int | None = None,
     group: int | None = None,
+    view: PythonView | None = None,
     log_max_bytes: int = 10 * 2**20,
     log_backups: int = 3,
     lease: Path | None = None,
@@ -94,6 +101,7 @@ def launch(
             "workdir": workdir,
             "user": user,
             "group": group,
+            "view": view.to_json() if view is not None and view.covers else None,
             "log_max_bytes": log_max_bytes,
             "log_backups": log_backups,
             "lease": None if lease is None else str(lease),
@@ -401,28 +409,44 @@ def _run(run_dir: Path) -> int:
     # a workload run as another user enters its working directory as that user, not as the shim
     # (whose rights would let it start inside a directory it could never open itself)
     as_other = spec.get("user") is not None
+    view = PythonView.from_json(spec.get("view")) if as_other else PythonView()
+    report_r, report_w = os.pipe()  # why the view could not be made, from the child
     try:
+        if view.covers:  # made as root: the user changes after it (by the child itself)
+            user, group = spec.get("user"), spec.get("group")
+            uid = user if isinstance(user, int) else pwd.getpwnam(str(user)).pw_uid
+            start = _in_view(view, uid, group, workdir, report_w)
+            who: dict[str, Any] = {"preexec_fn": start}
+        else:
+            who = {
+                "preexec_fn": (lambda: os.chdir(workdir)) if as_other and workdir else None,
+                "user": spec.get("user"),
+                "group": spec.get("group"),
+                "extra_groups": [] if spec.get("group") is not None else None,
+            }
         child = subprocess.Popen(
             spec["command"],
             cwd=None if as_other else workdir,
-            preexec_fn=(lambda: os.chdir(workdir)) if as_other and workdir else None,
             env=spec.get("env"),
-            user=spec.get("user"),
-            group=spec.get("group"),
-            extra_groups=[] if spec.get("group") is not None else None,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group; the shim stays outside it
+            **who,
         )
     except Exception as e:  # no such program, user or directory, a NUL byte: a failed attempt
-        error = _start_error(spec, e)
+        os.close(report_w)
+        with os.fdopen(report_r, "rb") as report:
+            why = report.read().decode(errors="replace")
+        error = f"cannot start {spec['command'][0]!r}: {why}" if why else _start_error(spec, e)
         log.write(f"gpufrac shim: {error}\n".encode())
         _write_json(
             run_dir / "exit.json",
             {"exit_code": 127, "signal": None, "finished": time.time(), "error": error},
         )
         return 0
+    os.close(report_w)
+    os.close(report_r)
     _write_json(run_dir / "child.json", {"pid": child.pid, "pgid": child.pid})
     started.append(child)
     if stopping.is_set() or (run_dir / "stop.json").exists():  # asked to stop while starting
@@ -474,6 +498,29 @@ def _run(run_dir: Path) -> int:
         },
     )
     return 0
+
+
+def _in_view(
+    view: PythonView, uid: int, group: int | None, workdir: str | None, report: int
+) -> Callable[[], None]:
+    """What the workload's process does before it runs the workload, as root: enters its own
+    mount namespace with ``view`` in it, then becomes the workload's user (as Popen's ``user``,
+    ``group`` and ``extra_groups`` would), then enters its working directory as that user."""
+
+    def start() -> None:
+        try:
+            enter(view)
+        except OSError as e:
+            os.write(report, f"cannot show it the agent's Python: {e.strerror}".encode())
+            raise
+        if group is not None:
+            os.setgroups([])
+            os.setgid(group)
+        os.setuid(uid)
+        if workdir:
+            os.chdir(workdir)
+
+    return start
 
 
 def _start_error(spec: dict[str, Any], e: Exception) -> str:

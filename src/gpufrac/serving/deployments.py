@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gpufrac.config import DEFAULT_GATEWAY_PORT
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import (
     LABEL,
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
     from gpufrac.runtime.failures import Failures
     from gpufrac.runtime.store import Store
 
-DEFAULT_GATEWAY_PORT = 8480
 REPLICA_PORTS = (20000, 32768)  # below the ephemeral range
 
 
