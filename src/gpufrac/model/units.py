@@ -34,6 +34,11 @@ def parse_size_mib(text: str, *, field: str) -> int:
     return int(-(-mib // 1))
 
 
+def format_gib(mib: int) -> str:
+    """An amount as a person checks it against a GPU's size: ``90.0GiB``."""
+    return f"{mib / 1024:.1f}GiB"
+
+
 def format_mib(mib: int) -> str:
     if mib % 1024 == 0:
         return f"{mib // 1024}GiB"

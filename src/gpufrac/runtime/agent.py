@@ -51,7 +51,7 @@ from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.sched_candidates import RecutScope
 from gpufrac.planning.sched_decision import Decision, SchedAction, decision_from_json
-from gpufrac.planning.sched_state import sched_gpus_from_states
+from gpufrac.planning.sched_state import CORDONED, sched_gpus_from_states
 from gpufrac.planning.scheduler import Scheduler, workload_key
 from gpufrac.runtime.arbiter_link import ArbiterLink
 from gpufrac.runtime.executor import EVICTED, Executor
@@ -261,7 +261,7 @@ class Agent:
         for uuid in self.store.cordons():
             g = self.scheduler.state.by_uuid.get(uuid)
             if g is not None:
-                self.scheduler.state.set_schedulable(g, False)
+                self.scheduler.state.set_closed(g, CORDONED)
         for w in self.store.workloads():  # take back what was decided before a restart
             spec = spec_from_json(w.spec)
             placed = self.store.placement(w.tenant, w.name)

@@ -9,7 +9,7 @@ from gpufrac.errors import InputError
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
 from gpufrac.planning.sched_decision import Decision, SchedAction
-from gpufrac.planning.sched_state import EXTERNAL, SchedGpu
+from gpufrac.planning.sched_state import CORDONED, EXTERNAL, SchedGpu
 from gpufrac.planning.scheduler import Scheduler
 from gpufrac.runtime.executor import Executor
 from gpufrac.runtime.mig_apply import ApplyRefused, GpuTarget, apply_targets, diff_actions
@@ -57,12 +57,12 @@ class GpuCare:
         """No new work on this GPU; what runs there stays."""
         g = self.gpu(uuid)
         self.store.cordon(uuid, reason)
-        self.scheduler.state.set_schedulable(g, False)
+        self.scheduler.state.set_closed(g, CORDONED)
 
     def uncordon(self, uuid: str) -> list[Decision]:
         g = self.gpu(uuid)
         self.store.uncordon(uuid)
-        self.scheduler.state.set_schedulable(g, True)
+        self.scheduler.state.set_closed(g, None)
         decisions = self.scheduler.retry_pending()
         self.executor.record(decisions)
         return decisions
