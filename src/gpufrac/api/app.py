@@ -415,9 +415,10 @@ def create_app(
     )
     async def mig(request: Request, gpu: str) -> dict[str, Any]:
         """Body: {"mig_enabled": bool, "instances": [{"profile", "start"}], "drain": bool,
-        "allow_mode_change": bool, "pin": bool}. A GPU already as asked is left alone ("unchanged");
-        with ``pin`` (the default) the layout is kept as set until released. Refused with a 409
-        (nothing changed) when not allowed."""
+        "allow_mode_change": bool, "pin": bool, "dry_run": bool}. A GPU already as asked is left
+        alone ("unchanged"); with ``pin`` (the default) the layout is kept as set until released.
+        Refused with a 409 (nothing changed) when not allowed. With ``dry_run`` every check is
+        made, refusals included, and the actions are listed ("planned"); nothing changes."""
         admin_only(request)
         body = await read_body(
             request, MigBody, example='{"mig_enabled": true, "instances": [...]}'
@@ -429,6 +430,7 @@ def create_app(
             "drain": body.drain,
             "allow_mode_change": body.allow_mode_change,
             "pin": body.pin,
+            "dry_run": body.dry_run,
         }
         return await run_in_threadpool(apply_mig, gpu, layout, flags)
 
@@ -443,14 +445,19 @@ def create_app(
                     drain=flags["drain"],
                     allow_mode_change=flags["allow_mode_change"],
                     pin=flags["pin"],
+                    dry_run=flags["dry_run"],
                 )
                 pinned = uuid in service.agent.store.mig_pins()
         except ApplyRefused as e:
             raise HTTPException(409, str(e)) from None
-        service.wake()
+        if flags["dry_run"]:
+            result = "planned" if done else "unchanged"
+        else:
+            service.wake()
+            result = "changed" if done else "unchanged"
         return {
             "gpu": uuid,
-            "result": "changed" if done else "unchanged",
+            "result": result,
             "pinned": pinned,
             "actions": [a.to_json() for a in done],
         }

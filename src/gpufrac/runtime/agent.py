@@ -441,9 +441,16 @@ class Agent:
         drain: bool = False,
         allow_mode_change: bool = False,
         pin: bool = True,
+        dry_run: bool = False,
     ) -> list[MigAction]:
         return self.gpu_care.apply_mig(
-            uuid, mig_enabled, layout, drain=drain, allow_mode_change=allow_mode_change, pin=pin
+            uuid,
+            mig_enabled,
+            layout,
+            drain=drain,
+            allow_mode_change=allow_mode_change,
+            pin=pin,
+            dry_run=dry_run,
         )
 
     def release_mig(self, uuid: str) -> list[Decision]:
