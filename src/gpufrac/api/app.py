@@ -49,7 +49,7 @@ from gpufrac.api.service import AgentService
 from gpufrac.api.tokens import Caller, authenticate
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec, shown_spec
-from gpufrac.model.manifest import parse_objects
+from gpufrac.model.manifest import read_objects
 from gpufrac.model.mig import layout_from_json
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
@@ -260,7 +260,9 @@ def create_app(
     def apply_text(who: Caller, text: str) -> dict[str, Any]:
         """Parse (off the event loop: a manifest can be slow to read) and apply, all or nothing."""
         # nothing stored on an error; a document naming no tenant is the caller's tenant's
-        objects = parse_objects(text, source="body", default_tenant=who.tenant or "default")
+        read = read_objects(text, source="body", default_tenant=who.tenant or "default")
+        noted = {id(r.obj): list(r.warnings) for r in read}  # how each document is written
+        objects = [r.obj for r in read]
         for o in objects:
             if not who.may_see(o.tenant):
                 raise HTTPException(
@@ -291,7 +293,7 @@ def create_app(
                         else as_seen_by(who, decision_to_json(decision)),
                         "spec": spec_to_json(spec),
                         "diff": diff,
-                        "warnings": service.agent.warnings(spec, decision),
+                        "warnings": noted[id(spec)] + service.agent.warnings(spec, decision),
                     }
                 )
             for d in deployments:
@@ -303,6 +305,7 @@ def create_app(
                         "decision": None,
                         "diff": [],
                         "url": service.deployments.gateway_url + gateway_path(d),
+                        "warnings": noted[id(d)],
                     }
                 )
         service.wake()  # processes start on the next reconcile pass, right away

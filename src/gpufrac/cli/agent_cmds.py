@@ -257,7 +257,8 @@ def apply_command(
     exits 2, listing every problem. A valid document the agent refuses (no GPU here could ever hold
     it) is reported with why while the others are applied, and the command exits 1."""
     with handled_errors():  # all or nothing: every file is valid first
-        texts = [text for text, _ in load_manifest_files(file)]
+        # the agent reads them again, and answers each document with its warnings
+        texts = [f.text for f in load_manifest_files(file)]
     results: list[dict[str, Any]] = []  # as the agent answered (--json prints them)
     read: list[WorkloadResult | DeploymentResult] = []
     for text in texts:
