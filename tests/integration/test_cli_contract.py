@@ -38,7 +38,10 @@ def test_a_refusal_exits_1_and_the_valid_documents_are_applied(
     r = cli(agent, "apply", "-f", str(f))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "default/ok created" in r.stdout and "default/huge refused" in r.stdout
-    assert "64 whole GPUs" in r.stdout and "1 of 2 document(s) refused" in r.stderr
+    assert (
+        "64 whole GPUs" in r.stdout
+        and "1 of 2 documents refused; the other 1 was applied" in r.stderr
+    )
     assert names(agent) == {"default/ok"}
     again = cli(agent, "apply", "-f", str(f), "--json")
     assert again.returncode == 1 and '"refused"' in again.stdout

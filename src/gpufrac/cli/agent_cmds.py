@@ -241,7 +241,13 @@ def agent_command(
     address.write_text(jsonlib.dumps({"url": f"http://{here}:{port}", "pid": os.getpid()}))
     try:
         app = create_app(service, tokens=tokens, max_body=agent.settings.api_max_body_mib << 20)
-        serve_http(app, host, port)
+        serve_http(
+            app,
+            host,
+            port,
+            name="gpufrac agent",
+            after=f" (its workloads keep running; an agent started on {data} takes them back)",
+        )
     finally:
         address.unlink(missing_ok=True)
 
@@ -278,12 +284,22 @@ def apply_command(
     for r in read:
         _print_result(r)
     if refused:
-        err_console.print(
-            f"[bold red]{len(refused)} of {len(results)} document(s) refused[/]; the others were "
-            "applied",
-            highlight=False,
-        )
+        err_console.print(refused_summary(len(refused), len(results)), highlight=False)
         raise typer.Exit(1)
+
+
+def refused_summary(refused: int, total: int) -> str:
+    """What ``apply`` says when the agent refused ``refused`` of ``total`` documents: how many, and
+    how many of the others were applied (only when there are some)."""
+    applied = total - refused
+    if total == 1:
+        return "[bold red]the document was refused[/]; nothing was applied"
+    if applied == 0:
+        return f"[bold red]all {total} documents were refused[/]; nothing was applied"
+    return (
+        f"[bold red]{refused} of {total} documents refused[/]; the other {applied} "
+        f"{'was' if applied == 1 else 'were'} applied"
+    )
 
 
 def _print_result(r: WorkloadResult | DeploymentResult) -> None:

@@ -229,7 +229,7 @@ def control_command(
     for said in nodes.said:
         console.print(f"  {said}", highlight=False)
     try:
-        serve_http(app, host, port)
+        serve_http(app, host, port, name="gpufrac control")
     finally:
         stop.set()
         history.stop()

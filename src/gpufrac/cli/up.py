@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
@@ -103,7 +105,7 @@ def up_command(
             for line in agent.warnings(spec, decision):
                 err_console.print(f"    [yellow]warning[/]: {line}", highlight=False)
         keys = {f"{s.tenant}/{s.name}" for s in specs}
-        with Live(console=console, refresh_per_second=4, transient=False) as live:
+        with live_view(console) as live:
             while True:
                 every = {s.key: s for s in agent.reconcile()}
                 states = {k: s for k, s in every.items() if k in keys}
@@ -133,6 +135,18 @@ def up_command(
         agent.close()
         dev.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def live_view(out: Console) -> Iterator[Live]:
+    """The live view, ending on a line of its own: its last frame stays, and what is printed next
+    (the summary's heading) starts below it, not after its last border (on a pipe, Rich leaves the
+    cursor there: ``...┘summary``)."""
+    try:
+        with Live(console=out, refresh_per_second=4, transient=False) as live:
+            yield live
+    finally:
+        out.print()
 
 
 def _clock(at: float) -> str:
