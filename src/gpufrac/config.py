@@ -10,6 +10,7 @@ from pathlib import Path
 
 SIMULATE_ENV = "GPUFRAC_SIMULATE"
 DATA_DIR_ENV = "GPUFRAC_DATA_DIR"
+TOKEN_ENV = "GPUFRAC_TOKEN"  # the API token every command sends (docs/agent.md)
 DEMO_FLEET = "h200:1:mig,h200:1"
 DEFAULT_GATEWAY_PORT = 8480  # the request gateway's (serving/gateway.py)
 

@@ -52,6 +52,7 @@ class Lease:
         self.server, self.headers = server, headers
         self.workload = f"{view['tenant']}/{view['name']}"
         self.node: str = view["node"]
+        self.ttl_s = ttl_s
         self.env: dict[str, str] = {
             k: v for k, v in view["env"].items() if k != "GPUFRAC_ATTEMPT"
         }  # what a workload on that slice is handed
@@ -93,6 +94,16 @@ class Lease:
                 f"{self.server}/api/v1/workloads/{self.workload}", headers=self.headers, timeout=10
             )
             self.released = True
+
+    def __repr__(self) -> str:
+        """What the lease is, as a person reads it in a REPL or a log: the workload, its node, the
+        device its actor gets, whether it was given back (never the token)."""
+        device = self.env.get("CUDA_VISIBLE_DEVICES", "?")
+        state = "released" if self.released else f"held, ttl {self.ttl_s:g} s"
+        return (
+            f"<Lease {self.workload} on node {self.node}: CUDA_VISIBLE_DEVICES={device} "
+            f"({state}) from {self.server}>"
+        )
 
     def __enter__(self) -> Lease:
         return self

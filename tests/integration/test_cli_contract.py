@@ -38,7 +38,10 @@ def test_a_refusal_exits_1_and_the_valid_documents_are_applied(
     r = cli(agent, "apply", "-f", str(f))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "default/ok created" in r.stdout and "default/huge refused" in r.stdout
-    assert "64 whole GPUs" in r.stdout and "1 of 2 document(s) refused" in r.stderr
+    assert (
+        "64 whole GPUs" in r.stdout
+        and "1 of 2 documents refused; the other 1 was applied" in r.stderr
+    )
     assert names(agent) == {"default/ok"}
     again = cli(agent, "apply", "-f", str(f), "--json")
     assert again.returncode == 1 and '"refused"' in again.stdout
@@ -99,10 +102,19 @@ def test_units_that_were_probably_not_meant_are_warned_about(
         + manifest("cap", SLEEP, gpu="{memory: 4GiB, compute: 20%}").replace(
             "sharing: timeslice", "sharing: MPS"
         )
+        + "---\n"
+        + manifest("k8s", SLEEP, gpu="{memory: 12G}")
     )
     r = cli(agent, "apply", "-f", str(f))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "18GB is decimal" in r.stderr and "write 18GiB" in r.stderr
+    assert "18GB is decimal" in r.stderr and "write 18G (" in r.stderr
+    # 12G is decimal now, as in Kubernetes: said on every use, naming the field
+    changed = "doc[3].spec.resources.gpu.memory: 12G is decimal now"
+    assert changed in r.stderr and "write 12Gi" in r.stderr, r.stderr
+    k8s = httpx.get(agent.url + "/api/v1/workloads/default/k8s", timeout=10).json()
+    assert k8s["spec"]["gpu"]["memory_mib"] == 11445
+    checked = cli(agent, "validate", str(f))
+    assert checked.returncode == 0 and changed in checked.stderr, checked.stderr
     assert "1g.35gb" in r.stderr  # 17,167 MiB does not fit a 1g.18gb: twice the slice
     cap = httpx.get(agent.url + "/api/v1/workloads/default/cap", timeout=10).json()
     assert cap["spec"]["sharing"] == "mps"  # a choice in any case

@@ -190,6 +190,30 @@ def test_mig_apply_through_the_agent_changes_only_what_differs_and_pins(
     )  # fmt: skip
     assert bad.returncode == 1
     assert "refused" in bad.stdout and "default/held" in bad.stdout and "unchanged" in bad.stdout
+    # a dry run makes the change's own checks, through the agent: refused the same, exit 1
+    dry = subprocess.run(
+        [*cli, "apply", "--plan", str(tmp_path / "plan.json"), "--dry-run", "--json"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert dry.returncode == 1, dry.stdout + dry.stderr
+    told = json.loads(dry.stdout)
+    assert told["dry_run"] and not told["changed"]
+    assert {g["index"]: g["result"] for g in told["gpus"]} == {
+        mig["index"]: "refused",
+        plain["index"]: "unchanged",
+    }
+    assert "default/held" in told["gpus"][0]["reason"]
+    # what the agent would allow (--drain) is listed, and nothing is changed or moved
+    layout = [i["profile"] for i in mig_gpu(small_agent)["instances"]]
+    allowed = subprocess.run(
+        [*cli, "apply", "--plan", str(tmp_path / "plan.json"), "--dry-run", "--drain"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    assert "would change (dry run)" in allowed.stdout and "nvidia-smi mig" in allowed.stdout
+    assert [i["profile"] for i in mig_gpu(small_agent)["instances"]] == layout
+    held = httpx.get(small_agent.url + "/api/v1/workloads/default/held", timeout=10).json()
+    assert held["phase"] == "running" and held["attempts"] == 1
 
 
 def test_mig_endpoints_take_strict_bodies_and_change_nothing_on_bad_input(

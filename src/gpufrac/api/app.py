@@ -50,7 +50,7 @@ from gpufrac.api.tokens import ADMIN as ADMIN_CALLER
 from gpufrac.api.tokens import Caller, authenticate
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec, shown_spec
-from gpufrac.model.manifest import parse_objects
+from gpufrac.model.manifest import read_objects
 from gpufrac.model.mig import layout_from_json
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
@@ -250,7 +250,9 @@ def create_app(
     def apply_text(who: Caller, text: str) -> dict[str, Any]:
         """Parse (off the event loop: a manifest can be slow to read) and apply, all or nothing."""
         # nothing stored on an error; a document naming no tenant is the caller's tenant's
-        objects = parse_objects(text, source="body", default_tenant=who.tenant or "default")
+        read = read_objects(text, source="body", default_tenant=who.tenant or "default")
+        noted = {id(r.obj): list(r.warnings) for r in read}  # how each document is written
+        objects = [r.obj for r in read]
         for o in objects:
             if not who.may_see(o.tenant):
                 raise HTTPException(
@@ -282,7 +284,7 @@ def create_app(
                         else as_seen_by(who, decision_to_json(decision)),
                         "spec": spec_to_json(spec),
                         "diff": diff,
-                        "warnings": service.agent.warnings(spec, decision),
+                        "warnings": noted[id(spec)] + service.agent.warnings(spec, decision),
                         "displaced": displaced_seen_by(who, told),
                     }
                 )
@@ -295,6 +297,7 @@ def create_app(
                         "decision": None,
                         "diff": [],
                         "url": service.deployments.gateway_url + gateway_path(d),
+                        "warnings": noted[id(d)],
                     }
                 )
         service.wake()  # processes start on the next reconcile pass, right away
@@ -413,9 +416,10 @@ def create_app(
     )
     async def mig(request: Request, gpu: str) -> dict[str, Any]:
         """Body: {"mig_enabled": bool, "instances": [{"profile", "start"}], "drain": bool,
-        "allow_mode_change": bool, "pin": bool}. A GPU already as asked is left alone ("unchanged");
-        with ``pin`` (the default) the layout is kept as set until released. Refused with a 409
-        (nothing changed) when not allowed."""
+        "allow_mode_change": bool, "pin": bool, "dry_run": bool}. A GPU already as asked is left
+        alone ("unchanged"); with ``pin`` (the default) the layout is kept as set until released.
+        Refused with a 409 (nothing changed) when not allowed. With ``dry_run`` every check is
+        made, refusals included, and the actions are listed ("planned"); nothing changes."""
         admin_only(request)
         body = await read_body(
             request, MigBody, example='{"mig_enabled": true, "instances": [...]}'
@@ -427,6 +431,7 @@ def create_app(
             "drain": body.drain,
             "allow_mode_change": body.allow_mode_change,
             "pin": body.pin,
+            "dry_run": body.dry_run,
         }
         return await run_in_threadpool(apply_mig, gpu, layout, flags)
 
@@ -441,14 +446,19 @@ def create_app(
                     drain=flags["drain"],
                     allow_mode_change=flags["allow_mode_change"],
                     pin=flags["pin"],
+                    dry_run=flags["dry_run"],
                 )
                 pinned = uuid in service.agent.store.mig_pins()
         except ApplyRefused as e:
             raise HTTPException(409, str(e)) from None
-        service.wake()
+        if flags["dry_run"]:
+            result = "planned" if done else "unchanged"
+        else:
+            service.wake()
+            result = "changed" if done else "unchanged"
         return {
             "gpu": uuid,
-            "result": "changed" if done else "unchanged",
+            "result": result,
             "pinned": pinned,
             "actions": [a.to_json() for a in done],
             "displaced": displaced_seen_by(ADMIN_CALLER, told),

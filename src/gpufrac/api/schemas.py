@@ -83,6 +83,9 @@ class MigBody(Body):
     drain: bool = Field(False, description="move workloads off instances that go")
     allow_mode_change: bool = Field(False, description="turn MIG mode on or off as asked")
     pin: bool = Field(True, description="keep the layout as set until released")
+    dry_run: bool = Field(
+        False, description="make every check of the change and list its actions; change nothing"
+    )
 
 
 class ScaleBody(Body):
@@ -418,7 +421,7 @@ class MigActionJson(Answer):
 
 class MigChanged(Answer):
     gpu: str
-    result: Literal["changed", "unchanged"]
+    result: Literal["changed", "unchanged", "planned"]  # planned: a dry run's actions
     pinned: bool
     actions: list[MigActionJson]
     displaced: list[DisplacedJson] = Field(default_factory=list)

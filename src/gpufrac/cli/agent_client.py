@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from gpufrac.cli.common import fail
+from gpufrac.config import TOKEN_ENV
 from gpufrac.config import data_dir as resolve_data_dir
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ def send(method: str, server: str | None, path: str, **kw: Any) -> httpx.Respons
     import httpx
 
     url = _server(server) + path
-    token = os.environ.get("GPUFRAC_TOKEN")
+    token = os.environ.get(TOKEN_ENV)
     headers = {**kw.pop("headers", {}), **({"authorization": f"Bearer {token}"} if token else {})}
     timeout = kw.pop("timeout", 30)
     return httpx.request(method, url, timeout=timeout, headers=headers, verify=_tls(), **kw)
@@ -127,8 +128,37 @@ def request(method: str, server: str | None, path: str, **kw: Any) -> httpx.Resp
         ) from None
 
 
+def token_hint(status: int) -> str | None:
+    """What to do about a 401 or 403 (None for any other answer): every command sends the token in
+    ``$GPUFRAC_TOKEN``."""
+    given = bool(os.environ.get(TOKEN_ENV))
+    if status == 401 and not given:
+        return (
+            f"the agent takes API tokens: set {TOKEN_ENV} to one (export {TOKEN_ENV}=...; the "
+            "operator's tokens.yaml in the agent's data directory lists them)"
+        )
+    if status == 401:
+        return (
+            f"the agent does not take the token in {TOKEN_ENV}: check it against the agent's "
+            "tokens.yaml"
+        )
+    if status == 403:
+        return (
+            f"the token in {TOKEN_ENV} may not do this: use the admin's token, or one of the "
+            "tenant named"
+        )
+    return None
+
+
 def answer_detail(r: httpx.Response, sep: str = "; ") -> str:
-    """The agent's explanation of a refusal (each problem of a 422 separated by ``sep``)."""
+    """The agent's explanation of a refusal (each problem of a 422 separated by ``sep``); for a
+    token's refusal (401, 403), what to do about ``$GPUFRAC_TOKEN``."""
+    hint = token_hint(r.status_code)
+    said = _detail(r, sep)
+    return f"{said} ({hint})" if hint else said
+
+
+def _detail(r: httpx.Response, sep: str) -> str:
     try:
         detail = r.json().get("detail", r.text)
     except ValueError:
@@ -153,7 +183,9 @@ def answer(r: httpx.Response) -> Any:
         raise fail(answer_detail(r, sep="\n") or r.text, 2)
     if r.status_code == 409:
         raise fail(r.json().get("detail", "refused"), 1)
-    if r.status_code in (401, 403, 404):
+    if r.status_code in (401, 403):
+        raise fail(_detail(r, "; ") or "refused", 1, token_hint(r.status_code))
+    if r.status_code == 404:
         raise fail(r.json().get("detail", "not found"), 1)
     if r.status_code >= 400:
         raise fail(f"the agent answered {r.status_code}: {r.text}", 1)

@@ -253,7 +253,13 @@ def agent_command(
     address.write_text(jsonlib.dumps({"url": f"http://{here}:{port}", "pid": os.getpid()}))
     try:
         app = create_app(service, tokens=tokens, max_body=agent.settings.api_max_body_mib << 20)
-        serve_http(app, host, port)
+        serve_http(
+            app,
+            host,
+            port,
+            name="gpufrac agent",
+            after=f" (its workloads keep running; an agent started on {data} takes them back)",
+        )
     finally:
         address.unlink(missing_ok=True)
 
@@ -272,7 +278,8 @@ def apply_command(
     from gpufrac.model.manifest import load_manifest_files
 
     with handled_errors():  # all or nothing: every file is valid first
-        texts = [text for text, _ in load_manifest_files(file)]
+        # the agent reads them again, and answers each document with its warnings
+        texts = [f.text for f in load_manifest_files(file)]
     results: list[dict[str, Any]] = []  # as the agent answered (--json prints them)
     read: list[WorkloadResult | DeploymentResult] = []
     for text in texts:
@@ -292,12 +299,22 @@ def apply_command(
     for r in read:
         _print_result(r)
     if refused:
-        err_console.print(
-            f"[bold red]{len(refused)} of {len(results)} document(s) refused[/]; the others were "
-            "applied",
-            highlight=False,
-        )
+        err_console.print(refused_summary(len(refused), len(results)), highlight=False)
         raise typer.Exit(1)
+
+
+def refused_summary(refused: int, total: int) -> str:
+    """What ``apply`` says when the agent refused ``refused`` of ``total`` documents: how many, and
+    how many of the others were applied (only when there are some)."""
+    applied = total - refused
+    if total == 1:
+        return "[bold red]the document was refused[/]; nothing was applied"
+    if applied == 0:
+        return f"[bold red]all {total} documents were refused[/]; nothing was applied"
+    return (
+        f"[bold red]{refused} of {total} documents refused[/]; the other {applied} "
+        f"{'was' if applied == 1 else 'were'} applied"
+    )
 
 
 def _print_result(r: WorkloadResult | DeploymentResult) -> None:

@@ -154,7 +154,10 @@ def control_command(
             )
         if not 0 <= local <= 16:
             raise InputError(f"--local {local}", field="--local", fix="give 0 to 16 nodes")
-        control = ControlPlane(data, load_settings(data), lease_s=lease)
+        cfg = load_settings(data)
+        for line in cfg.warnings:
+            err_console.print(f"[yellow]warning[/]: {line}", highlight=False)
+        control = ControlPlane(data, cfg, lease_s=lease)
         known = [c.tenant for c in (tokens or {}).values()] + control.store.tenants()
         note_preemption_default(control.settings, known)
     serving = ClusterServing(
@@ -228,7 +231,7 @@ def control_command(
     for said in nodes.said:
         console.print(f"  {said}", highlight=False)
     try:
-        serve_http(app, host, port)
+        serve_http(app, host, port, name="gpufrac control")
     finally:
         stop.set()
         history.stop()
@@ -401,6 +404,8 @@ def node_command(
         data = resolve_data_dir(data_dir)
         token = read_cluster_token(cluster_token or data / TOKEN_FILE, create=False)
         settings = load_settings(data)
+        for line in settings.warnings:
+            err_console.print(f"[yellow]warning[/]: {line}", highlight=False)
         labels = dict(settings.node_labels)
         for item in label or []:
             key, sep, value = item.partition("=")

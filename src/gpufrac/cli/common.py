@@ -119,11 +119,15 @@ def devices_or_simulated(simulate: str | None, data: Path | None) -> NvmlDevices
         return open_simulated(DEMO_FLEET, data_dir(data))
 
 
-def serve_http(app: Any, host: str, port: int) -> None:
+def serve_http(app: Any, host: str, port: int, *, name: str, after: str = "") -> None:
     """Serve ``app`` (uvicorn) until ^C or SIGTERM, then return through the caller's clean-up.
     uvicorn re-raises the signal it caught once it has shut down; under Python's default action
     a SIGTERM would kill the process right there, skipping every ``finally`` of the caller (local
-    node agents left running, files left behind), so SIGTERM is turned into ``SystemExit``."""
+    node agents left running, files left behind), so SIGTERM is turned into ``SystemExit``.
+
+    The signal is said on stderr as it comes (``NAME: stopping (SIGTERM) ...``) and the end once
+    the server has shut down (``NAME: stopped``, then ``after``), so whoever stopped it sees it
+    go."""
     import signal
 
     import uvicorn
@@ -133,11 +137,29 @@ def serve_http(app: Any, host: str, port: int) -> None:
     def terminated(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.should_exit:
+                err_console.print(
+                    f"{name}: stopping ({signal.Signals(sig).name}) ...", highlight=False
+                )
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", http=HeadTimeoutProtocol
+    )
+    server = Server(config)
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", http=HeadTimeoutProtocol)
+        server.run()
+    except KeyboardInterrupt:  # ^C: the shutdown is done (as uvicorn.run takes it)
+        pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if server.should_exit:
+            err_console.print(f"{name}: stopped{after}", highlight=False)
+    if not server.started:  # it could not listen (uvicorn said why): as uvicorn.run exits
+        raise SystemExit(3)
 
 
 def note_preemption_default(settings: OperatorSettings, tenants: Iterable[str | None]) -> None:

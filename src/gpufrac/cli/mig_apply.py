@@ -49,10 +49,18 @@ ConfigNameOpt = Annotated[
 
 
 def _apply_through(
-    url: str, targets: list[GpuTarget], *, drain: bool, allow_mode_change: bool, json: bool
+    url: str,
+    targets: list[GpuTarget],
+    *,
+    drain: bool,
+    allow_mode_change: bool,
+    json: bool,
+    dry_run: bool,
 ) -> NoReturn:
     """The whole plan checked against the agent's GPUs (bad input changes nothing), then each GPU
-    through the agent; exits 0 when every GPU is as asked, 1 when one was refused or failed."""
+    through the agent; exits 0 when every GPU is as asked, 1 when one was refused or failed. A dry
+    run asks the agent to make the same checks and list the actions, changing nothing: it is
+    refused, and exits, as the change would be."""
     with handled_errors():
         if agent_call("GET", url, "/api/v1/health").get("role") == "control-plane":
             raise InputError(
@@ -63,8 +71,10 @@ def _apply_through(
             )
         gpus = agent_call("GET", url, "/api/v1/gpus")["gpus"]
         _check_against(gpus, targets)
-    outcomes = _through_agent(url, gpus, targets, drain=drain, allow_mode_change=allow_mode_change)
-    _report_per_gpu(outcomes, json)
+    outcomes = _through_agent(
+        url, gpus, targets, drain=drain, allow_mode_change=allow_mode_change, dry_run=dry_run
+    )
+    _report_per_gpu(outcomes, json, dry=dry_run)
     raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
 
 
@@ -144,7 +154,9 @@ def apply_command(
         bool,
         typer.Option(
             "--dry-run",
-            help="Print the actions (and the nvidia-smi commands) without changing anything.",
+            help="Make every check of the change (through the agent, when one runs) and print "
+            "the actions and the nvidia-smi commands, changing nothing; refused, and exits, as "
+            "the change would be.",
         ),
     ] = False,
     drain: DrainOpt = False,
@@ -163,21 +175,26 @@ def apply_command(
     from gpufrac.runtime.mig_apply import ApplyRefused, apply_targets, diff_actions
 
     data = resolve_data_dir(data_dir)
+    # a dry run takes the very path of the change, so it is refused (and exits) as the change is
+    flags = {
+        "drain": drain,
+        "allow_mode_change": allow_mode_change,
+        "json": json,
+        "dry_run": dry_run,
+    }
     named = find_agent(server, probe=False, data=data)
-    if named is not None and plan is not None and not dry_run:  # no local GPUs needed
+    if named is not None and plan is not None:  # no local GPUs needed
         with handled_errors():
             targets = _plan_targets(plan)
-        _apply_through(named, targets, drain=drain, allow_mode_change=allow_mode_change, json=json)
+        _apply_through(named, targets, **flags)
     with handled_errors(), devices(simulate, data_dir) as dev:
         targets = _targets(dev, plan, config_file, selected_config)
         field = "--plan" if plan is not None else "--config-file"
         # simulated GPUs are never handed to an agent found by chance on the default port
-        agent = None if dry_run else find_agent(server, probe=dev.simulated is False, data=data)
+        agent = find_agent(server, probe=dev.simulated is False, data=data)
         if agent is not None:  # the agent owns MIG changes on its GPUs: it keeps its scheduler true
-            _apply_through(
-                agent, targets, drain=drain, allow_mode_change=allow_mode_change, json=json
-            )
-        if not dry_run and agent_holds(data):
+            _apply_through(agent, targets, **flags)
+        if agent_holds(data):
             raise InputError(
                 f"an agent runs on the data directory {data} but cannot be reached: it owns these "
                 "GPUs' MIG layouts",
@@ -219,14 +236,14 @@ class GpuOutcome:
 
     uuid: str
     index: int
-    result: str  # changed | unchanged | refused | failed
+    result: str  # changed | unchanged | planned (a dry run's) | refused | failed
     reason: str = ""
     pinned: bool = False
     actions: tuple[MigAction, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return self.result in ("changed", "unchanged")
+        return self.result in ("changed", "unchanged", "planned")
 
 
 def _through_agent(
@@ -236,9 +253,11 @@ def _through_agent(
     *,
     drain: bool,
     allow_mode_change: bool,
+    dry_run: bool,
 ) -> list[GpuOutcome]:
     """Each GPU of the plan through the agent, one at a time: a GPU already as asked is left alone,
-    a refusal or failure on one GPU is reported and the others still go."""
+    a refusal or failure on one GPU is reported and the others still go (or, in a dry run, are
+    still checked)."""
     index = {g["uuid"]: int(g["index"]) for g in gpus}
     out: list[GpuOutcome] = []
     for t in targets:
@@ -248,6 +267,7 @@ def _through_agent(
             "drain": drain,
             "allow_mode_change": allow_mode_change,
             "pin": True,
+            "dry_run": dry_run,
         }
         where = index.get(t.uuid, -1)
         r = agent_request("POST", server, f"/api/v1/gpus/{t.uuid}/mig", json=body)
@@ -266,11 +286,11 @@ def _through_agent(
     return out
 
 
-def _report_per_gpu(outcomes: list[GpuOutcome], json: bool) -> None:
+def _report_per_gpu(outcomes: list[GpuOutcome], json: bool, *, dry: bool) -> None:
     if json:
         print_json(
             {
-                "dry_run": False,
+                "dry_run": dry,
                 "changed": any(o.result == "changed" for o in outcomes),
                 "gpus": [
                     {
@@ -287,16 +307,34 @@ def _report_per_gpu(outcomes: list[GpuOutcome], json: bool) -> None:
             }
         )
         return
-    style = {"changed": "green", "unchanged": "dim", "refused": "yellow", "failed": "red"}
+    style = {
+        "changed": "green",
+        "planned": "green",
+        "unchanged": "dim",
+        "refused": "yellow",
+        "failed": "red",
+    }
     for o in outcomes:
         extra = f" ({len(o.actions)} action(s))" if o.actions else ""
-        pin = "; layout pinned (gpufrac mig release lets the agent re-cut it)" if o.pinned else ""
+        pinned = o.pinned and not dry
+        pin = "; layout pinned (gpufrac mig release lets the agent re-cut it)" if pinned else ""
         why = f": {o.reason}" if o.reason else ""
+        shown = "would change (dry run)" if o.result == "planned" else o.result
         console.print(
-            f"GPU {o.index}: [{style[o.result]}]{o.result}[/]{extra}{pin}{why}", highlight=False
+            f"GPU {o.index}: [{style.get(o.result, 'red')}]{shown}[/]{extra}{pin}{why}",
+            highlight=False,
         )
         for a in o.actions:
-            console.print(f"  {a.describe()}", highlight=False)
+            console.print(f"  {'would ' if dry else ''}{a.describe()}", highlight=False)
+            if dry:
+                console.print(f"      [dim]{a.nvidia_smi()}[/]", highlight=False)
+    if dry:
+        refused = sum(1 for o in outcomes if not o.ok)
+        console.print(
+            f"{sum(len(o.actions) for o in outcomes)} action(s) planned (dry run)"
+            + (f"; {refused} GPU(s) refused, as the change would be" if refused else ""),
+            highlight=False,
+        )
 
 
 def _report(actions: list[MigAction], json: bool, *, dry: bool) -> None:

@@ -14,6 +14,7 @@ from gpufrac.cli.common import (
     SimulateOpt,
     console,
     devices,
+    err_console,
     handled_errors,
     print_json,
 )
@@ -99,6 +100,9 @@ def plan_command(
             classes += parse_profile_demand(demand)
         if need is not None:
             classes += parse_need_demand(need)
+        for c in classes:
+            if c.warning is not None:
+                err_console.print(f"[yellow]warning[/]: {c.warning}", highlight=False)
         fleet = _fleet(gpus, current, simulate, data_dir)
         models = list({g.model.key: g.model for g in fleet}.values())
         resolved = resolve_demand(

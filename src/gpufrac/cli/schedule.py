@@ -20,6 +20,7 @@ from gpufrac.cli.common import (
     SimulateOpt,
     console,
     devices,
+    err_console,
     handled_errors,
     print_json,
 )
@@ -39,9 +40,13 @@ FilesArg = Annotated[
 
 
 def _load(files: list[Path]) -> list[WorkloadSpec | DeploymentSpec]:
+    """Every object of the files; the warnings about how they are written go to stderr."""
     from gpufrac.model.manifest import load_manifest_files
 
-    return [o for _, objects in load_manifest_files(files) for o in objects]
+    read = load_manifest_files(files)
+    for line in (w for f in read for w in f.warnings):
+        err_console.print(f"[yellow]warning[/]: {line}", highlight=False)
+    return [o for f in read for o in f.objects]
 
 
 def _workloads(objects: list[WorkloadSpec | DeploymentSpec]) -> list[WorkloadSpec]:
@@ -195,13 +200,17 @@ def _changes(d: Decision) -> str:
 
 
 def _settings(path: Path | None, data: Path | None) -> OperatorSettings:
+    """The operator's settings; the warnings about how the file is written go to stderr."""
     from gpufrac.model.manifest_fields import read_text_file
     from gpufrac.model.settings import load_settings, parse_settings
 
     if path is None:
-        return load_settings(resolve_data_dir(data))
-    text = read_text_file(path, field="--settings")
-    return parse_settings(text, source=str(path))
+        cfg = load_settings(resolve_data_dir(data))
+    else:
+        cfg = parse_settings(read_text_file(path, field="--settings"), source=str(path))
+    for line in cfg.warnings:
+        err_console.print(f"[yellow]warning[/]: {line}", highlight=False)
+    return cfg
 
 
 def _fleet(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -28,6 +30,7 @@ from gpufrac.errors import InputError
 
 if TYPE_CHECKING:
     from rich.console import Console, Group
+    from rich.live import Live
 
     from gpufrac.devices.nvml import NvmlDevices
     from gpufrac.model.deployment import DeploymentSpec
@@ -69,7 +72,6 @@ def up_command(
     """Run manifests on this machine with a live view (the agent in the foreground). Deployments get
     the request gateway and the autoscaler; --load drives traffic to show them working."""
     from rich.console import Group
-    from rich.live import Live
 
     from gpufrac.cli.schedule import _load, _settings
     from gpufrac.cli.up_serving import ServingRun
@@ -114,7 +116,7 @@ def up_command(
         keys = {f"{s.tenant}/{s.name}" for s in specs}
         newest = agent.store.events(limit=1)
         seen = newest[-1].id if newest else 0  # displacements after this one are told as they come
-        with Live(console=console, refresh_per_second=4, transient=False) as live:
+        with live_view(console) as live:
             while True:
                 every = {s.key: s for s in agent.reconcile()}
                 states = {k: s for k, s in every.items() if k in keys}
@@ -166,6 +168,20 @@ def _tell_displaced(agent: Agent, after: int, out: Console) -> int:
         if not events:
             return newest
         newest = events[-1].id
+
+
+@contextmanager
+def live_view(out: Console) -> Iterator[Live]:
+    """The live view, ending on a line of its own: its last frame stays, and what is printed next
+    (the summary's heading) starts below it, not after its last border (on a pipe, Rich leaves the
+    cursor there: ``...┘summary``)."""
+    from rich.live import Live
+
+    try:
+        with Live(console=out, refresh_per_second=4, transient=False) as live:
+            yield live
+    finally:
+        out.print()
 
 
 def _clock(at: float) -> str:

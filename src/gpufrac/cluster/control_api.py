@@ -48,7 +48,7 @@ from gpufrac.cluster.wire import (
 )
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec, shown_spec
-from gpufrac.model.manifest import parse_objects
+from gpufrac.model.manifest import read_objects
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.sched_decision import decision_to_json
 from gpufrac.serving.deployments import gateway_path
@@ -192,7 +192,9 @@ def create_control_app(
         return await run_in_threadpool(apply_text, who, text)
 
     def apply_text(who: Caller, text: str) -> dict[str, Any]:
-        objects = parse_objects(text, source="body", default_tenant=who.tenant or "default")
+        read = read_objects(text, source="body", default_tenant=who.tenant or "default")
+        noted = {id(r.obj): list(r.warnings) for r in read}  # how each document is written
+        objects = [r.obj for r in read]
         for o in objects:
             if isinstance(o, DeploymentSpec) and serving is None:
                 raise InputError(
@@ -231,7 +233,7 @@ def create_control_app(
                         "decision": as_seen_by(who, decision_to_json(decision)),
                         "spec": spec_to_json(spec),
                         "diff": diff,
-                        "warnings": [],
+                        "warnings": noted[id(spec)],
                         "displaced": displaced_seen_by(who, told),
                     }
                 )
@@ -247,9 +249,12 @@ def create_control_app(
                         "decision": None,
                         "diff": [],
                         "url": serving.deployments.gateway_url + gateway_path(d),
-                        "warnings": []
-                        if refusal is None or not control.core.nodes
-                        else [f"its replicas fit on no node now: {refusal}"],
+                        "warnings": noted[id(d)]
+                        + (
+                            []
+                            if refusal is None or not control.core.nodes
+                            else [f"its replicas fit on no node now: {refusal}"]
+                        ),
                     }
                 )
         if serving is not None and deployments:

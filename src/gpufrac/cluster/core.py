@@ -30,7 +30,7 @@ from typing import Literal
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.sched_decision import Decision, Displacement, displacements
-from gpufrac.planning.sched_state import SchedGpu
+from gpufrac.planning.sched_state import CORDONED, Closed, SchedGpu
 from gpufrac.planning.scheduler import Scheduler, workload_key
 
 LEASE_S = 6.0  # a node's lease: renewed by each answered heartbeat
@@ -182,9 +182,9 @@ class ClusterCore:
                 st.nodes[name] = dict(labels)
         st = self.scheduler.state
         for gi in node.gpus:  # a cordoned GPU stays so, through a loss or a restart
-            want = st.gpus[gi].uuid not in self.cordoned
-            if st.gpus[gi].schedulable != want:
-                st.set_schedulable(st.gpus[gi], want)
+            want = CORDONED if st.gpus[gi].uuid in self.cordoned else None
+            if st.gpus[gi].closed != want:
+                st.set_closed(st.gpus[gi], want)
         for a in placed:
             self.restore(a.spec, a.decision, name, a.epoch)
         return self._placed(self.scheduler.retry_pending(gpus=set(node.gpus)))
@@ -230,9 +230,12 @@ class ClusterCore:
         st = self.scheduler.state
         for node in lost:
             node.state = "lost"
-            for gi in node.gpus:
-                if st.gpus[gi].schedulable:
-                    st.set_schedulable(st.gpus[gi], False)
+        for node in self.nodes.values():  # a lost node's GPUs say how long it has been silent
+            if node.state == "lost":
+                closed = Closed("node_lost", f"no heartbeat for {now - node.renewed:.0f} s")
+                for gi in node.gpus:
+                    if st.gpus[gi].closed != closed:
+                        st.set_closed(st.gpus[gi], closed)
         gone = {n.name for n in lost}
         for key in list(self.revoked):
             for node_name in gone & set(self.revoked[key]):
@@ -273,8 +276,8 @@ class ClusterCore:
         such GPU."""
         g = self.scheduler.state.by_uuid[uuid]
         self.cordoned[uuid] = reason
-        if g.schedulable:
-            self.scheduler.state.set_schedulable(g, False)
+        if g.schedulable:  # on a lost node it stays closed for that (and cordoned once it is back)
+            self.scheduler.state.set_closed(g, CORDONED)
 
     def uncordon(self, uuid: str) -> list[Decision]:
         """GPU ``uuid`` takes work again (once its node is alive); what waits is tried there."""
@@ -282,7 +285,7 @@ class ClusterCore:
         self.cordoned.pop(uuid, None)
         if self.nodes[g.node].state != "alive" or g.schedulable:
             return []
-        self.scheduler.state.set_schedulable(g, True)
+        self.scheduler.state.set_closed(g, None)
         return self._placed(self.scheduler.retry_pending(gpus={g.index}))
 
     def drain(self, uuid: str, reason: str) -> list[Decision]:

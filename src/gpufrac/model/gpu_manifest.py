@@ -141,8 +141,8 @@ class Gpu(Strict):
     )
     memory: MemoryMiB | None = Field(
         None,
-        description="GPU memory: 12GiB, 512MiB, 1.5GiB, 16GB (rounded up to whole MiB), or an "
-        "integer meaning MiB.",
+        description="GPU memory as a Kubernetes quantity: 12Gi, 512Mi, 1.5Gi (binary; 12GiB too), "
+        "16G (decimal; rounded up to whole MiB), or an integer meaning MiB.",
     )
     mig: MigRequest | None = Field(
         None,

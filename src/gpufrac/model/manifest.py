@@ -8,10 +8,16 @@ are checked once there; the JSON Schema editors use is generated from the same m
 ``InputError`` whose ``field`` is the path of the offending field
 (``doc[2].spec.resources.gpu.memory`` when the file holds several documents). ``docs/manifest.md``
 is the reference for every field; keep the two in step.
+
+A document that is valid may still be written in a way that deserves a word: a size in a unit
+spelling of an earlier release, or one whose meaning changed (``12G`` is decimal now, as in
+Kubernetes). ``read_objects`` gives each object with those warnings, each naming its field; what
+shows a user the result of a manifest (``apply``, ``validate``) shows them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +27,9 @@ from gpufrac.errors import InputError, Problems
 from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.deployment_manifest import DeploymentDocument
 from gpufrac.model.gpu_manifest import GPU_ALIASES, REQUEST_KINDS
-from gpufrac.model.manifest_errors import fields_of, input_error
+from gpufrac.model.manifest_errors import fields_of, input_error, noted
 from gpufrac.model.manifest_fields import join, kind_of, load_documents, read_text_file
+from gpufrac.model.manifest_types import NOTES
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.model.workload_manifest import (
     API_VERSION,
@@ -35,12 +42,16 @@ __all__ = [
     "API_VERSION",
     "GPU_ALIASES",
     "REQUEST_KINDS",
+    "ManifestFile",
+    "Read",
     "load_manifest_file",
     "load_manifest_files",
     "parse_document",
     "parse_manifests",
     "parse_objects",
     "parse_workload",
+    "read_document",
+    "read_objects",
 ]
 
 KIND = "Workload"
@@ -53,22 +64,50 @@ METADATA_FIELDS = tuple(fields_of(Metadata))
 SPEC_FIELDS = tuple(fields_of(WorkloadSpecFields))
 
 
+@dataclass(frozen=True, slots=True)
+class Read:
+    """One document read: its workload or deployment, and the warnings about how it is written
+    (``PATH: warning``, located like errors: ``doc[2].spec.resources.gpu.memory`` in a file of
+    several documents)."""
+
+    obj: WorkloadSpec | DeploymentSpec
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestFile:
+    """A manifest file read whole: its text and its documents."""
+
+    path: Path
+    text: str
+    read: tuple[Read, ...]
+
+    @property
+    def objects(self) -> list[WorkloadSpec | DeploymentSpec]:
+        return [r.obj for r in self.read]
+
+    @property
+    def warnings(self) -> list[str]:
+        """Every document's warnings, each named by the file (``FILE: PATH: warning``)."""
+        return [f"{self.path}: {w}" for r in self.read for w in r.warnings]
+
+
 def load_manifest_file(path: Path) -> list[WorkloadSpec | DeploymentSpec]:
     """Read and parse a manifest file (YAML or JSON, one or more documents of either kind)."""
     text = read_text_file(path, field=str(path), what="the manifest")
     return parse_objects(text, source=path.name)
 
 
-def load_manifest_files(paths: list[Path]) -> list[tuple[str, list[WorkloadSpec | DeploymentSpec]]]:
-    """Every file's text and objects. Every problem of every file is reported at once, each named
+def load_manifest_files(paths: list[Path]) -> list[ManifestFile]:
+    """Every file's text and documents. Every problem of every file is reported at once, each named
     by its file (``FILE: field: ...``), and so is a workload or deployment two files both define."""
     problems = Problems()
-    out: list[tuple[str, list[WorkloadSpec | DeploymentSpec]]] = []
+    out: list[ManifestFile] = []
     seen: dict[tuple[str, str, str], Path] = {}
     for path in paths:
         try:
             text = read_text_file(path, field=str(path), what="the manifest")
-            objects = parse_objects(text, source=str(path))
+            read = read_objects(text, source=str(path))
         except InputError as exc:
             problems.found.extend(
                 e
@@ -79,7 +118,7 @@ def load_manifest_files(paths: list[Path]) -> list[tuple[str, list[WorkloadSpec 
                 for e in exc.errors
             )
             continue
-        for o in objects:
+        for o in (r.obj for r in read):
             kind = "workload" if isinstance(o, WorkloadSpec) else "deployment"
             key = (kind, o.tenant, o.name)
             if key in seen and seen[key] != path:
@@ -91,7 +130,7 @@ def load_manifest_files(paths: list[Path]) -> list[tuple[str, list[WorkloadSpec 
                     )
                 )
             seen.setdefault(key, path)
-        out.append((text, objects))
+        out.append(ManifestFile(path, text, tuple(read)))
     problems.raise_any()
     return out
 
@@ -113,9 +152,17 @@ def parse_manifests(text: str, *, source: str = "manifest") -> list[WorkloadSpec
 def parse_objects(
     text: str, *, source: str = "manifest", default_tenant: str = "default"
 ) -> list[WorkloadSpec | DeploymentSpec]:
-    """Every workload and deployment of a manifest text, in order; the first problem raises
-    ``InputError`` (so a text is accepted whole or not at all). A document that names no tenant is
-    ``default_tenant``'s (the caller's, for a tenant's API token)."""
+    """Every workload and deployment of a manifest text, in order, as ``read_objects`` reads them,
+    without their warnings (for callers that show a user nothing of how a manifest is written)."""
+    return [r.obj for r in read_objects(text, source=source, default_tenant=default_tenant)]
+
+
+def read_objects(
+    text: str, *, source: str = "manifest", default_tenant: str = "default"
+) -> list[Read]:
+    """Every workload and deployment of a manifest text, in order, with its warnings; every problem
+    raises ``InputError`` (so a text is accepted whole or not at all). A document that names no
+    tenant is ``default_tenant``'s (the caller's, for a tenant's API token)."""
     documents = load_documents(text, source=source)
     present = [(i, doc) for i, doc in enumerate(documents, start=1) if doc is not None]
     if not present:
@@ -125,18 +172,19 @@ def parse_objects(
             fix=f"write a document with apiVersion: {API_VERSION} and kind: {KIND}",
         )
     several = len(present) > 1
-    specs: list[WorkloadSpec | DeploymentSpec] = []
+    specs: list[Read] = []
     seen: dict[tuple[str, str, str], int] = {}
     problems = Problems()  # every document's problems, reported together
     for position, doc in present:
         prefix = f"doc[{position}]" if several else ""
         try:
-            spec = parse_document(doc, default_tenant)
+            read = read_document(doc, default_tenant)
         except InputError as exc:
             problems.found.extend(
                 (exc.at(prefix or source) if prefix or not exc.field else exc).errors
             )
             continue
+        spec = read.obj
         kind = "workload" if isinstance(spec, WorkloadSpec) else "deployment"
         first = seen.setdefault((kind, spec.tenant, spec.name), position)
         if first != position:
@@ -148,7 +196,8 @@ def parse_objects(
                     fix=f"give each {kind} of a tenant its own name",
                 )
             )
-        specs.append(spec)
+        at = f"{prefix}." if prefix else ""
+        specs.append(Read(spec, tuple(f"{at}{w}" for w in read.warnings)))
     problems.raise_any()
     return specs
 
@@ -163,7 +212,13 @@ def parse_workload(raw: Any) -> WorkloadSpec:
 
 
 def parse_document(raw: Any, default_tenant: str = "default") -> WorkloadSpec | DeploymentSpec:
-    """One document, already loaded, of either kind; errors are located from the document root.
+    """One document, already loaded, of either kind (``read_document`` without its warnings)."""
+    return read_document(raw, default_tenant).obj
+
+
+def read_document(raw: Any, default_tenant: str = "default") -> Read:
+    """One document, already loaded, of either kind, with its warnings; errors and warnings are
+    located from the document root.
 
     A document that is not a mapping, or has no or the wrong ``apiVersion`` or ``kind``, is
     reported alone; otherwise every problem of its kind's model is.
@@ -190,9 +245,11 @@ def parse_document(raw: Any, default_tenant: str = "default") -> WorkloadSpec | 
             fix=f"write kind: {' or '.join(DOCUMENTS)}",
         )
     model = DOCUMENTS[kind]
+    notes: list[tuple[str, str, str]] = []
     try:
-        document = model.model_validate(raw)
+        document = model.model_validate(raw, context={NOTES: notes})
     except ValidationError as exc:
         raise input_error(exc, model) from None
     given = "tenant" in document.metadata.model_fields_set
-    return document.to_spec(document.metadata.tenant if given else default_tenant)
+    spec = document.to_spec(document.metadata.tenant if given else default_tenant)
+    return Read(spec, tuple(noted(raw, notes)))

@@ -12,6 +12,7 @@ location (the fields allowed there, with a "did you mean" for an unknown one).
 from __future__ import annotations
 
 import difflib
+import inspect
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -30,6 +31,29 @@ Loc = tuple[str | int, ...]
 def input_error(exc: ValidationError, root: Any) -> InputError:
     """Every error of ``exc`` (from validating a value of type ``root``), as one ``InputError``."""
     return InputError.many([_one(e, root) for e in exc.errors(include_url=False)])
+
+
+def noted(raw: Any, notes: list[tuple[str, str, str]]) -> list[str]:
+    """The warnings validation kept (``manifest_types.note``: a field's name, the value as written,
+    the warning), each as ``PATH: warning``, the path found in ``raw``, the document as loaded
+    (where the value was written under that name)."""
+    out = []
+    for name, value, warning in notes:
+        paths = _paths_of(raw, name, value, ()) or [(name,)]
+        out += [f"{field_path(p)}: {warning}" for p in paths[:1]]
+    return out
+
+
+def _paths_of(node: Any, name: str, value: str, at: Loc) -> list[Loc]:
+    if isinstance(node, dict):
+        found = [(*at, name)] if node.get(name) == value else []
+        for k, v in node.items():
+            if isinstance(v, dict | list) and isinstance(k, str):
+                found += _paths_of(v, name, value, (*at, k))
+        return found
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _paths_of(v, name, value, (*at, i))]
+    return []
 
 
 def field_path(loc: Loc) -> str:
@@ -128,8 +152,10 @@ def _null(tp: Any, meta: list[Any], loc: Loc, root: Any) -> tuple[str, str] | No
     """A null where a value of ``tp`` belongs, told as that type's own error about it."""
     for m in meta:
         if isinstance(m, PlainValidator | BeforeValidator):
+            # a validator that takes pydantic's ValidationInfo is called without one
+            with_info = len(inspect.signature(m.func).parameters) > 1
             try:
-                m.func(None)  # type: ignore[call-arg]
+                m.func(None, None) if with_info else m.func(None)  # type: ignore[call-arg,arg-type]
             except PydanticCustomError as exc:
                 ctx = exc.context or {}
                 return str(ctx["message"]), str(ctx["fix"])

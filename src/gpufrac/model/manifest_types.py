@@ -21,6 +21,7 @@ from pydantic import (
     ConfigDict,
     PlainValidator,
     ValidationError,
+    ValidationInfo,
     ValidatorFunctionWrapHandler,
     WithJsonSchema,
     field_validator,
@@ -29,7 +30,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gpufrac.errors import InputError
 from gpufrac.model.manifest_fields import DNS_LABEL_FIX, kind_of, read_dns_label
-from gpufrac.model.units import parse_size_mib
+from gpufrac.model.units import SIZE_FIX, SIZE_PATTERN, read_size
 from gpufrac.model.workload import MAX_PRIORITY, MILLI, PRIORITY_NAMES
 
 T = TypeVar("T")
@@ -194,27 +195,41 @@ UrlPath = Annotated[
 
 # --- numbers with units ---------------------------------------------------------------------------
 
-SIZE_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*([MGTmgt]([Ii]?[Bb])?)?\s*$"
-_SIZE_FIX = "write a size like 12GiB, or an integer number of MiB"
+NOTES = "notes"  # the validation context's list of (field name, value, warning): see ``note``
 
 
 def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _memory_mib(value: object) -> int:
-    """``12GiB``, ``512MiB``, ``16GB`` (rounded up to whole MiB), or an integer meaning MiB."""
+def note(info: ValidationInfo | None, value: str, warning: str) -> None:
+    """A warning about a value that was read (an old unit spelling), for the caller to show: kept
+    in the validation context's ``NOTES`` list, when it gave one, with the field's name and the
+    value as written, so that the caller can name where it is (``manifest_errors.noted``)."""
+    context = None if info is None else info.context
+    notes = context.get(NOTES) if isinstance(context, dict) else None
+    if isinstance(notes, list):
+        assert info is not None
+        notes.append((info.field_name or "", value, warning))
+
+
+def _memory_mib(value: object, info: ValidationInfo | None) -> int:
+    """A Kubernetes quantity (``12Gi``, ``512Mi``, ``16G`` decimal; rounded up to whole MiB;
+    ``model.units``), or an integer meaning MiB."""
     if is_int(value):
         assert isinstance(value, int)
         if value < 1:
-            raise problem(f"{value} MiB is not a positive size", _SIZE_FIX)
+            raise problem(f"{value} MiB is not a positive size", SIZE_FIX)
         return value
     if isinstance(value, str):
         try:
-            return parse_size_mib(value, field="")
+            size = read_size(value, field="")
         except InputError as exc:
-            raise problem(exc.message, exc.fix or _SIZE_FIX) from None
-    raise problem(f"must be a memory size, not {kind_of(value)}", _SIZE_FIX)
+            raise problem(exc.message, exc.fix or SIZE_FIX) from None
+        if size.warning is not None:
+            note(info, value, size.warning)
+        return size.mib
+    raise problem(f"must be a memory size, not {kind_of(value)}", SIZE_FIX)
 
 
 MemoryMiB = Annotated[
@@ -231,8 +246,8 @@ MemoryMiB = Annotated[
 ]
 
 
-def _body_limit(value: object) -> int:
-    mib = _memory_mib(value)
+def _body_limit(value: object, info: ValidationInfo | None) -> int:
+    mib = _memory_mib(value, info)
     if not 1 <= mib <= 1024:
         raise problem(f"{mib} MiB is out of range", "give 1MiB to 1GiB")
     return mib

@@ -9,16 +9,17 @@ file means the defaults. ``docs/manifest.md`` documents every field.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Literal, Self, get_args
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from gpufrac.errors import InputError
-from gpufrac.model.manifest_errors import input_error
+from gpufrac.model.manifest_errors import input_error, noted
 from gpufrac.model.manifest_fields import kind_of, load_documents, read_text_file
 from gpufrac.model.manifest_types import (
+    NOTES,
     BodyLimitMiB,
     DnsLabel,
     GpusMilli,
@@ -92,6 +93,9 @@ class OperatorSettings:
     # node_selector match
     node_name: str | None = None
     node_labels: dict[str, str] = field(default_factory=dict)
+    # how the file is written that deserves a word (``PATH: warning``: an old unit spelling); what
+    # reads the file for a user (the agent, the control plane, gpufrac schedule) shows them
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def check_user(self, tenant: str, user: str | None) -> None:
         """Refuse a ``spec.user`` its tenant may not ask for."""
@@ -185,12 +189,14 @@ def parse_settings(text: str, *, source: str = SETTINGS_FILE) -> OperatorSetting
             field=source,
             fix="write the settings as one document",
         )
+    notes: list[tuple[str, str, str]] = []
     try:
-        document = SettingsDocument.model_validate(documents[0])
+        document = SettingsDocument.model_validate(documents[0], context={NOTES: notes})
     except ValidationError as exc:
         errors = input_error(exc, SettingsDocument).errors  # the document's own: the file's
         raise InputError.many([e if e.field else e.at(source) for e in errors]) from None
-    return document.settings()
+    found = tuple(f"{source}: {w}" for w in noted(documents[0], notes))
+    return replace(document.settings(), warnings=found)
 
 
 _PRIORITY = Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)]
@@ -212,7 +218,7 @@ class TenantFields(Strict):
 
     gpu_memory: MemoryMiB | None = Field(
         None,
-        description="The most GPU memory its workloads may hold at once (200GiB, or an integer "
+        description="The most GPU memory its workloads may hold at once (200Gi, or an integer "
         "meaning MiB).",
     )
     gpus: GpusMilli | None = Field(

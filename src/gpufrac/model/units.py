@@ -1,37 +1,163 @@
-"""Units users write: memory sizes (``12GiB``) and percentages (``30%``), to fixed-point
-integers."""
+"""Units users write: memory sizes (``12Gi``) and percentages (``30%``), to fixed-point
+integers.
+
+A size is read as a Kubernetes quantity, case-sensitive: ``Ki Mi Gi Ti`` are binary (powers of
+1024), ``k M G T`` decimal (powers of 1000); ``KiB MiB GiB TiB`` are binary too; a bare number is
+MiB (HAMi's ``gpumem`` and every manifest before this release use MiB). Lower-case ``m`` is milli
+in Kubernetes, which means nothing for memory: it is refused, with the fix. The spellings of
+earlier releases are still read as they were, each with a warning naming the Kubernetes form:
+``MB GB TB`` (decimal), and the old case-insensitive ones (``g``, ``gb``, ``gib``...). ``M G T``
+alone meant MiB, GiB, TiB before and are decimal now, as in Kubernetes: they warn on every use for
+one release.
+
+``SIZE_UNITS`` is the table; ``SIZE_PATTERN`` (the JSON Schema's) accepts exactly what
+``read_size`` reads.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
+from typing import Literal
 
 from gpufrac.errors import InputError
 
-_SIZE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>mib|gib|tib|mb|gb|tb|m|g|t)?$", re.IGNORECASE)
-_UNIT_MIB = {
-    "mib": 1.0,
-    "m": 1.0,
-    "gib": 1024.0,
-    "g": 1024.0,
-    "tib": 1024.0 * 1024,
-    "t": 1024.0 * 1024,
-    "mb": 1e6 / 2**20,
-    "gb": 1e9 / 2**20,
-    "tb": 1e12 / 2**20,
+Spelling = Literal["kubernetes", "iec", "changed", "deprecated"]
+"""How a unit is taken: a Kubernetes quantity; an IEC name (``GiB``), kept; one whose meaning
+changed in this release (``G`` was GiB, is 10^9 bytes now); a spelling of an earlier release, read
+as before, with a warning."""
+
+
+@dataclass(frozen=True, slots=True)
+class SizeUnit:
+    bytes: int
+    spelling: Spelling
+    kubernetes: str  # the Kubernetes form of the same amount (what a warning tells to write)
+
+
+_K, _M, _G, _T = 10**3, 10**6, 10**9, 10**12
+_KI, _MI, _GI, _TI = 2**10, 2**20, 2**30, 2**40
+SIZE_UNITS: dict[str, SizeUnit] = {
+    "Ki": SizeUnit(_KI, "kubernetes", "Ki"),
+    "Mi": SizeUnit(_MI, "kubernetes", "Mi"),
+    "Gi": SizeUnit(_GI, "kubernetes", "Gi"),
+    "Ti": SizeUnit(_TI, "kubernetes", "Ti"),
+    "k": SizeUnit(_K, "kubernetes", "k"),
+    "M": SizeUnit(_M, "changed", "M"),
+    "G": SizeUnit(_G, "changed", "G"),
+    "T": SizeUnit(_T, "changed", "T"),
+    "KiB": SizeUnit(_KI, "iec", "Ki"),
+    "MiB": SizeUnit(_MI, "iec", "Mi"),
+    "GiB": SizeUnit(_GI, "iec", "Gi"),
+    "TiB": SizeUnit(_TI, "iec", "Ti"),
 }
+# the spellings of earlier releases, in any case (``Gb``, ``gib``, ``GIB``): read as before
+_OLD = {
+    "mb": SizeUnit(_M, "deprecated", "M"),
+    "gb": SizeUnit(_G, "deprecated", "G"),
+    "tb": SizeUnit(_T, "deprecated", "T"),
+    "mib": SizeUnit(_MI, "deprecated", "Mi"),
+    "gib": SizeUnit(_GI, "deprecated", "Gi"),
+    "tib": SizeUnit(_TI, "deprecated", "Ti"),
+    "g": SizeUnit(_GI, "deprecated", "Gi"),
+    "t": SizeUnit(_TI, "deprecated", "Ti"),
+}
+_BINARY_BEFORE = {"M": _MI, "G": _GI, "T": _TI}  # what a changed unit meant before
+MAX_SIZE_MIB = 2**40  # an exbibyte: far above any fleet, and every count stays a small integer
+
+_NUMBER = r"[0-9]+(\.[0-9]+)?"
+_SIZE = re.compile(rf"^\s*(?P<n>{_NUMBER})\s*(?P<unit>[A-Za-z]+)?\s*$")
 
 
-def parse_size_mib(text: str, *, field: str) -> int:
-    """``20GiB`` -> 20480; a bare number is MiB; decimal units (GB) are converted. Rounds up."""
-    m = _SIZE.match(text.strip())
+def _any_case(word: str) -> str:
+    return "".join(f"[{c.upper()}{c}]" for c in word)
+
+
+SIZE_PATTERN = (
+    rf"^\s*{_NUMBER}\s*("
+    + "|".join([*SIZE_UNITS, *(_any_case(w) for w in _OLD if len(w) > 1), "g", "t"])
+    + r")?\s*$"
+)  # a JSON Schema pattern for what ``read_size`` reads
+SIZE_FIX = (
+    "write a Kubernetes quantity like 12Gi or 512Mi (binary), 12G (decimal), or MiB as a number"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Size:
+    """A size read: whole MiB (rounded up), and a warning where the spelling is of an earlier
+    release or means something else than it did (what to write instead)."""
+
+    mib: int
+    warning: str | None = None
+
+
+def read_size(text: str, *, field: str) -> Size:
+    """``20Gi`` -> 20480 MiB; ``20G`` -> 19074 (decimal, with a warning for one release); a bare
+    number is MiB. Rounds up to whole MiB."""
+    m = _SIZE.match(text)
     if not m:
+        raise InputError(f"{text!r} is not a memory size", field=field, fix=SIZE_FIX)
+    number, written = m.group("n"), m.group("unit")
+    if written is None:
+        unit = SizeUnit(_MI, "kubernetes", "Mi")
+    elif written == "m":
         raise InputError(
-            f"{text!r} is not a memory size", field=field, fix="write it like 20GiB or 512MiB"
+            f"{text!r} is {number} milli-bytes: lower-case m is milli in Kubernetes quantities",
+            field=field,
+            fix=f"write {number}Mi for MiB (or {number}: a bare number is MiB)",
         )
-    mib = float(m.group("n")) * _UNIT_MIB[(m.group("unit") or "mib").lower()]
+    elif written in SIZE_UNITS:
+        unit = SIZE_UNITS[written]
+    elif written.lower() in _OLD:
+        unit = _OLD[written.lower()]
+    else:
+        raise InputError(
+            f"{text!r} is not a memory size: {written!r} is not a unit", field=field, fix=SIZE_FIX
+        )
+    mib = _to_mib(number, unit.bytes)
     if mib <= 0:
-        raise InputError(f"{text!r} is not a positive size", field=field)
-    return int(-(-mib // 1))
+        raise InputError(f"{text!r} is not a positive size", field=field, fix=SIZE_FIX)
+    if mib > MAX_SIZE_MIB:
+        raise InputError(f"{text!r} is too large", field=field, fix="give at most 1048576Ti")
+    return Size(mib, _warning(number, written or "", unit, mib))
+
+
+def _warning(number: str, written: str, unit: SizeUnit, mib: int) -> str | None:
+    decimal = not unit.kubernetes.endswith("i")
+    kind = "decimal" if decimal else "binary"
+    match unit.spelling:
+        case "kubernetes" | "iec":
+            return None
+        case "changed":
+            before = f"{number}{written}iB"  # G was GiB
+            old = _to_mib(number, _BINARY_BEFORE[written])
+            return (
+                f"{number}{written} is decimal now, as in Kubernetes ({mib:,} MiB); before this "
+                f"release gpufrac read it as {before} ({old:,} MiB): write {number}{written}i for "
+                "that"
+            )
+        case "deprecated":
+            other = (
+                f"{number}{unit.kubernetes.removesuffix('i')}"
+                if not decimal
+                else (f"{number}{unit.kubernetes}i")
+            )
+            return (
+                f"{number}{written} is {kind} ({mib:,} MiB), as before; this spelling is "
+                f"deprecated: write {number}{unit.kubernetes} (Kubernetes quantities are "
+                f"case-sensitive: {other} is {'binary' if decimal else 'decimal'})"
+            )
+
+
+def _to_mib(number: str, unit_bytes: int) -> int:
+    return int((Decimal(number) * unit_bytes / _MI).to_integral_value(rounding=ROUND_CEILING))
+
+
+def format_gib(mib: int) -> str:
+    """An amount as a person checks it against a GPU's size: ``90.0GiB``."""
+    return f"{mib / 1024:.1f}GiB"
 
 
 def format_mib(mib: int) -> str:

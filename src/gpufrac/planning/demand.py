@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel, MigProfile, lookup_model
 from gpufrac.model.mig import parse_profile_name
-from gpufrac.model.units import parse_size_mib
+from gpufrac.model.units import read_size
 
 __all__ = [
     "DemandClass",
     "ResolvedClass",
     "parse_need_demand",
     "parse_profile_demand",
-    "parse_size_mib",
+    "read_size",
     "resolve_demand",
 ]
 
@@ -36,6 +36,7 @@ class DemandClass:
     model: str | None = None  # by profile, on this model only (catalog key)
     memory_mib: int | None = None  # by need
     compute_slices: int | None = None  # by need, optional
+    warning: str | None = None  # how the need's size is written (an old unit spelling)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +110,14 @@ def parse_need_demand(text: str, *, field: str = "--need") -> list[DemandClass]:
                     f"{compute!r} is not a compute need", field=field, fix="write it like 60GiB/3c"
                 )
             slices = int(c)
+        read = read_size(size, field=field)
         classes.append(
             DemandClass(
                 label=key,
                 count=n,
-                memory_mib=parse_size_mib(size, field=field),
+                memory_mib=read.mib,
                 compute_slices=slices,
+                warning=None if read.warning is None else f"{field}: {read.warning}",
             )
         )
     return classes

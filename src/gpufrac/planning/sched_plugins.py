@@ -29,13 +29,14 @@ from gpufrac.planning.sched_state import Allocation
 
 Policy = Literal["binpack", "spread", "first-fit"]  # first-fit: the benchmark's baseline
 StatusCode = Literal["unschedulable", "unresolvable"]
+PluginName = Literal["quota", "node_selector", "schedulable", "capacity", "mps_tenants"]
 
 
 @dataclass(frozen=True, slots=True)
 class Status:
     code: StatusCode
     reason: str
-    plugin: str
+    plugin: PluginName
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,18 +115,36 @@ def quota(ctx: PluginContext, req: SchedRequest, need: Need, count: int) -> Stat
         return None
     used_mem, used_milli = ctx.tenant_use(req.tenant)
     if q.gpu_memory_mib is not None and used_mem + need.memory_mib * count > q.gpu_memory_mib:
-        why = (
-            f"tenant {req.tenant} quota: {format_mib(used_mem)} of "
-            f"{format_mib(q.gpu_memory_mib)} GPU memory used"
+        return Status(
+            "unschedulable",
+            over_memory_quota(req.tenant, used_mem, need.memory_mib * count, q.gpu_memory_mib),
+            "quota",
         )
-        return Status("unschedulable", why, "quota")
     if q.gpus_milli is not None and used_milli + need.milli * count > q.gpus_milli:
-        why = (
-            f"tenant {req.tenant} quota: {used_milli / MILLI:g} of {q.gpus_milli / MILLI:g} "
-            "GPUs used"
+        return Status(
+            "unschedulable",
+            over_gpus_quota(req.tenant, used_milli, need.milli * count, q.gpus_milli),
+            "quota",
         )
-        return Status("unschedulable", why, "quota")
     return None
+
+
+def over_memory_quota(tenant: str, used: int, more: int, limit: int) -> str:
+    """Why ``more`` MiB of GPU memory does not fit ``tenant``'s quota, which it uses ``used`` of."""
+    held = f"{format_mib(used)} held + {format_mib(more)} asked" if used else "asked"
+    return (
+        f"tenant {tenant} would use {format_mib(used + more)} of GPU memory ({held}), over its "
+        f"{format_mib(limit)} quota (tenants.{tenant}.gpu_memory in gpufrac.yaml)"
+    )
+
+
+def over_gpus_quota(tenant: str, used: int, more: int, limit: int) -> str:
+    """Why ``more`` milli-GPU does not fit ``tenant``'s quota, which it uses ``used`` of."""
+    held = f"{used / MILLI:g} held + {more / MILLI:g} asked" if used else "asked"
+    return (
+        f"tenant {tenant} would use {(used + more) / MILLI:g} GPUs ({held}), over its "
+        f"{limit / MILLI:g} GPU quota (tenants.{tenant}.gpus in gpufrac.yaml)"
+    )
 
 
 PREFILTERS: tuple[PreFilter, ...] = (quota,)
@@ -199,6 +218,16 @@ def first_refusal(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status
     """The first filter that rules the candidate out, or None if every filter passes it."""
     for f in FILTERS:
         status = f(ctx, req, c)
+        if status is not None:
+            return status
+    return None
+
+
+def refusal_if_open(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:
+    """``first_refusal`` for a GPU that takes no new work, as if it did: whether opening it (an
+    uncordon, its node back) would let the request in."""
+    for f in FILTERS:
+        status = None if f is schedulable else f(ctx, req, c)
         if status is not None:
             return status
     return None

@@ -24,6 +24,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Literal
 
 from gpufrac.model.catalog import GpuModel
 from gpufrac.model.gpu import GpuState
@@ -52,13 +53,29 @@ class Allocation:
     mig: MigPlacement | None = None
 
 
+Closure = Literal["cordoned", "node_lost"]  # why a GPU takes no new work
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """Why a GPU takes no new work: it is cordoned (by an operator, or drained after a health
+    event), or its node is lost; ``detail`` says what a reason shows of it (a lost node: how long
+    it has gone without a heartbeat)."""
+
+    cause: Closure
+    detail: str = ""
+
+
+CORDONED = Closed("cordoned")
+
+
 @dataclass
 class SchedGpu:
     uuid: str
     index: int
     model: GpuModel
     mig: bool
-    schedulable: bool = True
+    closed: Closed | None = None  # None: it takes new work
     mode: Mode | None = None  # for non-MIG GPUs: None while empty
     mem_used: int = 0
     milli_used: int = 0
@@ -71,6 +88,10 @@ class SchedGpu:
     pinned: bool = False  # an operator set its MIG layout: no instance is created or destroyed
     node: str = ""  # the machine it is in ("" where the fleet is one machine with no name)
     node_labels: Mapping[str, str] = field(default_factory=dict)  # that machine's labels
+
+    @property
+    def schedulable(self) -> bool:
+        return self.closed is None
 
     @property
     def total_mib(self) -> int:
@@ -123,6 +144,7 @@ class ClusterState:
         self.addable: dict[tuple[str, str], set[int]] = defaultdict(set)
         self.idle_mig: dict[str, set[int]] = defaultdict(set)  # MIG GPUs with instances, all unused
         self.with_idle: dict[str, set[int]] = defaultdict(set)  # MIG GPUs with an unused instance
+        self.closed: set[int] = {g.index for g in gpus if not g.schedulable}  # no new work there
         for g in gpus:
             if g.mig:
                 self._index_mig(g)
@@ -245,12 +267,19 @@ class ClusterState:
                 raise ValueError(f"GPU {g.uuid} must come next (index {len(self.gpus)}), once")
             self.gpus.append(g)
             self.by_uuid[g.uuid] = g
+            if not g.schedulable:
+                self.closed.add(g.index)
             self._index(g)
         self._fleet_views()
 
-    def set_schedulable(self, g: SchedGpu, schedulable: bool) -> None:
+    def set_closed(self, g: SchedGpu, closed: Closed | None) -> None:
+        """Close ``g`` to new work, saying why, or open it again (``None``)."""
         self._unindex(g)
-        g.schedulable = schedulable
+        g.closed = closed
+        if closed is None:
+            self.closed.discard(g.index)
+        else:
+            self.closed.add(g.index)
         self._index(g)
 
     # -- changes -------------------------------------------------------------------------------

@@ -23,18 +23,21 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import assert_never
 
 from gpufrac.errors import InputError
+from gpufrac.model.catalog import GpuModel
 from gpufrac.model.mig import MigPlacement, check_layout
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.units import format_mib
-from gpufrac.model.workload import MILLI, Mode, WorkloadSpec
+from gpufrac.model.workload import Mode, WorkloadSpec
 from gpufrac.planning.mig_recut import best_recut
 from gpufrac.planning.sched_candidates import (
     CANDIDATES_PER_MODEL,
     RecutScope,
     candidates,
     candidates_on,
+    mig_candidates_on,
     recut_scope,
 )
 from gpufrac.planning.sched_decision import (
@@ -51,9 +54,13 @@ from gpufrac.planning.sched_plugins import (
     Policy,
     Status,
     first_refusal,
+    over_gpus_quota,
+    over_memory_quota,
+    refusal_if_open,
     score,
 )
 from gpufrac.planning.sched_preempt import preemption
+from gpufrac.planning.sched_reasons import MAX_NAMED, Reasons, cordoned, lost_nodes
 from gpufrac.planning.sched_request import Need, SchedRequest
 from gpufrac.planning.sched_state import (
     Allocation,
@@ -159,6 +166,28 @@ def preempted_by(req: SchedRequest, _victim: str) -> str:
     decision carries it as its ``cause``, and what a viewer may not see is hidden when it is shown
     (the API: another tenant's workload is not named, not even by name)."""
     return f"preempted by {req.key} (priority {req.priority})"
+
+
+MAX_REFUSALS = 3  # GPUs passed over that one capacity clause names
+
+
+def note(refused: list[str], why: str) -> None:
+    """Keep ``why`` a GPU was passed over, once, up to ``MAX_REFUSALS`` of them."""
+    if len(refused) < MAX_REFUSALS and why not in refused:
+        refused.append(why)
+
+
+def not_counting(closed: int) -> str:
+    """What a capacity clause adds about GPUs that would count but take no new work."""
+    if not closed:
+        return ""
+    return f", not counting {closed} that take{'s' if closed == 1 else ''} no new work"
+
+
+def gpu_name(g: SchedGpu) -> str:
+    """How a reason names a GPU: by its index on one machine; a cluster's as ``NODE/UUID``, the
+    name its cordon and uncordon take (the core's own indexes mean nothing to a user)."""
+    return g.uuid if g.node and g.uuid.startswith(f"{g.node}/") else str(g.index)
 
 
 class Scheduler:
@@ -391,7 +420,7 @@ class Scheduler:
         """Place ``req`` if it fits (``only`` on those GPUs; MIG re-cut no further than ``scope``);
         ``behind``: whether an earlier MIG request waits (None: look)."""
         key = req.key
-        reasons: list[str] = []
+        reasons = Reasons()
         if req.selector and not any(req.admits(lab) for lab in self.state.nodes.values()):
             reason = "no node has its spec.node_selector labels: " + "; ".join(
                 f"node {node or '(unnamed)'} lacks {', '.join(req.missing_labels(lab))}"
@@ -416,8 +445,8 @@ class Scheduler:
                         for other in self._earlier(req):
                             self._passed[other.key] = self._passed.get(other.key, 0) + 1
                 elif not chosen:
-                    reasons.insert(
-                        0,
+                    reasons.add(
+                        "mig_queue",
                         f"an earlier MIG request of tenant {req.tenant} waits: re-cuts serve a "
                         "tenant's requests in order once one has been passed over "
                         f"{RECUT_BYPASS} times, so this one takes only free instances and free "
@@ -441,13 +470,17 @@ class Scheduler:
             if plan is not None:
                 return self._preempt(req, *plan)
             if policy == "own-tenant" and self.state.min_priority() < req.priority:
-                reasons.append("it may evict only its own tenant's work (its tenant's preemption)")
+                reasons.add(
+                    "preemption",
+                    "it may evict only its own tenant's work (its tenant's preemption)",
+                )
         elif preempt and self.state.min_priority() < req.priority:
             whose = "" if req.spec.preemption == "never" else "its tenant's "
-            reasons.append(f"it evicts no one ({whose}preemption: never)")
+            reasons.add("preemption", f"it evicts no one ({whose}preemption: never)")
         if req.selector:
-            reasons.insert(0, self._selected_nodes(req))
-        reason = "; ".join(dict.fromkeys(reasons)) or "no GPU has room"
+            reasons.add("node_selector", self._selected_nodes(req))
+        self._closed_reasons(req, reasons)
+        reason = reasons.text() or "no GPU has room"
         self.pending[key] = reason
         return [Decision(key, "pending", reason)]
 
@@ -462,7 +495,54 @@ class Scheduler:
             f"{n or '(unnamed)'}" + (" (takes no new work)" if n in closed else "")
             for n in admitted
         )
-        return f"nodes with its spec.node_selector labels: {said}"
+        lacking = [
+            f"node {n or '(unnamed)'} lacks label{'s' if len(miss) > 1 else ''} {', '.join(miss)}"
+            for n, lab in sorted(self.state.nodes.items())
+            if (miss := req.missing_labels(lab))
+        ]
+        more = len(lacking) - MAX_NAMED
+        others = (
+            ", while "
+            + " and ".join(lacking[:MAX_NAMED])
+            + (f" (and {more} more)" if more > 0 else "")
+            if lacking
+            else ""
+        )
+        return f"nodes with its spec.node_selector labels: {said}{others}"
+
+    def _closed_reasons(self, req: SchedRequest, reasons: Reasons) -> None:
+        """The cordoned GPUs and lost nodes that would hold ``req`` were they open: a clause for
+        each cause (a GPU closed for a reason that would not hold it anyway is not named)."""
+        shut: list[tuple[str, int]] = []
+        lost: dict[str, str] = {}
+        for gi in sorted(self.state.closed):
+            g = self.state.gpus[gi]
+            if g.closed is None or not req.admits(g.node_labels) or not self._fits_if_open(req, g):
+                continue
+            match g.closed.cause:
+                case "cordoned":
+                    shut.append((gpu_name(g), g.free_mib))
+                case "node_lost":
+                    lost.setdefault(g.node or "(unnamed)", g.closed.detail)
+                case _ as never:
+                    assert_never(never)
+        if shut:
+            reasons.add("cordon", cordoned(shut))
+        if lost:
+            reasons.add("node_lost", lost_nodes(sorted(lost.items())))
+
+    def _fits_if_open(self, req: SchedRequest, g: SchedGpu) -> bool:
+        """Whether closed GPU ``g`` would take ``req`` (or one of its whole GPUs) were it open."""
+        for mode in req.modes:
+            if mode == "mig":
+                found = mig_candidates_on(self.state, req, g, self.recut)
+            elif g.mig or req.need(g.model, mode).memory_mib > g.total_mib:
+                continue
+            else:
+                found = iter([Candidate(g.index, mode, req.need(g.model, mode))])
+            if any(refusal_if_open(self.ctx, req, c) is None for c in found):
+                return True
+        return False
 
     def _earlier(self, req: SchedRequest) -> list[SchedRequest]:
         """The waiting MIG requests of ``req``'s tenant that came before it, of at least its
@@ -624,7 +704,7 @@ class Scheduler:
         self,
         req: SchedRequest,
         mode: Mode,
-        reasons: list[str],
+        reasons: Reasons,
         only: set[int] | None,
         scope: RecutScope,
     ) -> list[Candidate] | None:
@@ -633,6 +713,7 @@ class Scheduler:
         best: tuple[int, Candidate] | None = None
         passed: dict[str, int] = {}  # per GPU model, candidates that got through the filters
         barred: dict[str, Status | None] = {}  # per GPU model, the pre-filters' answer
+        refused: list[str] = []  # why GPUs with room for it were passed over
         cands = (
             candidates(self.state, self.ctx, req, mode, self.policy, scope, passed)
             if only is None
@@ -641,8 +722,7 @@ class Scheduler:
         kept = self._kept_from(req)
         for cand in cands:
             if cand.gpu in kept:
-                if len(reasons) < 3:
-                    reasons.append(f"GPU {cand.gpu} is kept for a MIG request waiting before it")
+                note(refused, f"GPU {cand.gpu} is kept for a MIG request waiting before it")
                 continue
             model = self.state.gpus[cand.gpu].model.key
             if passed.get(model, 0) >= CANDIDATES_PER_MODEL:
@@ -651,8 +731,7 @@ class Scheduler:
                 barred[model] = self._prefilter(req, cand.need, 1)
             status = barred[model] or first_refusal(self.ctx, req, cand)
             if status is not None:
-                if len(reasons) < 3:
-                    reasons.append(status.reason)
+                self._heed(status, reasons, refused)
                 continue
             passed[model] = passed.get(model, 0) + 1
             value = score(self.ctx, req, cand)
@@ -660,9 +739,22 @@ class Scheduler:
                 best = (value, cand)
         if best is None:
             if only is None:
-                reasons.append(self._why_none(req, mode))
+                reasons.set_capacity(mode, lambda: self._capacity(req, mode, reasons, refused))
             return None
         return [best[1]]
+
+    def _heed(self, status: Status, reasons: Reasons, refused: list[str]) -> None:
+        """A pre-filter's or filter's refusal, under its cause: the node selector and closed GPUs
+        have clauses of their own (``_selected_nodes``, ``_closed_reasons``)."""
+        match status.plugin:
+            case "quota":
+                reasons.add("quota", status.reason)
+            case "capacity" | "mps_tenants":
+                note(refused, status.reason)
+            case "node_selector" | "schedulable":
+                pass
+            case _ as never:
+                assert_never(never)
 
     def _prefilter(self, req: SchedRequest, need: Need, count: int) -> Status | None:
         for f in PREFILTERS:
@@ -671,76 +763,142 @@ class Scheduler:
                 return status
         return None
 
-    def _whole_gpus(self, req: SchedRequest, reasons: list[str]) -> list[Candidate] | None:
+    def _open_to(
+        self,
+        req: SchedRequest,
+        gpus: Sequence[SchedGpu],
+        models: Sequence[GpuModel],
+        need: Callable[[GpuModel], Need | None],
+    ) -> tuple[list[SchedGpu], int, Status | None]:
+        """Of ``gpus`` (of ``models``), those ``req`` could use now as far as its labels, closed
+        GPUs and its tenant's quota go (``need``: what it takes on a GPU of a model, None where it
+        cannot go); with how many more would do but take no new work, and the quota's refusal if
+        it ruled a model out."""
+        fits: set[str] = set()  # models it could go on, its quota allowing
+        quota = None
+        for m in models:
+            n = need(m)
+            if n is None:
+                continue
+            status = self._prefilter(req, n, req.spec.gpu.count or 1)
+            if status is None:
+                fits.add(m.key)
+            else:
+                quota = quota or status
+        usable: list[SchedGpu] = []
+        closed = 0
+        for g in gpus:
+            if g.model.key not in fits or (req.selector and not req.admits(g.node_labels)):
+                continue
+            if g.schedulable:
+                usable.append(g)
+            else:
+                closed += 1
+        return usable, closed, quota
+
+    def _capacity(
+        self, req: SchedRequest, mode: Mode, reasons: Reasons, refused: list[str]
+    ) -> str | None:
+        """Mode ``mode``'s capacity clause: why no GPU of that mode that is open to ``req`` holds
+        it, with the numbers; None when there is no such GPU (its quota, labels or closed GPUs
+        say why, in their own clauses) or the fleet has none of that mode."""
+        st = self.state
+        if mode == "mig":
+            usable, closed, quota = self._open_to(req, st.mig_gpus, st.mig_models, req.mig_need)
+        else:
+
+            def need(m: GpuModel) -> Need | None:
+                n = req.need(m, mode)
+                return n if n.memory_mib <= m.memory_total_mib else None
+
+            usable, closed, quota = self._open_to(req, st.plain_gpus, st.plain_models, need)
+        if quota is not None:
+            reasons.add("quota", quota.reason)
+        if not usable:
+            if mode == "mig" and st.mig_gpus and not any(req.mig_profile(m) for m in st.mig_models):
+                models = ", ".join(m.key for m in st.mig_models)
+                return f"mig: no MIG profile of the fleet's MIG GPUs ({models}) holds it"
+            return None
+        if refused:  # GPUs with room for it, passed over for these reasons
+            return f"{mode}: {', '.join(refused)}"
+        besides = not_counting(closed)
+        if mode == "mig":
+            return self._why_no_mig(req, len(usable), besides)
+        fitting = [g for g in usable if g.mode in (None, mode)]
+        others = Counter(g.mode for g in usable if g.mode not in (None, mode))
+        taken = ", ".join(f"{n} {m}" for m, n in sorted(others.items(), key=lambda x: str(x[0])))
+        if not fitting:
+            return (
+                f"{mode}: every GPU open to it is in use under another sharing mode "
+                f"({taken}{besides})"
+            )
+        mem = format_mib(min(req.need(g.model, mode).memory_mib for g in fitting))
+        largest = max(g.headroom for g in fitting)
+        such = f"{len(fitting)} such GPU{'s' if len(fitting) > 1 else ''}"
+        in_others = f"; {taken} in use under another sharing mode" if others else ""
+        return (
+            f"{mode}: no {mode} or empty GPU has {mem} and the share asked for free ({such}, the "
+            f"most left on one: {largest / 10:.1f}% of a GPU{in_others}{besides})"
+        )
+
+    def _whole_gpus(self, req: SchedRequest, reasons: Reasons) -> list[Candidate] | None:
         count = req.spec.gpu.count or 1
         empty_of = self.state.empty
         for model in sorted(self.state.models, key=lambda m: -len(empty_of.get(m.key, []))):
             need = req.need(model, "exclusive")
             barred = self._prefilter(req, need, count)
             if barred is not None:
-                reasons.append(barred.reason)
+                reasons.add("quota", barred.reason)
                 return None
             picks: dict[str, list[Candidate]] = {}  # per node: a request's GPUs share one
             for gi in empty_of.get(model.key, []):
                 c = Candidate(gi, "exclusive", need)
-                refusal = first_refusal(self.ctx, req, c)
-                if refusal is None:
+                if first_refusal(self.ctx, req, c) is None:
                     on_node = picks.setdefault(self.state.gpus[gi].node, [])
                     on_node.append(c)
                     if len(on_node) == count:
                         return on_node
-                elif refusal.plugin == "node_selector" and len(reasons) < 3:
-                    reasons.append(refusal.reason)
         gpus = self.state.gpus
         free = sum(1 for v in empty_of.values() for gi in v if req.admits(gpus[gi].node_labels))
         nodes = len({g.node for g in self.state.plain_gpus})
         one = " on one node" if nodes > 1 and count > 1 else ""
         there = " on nodes with its labels" if req.selector else ""
-        reasons.append(f"needs {count} whole GPU(s) without MIG{one}; {free} free{there} now")
+        plain = " without MIG" if self.state.mig_gpus else ""  # the fleet's modes only
+        closed = sum(
+            1
+            for g in self.state.plain_gpus
+            if not g.schedulable and not g.allocs and req.admits(g.node_labels)
+        )
+        besides = not_counting(closed)
+        clause = f"needs {count} whole GPU(s){plain}{one}; {free} free{there} now{besides}"
+        reasons.set_capacity("exclusive", lambda: clause)
         return None
 
-    def _why_none(self, req: SchedRequest, mode: Mode) -> str:
-        if mode == "mig":
-            pinned = [
-                g.index
-                for g in self.state.mig_gpus
-                if g.pinned and g.schedulable and req.mig_profile(g.model) is not None
-            ]
-            held = (
-                f"; the MIG layout of GPU {', '.join(map(str, pinned))} is pinned by the operator "
-                f"(gpufrac mig release --gpu {pinned[0]} lets the agent cut it)"
-                if pinned
-                else ""
-            )
-            match self.recut:
-                case "none":
-                    return (
-                        "no free MIG instance fits (mig_reconfigure is never: only existing "
-                        "instances are used)"
-                    )
-                case "create" | "whole_gpu" | "idle" | "drain":
-                    return (
-                        "no free MIG instance fits, none can be created beside the current ones, "
-                        "and no re-cut of idle instances makes room" + held
-                    )
-        st = self.state
-        needs = [req.need(m, mode).memory_mib for m in st.plain_models] or [0]
-        admitted = {g.index for g in st.plain_gpus if req.admits(g.node_labels)}
-        largest = max(
-            [
-                headroom
-                for (_, md), lst in st.shared.items()
-                if md == mode
-                for headroom, gi in lst
-                if gi in admitted
-            ]
-            + [MILLI for m in st.plain_models for gi in st.empty.get(m.key, ()) if gi in admitted]
-            + [0]
+    def _why_no_mig(self, req: SchedRequest, usable: int, besides: str) -> str:
+        """The MIG capacity clause, over the ``usable`` MIG GPUs open to ``req``."""
+        pinned = [
+            g.index
+            for g in self.state.mig_gpus
+            if g.pinned and g.schedulable and req.mig_profile(g.model) is not None
+        ]
+        held = (
+            f"; the MIG layout of GPU {', '.join(map(str, pinned))} is pinned by the operator "
+            f"(gpufrac mig release --gpu {pinned[0]} lets the agent cut it)"
+            if pinned
+            else ""
         )
-        return (
-            f"{mode}: no GPU has {format_mib(min(needs))} and the share asked for free "
-            f"(the most any {mode} GPU has left: {largest / 10:.1f}% of a GPU)"
-        )
+        on = f" on its {usable} MIG GPU(s){besides}"
+        match self.recut:
+            case "none":
+                return (
+                    f"no free MIG instance fits{on} (mig_reconfigure is never: only existing "
+                    "instances are used)"
+                )
+            case "create" | "whole_gpu" | "idle" | "drain":
+                return (
+                    f"no free MIG instance fits{on}, none can be created beside the current "
+                    "ones, and no re-cut of idle instances makes room" + held
+                )
 
     # -- refusals ------------------------------------------------------------------------------
 
@@ -773,7 +931,15 @@ class Scheduler:
                     if gpu.memory_mib
                     else f"{(gpu.fraction_milli or 0) / 10:.1f}% of a GPU"
                 )
-                modes = " or ".join(req.modes)
+                # only the modes the fleet has GPUs for
+                had = [m for m in req.modes if (st.mig_gpus if m == "mig" else st.plain_gpus)]
+                if not had:
+                    kind = "in MIG mode" if req.modes == ("mig",) else "without MIG"
+                    return (
+                        f"no GPU in the fleet could ever hold {what} under "
+                        f"{' or '.join(req.modes)} sharing: it has no GPU {kind}"
+                    )
+                modes = " or ".join(had)
                 return f"no GPU in the fleet could ever hold {what} under {modes} sharing"
         quota = self.settings.tenants.get(req.tenant)
         if quota is not None:
@@ -787,19 +953,12 @@ class Scheduler:
                     else:
                         options.append(req.need(m, mode))
             count = gpu.count or 1
-            if options and all(
-                quota.gpu_memory_mib is not None and n.memory_mib * count > quota.gpu_memory_mib
-                for n in options
-            ):
-                return (
-                    f"asks for more GPU memory than tenant {req.tenant}'s whole quota "
-                    f"({format_mib(quota.gpu_memory_mib or 0)})"
-                )
-            if options and all(
-                quota.gpus_milli is not None and n.milli * count > quota.gpus_milli for n in options
-            ):
-                return (
-                    f"asks for more GPUs than tenant {req.tenant}'s whole quota "
-                    f"({(quota.gpus_milli or 0) / MILLI:g})"
-                )
+            limit = quota.gpu_memory_mib
+            if options and limit is not None and all(n.memory_mib * count > limit for n in options):
+                least = min(n.memory_mib for n in options) * count
+                return "even alone, " + over_memory_quota(req.tenant, 0, least, limit)
+            share = quota.gpus_milli
+            if options and share is not None and all(n.milli * count > share for n in options):
+                least = min(n.milli for n in options) * count
+                return "even alone, " + over_gpus_quota(req.tenant, 0, least, share)
         return None

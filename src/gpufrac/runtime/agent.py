@@ -59,7 +59,7 @@ from gpufrac.planning.sched_decision import (
     SchedAction,
     decision_from_json,
 )
-from gpufrac.planning.sched_state import sched_gpus_from_states
+from gpufrac.planning.sched_state import CORDONED, sched_gpus_from_states
 from gpufrac.planning.scheduler import Scheduler, workload_key
 from gpufrac.runtime.arbiter_link import ArbiterLink
 from gpufrac.runtime.executor import EVICTED, Executor
@@ -291,7 +291,7 @@ class Agent:
         for uuid in self.store.cordons():
             g = self.scheduler.state.by_uuid.get(uuid)
             if g is not None:
-                self.scheduler.state.set_schedulable(g, False)
+                self.scheduler.state.set_closed(g, CORDONED)
         for w in self.store.workloads():  # take back what was decided before a restart
             spec = spec_from_json(w.spec)
             placed = self.store.placement(w.tenant, w.name)
@@ -482,9 +482,16 @@ class Agent:
         drain: bool = False,
         allow_mode_change: bool = False,
         pin: bool = True,
+        dry_run: bool = False,
     ) -> list[MigAction]:
         return self.gpu_care.apply_mig(
-            uuid, mig_enabled, layout, drain=drain, allow_mode_change=allow_mode_change, pin=pin
+            uuid,
+            mig_enabled,
+            layout,
+            drain=drain,
+            allow_mode_change=allow_mode_change,
+            pin=pin,
+            dry_run=dry_run,
         )
 
     def release_mig(self, uuid: str) -> list[Decision]:

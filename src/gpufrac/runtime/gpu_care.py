@@ -9,7 +9,7 @@ from gpufrac.errors import InputError
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
 from gpufrac.planning.sched_decision import Decision, displacement_of
-from gpufrac.planning.sched_state import EXTERNAL, SchedGpu
+from gpufrac.planning.sched_state import CORDONED, EXTERNAL, SchedGpu
 from gpufrac.planning.scheduler import Scheduler
 from gpufrac.runtime.executor import Executor
 from gpufrac.runtime.mig_apply import ApplyRefused, GpuTarget, apply_targets, diff_actions
@@ -57,12 +57,12 @@ class GpuCare:
         """No new work on this GPU; what runs there stays."""
         g = self.gpu(uuid)
         self.store.cordon(uuid, reason)
-        self.scheduler.state.set_schedulable(g, False)
+        self.scheduler.state.set_closed(g, CORDONED)
 
     def uncordon(self, uuid: str) -> list[Decision]:
         g = self.gpu(uuid)
         self.store.uncordon(uuid)
-        self.scheduler.state.set_schedulable(g, True)
+        self.scheduler.state.set_closed(g, None)
         decisions = self.scheduler.retry_pending()
         self.executor.record(decisions)
         return decisions
@@ -114,6 +114,7 @@ class GpuCare:
         drain: bool = False,
         allow_mode_change: bool = False,
         pin: bool = True,
+        dry_run: bool = False,
     ) -> list[MigAction]:
         """Change a GPU's MIG mode or instances for an operator, so the scheduler stays true. With
         ``pin`` the layout is kept as set (also across restarts) until ``release_mig``; without it
@@ -121,13 +122,14 @@ class GpuCare:
 
         A GPU already as asked is left alone (only pinned). Workloads on instances that go (or on a
         GPU whose mode changes) are moved elsewhere with ``drain``; without it the change is refused
-        and nothing happens."""
+        and nothing happens. With ``dry_run`` every check is made as for the change, and the
+        actions it would take are returned; nothing is changed, moved or pinned."""
         g = self.gpu(uuid)
         self.executor.mig.wait_idle(uuid)  # MIG changes decided before this one are made first
         now = self.dev.gpu(uuid)
         wanted = tuple(sorted(layout)) if mig_enabled else ()
         if now.mig_enabled == mig_enabled and (not mig_enabled or now.layout == wanted):
-            if mig_enabled and pin:
+            if mig_enabled and pin and not dry_run:
                 self.store.pin_mig(uuid)
                 self.scheduler.set_pinned(uuid, True)
             return []
@@ -141,13 +143,15 @@ class GpuCare:
                 "in the API), and they are placed elsewhere"
             )
         # everything is checked before anything is touched: a bad or refused layout moves no one
-        diff_actions(
+        planned = diff_actions(
             self.dev,
             [GpuTarget(uuid, mig_enabled, wanted)],
             drain=drain,
             allow_mode_change=allow_mode_change,
             field="instances",
         )
+        if dry_run:
+            return planned
         moved = [s for k in sorted(owners) if (s := self.scheduler.spec(k)) is not None]
         why = f"moved off GPU {g.index}: its MIG layout is changed by the operator"
         was_running: dict[str, bool] = {}

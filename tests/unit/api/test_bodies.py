@@ -32,7 +32,7 @@ def problems(model: type[BaseModel], raw: Any) -> list[tuple[str | None, str, st
                 (
                     "body",
                     "unknown field(s) 'instancez', 'mig_enabeld'",
-                    "use only mig_enabled, instances, drain, allow_mode_change, pin",
+                    "use only mig_enabled, instances, drain, allow_mode_change, pin, dry_run",
                 )
             ],
         ),

@@ -270,3 +270,24 @@ def test_a_workload_waiting_for_its_labelled_node_says_that_node_takes_no_new_wo
     d = core.apply(dataclasses.replace(w("x", memory_mib=GIB), node_selector={"kind": "mps"}))
     assert d.outcome == "pending"
     assert "nodes with its spec.node_selector labels: n1 (takes no new work)" in d.reason, d.reason
+
+
+def test_a_workload_that_only_a_lost_node_could_hold_says_the_node_is_lost() -> None:
+    core = ClusterCore()
+    for name in ("n1", "n2"):
+        core.join(name, {}, [SchedGpu(f"GPU-{name}", 0, H200, mig=False)], 0.0)
+    assert core.apply(w("busy", count=1)).outcome == "placed"
+    busy_on, epoch = core.assigned["a/busy"].node, core.assigned["a/busy"].epoch
+    lost = "n2" if busy_on == "n1" else "n1"
+    core.heartbeat(busy_on, Report(running={"a/busy": epoch}), 12.0)
+    core.tick(12.0)  # the other node, silent since 0.0, is lost
+    assert core.nodes[lost].state == "lost"
+    d = core.apply(w("x", count=1))
+    assert d.outcome == "pending"
+    assert d.reason == (
+        f"node {lost} is lost (no heartbeat for 12 s); needs 1 whole GPU(s); 0 free now, not "
+        "counting 1 that takes no new work"
+    )
+    core.heartbeat(busy_on, Report(running={"a/busy": epoch}), 20.0)
+    core.tick(20.0)  # still lost: the time without a heartbeat grows
+    assert f"node {lost} is lost (no heartbeat for 20 s)" in core.apply(w("y", count=1)).reason

@@ -7,7 +7,7 @@ from gpufrac.model.catalog import lookup_model
 from gpufrac.planning.demand import (
     parse_need_demand,
     parse_profile_demand,
-    parse_size_mib,
+    read_size,
     resolve_demand,
     smallest_fitting,
 )
@@ -27,7 +27,7 @@ H200, A100_40, A100_80, H100 = (lookup_model(n) for n in ("h200", "a100-40gb", "
     ],
 )
 def test_sizes(text: str, mib: int) -> None:
-    assert parse_size_mib(text, field="--need") == mib
+    assert read_size(text, field="--need").mib == mib
 
 
 @pytest.mark.parametrize(

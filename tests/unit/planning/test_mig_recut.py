@@ -16,7 +16,7 @@ from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.planning import scheduler
 from gpufrac.planning.mig_recut import best_recut
 from gpufrac.planning.patterns import geometry
-from gpufrac.planning.sched_state import Allocation, ClusterState, SchedGpu
+from gpufrac.planning.sched_state import CORDONED, Allocation, ClusterState, SchedGpu
 from gpufrac.planning.scheduler import Scheduler
 
 H200 = lookup_model("h200")
@@ -197,7 +197,7 @@ def test_a_restore_that_does_not_fit_leaves_no_trace() -> None:
     gpu = SchedGpu("GPU-0", 0, H200, mig=True)
     gpu.instances = {MigPlacement(0, "3g.71gb"): EXTERNAL}
     s = Scheduler([gpu])
-    s.state.set_schedulable(gpu, False)  # the filters refuse it after the claim
+    s.state.set_closed(gpu, CORDONED)  # the filters refuse it after the claim
     recorded = Decision(
         "default/x", "placed", mode="mig", gpus=("GPU-0",), mig=MigPlacement(0, "3g.71gb")
     )

@@ -72,7 +72,7 @@ def test_a_full_node_with_the_labels_is_named_beside_those_without() -> None:
     d = s.submit(w("more", count=1, selector={"zone": "us"}))[0]
     assert d.outcome == "pending"
     assert "node gpu-a lacks label zone=us" in d.reason
-    assert "needs 1 whole GPU(s) without MIG; 0 free on nodes with its labels now" in d.reason
+    assert "needs 1 whole GPU(s); 0 free on nodes with its labels now" in d.reason
 
 
 def test_several_whole_gpus_come_from_one_node() -> None:
@@ -82,7 +82,7 @@ def test_several_whole_gpus_come_from_one_node() -> None:
     # one GPU is free on each node: two GPUs exist, but not on one node
     d = s.submit(w("pair", count=2))[0]
     assert d.outcome == "pending"
-    assert "needs 2 whole GPU(s) without MIG on one node; 2 free now" in d.reason
+    assert "needs 2 whole GPU(s) on one node; 2 free now" in d.reason
     s.delete("a", "one-b")
     assert node_of(s, "a/pair") == {"gpu-b"}
     assert len(s.allocations("a/pair")) == 2

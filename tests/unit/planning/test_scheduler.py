@@ -84,7 +84,11 @@ def test_whole_gpus_are_exclusive() -> None:
     s = Scheduler(fleet(plain=2))
     assert one(s.submit(w("a", count=2))).gpus == ("GPU-0", "GPU-1")
     d = one(s.submit(w("b", memory_mib=GIB)))
-    assert d.outcome == "pending" and "no GPU has" in d.reason
+    assert d.outcome == "pending"
+    assert (
+        d.reason
+        == "timeslice: every GPU open to it is in use under another sharing mode (2 exclusive)"
+    )
 
 
 @pytest.mark.parametrize(

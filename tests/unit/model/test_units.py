@@ -1,0 +1,120 @@
+"""Sizes as Kubernetes quantities, case-sensitive: the table, the refusals with their fixes, the
+warnings of the old spellings (and of ``G``, whose meaning changed), the JSON Schema's pattern
+agreeing with the reader, and the warnings reaching a manifest's and a settings file's reader,
+each naming its field."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gpufrac.errors import InputError
+from gpufrac.model.manifest import read_objects
+from gpufrac.model.settings import parse_settings
+from gpufrac.model.units import SIZE_PATTERN, read_size
+from gpufrac.planning.demand import parse_need_demand
+
+# text, MiB, a fragment of its warning (None: no warning)
+TABLE = [
+    ("12Gi", 12288, None),
+    ("512Mi", 512, None),
+    ("64Ki", 1, None),  # rounded up to whole MiB
+    ("2Ti", 2 * 2**20, None),
+    ("1.5Gi", 1536, None),
+    ("12 Gi", 12288, None),
+    ("12GiB", 12288, None),  # kept
+    ("512MiB", 512, None),
+    ("2TiB", 2 * 2**20, None),
+    ("7", 7, None),  # a bare number is MiB
+    ("1.5", 2, None),
+    ("12k", 1, None),  # decimal kilo: 12,000 bytes
+    (
+        "12G",
+        11445,
+        "12G is decimal now, as in Kubernetes (11,445 MiB); before this release "
+        "gpufrac read it as 12GiB (12,288 MiB): write 12Gi for that",
+    ),
+    ("512M", 489, "write 512Mi for that"),
+    ("2T", 1907349, "write 2Ti for that"),
+    (
+        "12GB",
+        11445,
+        "12GB is decimal (11,445 MiB), as before; this spelling is deprecated: "
+        "write 12G (Kubernetes quantities are case-sensitive: 12Gi is binary)",
+    ),
+    ("80GB", 76294, "write 80G"),
+    ("512MB", 489, "write 512M"),
+    ("12Gb", 11445, "write 12G"),
+    ("12gb", 11445, "write 12G"),
+    (
+        "1.5g",
+        1536,
+        "1.5g is binary (1,536 MiB), as before; this spelling is deprecated: write 1.5Gi",
+    ),
+    ("2t", 2 * 2**20, "write 2Ti"),
+    ("12gib", 12288, "write 12Gi"),
+    ("12GIB", 12288, "write 12Gi"),
+    ("12mib", 12, "write 12Mi"),
+]
+
+REFUSED = [
+    ("512m", "milli", "write 512Mi for MiB (or 512: a bare number is MiB)"),
+    ("12K", "'K' is not a unit", "12Gi"),
+    ("12kB", "'kB' is not a unit", "12Gi"),
+    ("12XB", "not a memory size", "12Gi"),
+    ("12 parsecs", "not a memory size", "12Gi"),
+    ("1e9", "not a memory size", "12Gi"),
+    ("0Gi", "not a positive size", "12Gi"),
+    ("", "not a memory size", "12Gi"),
+    ("9" * 30 + "Ti", "too large", "at most"),
+]
+
+
+@pytest.mark.parametrize(("text", "mib", "warning"), TABLE, ids=[t[0] for t in TABLE])
+def test_sizes_read_as_kubernetes_quantities(text: str, mib: int, warning: str | None) -> None:
+    size = read_size(text, field="f")
+    assert size.mib == mib
+    if warning is None:
+        assert size.warning is None
+    else:
+        assert size.warning is not None and warning in size.warning, size.warning
+    assert re.match(SIZE_PATTERN, text)  # what the reader takes, the schema takes
+
+
+@pytest.mark.parametrize(("text", "message", "fix"), REFUSED, ids=[t[0] for t in REFUSED])
+def test_refused_sizes_say_what_to_write(text: str, message: str, fix: str) -> None:
+    with pytest.raises(InputError) as exc:
+        read_size(text, field="spec.resources.gpu.memory")
+    assert message in exc.value.message and fix in (exc.value.fix or "")
+    assert exc.value.field == "spec.resources.gpu.memory"
+    if message != "not a positive size" and message != "too large":
+        assert not re.match(SIZE_PATTERN, text)  # the schema refuses it too
+
+
+def test_a_manifests_warnings_name_the_document_and_field() -> None:
+    doc = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {name}}}\n"
+        "spec: {{command: [run], resources: {{gpu: {{memory: {memory}}}}}}}\n"
+    )
+    text = doc.format(name="a", memory="12Gi") + "---\n" + doc.format(name="b", memory="12G")
+    a, b = read_objects(text)
+    assert a.warnings == ()
+    assert b.warnings == (
+        "doc[2].spec.resources.gpu.memory: 12G is decimal now, as in Kubernetes (11,445 MiB); "
+        "before this release gpufrac read it as 12GiB (12,288 MiB): write 12Gi for that",
+    )
+    assert b.obj.gpu.memory_mib == 11445  # type: ignore[union-attr]
+
+
+def test_a_settings_files_and_a_need_demands_warnings_name_their_field() -> None:
+    cfg = parse_settings("tenants:\n  research: {gpu_memory: 50G}\n", source="gpufrac.yaml")
+    assert cfg.tenants["research"].gpu_memory_mib == 47684
+    assert cfg.warnings == (
+        "gpufrac.yaml: tenants.research.gpu_memory: 50G is decimal now, as in Kubernetes "
+        "(47,684 MiB); before this release gpufrac read it as 50GiB (51,200 MiB): write 50Gi for "
+        "that",
+    )
+    assert parse_settings("tenants:\n  research: {gpu_memory: 50Gi}\n").warnings == ()
+    (need,) = parse_need_demand("20gb=2")
+    assert need.warning is not None and need.warning.startswith("--need: 20gb is decimal")
