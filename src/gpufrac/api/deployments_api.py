@@ -23,6 +23,7 @@ from gpufrac.api.schemas import (
 from gpufrac.api.seen_by import event_seen_by
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec, deployment_to_json
+from gpufrac.planning.sched_decision import reason_for_tenant
 from gpufrac.runtime.store import Event
 from gpufrac.serving.deployments import Deployments, gateway_path, route_name
 
@@ -74,7 +75,10 @@ def deployment_view(
                 "mode": st.decision.mode if st and st.decision else None,
                 "outstanding": per_replica.get(r.name, {}).get("outstanding", 0),
                 "served": per_replica.get(r.name, {}).get("served", 0),
-                "reason": st.reason_for(d.tenant) if st else "",
+                # a replica paused by another tenant's workload: not named to the deployment's
+                "reason": reason_for_tenant(st.reason, getattr(st, "cause", None), d.tenant)
+                if st
+                else "",
                 "last_error": service.last_error(d.tenant, r.name, st),
             }
         )

@@ -37,6 +37,14 @@ DISPLACE_ACTIONS: tuple[DisplaceAction, ...] = get_args(DisplaceAction)
 ANOTHER_TENANTS = "another tenant's workload"  # a workload a viewer may not see, as it is named
 
 
+def reason_for_tenant(reason: str, cause: str | None, tenant: str) -> str:
+    """A reason that names ``cause`` (a workload key), as ``tenant`` may read it: the cause named
+    only if it is that tenant's (the API renders for each caller: ``api.seen_by``)."""
+    if cause is None or cause.split("/", 1)[0] == tenant:
+        return reason
+    return reason.replace(cause, ANOTHER_TENANTS)
+
+
 @dataclass(frozen=True, slots=True)
 class SchedAction:
     kind: ActionKind

@@ -53,11 +53,11 @@ from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.sched_candidates import RecutScope
 from gpufrac.planning.sched_decision import (
-    ANOTHER_TENANTS,
     Decision,
     Displacement,
     SchedAction,
     decision_from_json,
+    reason_for_tenant,
 )
 from gpufrac.planning.sched_state import CORDONED, sched_gpus_from_states
 from gpufrac.planning.scheduler import Scheduler, workload_key
@@ -128,9 +128,7 @@ class WorkloadState:
     def reason_for(self, tenant: str) -> str:
         """``reason`` as ``tenant`` (the workload's own, say) may read it: its cause named only if
         it is that tenant's (the API renders per caller: ``api.seen_by``)."""
-        if self.cause is None or self.cause.split("/", 1)[0] == tenant:
-            return self.reason
-        return self.reason.replace(self.cause, ANOTHER_TENANTS)
+        return reason_for_tenant(self.reason, self.cause, tenant)
 
 
 @dataclass(frozen=True, slots=True)
