@@ -44,7 +44,13 @@ from gpufrac.api.schemas import (
     WorkloadDetail,
     WorkloadList,
 )
-from gpufrac.api.seen_by import as_seen_by, displaced_seen_by, event_seen_by, shown_text
+from gpufrac.api.seen_by import (
+    decision_seen_by,
+    displaced_seen_by,
+    event_seen_by,
+    placement_seen_by,
+    shown_text,
+)
 from gpufrac.api.service import AgentService
 from gpufrac.api.tokens import ADMIN as ADMIN_CALLER
 from gpufrac.api.tokens import Caller, authenticate
@@ -54,6 +60,7 @@ from gpufrac.model.manifest import read_objects
 from gpufrac.model.mig import layout_from_json
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
+from gpufrac.planning.sched_decision import gpus_of
 from gpufrac.planning.scheduler import decision_to_json
 from gpufrac.runtime.mig_apply import ApplyRefused
 from gpufrac.runtime.qos_view import Readings, workload_qos
@@ -177,9 +184,8 @@ def create_app(
             raise HTTPException(404, f"no workload {key}")
         state = service.states.get(key)
         placed = service.agent.store.placement(tenant, name)
-        record = placed[1] if placed else None
         # where it runs, or where a finished one ran: this machine, the agent's node
-        where = (record.get("where") if record else None) or record or {}
+        ran_here = placed is not None and bool(gpus_of(placed.record))
         return {
             "tenant": tenant,
             "name": name,
@@ -192,8 +198,8 @@ def create_app(
             "evictions": state.evictions if state else 0,
             "exit_code": state.exit_code if state else None,
             "env": state.env if state else {},
-            "node": service.agent.node if where.get("gpus") else None,
-            "placement": as_seen_by(who, record) if record else None,
+            "node": service.agent.node if ran_here else None,
+            "placement": None if placed is None else placement_seen_by(who, placed),
             "qos": workload_qos(
                 service.agent,
                 spec_from_json(stored.spec),
@@ -281,7 +287,7 @@ def create_app(
                         "result": what,
                         "decision": None
                         if decision is None
-                        else as_seen_by(who, decision_to_json(decision)),
+                        else decision_to_json(decision_seen_by(who, decision)),
                         "spec": spec_to_json(spec),
                         "diff": diff,
                         "warnings": noted[id(spec)] + service.agent.warnings(spec, decision),

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from gpufrac.model.gpu import Health, MigMode
 from gpufrac.model.migplan import MigActionKind
 from gpufrac.model.workload import Mode, QosMode
-from gpufrac.planning.sched_decision import ActionKind, DisplaceAction, Outcome
+from gpufrac.planning.sched_decision import ActionKind, DisplaceAction, EndPhase, Outcome
 
 # JSON numbers as the agent computes them: an int stays an int, a float a float (not 5 -> 5.0)
 Number = int | float
@@ -136,18 +136,30 @@ class WhereJson(Answer):
     mig: MigPlacementJson | None
 
 
+UNKNOWN_COUNT = "null: not kept (completed under an older gpufrac, or by a cluster's control plane)"
+
+
 class CompletedJson(Answer):
     """How a finished workload ended, and where it ran."""
 
     outcome: Literal["completed"]
-    phase: Literal["succeeded", "failed"]
+    phase: EndPhase
     reason: str = ""
     where: WhereJson | None = None
-    attempts: int | None = Field(None, description="null: completed under an older gpufrac")
-    restarts: int | None = Field(None, description="null: completed under an older gpufrac")
-    evictions: int | None = Field(None, description="null: completed under an older gpufrac")
+    attempts: int | None = Field(None, description=UNKNOWN_COUNT)
+    restarts: int | None = Field(None, description=UNKNOWN_COUNT)
+    evictions: int | None = Field(None, description=UNKNOWN_COUNT)
     exit_code: int | None = None
     env: dict[str, str] = Field(default_factory=dict)
+
+
+PlacementJson = DecisionJson | CompletedJson  # a workload's placement: a decision, or how it ended
+_PLACEMENT: TypeAdapter[PlacementJson | None] = TypeAdapter(PlacementJson | None)
+
+
+def placement_answer(raw: object) -> PlacementJson | None:
+    """A workload's ``placement`` as the API answers it, read with its models."""
+    return _PLACEMENT.validate_python(raw)
 
 
 # -- workloads -----------------------------------------------------------------------------------
@@ -220,7 +232,7 @@ class WorkloadJson(Answer):
     node: str | None = Field(
         None, description="the node it runs on, or a finished one ran on; null while it waits"
     )
-    placement: DecisionJson | CompletedJson | None
+    placement: PlacementJson | None
     qos: QosJson
 
 

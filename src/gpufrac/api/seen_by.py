@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, assert_never
 
 from gpufrac.api.tokens import Caller
-from gpufrac.planning.sched_decision import ANOTHER_TENANTS, Displacement
+from gpufrac.planning.sched_decision import (
+    ANOTHER_TENANTS,
+    Completion,
+    Decision,
+    Displacement,
+    StoredPlacement,
+    stored_to_json,
+)
 from gpufrac.runtime.store import Event
 
 
@@ -31,23 +39,30 @@ def shown_text(who: Caller, text: str, names: Iterable[str | None]) -> str:
     return text
 
 
-def as_seen_by(who: Caller, decision: dict[str, Any]) -> dict[str, Any]:
-    """A decision (or a completed workload's record) as its caller may see it: another tenant's
-    workloads it evicted, or that took its place (its ``cause``), are not named."""
+def decision_seen_by(who: Caller, d: Decision) -> Decision:
+    """A decision as its caller may see it: another tenant's workloads it evicted, or that took
+    its place (its ``cause``), are not named."""
     if who.admin:
-        return decision
-    out = dict(decision)
-    cause = decision.get("cause")
-    if isinstance(cause, str):
-        out["cause"] = named(who, cause)
-        out["reason"] = shown_text(who, str(decision.get("reason") or ""), [cause])
-    if "evicted" in decision:  # a stored record of a finished run has neither
-        out["evicted"] = [named(who, str(k)) for k in decision["evicted"]]
-    if "actions" in decision:
-        out["actions"] = [
-            {**a, "workload": named(who, str(a["workload"]))} for a in decision["actions"]
-        ]
-    return out
+        return d
+    return replace(
+        d,
+        cause=None if d.cause is None else named(who, d.cause),
+        reason=shown_text(who, d.reason, [d.cause]),
+        evicted=tuple(named(who, k) for k in d.evicted),
+        actions=tuple(a.renamed(workload=lambda k: named(who, k)) for a in d.actions),
+    )
+
+
+def placement_seen_by(who: Caller, p: StoredPlacement) -> dict[str, object]:
+    """A workload's stored placement (its decision, or how its finished run ended) as its caller
+    may see it, in the API's shape (``DecisionJson`` or ``CompletedJson``)."""
+    match p.record:
+        case Decision():
+            return stored_to_json(replace(p, record=decision_seen_by(who, p.record)))
+        case Completion():
+            return stored_to_json(p)  # it names no other workload
+        case _:
+            assert_never(p.record)
 
 
 def event_seen_by(who: Caller, e: Event) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpufrac.cli.actions import print_actions
 from gpufrac.cli.agent_client import (
     AGENT_FILE,
     DEFAULT_PORT,
@@ -319,7 +320,7 @@ def refused_summary(refused: int, total: int) -> str:
 
 def _print_result(r: WorkloadResult | DeploymentResult) -> None:
     from gpufrac.api.schemas import DeploymentResult
-    from gpufrac.planning.sched_decision import displaced_summary
+    from gpufrac.planning.sched_decision import decision_from_json, displaced_summary
 
     if isinstance(r, DeploymentResult):
         console.print(f"deployment {r.deployment} {r.result}: {r.url}", highlight=False)
@@ -339,6 +340,8 @@ def _print_result(r: WorkloadResult | DeploymentResult) -> None:
         outcome = f": {d.outcome} {detail}"
     told = f" ({displaced_summary(r.displaced)})" if r.displaced else ""
     console.print(f"{r.workload} {r.result}{told}{outcome}", highlight=False)
+    if d is not None:  # the MIG changes its placement makes first (the displaced are told below)
+        print_actions(decision_from_json(d.model_dump()).mig_actions(), indent="    ")
     for x in r.displaced:
         console.print(f"    [yellow]{x.action}[/] {x.workload}: {x.reason}", highlight=False)
     for line in r.diff:

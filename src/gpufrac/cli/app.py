@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gpufrac import __version__
+from gpufrac.cli.actions import print_actions
 from gpufrac.cli.agent_cmds import (
     agent_command,
     apply_command,
@@ -137,8 +138,7 @@ def _demo(dev: NvmlDevices) -> None:
     render_plan(plan)
     targets = [GpuTarget(g.uuid, g.mig_enabled, g.instances) for g in plan.gpus if g.mig_enabled]
     if not dev.simulated:
-        for a in diff_actions(dev, targets):
-            console.print(f"would {a.describe()}    [dim]{a.nvidia_smi()}[/]", highlight=False)
+        print_actions(diff_actions(dev, targets), dry=True, commands=True)
         console.print(
             "real GPUs: shown only; apply with gpufrac mig plan ... -o plan.json and "
             "gpufrac mig apply --plan plan.json"

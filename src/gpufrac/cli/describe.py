@@ -3,9 +3,9 @@ environment, history), not raw JSON. A finished workload still says where it ran
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, assert_never
 
-from gpufrac.cli.tables import allocation_of, gpu_place, pct, share_text, size, when, where_ran
+from gpufrac.cli.tables import allocation_of, gpu_place, pct, share_text, size, when
 
 
 def _section(title: str, fields: list[tuple[str, str]]) -> list[str]:
@@ -44,27 +44,37 @@ def describe_lines(w: dict[str, Any], gpus: list[dict[str, Any]]) -> list[str]:
 
 
 def placement_lines(w: dict[str, Any], gpus: list[dict[str, Any]]) -> list[str]:
-    p = w.get("placement") or {}
-    where = where_ran(w)
+    from gpufrac.api.schemas import CompletedJson, DecisionJson, WhereJson, placement_answer
+
+    placed = placement_answer(w.get("placement"))
+    where: DecisionJson | WhereJson | None  # both say mode, gpus and mig
+    match placed:
+        case DecisionJson():  # where it runs (or nowhere: it waits)
+            finished, where = False, placed
+        case CompletedJson():  # where it ran (None: it never did)
+            finished, where = True, placed.where
+        case None:
+            finished, where = False, None
+        case _:
+            assert_never(placed)
     alloc = allocation_of(w, gpus)
-    uuids = list(where.get("gpus") or [])
-    if not uuids:
-        why = p.get("reason") or w.get("reason") or "not placed yet"
+    uuids = [] if where is None else where.gpus
+    if where is None or not uuids:
+        why = (placed.reason if placed is not None else "") or w.get("reason") or "not placed yet"
         return _section("Placement", [("Where", "nowhere"), ("Why", why)])
     index, node = gpu_place(uuids, gpus)
-    finished = p.get("outcome") == "completed"
     fields = [
         ("Node", node),
         ("GPU", f"{index} ({', '.join(uuids)})"),
-        ("Mode", str(where.get("mode") or "-")),
+        ("Mode", str(where.mode or "-")),
     ]
-    mig = where.get("mig")
-    if mig:
+    mig = where.mig
+    if mig is not None:
         gi = (alloc or {}).get("mig", {}) or {}
         fields.append(
             (
                 "MIG instance",
-                f"{mig['profile']} at start {mig['start']}"
+                f"{mig.profile} at start {mig.start}"
                 + (f" (GPU instance {gi['gi_id']})" if gi.get("gi_id") is not None else ""),
             )
         )

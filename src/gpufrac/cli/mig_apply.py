@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from gpufrac.cli.actions import print_actions
 from gpufrac.cli.agent_client import ServerOpt, agent_holds, answer_detail, find_agent
 from gpufrac.cli.agent_client import call as agent_call
 from gpufrac.cli.agent_client import request as agent_request
@@ -324,10 +325,7 @@ def _report_per_gpu(outcomes: list[GpuOutcome], json: bool, *, dry: bool) -> Non
             f"GPU {o.index}: [{style.get(o.result, 'red')}]{shown}[/]{extra}{pin}{why}",
             highlight=False,
         )
-        for a in o.actions:
-            console.print(f"  {'would ' if dry else ''}{a.describe()}", highlight=False)
-            if dry:
-                console.print(f"      [dim]{a.nvidia_smi()}[/]", highlight=False)
+        print_actions(o.actions, dry=dry, commands=dry, indent="  ")
     if dry:
         refused = sum(1 for o in outcomes if not o.ok)
         console.print(
@@ -350,10 +348,7 @@ def _report(actions: list[MigAction], json: bool, *, dry: bool) -> None:
     if not actions:
         console.print("nothing to do: the GPUs already match")
         return
-    for a in actions:
-        console.print(f"{'would ' if dry else ''}{a.describe()}", highlight=False)
-        if dry:
-            console.print(f"    [dim]{a.nvidia_smi()}[/]", highlight=False)
+    print_actions(actions, dry=dry, commands=dry)
     console.print(f"{len(actions)} action(s) {'planned (dry run)' if dry else 'done'}")
 
 

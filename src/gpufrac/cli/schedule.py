@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gpufrac.cli.actions import changes_text
 from gpufrac.cli.agent_client import call_as, find_agent
 from gpufrac.cli.common import (
     DataDirOpt,
@@ -147,12 +148,15 @@ def schedule_command(
             )
             style = {"placed": "green", "pending": "yellow", "refused": "red"}[d.outcome]
             t.add_row(
-                d.workload, f"[{style}]{d.outcome}[/]", d.mode or "", where, _changes(d), d.reason
+                d.workload,
+                f"[{style}]{d.outcome}[/]",
+                d.mode or "",
+                where,
+                changes_text(d.actions),
+                d.reason,
             )
         console.print(t)
-        recuts = [
-            d for d in final.values() if any(a.kind == "destroy_mig_instance" for a in d.actions)
-        ]
+        recuts = [d for d in final.values() if any(a.mig_change == "destroy" for a in d.actions)]
         if recuts:
             console.print(
                 f"{len(recuts)} placement(s) re-cut a MIG GPU: idle instances in the way "
@@ -181,22 +185,6 @@ def _take_agent_placements(sched: Scheduler, data: Path | None) -> int:
             sched.restore(spec_from_json(w.spec), decision_from_json(placed.model_dump()))
             taken += 1
     return taken
-
-
-def _changes(d: Decision) -> str:
-    """What must happen before the workload starts: evictions, MIG instances destroyed and
-    created."""
-    parts = []
-    evicted = [a.workload for a in d.actions if a.kind == "evict"]
-    if evicted:
-        parts.append("evict " + ", ".join(evicted))
-    gone = [str(a.mig) for a in d.actions if a.kind == "destroy_mig_instance"]
-    if gone:
-        parts.append("destroy " + ", ".join(gone))
-    made = [str(a.mig) for a in d.actions if a.kind == "create_mig_instance"]
-    if made:
-        parts.append("create " + ", ".join(made))
-    return "; ".join(parts)
 
 
 def _settings(path: Path | None, data: Path | None) -> OperatorSettings:

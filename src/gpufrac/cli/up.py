@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gpufrac.cli.actions import print_actions
 from gpufrac.cli.common import (
     DataDirOpt,
     SimulateOpt,
@@ -107,6 +108,8 @@ def up_command(
             where = f" ({decision.outcome}: {decision.reason or decision.mode})" if decision else ""
             shown = f" ({displaced_summary(told)})" if told else ""
             console.print(f"{spec.tenant}/{spec.name}: {what}{shown}{where}", highlight=False)
+            if decision is not None:  # the MIG changes its placement makes first
+                print_actions(decision.mig_actions(), indent="    ")
             for x in told:
                 console.print(
                     f"    [yellow]{x.action}[/] {x.workload}: {x.reason}", highlight=False

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, assert_never
 
 from gpufrac.cluster.core import (
     LEASE_S,
@@ -38,10 +38,10 @@ from gpufrac.model.qos import min_share_of, qos_params
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_from_json, spec_to_json
 from gpufrac.planning.sched_decision import (
+    Completion,
     Decision,
     Displacement,
-    decision_from_json,
-    decision_to_json,
+    Where,
     displacement_of,
 )
 from gpufrac.planning.sched_state import SchedGpu
@@ -526,48 +526,45 @@ class ControlPlane:
                 continue
             a = after.get(key)
             if a is not None:
-                record: dict[str, Any] = {
-                    **decision_to_json(a.decision),
-                    "node": a.node,
-                    "epoch": a.epoch,
-                }
+                self.store.set_placement(
+                    tenant, name, stored.generation, a.decision, node=a.node, epoch=a.epoch
+                )
             elif key in self.core.ended:
                 ran = before.get(key)  # where it ran: kept, as one machine's agent keeps it
-                record = {
-                    "outcome": "completed",
-                    "phase": self.core.ended[key],
-                    "node": self.core.ended_on.get(key),
-                    "where": None
+                where = (
+                    None
                     if ran is None
-                    else {
-                        "mode": ran.decision.mode,
-                        "gpus": list(ran.decision.gpus),
-                        "mig": None if ran.decision.mig is None else ran.decision.mig.to_json(),
-                    },
-                }
+                    else Where(ran.decision.mode, ran.decision.gpus, ran.decision.mig)
+                )
+                done = Completion(phase=self.core.ended[key], where=where)
+                node = self.core.ended_on.get(key)
+                self.store.set_placement(tenant, name, stored.generation, done, node=node)
             else:
-                record = dict(decision_to_json(self.core.decision(key)))
-            self.store.set_placement(tenant, name, stored.generation, record)
+                self.store.set_placement(tenant, name, stored.generation, self.core.decision(key))
 
     def _restore(self) -> None:
         for w in self.store.workloads():
             spec = spec_from_json(w.spec)
             placed = self.store.placement(w.tenant, w.name)
-            record = placed[1] if placed is not None and placed[0] == w.generation else None
-            if record is not None and record.get("outcome") == "completed":
-                self.core.specs[w.key] = spec
-                self.core.ended[w.key] = (
-                    "failed" if record.get("phase") == "failed" else "succeeded"
-                )
-                if isinstance(record.get("node"), str):
-                    self.core.ended_on[w.key] = record["node"]
-                continue
-            if record is not None and record.get("outcome") == "placed" and "node" in record:
-                decision = decision_from_json(record)
-                held = Assignment(spec, decision, str(record["node"]), int(record["epoch"]))
-                self.awaiting.setdefault(held.node, []).append(held)
-                self.core.hold_epoch(held.epoch)  # never given again
-                continue
+            if placed is not None and placed.generation == w.generation:
+                match placed.record:
+                    case Completion() as done:
+                        self.core.specs[w.key] = spec
+                        self.core.ended[w.key] = done.phase
+                        if placed.node is not None:
+                            self.core.ended_on[w.key] = placed.node
+                        continue
+                    case Decision(outcome="placed") as decision if (
+                        placed.node is not None and placed.epoch is not None
+                    ):
+                        held = Assignment(spec, decision, placed.node, placed.epoch)
+                        self.awaiting.setdefault(held.node, []).append(held)
+                        self.core.hold_epoch(held.epoch)  # never given again
+                        continue
+                    case Decision():
+                        pass  # it waited, or its node was not known: it waits again
+                    case _:
+                        assert_never(placed.record)
             self.core.restore(spec, None, "", 0)  # it waits, as before
 
 

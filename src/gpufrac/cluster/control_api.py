@@ -30,7 +30,13 @@ from gpufrac.api.dashboard import add_dashboard_routes
 from gpufrac.api.deployments_api import add_deployment_routes
 from gpufrac.api.guard import Guard
 from gpufrac.api.history import History
-from gpufrac.api.seen_by import as_seen_by, displaced_seen_by, event_seen_by, shown_text
+from gpufrac.api.seen_by import (
+    decision_seen_by,
+    displaced_seen_by,
+    event_seen_by,
+    placement_seen_by,
+    shown_text,
+)
 from gpufrac.api.tokens import Caller, authenticate
 from gpufrac.cluster.control import ControlPlane, NodeRefused, static_qos
 from gpufrac.cluster.history import ClusterSampler
@@ -230,7 +236,7 @@ def create_control_app(
                         "kind": "Workload",
                         "workload": f"{spec.tenant}/{spec.name}",
                         "result": what,
-                        "decision": as_seen_by(who, decision_to_json(decision)),
+                        "decision": decision_to_json(decision_seen_by(who, decision)),
                         "spec": spec_to_json(spec),
                         "diff": diff,
                         "warnings": noted[id(spec)],
@@ -284,7 +290,7 @@ def create_control_app(
             "evictions": evictions,
             "exit_code": node_view.get("exit_code"),
             "env": node_view.get("env", {}),
-            "placement": as_seen_by(who, placed[1]) if placed else None,
+            "placement": None if placed is None else placement_seen_by(who, placed),
             "qos": node_view.get("qos") or static_qos(spec, control.settings),
             "node": a.node if a is not None else control.core.ended_on.get(key),
         }

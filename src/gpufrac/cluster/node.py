@@ -58,13 +58,13 @@ def local_decision(decision: Decision) -> Decision:
     """A control plane's decision as its node's agent knows its GPUs: by UUID alone, not
     ``NODE/UUID``."""
 
-    def local(uuid: str | None) -> str | None:
-        return None if uuid is None else uuid.split("/", 1)[-1]
+    def local(uuid: str) -> str:
+        return uuid.split("/", 1)[-1]
 
     return replace(
         decision,
-        gpus=tuple(uuid.split("/", 1)[-1] for uuid in decision.gpus),
-        actions=tuple(replace(a, gpu_uuid=local(a.gpu_uuid)) for a in decision.actions),
+        gpus=tuple(local(uuid) for uuid in decision.gpus),
+        actions=tuple(a.renamed(gpu=local) for a in decision.actions),
     )
 
 

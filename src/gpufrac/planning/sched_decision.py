@@ -1,17 +1,23 @@
-"""The scheduler's output as values: decisions, and the closed set of actions the node agent carries
-out.
+"""The scheduler's output as values: decisions, the closed set of actions the node agent carries
+out, and how a finished run ended.
 
 A ``Decision`` says where one workload runs (or why it waits, or why it is refused) and lists the
 ``SchedAction`` values that make it so, in order: evictions first, then MIG instances destroyed,
 then the instance created, then the start. The agent carries each kind out in one ``match`` with
-``assert_never`` (``runtime/carry_out.py``), so a kind added here and left out there fails mypy.
-Decisions are stored as JSON with the placement; docs/json.md has the shape.
+``assert_never`` (``Executor.carry_out`` in ``runtime/executor.py``); every other place that tells
+kinds apart does too, or asks the action (``evicts``, ``mig_change``, ``renamed``, ``describe``),
+so a kind added to ``ActionKind`` and left out anywhere fails mypy.
+
+A ``Completion`` is what is kept of a finished run once its GPU is given back: how it ended and
+where it ran. The store keeps one of the two per workload (``StoredPlacement``), as JSON
+(``stored_to_json``, read back once by ``stored_from_json``); docs/json.md has the shapes, and the
+API's models (``api/schemas.py``: ``DecisionJson``, ``CompletedJson``) read them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar, assert_never, get_args
 
 from gpufrac.model.mig import MigPlacement
@@ -27,9 +33,11 @@ ActionKind = Literal[
     "stop",  # the workload's process is stopped (deleted, deadline passed, over its memory)
 ]
 ACTION_KINDS: tuple[ActionKind, ...] = get_args(ActionKind)
+MigChange = Literal["destroy", "create"]  # what a MIG action does to its instance
 Outcome = Literal["placed", "pending", "refused"]
 OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
-MIG_ACTIONS: frozenset[ActionKind] = frozenset({"destroy_mig_instance", "create_mig_instance"})
+EndPhase = Literal["succeeded", "failed"]  # how a finished run ended
+END_PHASES: tuple[EndPhase, ...] = get_args(EndPhase)
 # what became of a workload that lost its place: placed again elsewhere at once (moved), stopped
 # and waiting (evicted), or waiting again before it ran (requeued: placed, but not started yet)
 DisplaceAction = Literal["evicted", "moved", "requeued"]
@@ -43,6 +51,10 @@ def reason_for_tenant(reason: str, cause: str | None, tenant: str) -> str:
     if cause is None or cause.split("/", 1)[0] == tenant:
         return reason
     return reason.replace(cause, ANOTHER_TENANTS)
+
+
+def _same(name: str) -> str:
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +79,50 @@ class SchedAction:
                 return f"start {self.workload}{on}"
             case "stop":
                 return f"stop {self.workload}" + (f": {self.reason}" if self.reason else "")
+            case _:
+                assert_never(self.kind)
+
+    @property
+    def evicts(self) -> bool:
+        """Whether it stops a placed workload (``workload``) to make room: that one is displaced."""
+        match self.kind:
+            case "evict":
+                return True
+            case "destroy_mig_instance" | "create_mig_instance" | "start" | "stop":
+                return False
+            case _:
+                assert_never(self.kind)
+
+    @property
+    def mig_change(self) -> MigChange | None:
+        """What it does to the MIG instance at ``mig`` on ``gpu_uuid``, if it is a MIG change (one
+        the GPU's MIG worker carries out, before the start that needs it)."""
+        match self.kind:
+            case "destroy_mig_instance":
+                return "destroy"
+            case "create_mig_instance":
+                return "create"
+            case "evict" | "start" | "stop":
+                return None
+            case _:
+                assert_never(self.kind)
+
+    def renamed(
+        self,
+        *,
+        workload: Callable[[str], str] = _same,
+        gpu: Callable[[str], str] = _same,
+    ) -> SchedAction:
+        """The same action with each workload and each GPU it names passed through ``workload``
+        and ``gpu`` (a cluster node's local GPU ids, the names a tenant may see). A kind that
+        names another workload or GPU in a field of its own must rename it here too."""
+        match self.kind:
+            case "evict" | "destroy_mig_instance" | "create_mig_instance" | "start" | "stop":
+                return replace(
+                    self,
+                    workload=workload(self.workload),
+                    gpu_uuid=None if self.gpu_uuid is None else gpu(self.gpu_uuid),
+                )
             case _:
                 assert_never(self.kind)
 
@@ -95,7 +151,7 @@ class Decision:
 
     def mig_actions(self) -> tuple[SchedAction, ...]:
         """The MIG changes (destroys, then the create) this placement needs before its start."""
-        return tuple(a for a in self.actions if a.kind in MIG_ACTIONS)
+        return tuple(a for a in self.actions if a.mig_change is not None)
 
 
 def decision_to_json(d: Decision) -> dict[str, object]:
@@ -112,6 +168,54 @@ def decision_to_json(d: Decision) -> dict[str, object]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Where:
+    """Where a run ran: its sharing mode, GPUs and MIG instance."""
+
+    mode: Mode | None
+    gpus: tuple[str, ...]
+    mig: MigPlacement | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """How a finished run ended, kept after its GPU is given back: ``where`` it ran (None: it
+    never ran), and the counts and environment its last attempt had (None: not known; a run
+    completed under an older gpufrac, or on a cluster's control plane, whose node knows them)."""
+
+    phase: EndPhase
+    reason: str = ""
+    where: Where | None = None
+    attempts: int | None = None
+    restarts: int | None = None
+    evictions: int | None = None
+    exit_code: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPlacement:
+    """What the store keeps of one workload's placement, for its spec's ``generation``: the
+    decision, or how its finished run ended; on a cluster's control plane also the ``node`` it is
+    given to (or a finished one ran on) and the ``epoch`` of the lease it runs under."""
+
+    generation: int
+    record: Decision | Completion
+    node: str | None = None
+    epoch: int | None = None
+
+
+def gpus_of(record: Decision | Completion) -> tuple[str, ...]:
+    """The GPUs a workload is placed on, or its finished run ran on."""
+    match record:
+        case Decision():
+            return record.gpus
+        case Completion():
+            return () if record.where is None else record.where.gpus
+        case _:
+            assert_never(record)
+
+
 def _placement(x: Any) -> MigPlacement | None:
     return None if x is None else MigPlacement(int(x["start"]), str(x["profile"]))
 
@@ -120,7 +224,7 @@ def _choice(value: Any, choices: tuple[T, ...], what: str) -> T:
     for c in choices:
         if value == c:
             return c
-    raise ValueError(f"unknown {what} {value!r} in a stored decision")
+    raise ValueError(f"unknown {what} {value!r} in a stored record")
 
 
 def action_from_json(raw: dict[str, Any]) -> SchedAction:
@@ -145,6 +249,99 @@ def decision_from_json(raw: dict[str, Any]) -> Decision:
         evicted=tuple(raw.get("evicted", ())),
         actions=tuple(action_from_json(a) for a in raw.get("actions", ())),
         cause=raw.get("cause"),
+    )
+
+
+def where_to_json(w: Where) -> dict[str, object]:
+    return {
+        "mode": w.mode,
+        "gpus": list(w.gpus),
+        "mig": None if w.mig is None else w.mig.to_json(),
+    }
+
+
+def where_from_json(raw: dict[str, Any]) -> Where:
+    mode = raw.get("mode")
+    return Where(
+        mode=None if mode is None else _choice(mode, MODES, "mode"),
+        gpus=tuple(str(u) for u in raw.get("gpus", ())),
+        mig=_placement(raw.get("mig")),
+    )
+
+
+def completion_to_json(c: Completion) -> dict[str, object]:
+    return {
+        "outcome": "completed",
+        "phase": c.phase,
+        "reason": c.reason,
+        "where": None if c.where is None else where_to_json(c.where),
+        "attempts": c.attempts,
+        "restarts": c.restarts,
+        "evictions": c.evictions,
+        "exit_code": c.exit_code,
+        "env": dict(c.env),
+    }
+
+
+def _count(x: Any) -> int | None:
+    return None if x is None else int(x)
+
+
+def completion_from_json(raw: dict[str, Any]) -> Completion:
+    """A stored completion; one written by an older gpufrac lacks some fields: without
+    ``restarts`` every attempt after the first was one, without ``evictions`` there were none
+    (and without ``attempts``, none of the three is known)."""
+    attempts = _count(raw.get("attempts"))
+    known = attempts is not None
+    before = None if attempts is None else max(0, attempts - 1)
+    restarts = _count(raw.get("restarts", before))
+    where = raw.get("where")
+    code = raw.get("exit_code")
+    env = raw.get("env")
+    return Completion(
+        phase=_choice(raw["phase"], END_PHASES, "phase"),
+        reason=str(raw.get("reason") or ""),
+        where=where_from_json(where) if isinstance(where, dict) else None,
+        attempts=attempts,
+        restarts=restarts,
+        evictions=_count(raw.get("evictions", 0 if known else None)),
+        exit_code=code if isinstance(code, int) else None,
+        env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
+    )
+
+
+def record_to_json(record: Decision | Completion) -> dict[str, object]:
+    match record:
+        case Decision():
+            return decision_to_json(record)
+        case Completion():
+            return completion_to_json(record)
+        case _:
+            assert_never(record)
+
+
+def stored_to_json(p: StoredPlacement) -> dict[str, object]:
+    """The record as stored (and as the API answers it): the decision's or the completion's
+    fields, with ``node`` and ``epoch`` where a control plane set them."""
+    out = record_to_json(p.record)
+    if p.node is not None:
+        out["node"] = p.node
+    if p.epoch is not None:
+        out["epoch"] = p.epoch
+    return out
+
+
+def stored_from_json(generation: int, raw: dict[str, Any]) -> StoredPlacement:
+    """A stored record read back, once: a completion (``outcome`` ``completed``) or a decision."""
+    record: Decision | Completion = (
+        completion_from_json(raw) if raw.get("outcome") == "completed" else decision_from_json(raw)
+    )
+    node = raw.get("node")
+    return StoredPlacement(
+        generation,
+        record,
+        node=node if isinstance(node, str) else None,
+        epoch=_count(raw.get("epoch")),
     )
 
 
@@ -186,7 +383,7 @@ def displacements(
     out: list[Displacement] = []
     told: set[str] = set()
     for d in decisions:
-        why = {a.workload: a.reason for a in d.actions if a.kind == "evict"}
+        why = {a.workload: a.reason for a in d.actions if a.evicts}
         for v in d.evicted:
             if v in told:
                 continue

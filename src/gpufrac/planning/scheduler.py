@@ -317,7 +317,7 @@ class Scheduler:
             destroy = tuple(
                 a.mig
                 for a in decision.actions
-                if a.kind == "destroy_mig_instance"
+                if a.mig_change == "destroy"
                 and a.gpu_uuid == uuid
                 and a.mig is not None
                 and g.instances.get(a.mig, "") is None

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, assert_never, get_args
 
 from gpufrac.config import shared_dir
 from gpufrac.devices.health import DeviceHealth
@@ -53,10 +53,12 @@ from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.sched_candidates import RecutScope
 from gpufrac.planning.sched_decision import (
+    Completion,
     Decision,
     Displacement,
+    EndPhase,
     SchedAction,
-    decision_from_json,
+    Where,
     reason_for_tenant,
 )
 from gpufrac.planning.sched_state import CORDONED, sched_gpus_from_states
@@ -138,7 +140,7 @@ class Seen:
     stored: StoredWorkload
     spec: WorkloadSpec
     decision: Decision | None  # its placement (None: not scheduled yet, or completed)
-    completed: dict[str, object] | None  # how it ended, once it has
+    completed: Completion | None  # how it ended, once it has
     attempts: list[Path]
     status: ShimStatus | None  # of the newest attempt
     evicted: tuple[bool, ...] = ()  # per attempt: stopped to make room
@@ -293,10 +295,16 @@ class Agent:
         for w in self.store.workloads():  # take back what was decided before a restart
             spec = spec_from_json(w.spec)
             placed = self.store.placement(w.tenant, w.name)
-            if placed is not None and placed[1].get("outcome") == "completed":
-                continue
-            if placed is not None and placed[0] == w.generation:
-                before = decision_from_json(placed[1])
+            before: Decision | None = None
+            if placed is not None:
+                match placed.record:
+                    case Completion():
+                        continue  # it finished: there is nothing to take back
+                    case Decision() as d:
+                        before = d if placed.generation == w.generation else None
+                    case _:
+                        assert_never(placed.record)
+            if before is not None:
                 self.scheduler.restore(spec, before)
                 why = self.scheduler.pending.get(w.key)
                 if before.outcome == "placed" and why is not None:
@@ -366,8 +374,14 @@ class Agent:
         stored = self.store.workload(spec.tenant, spec.name)
         if stored is not None and stored.spec == raw:
             placed = self.store.placement(spec.tenant, spec.name)
-            if placed is not None and placed[1].get("outcome") in ("placed", "pending"):
-                return decision_from_json(placed[1])
+            if placed is not None:
+                match placed.record:
+                    case Decision(outcome="placed" | "pending") as kept:
+                        return kept
+                    case Decision() | Completion():
+                        pass  # refused here, or it ran and finished: the decision as made
+                    case _:
+                        assert_never(placed.record)
             return decision
         if stored is not None:
             self.delete(spec.tenant, spec.name)
@@ -451,13 +465,19 @@ class Agent:
             return self.memory.use(uuid, state.group, None if gpus is None else gpus.get(uuid))
         stored = self.store.workload(tenant, name)
         placed = self.store.placement(tenant, name)
-        if stored is None or placed is None or not placed[1].get("gpus"):
+        if stored is None or placed is None:
             return None
+        match placed.record:
+            case Decision() as d if d.gpus:
+                uuid = d.gpus[0]
+            case Decision() | Completion():
+                return None  # it waits, or it finished and gave its GPU back
+            case _:
+                assert_never(placed.record)
         run = self.runs.latest(tenant, name, stored.generation)
         child = read_status(run).child_pid if run else None
         if child is None:
             return None
-        uuid = str(placed[1]["gpus"][0])
         return self.memory.use(uuid, child, None if gpus is None else gpus.get(uuid))
 
     # -- GPUs (GpuCare does the work) -------------------------------------------------------------
@@ -565,13 +585,19 @@ class Agent:
     def _carry_out(self, step: Step) -> WorkloadState:
         st = step.state
         for action in step.actions:
-            what = "start" if action.kind == "start" else action.describe()
+            match action.kind:
+                case "start":  # one condition wherever it starts: a start that failed, retried
+                    what, starts = "start", True
+                case "evict" | "destroy_mig_instance" | "create_mig_instance" | "stop":
+                    what, starts = action.describe(), False
+                case _:
+                    assert_never(action.kind)
             try:
                 self.executor.carry_out(action)
             except Exception as e:
                 failure = self.failures.failed(st.key, what, e)
                 return replace(st, phase="backoff", reason=failure.reason(self.clock()))
-            if action.kind == "start":
+            if starts:  # it runs: what it was handed is its state's, and the step is done
                 self.failures.succeeded(st.key, what)
                 tenant, name = st.key.split("/", 1)
                 run = self.runs.latest(tenant, name, st.generation)
@@ -583,9 +609,19 @@ class Agent:
 
     def _observe(self, w: StoredWorkload) -> Seen:
         placed = self.store.placement(w.tenant, w.name)
-        completed = placed[1] if placed and placed[1].get("outcome") == "completed" else None
-        decision = decision_from_json(placed[1]) if placed and completed is None else None
-        if completed is not None and "attempts" in completed:  # all of it kept when it completed
+        record = None if placed is None else placed.record
+        decision: Decision | None = None
+        completed: Completion | None = None
+        match record:
+            case Decision():
+                decision = record
+            case Completion():
+                completed = record
+            case None:
+                pass  # not scheduled yet
+            case _:
+                assert_never(record)
+        if completed is not None and completed.attempts is not None:  # all of it kept when done
             return Seen(w, spec_from_json(w.spec), None, completed, [], None)
         attempts = self.runs.attempts(w.tenant, w.name, w.generation)
         status = read_status(attempts[-1]) if attempts else None
@@ -608,25 +644,20 @@ class Agent:
     def _decide(self, s: Seen) -> Step:
         if s.completed is not None:
             done = s.completed
-            phase: Phase = "succeeded" if done.get("phase") == "succeeded" else "failed"
-            if "attempts" not in done:  # completed by an older gpufrac: read from its runs
+            if done.attempts is None:  # completed by an older gpufrac: read from its runs
                 code = s.status.exit_code if s.status else None
-                return Step(s.state(phase, str(done.get("reason", "")), exit_code=code))
-            kept = done.get("exit_code")
-            env = done.get("env")
-            attempts = int(str(done["attempts"]))
+                return Step(s.state(done.phase, done.reason, exit_code=code))
             return Step(
                 WorkloadState(
                     key=s.key,
                     generation=s.stored.generation,
-                    phase=phase,
-                    reason=str(done.get("reason", "")),
-                    attempts=attempts,
-                    # kept when it completed (before, each attempt after the first was a restart)
-                    restarts=int(str(done.get("restarts", max(0, attempts - 1)))),
-                    evictions=int(str(done.get("evictions", 0))),
-                    exit_code=kept if isinstance(kept, int) else None,
-                    env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
+                    phase=done.phase,
+                    reason=done.reason,
+                    attempts=done.attempts,
+                    restarts=done.restarts or 0,
+                    evictions=done.evictions or 0,
+                    exit_code=done.exit_code,
+                    env=dict(done.env),
                 )
             )
         if s.decision is None or s.decision.outcome != "placed":
@@ -721,9 +752,7 @@ class Agent:
             return Step(state, (SchedAction("start", s.key, d.gpus[0], d.mig),))
         return Step(state, mig)
 
-    def _complete(
-        self, s: Seen, phase: Literal["succeeded", "failed"], code: int | None, why: str = ""
-    ) -> WorkloadState:
+    def _complete(self, s: Seen, phase: EndPhase, code: int | None, why: str = "") -> WorkloadState:
         """A job that is done (or a workload that will not be restarted) gives its GPU back."""
         spec = s.spec
         if self.scheduler.knows(s.key):
@@ -733,17 +762,16 @@ class Agent:
             spec.tenant,
             spec.name,
             s.stored.generation,
-            {
-                "outcome": "completed",
-                "phase": phase,
-                "reason": why,
-                "where": _where_json(s),
-                "attempts": state.attempts,
-                "restarts": state.restarts,
-                "evictions": state.evictions,
-                "exit_code": code,
-                "env": state.env,
-            },
+            Completion(
+                phase=phase,
+                reason=why,
+                where=_where(s),
+                attempts=state.attempts,
+                restarts=state.restarts,
+                evictions=state.evictions,
+                exit_code=code,
+                env=state.env,
+            ),
         )
         self.store.record_event(phase, s.key, why or "exited with 0")
         return state
@@ -800,12 +828,12 @@ def attempt_counts(evicted: tuple[bool, ...], attempts: int) -> tuple[int, int]:
     return restarts, sum(evicted)
 
 
-def _where_json(s: Seen) -> dict[str, object] | None:
+def _where(s: Seen) -> Where | None:
     """Where a finished workload ran (kept after its placement is given back)."""
     d = s.decision
     if d is None or not d.gpus:
         return None
-    return {"mode": d.mode, "gpus": list(d.gpus), "mig": None if d.mig is None else d.mig.to_json()}
+    return Where(d.mode, d.gpus, d.mig)
 
 
 def _changed(old: dict[str, object], new: dict[str, object]) -> set[str]:

@@ -34,12 +34,10 @@ from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.deployment import LABEL
 from gpufrac.model.workload import WorkloadSpec, spec_from_json
 from gpufrac.planning.sched_decision import (
-    MIG_ACTIONS,
+    Completion,
     Decision,
     Displacement,
     SchedAction,
-    decision_from_json,
-    decision_to_json,
     displaced_summary,
     displacements,
 )
@@ -94,15 +92,20 @@ class Executor:
         running: dict[str, bool] = {}  # evicted -> whether a process of it was stopped
         for d in decisions:
             for action in d.actions:
-                if action.kind == "evict":
-                    running[action.workload] = self.evict(action.workload, action.reason)
-                elif action.kind in MIG_ACTIONS:
-                    self.carry_out(action)
+                match action.kind:
+                    case "evict":
+                        running[action.workload] = self.evict(action.workload, action.reason)
+                    case "destroy_mig_instance" | "create_mig_instance":
+                        self.carry_out(action)
+                    case "start" | "stop":
+                        pass  # the reconcile pass's, when it gets to the workload
+                    case _:
+                        assert_never(action.kind)
             tenant, name = d.workload.split("/", 1)
             stored = self.store.workload(tenant, name)
             if stored is None:
                 continue
-            self.store.set_placement(tenant, name, stored.generation, decision_to_json(d))
+            self.store.set_placement(tenant, name, stored.generation, d)
             self.store.record_event(
                 d.outcome,
                 d.workload,
@@ -183,10 +186,17 @@ class Executor:
         tenant, name = a.workload.split("/", 1)
         stored = self.store.workload(tenant, name)
         placed = self.store.placement(tenant, name)
-        if stored is None or placed is None or placed[0] != stored.generation:
+        if stored is None or placed is None or placed.generation != stored.generation:
             return  # deleted or changed since the pass decided: the next pass decides again
-        decision = decision_from_json(placed[1]) if placed[1].get("outcome") == "placed" else None
-        if decision is None or decision.gpus[:1] != (a.gpu_uuid,) or decision.mig != a.mig:
+        decision = placed.record
+        match decision:
+            case Decision(outcome="placed"):
+                pass
+            case Decision() | Completion():
+                return  # it waits, or is done, since the pass decided
+            case _:
+                assert_never(decision)
+        if decision.gpus[:1] != (a.gpu_uuid,) or decision.mig != a.mig:
             return  # placed elsewhere since
         attempts = self.runs.attempts(tenant, name, stored.generation)
         if attempts and live(attempts[-1]):
@@ -250,13 +260,13 @@ class Executor:
         for a in decision.mig_actions():
             assert a.gpu_uuid is not None and a.mig is not None
             present = self.dev.gpu(a.gpu_uuid).instance_at(a.mig) is not None
-            if (a.kind == "destroy_mig_instance") == present:
+            if (a.mig_change == "destroy") == present:
                 todo.append(a)
         if (
             gpu is not None
             and decision.mig is not None
             and gpu.instance_at(decision.mig) is None
-            and not any(a.kind == "create_mig_instance" for a in todo)
+            and not any(a.mig_change == "create" for a in todo)
         ):
             todo.append(
                 SchedAction("create_mig_instance", decision.workload, gpu.uuid, decision.mig)
@@ -272,8 +282,15 @@ class Executor:
                 continue
             self.failures.succeeded(o.workload, what)
             if o.changed and a.gpu_uuid is not None:
-                verb = "mig_destroyed" if a.kind == "destroy_mig_instance" else "mig_created"
-                why = "re-cut for" if a.kind == "destroy_mig_instance" else "for"
+                match a.mig_change:
+                    case "destroy":
+                        verb, why = "mig_destroyed", "re-cut for"
+                    case "create":
+                        verb, why = "mig_created", "for"
+                    case None:
+                        continue  # no MIG change: the worker is handed none
+                    case _:
+                        assert_never(a.mig_change)
                 self.store.record_event(
                     verb,
                     a.gpu_uuid,

@@ -17,6 +17,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import assert_never
 
 from gpufrac.devices.errors import DeviceError
 from gpufrac.devices.nvml import NvmlDevices
@@ -75,7 +76,7 @@ class MigWorker:
         is, an instance seen there is the old one, not one made anew for a later placement."""
         with self._mu:
             return any(
-                a.kind == "destroy_mig_instance" and a.gpu_uuid == uuid and a.mig == placement
+                a.mig_change == "destroy" and a.gpu_uuid == uuid and a.mig == placement
                 for a in self._open
             )
 
@@ -134,18 +135,21 @@ class MigWorker:
         assert a.gpu_uuid is not None and a.mig is not None
         try:
             inst = self.dev.gpu(a.gpu_uuid).instance_at(a.mig)
-            if a.kind == "destroy_mig_instance":
-                if inst is None:
-                    return None, False  # already gone
-                if inst.busy:
-                    return f"{a.mig} has processes on it; it is not destroyed", False
-                self.dev.destroy_instance(a.gpu_uuid, inst.gi_id)
-            elif a.kind == "create_mig_instance":
-                if inst is not None:
-                    return None, False  # already there
-                self.dev.create_instance(a.gpu_uuid, a.mig.profile, a.mig.start)
-            else:
-                return f"{a.kind} is not a MIG action", False
+            match a.kind:
+                case "destroy_mig_instance":
+                    if inst is None:
+                        return None, False  # already gone
+                    if inst.busy:
+                        return f"{a.mig} has processes on it; it is not destroyed", False
+                    self.dev.destroy_instance(a.gpu_uuid, inst.gi_id)
+                case "create_mig_instance":
+                    if inst is not None:
+                        return None, False  # already there
+                    self.dev.create_instance(a.gpu_uuid, a.mig.profile, a.mig.start)
+                case "evict" | "start" | "stop":
+                    return f"{a.kind} is not a MIG action", False
+                case _:
+                    assert_never(a.kind)
         except DeviceError as e:
             return e.message, False
         return None, True

@@ -20,6 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from gpufrac.errors import GpufracError
+from gpufrac.planning.sched_decision import (
+    Completion,
+    Decision,
+    StoredPlacement,
+    stored_from_json,
+    stored_to_json,
+)
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -287,8 +294,18 @@ class Store:
     # -- placements -----------------------------------------------------------------------------
 
     def set_placement(
-        self, tenant: str, name: str, generation: int, decision: dict[str, Any]
+        self,
+        tenant: str,
+        name: str,
+        generation: int,
+        record: Decision | Completion,
+        *,
+        node: str | None = None,
+        epoch: int | None = None,
     ) -> None:
+        """Keep the decision for (or how the finished run of) a workload's spec ``generation``;
+        ``node`` and ``epoch``: a cluster's control plane's, the node and lease it runs under."""
+        decision = stored_to_json(StoredPlacement(generation, record, node, epoch))
         with self.transaction() as db:
             db.execute(
                 "INSERT INTO placements VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, name) "
@@ -298,12 +315,13 @@ class Store:
                 (tenant, name, generation, json.dumps(decision, sort_keys=True), time.time()),
             )
 
-    def placement(self, tenant: str, name: str) -> tuple[int, dict[str, Any]] | None:
+    def placement(self, tenant: str, name: str) -> StoredPlacement | None:
+        """The placement kept for a workload, read back as its typed record."""
         row = self.db.execute(
             "SELECT generation, decision FROM placements WHERE tenant = ? AND name = ?",
             (tenant, name),
         ).fetchone()
-        return None if row is None else (int(row[0]), json.loads(row[1]))
+        return None if row is None else stored_from_json(int(row[0]), json.loads(row[1]))
 
     def clear_placement(self, tenant: str, name: str) -> None:
         with self.transaction() as db:

@@ -155,6 +155,7 @@ def test_workload_rows_show_gpu_index_node_and_share() -> None:
         phase="succeeded",
         placement={
             "outcome": "completed",
+            "phase": "succeeded",
             "where": {"mode": "mig", "gpus": ["GPU-a"], "mig": {"profile": "1g.18gb", "start": 1}},
         },
     )

@@ -233,8 +233,8 @@ def test_an_admin_cordons_and_drains_a_nodes_gpu_and_the_cordon_outlives_a_resta
     # one copy at a time: its new node starts it once the old one has let it go
     beat = http.post(f"/cluster/v1/nodes/{away}/heartbeat", json={}, headers=own[away]).json()
     assert beat["run"] == []
-    epoch = control.store.placement("a", "w")
-    assert epoch is not None and epoch[1]["node"] == away
+    placed = control.store.placement("a", "w")
+    assert placed is not None and placed.node == away
     http.post(f"/cluster/v1/nodes/{home}/heartbeat", json={}, headers=own[home])  # gone there
     beat = http.post(f"/cluster/v1/nodes/{away}/heartbeat", json={}, headers=own[away]).json()
     assert [a["decision"]["workload"] for a in beat["run"]] == ["a/w"]

@@ -17,6 +17,7 @@ from gpufrac.devices.simfleet import SimulatedFleet
 from gpufrac.errors import InputError
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
+from gpufrac.planning.sched_decision import Decision
 from gpufrac.runtime.agent import Agent, WorkloadState
 from tests.conftest import kill_leftover_runs
 
@@ -82,9 +83,10 @@ def test_a_placement_that_no_longer_fits_after_a_restart_waits_and_changes_nothi
     )
     second = Agent(data_dir, open_simulated(FLEET, data_dir))
     placed = second.store.placement("default", "big")
-    assert placed is not None and placed[1]["outcome"] == "pending", placed
+    assert placed is not None and isinstance(placed.record, Decision), placed
+    assert placed.record.outcome == "pending", placed
     state = settle(second, "default/big", {"pending"})
-    assert state.attempts == 0 and "no longer fits" in placed[1]["reason"]
+    assert state.attempts == 0 and "no longer fits" in placed.record.reason
     assert [str(i.placement) for i in dev.gpu(gpu.uuid).instances] == ["1g.18gb@0"]
     second.close()
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufrac.planning.sched_decision import Decision, StoredPlacement
 from gpufrac.runtime.store import SCHEMA_VERSION, Store, StoreError
 
 SPEC = {"name": "emb", "gpu": {"memory_mib": 12288}, "command": ["python"]}
@@ -63,9 +64,11 @@ def test_a_failing_transaction_changes_nothing(tmp_path: Path) -> None:
 def test_placements_follow_their_workload(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
     store.put_workload("a", "one", SPEC)
-    store.set_placement("a", "one", 1, {"outcome": "placed", "gpus": ["GPU-1"]})
-    store.set_placement("a", "one", 1, {"outcome": "placed", "gpus": ["GPU-2"]})
-    assert store.placement("a", "one") == (1, {"outcome": "placed", "gpus": ["GPU-2"]})
+    store.set_placement("a", "one", 1, Decision("a/one", "placed", gpus=("GPU-1",)))
+    store.set_placement("a", "one", 1, Decision("a/one", "placed", gpus=("GPU-2",)))
+    assert store.placement("a", "one") == StoredPlacement(
+        1, Decision("a/one", "placed", gpus=("GPU-2",))
+    )
     store.delete_workload("a", "one")
     assert store.placement("a", "one") is None  # cascaded
 
