@@ -21,11 +21,13 @@ Run: .venv/bin/python bench/defaults.py
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -59,49 +61,57 @@ def spec(name: str, kind: str, code: str, priority: str) -> WorkloadSpec:
     return obj
 
 
-def run(beside: list[WorkloadSpec]) -> dict[str, Any]:
+@contextlib.contextmanager
+def one_gpu_agent() -> Iterator[tuple[Agent, AgentService]]:
+    """The real agent with its reconcile loop on one simulated H200, in a scratch directory; what
+    it ran is deleted and its processes stopped afterwards."""
     with tempfile.TemporaryDirectory(prefix="gpufrac-defaults-") as tmp:
         data = Path(tmp)
         agent = Agent(data, open_simulated("h200:1", data), stop_grace=1.0)
         service = AgentService(agent)
         service.start()
         try:
-            with agent.lock:
-                for s in beside:
-                    agent.apply(s)
-            deadline = time.monotonic() + 30
-            while any(
-                service.states.get(f"default/{s.name}") is None
-                or service.states[f"default/{s.name}"].phase != "running"
-                for s in beside
-            ):
-                assert time.monotonic() < deadline, "the services did not start"
-                time.sleep(0.1)
-            time.sleep(1.0)  # their activity is read, the arbiter has them
-            started = time.monotonic()
-            with agent.lock:
-                agent.apply(spec("job", "job", JOB, "normal"))
-            service.wake()
-            share = None
-            pauses = 0
-            while True:
-                st = service.states.get("default/job")
-                member = agent.arbiter.latest.get("default/job")
-                if member is not None:
-                    share = member.get("share")
-                    pauses = int(member.get("pauses") or 0)  # the arbiter counts each one
-                if st is not None and st.phase in ("succeeded", "failed"):
-                    break
-                assert time.monotonic() < started + 120, "the job did not finish in 2 minutes"
-                time.sleep(0.05)
-            took = time.monotonic() - started
-            return {"seconds": took, "share": share, "paused": pauses, "phase": st.phase}
+            yield agent, service
         finally:
             service.stop()
             with agent.lock:
                 for w in agent.store.workloads():
                     agent.delete(w.tenant, w.name)
             agent.close()
+
+
+def run(beside: list[WorkloadSpec]) -> dict[str, Any]:
+    with one_gpu_agent() as (agent, service):
+        with agent.lock:
+            for s in beside:
+                agent.apply(s)
+        deadline = time.monotonic() + 30
+        while any(
+            service.states.get(f"default/{s.name}") is None
+            or service.states[f"default/{s.name}"].phase != "running"
+            for s in beside
+        ):
+            assert time.monotonic() < deadline, "the services did not start"
+            time.sleep(0.1)
+        time.sleep(1.0)  # their activity is read, the arbiter has them
+        started = time.monotonic()
+        with agent.lock:
+            agent.apply(spec("job", "job", JOB, "normal"))
+        service.wake()
+        share = None
+        pauses = 0
+        while True:
+            st = service.states.get("default/job")
+            member = agent.arbiter.latest.get("default/job")
+            if member is not None:
+                share = member.get("share")
+                pauses = int(member.get("pauses") or 0)  # the arbiter counts each one
+            if st is not None and st.phase in ("succeeded", "failed"):
+                break
+            assert time.monotonic() < started + 120, "the job did not finish in 2 minutes"
+            time.sleep(0.05)
+        took = time.monotonic() - started
+        return {"seconds": took, "share": share, "paused": pauses, "phase": st.phase}
 
 
 def proc_states(pgid: int) -> list[str]:
@@ -122,55 +132,44 @@ def high_service_beside_low_job(min_share: str | None, seconds: float = 15.0) ->
     """A busy `priority: high` service beside a `priority: low` job (the operator's job_min_share,
     or ``min_share``) on one time-sliced GPU: the service's processes sampled from /proc every
     0.1 s, the job's share of the GPU's busy time from the arbiter's accounting."""
-    with tempfile.TemporaryDirectory(prefix="gpufrac-defaults-") as tmp:
-        data = Path(tmp)
-        agent = Agent(data, open_simulated("h200:1", data), stop_grace=1.0)
-        service = AgentService(agent)
-        service.start()
-        try:
-            job = spec("job", "job", "import time\nwhile True: time.sleep(0.005)\n", "low")
-            if min_share is not None:
-                job = replace(job, min_share_milli=int(min_share))
-            with agent.lock:
-                agent.apply(spec("hot", "service", BUSY, "high"))
-                agent.apply(job)
-            service.wake()
-            deadline = time.monotonic() + 30
-            pgid: dict[str, int] = {}
-            while len(pgid) < 2:
-                assert time.monotonic() < deadline, "the workloads did not start"
-                for name in ("hot", "job"):
-                    stored = agent.store.workload("default", name)
-                    run_dir = stored and agent.runs.latest("default", name, stored.generation)
-                    status = read_status(run_dir) if run_dir else None
-                    if status is not None and status.child_pid is not None:
-                        pgid[name] = status.child_pid
-                time.sleep(0.1)
-            time.sleep(1.5)  # the arbiter has both, and has seen the service busy
-            first = dict(agent.arbiter.latest.get("default/job") or {})
-            samples: dict[str, list[str]] = {"hot": [], "job": []}
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                for name, group in pgid.items():
-                    samples[name] += proc_states(group)
-                time.sleep(0.1)
-            last = dict(agent.arbiter.latest.get("default/job") or {})
-            busy = float(last.get("busy_s") or 0) - float(first.get("busy_s") or 0)
-            ran = float(last.get("held_s") or 0) - float(first.get("held_s") or 0)
-            return {
-                "service_stopped": samples["hot"].count("T") / max(1, len(samples["hot"])),
-                "job_stopped": samples["job"].count("T") / max(1, len(samples["job"])),
-                "job_share": ran / busy if busy > 0 else None,
-                "min_share": int(last.get("qos", {}).get("min_share_milli") or 0) / 1000,
-                "pauses": int(last.get("pauses") or 0),
-                "samples": len(samples["hot"]),
-            }
-        finally:
-            service.stop()
-            with agent.lock:
-                for w in agent.store.workloads():
-                    agent.delete(w.tenant, w.name)
-            agent.close()
+    with one_gpu_agent() as (agent, service):
+        job = spec("job", "job", "import time\nwhile True: time.sleep(0.005)\n", "low")
+        if min_share is not None:
+            job = replace(job, min_share_milli=int(min_share))
+        with agent.lock:
+            agent.apply(spec("hot", "service", BUSY, "high"))
+            agent.apply(job)
+        service.wake()
+        deadline = time.monotonic() + 30
+        pgid: dict[str, int] = {}
+        while len(pgid) < 2:
+            assert time.monotonic() < deadline, "the workloads did not start"
+            for name in ("hot", "job"):
+                stored = agent.store.workload("default", name)
+                run_dir = stored and agent.runs.latest("default", name, stored.generation)
+                status = read_status(run_dir) if run_dir else None
+                if status is not None and status.child_pid is not None:
+                    pgid[name] = status.child_pid
+            time.sleep(0.1)
+        time.sleep(1.5)  # the arbiter has both, and has seen the service busy
+        first = dict(agent.arbiter.latest.get("default/job") or {})
+        samples: dict[str, list[str]] = {"hot": [], "job": []}
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for name, group in pgid.items():
+                samples[name] += proc_states(group)
+            time.sleep(0.1)
+        last = dict(agent.arbiter.latest.get("default/job") or {})
+        busy = float(last.get("busy_s") or 0) - float(first.get("busy_s") or 0)
+        ran = float(last.get("held_s") or 0) - float(first.get("held_s") or 0)
+        return {
+            "service_stopped": samples["hot"].count("T") / max(1, len(samples["hot"])),
+            "job_stopped": samples["job"].count("T") / max(1, len(samples["job"])),
+            "job_share": ran / busy if busy > 0 else None,
+            "min_share": int(last.get("qos", {}).get("min_share_milli") or 0) / 1000,
+            "pauses": int(last.get("pauses") or 0),
+            "samples": len(samples["hot"]),
+        }
 
 
 def main() -> None:

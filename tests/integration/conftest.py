@@ -79,12 +79,17 @@ def _spawn(port: int, data_dir: Path, fleet: str = FLEET) -> subprocess.Popen[by
     )
 
 
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[RunningAgent]:
+def running_agent(
+    tmp_path: Path, fleet: str = FLEET, files: dict[str, str] | None = None
+) -> Iterator[RunningAgent]:
+    """A real agent on ``fleet`` with ``files`` (gpufrac.yaml, tokens.yaml: name -> text) in its
+    data directory, for a fixture to yield; killed afterwards, with every run it left."""
     data_dir = tmp_path / "data"
     data_dir.mkdir()
+    for name, text in (files or {}).items():
+        (data_dir / name).write_text(text)
     port = free_port()
-    running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None)  # type: ignore[arg-type]
+    running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None, fleet)  # type: ignore[arg-type]
     running.start()
     yield running
     running.proc.kill()
@@ -93,17 +98,14 @@ def agent(tmp_path: Path) -> Iterator[RunningAgent]:
 
 
 @pytest.fixture
+def agent(tmp_path: Path) -> Iterator[RunningAgent]:
+    yield from running_agent(tmp_path)
+
+
+@pytest.fixture
 def small_agent(tmp_path: Path) -> Iterator[RunningAgent]:
     """An agent on one H200 in MIG mode and one without."""
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    port = free_port()
-    running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None, "h200:1:mig,h200:1")  # type: ignore[arg-type]
-    running.start()
-    yield running
-    running.proc.kill()
-    running.proc.wait(timeout=10)
-    kill_leftover_runs(data_dir)
+    yield from running_agent(tmp_path, "h200:1:mig,h200:1")
 
 
 TOKENS = {
@@ -132,14 +134,6 @@ def tenant_agent(tmp_path: Path) -> Iterator[RunningAgent]:
     """An agent with API tokens for two tenants and the admin, running workloads as its own user
     (these tests run Python workloads from a venv other users cannot reach; the sandbox of tenant
     users has its own test); search may evict research's lower-priority work (TENANT_SETTINGS)."""
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    (data_dir / "gpufrac.yaml").write_text(TENANT_SETTINGS)
-    (data_dir / "tokens.yaml").write_text(tokens_yaml())
-    port = free_port()
-    running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None)  # type: ignore[arg-type]
-    running.start()
-    yield running
-    running.proc.kill()
-    running.proc.wait(timeout=10)
-    kill_leftover_runs(data_dir)
+    yield from running_agent(
+        tmp_path, files={"gpufrac.yaml": TENANT_SETTINGS, "tokens.yaml": tokens_yaml()}
+    )

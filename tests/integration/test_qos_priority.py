@@ -22,8 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import kill_leftover_runs
-from tests.integration.conftest import RunningAgent, free_port
+from tests.integration.conftest import RunningAgent, running_agent
 from tests.integration.test_agent_api import wait_for
 from tests.integration.test_cli_contract import cli
 
@@ -71,15 +70,7 @@ def doc(
 def traced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningAgent]:
     """An agent whose arbiter writes its log to tmp_path/trace."""
     monkeypatch.setenv("GPUFRAC_ARBITER_TRACE", str(tmp_path / "trace"))
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    port = free_port()
-    running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None)  # type: ignore[arg-type]
-    running.start()
-    yield running
-    running.proc.kill()
-    running.proc.wait(timeout=10)
-    kill_leftover_runs(data_dir)
+    yield from running_agent(tmp_path)
 
 
 def proc_states() -> dict[int, list[str]]:

@@ -16,8 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import kill_leftover_runs
-from tests.integration.conftest import RunningAgent, free_port
+from tests.integration.conftest import RunningAgent, running_agent
 from tests.integration.test_agent_api import wait_for
 from tests.integration.test_cli_contract import cli
 
@@ -28,16 +27,9 @@ SLEEP = json.dumps([PY, "-c", "import time; time.sleep(120)"])
 @pytest.fixture
 def plain_agent(tmp_path: Path) -> Iterator[RunningAgent]:
     """Two H200s, neither in MIG mode; tenant research may hold 50GiB of GPU memory."""
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "gpufrac.yaml").write_text("tenants:\n  research: {gpu_memory: 50GiB}\n")
-    port = free_port()
-    running = RunningAgent(f"http://127.0.0.1:{port}", data, port, None, "h200:2")  # type: ignore[arg-type]
-    running.start()
-    yield running
-    running.proc.kill()
-    running.proc.wait(timeout=10)
-    kill_leftover_runs(data)
+    yield from running_agent(
+        tmp_path, "h200:2", {"gpufrac.yaml": "tenants:\n  research: {gpu_memory: 50GiB}\n"}
+    )
 
 
 def doc(tenant: str, name: str, gpu: str) -> str:

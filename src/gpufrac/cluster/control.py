@@ -20,7 +20,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, assert_never
@@ -41,6 +41,7 @@ from gpufrac.planning.sched_decision import (
     Completion,
     Decision,
     Displacement,
+    DisplacementListeners,
     Where,
     displacement_of,
 )
@@ -101,7 +102,7 @@ class ControlPlane:
         # workload -> the times it was moved or fenced (its runs before the one its node shows,
         # and their evictions): never restarts, which count failures only
         self.moves: dict[str, int] = {}
-        self._collecting: list[list[Displacement]] = []  # the open ``displacements`` blocks'
+        self._listeners = DisplacementListeners()  # the open ``displacements`` blocks
         # node -> [window start, events taken in it, said that the rest were dropped]
         self.relay_windows: dict[str, list[float | int | bool]] = {}
         self.addresses: dict[str, str] = {}  # node -> its agent's API, where it serves logs
@@ -270,16 +271,10 @@ class ControlPlane:
             int(node_view.get("evictions") or 0) + self.moves.get(key, 0),
         )
 
-    @contextlib.contextmanager
-    def displacements(self) -> Iterator[list[Displacement]]:
+    def displacements(self) -> contextlib.AbstractContextManager[list[Displacement]]:
         """The displacements told while the block runs (for the answer of the call that caused
         them); with the lock held."""
-        collected: list[Displacement] = []
-        self._collecting.append(collected)
-        try:
-            yield collected
-        finally:
-            self._collecting.remove(collected)
+        return self._listeners.collecting()
 
     def _tell(self, more: Sequence[Displacement] = ()) -> None:
         """Tell of each workload displaced (the core's decisions', and ``more``): an event each,
@@ -291,8 +286,7 @@ class ControlPlane:
                 self._carry(x.workload)
         told = [*decided, *more]
         record_displaced(self.store, told, self.core.specs.get)
-        for collected in self._collecting:
-            collected.extend(told)
+        self._listeners.heard(told)
 
     def _take_events(self, name: str, events: Sequence[NodeEvent]) -> None:
         """A known node's own events, into the control plane's: a workload's only where it runs

@@ -16,7 +16,8 @@ API's models (``api/schemas.py``: ``DecisionJson``, ``CompletedJson``) read them
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar, assert_never, get_args
 
@@ -415,3 +416,25 @@ def displaced_summary(told: Sequence[Displaced]) -> str:
 
 def workload_key(spec: WorkloadSpec) -> str:
     return f"{spec.tenant}/{spec.name}"
+
+
+class DisplacementListeners:
+    """The calls that want to hear of the displacements told while they run (the answer of the
+    call that caused them: apply, drain, a MIG change): each open ``collecting`` block gets every
+    displacement ``heard`` meanwhile. The caller holds the lock that orders such calls."""
+
+    def __init__(self) -> None:
+        self._open: list[list[Displacement]] = []
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[list[Displacement]]:
+        collected: list[Displacement] = []
+        self._open.append(collected)
+        try:
+            yield collected
+        finally:
+            self._open.remove(collected)
+
+    def heard(self, told: Sequence[Displacement]) -> None:
+        for collected in self._open:
+            collected.extend(told)

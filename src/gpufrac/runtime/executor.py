@@ -27,7 +27,7 @@ Every displacement is told (``tell``), whoever caused it: an event per workload 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import assert_never
 
 from gpufrac.devices.nvml import NvmlDevices
@@ -37,6 +37,7 @@ from gpufrac.planning.sched_decision import (
     Completion,
     Decision,
     Displacement,
+    DisplacementListeners,
     SchedAction,
     displaced_summary,
     displacements,
@@ -80,7 +81,7 @@ class Executor:
         self.failures = failures
         self.mig = mig
         self.sandbox = sandbox
-        self._collecting: list[list[Displacement]] = []  # the open ``displacements`` blocks'
+        self._listeners = DisplacementListeners()  # the open ``displacements`` blocks
 
     # -- decisions ------------------------------------------------------------------------------
 
@@ -121,19 +122,12 @@ class Executor:
         """Record the displacements' events (``record_displaced``); each open ``displacements``
         block gets them too."""
         record_displaced(self.store, told, self.scheduler.spec)
-        for collected in self._collecting:
-            collected.extend(told)
+        self._listeners.heard(told)
 
-    @contextlib.contextmanager
-    def displacements(self) -> Iterator[list[Displacement]]:
+    def displacements(self) -> contextlib.AbstractContextManager[list[Displacement]]:
         """The displacements told while the block runs (for the answer of the call that caused
         them); call with the agent's lock held, so another thread's are not among them."""
-        collected: list[Displacement] = []
-        self._collecting.append(collected)
-        try:
-            yield collected
-        finally:
-            self._collecting.remove(collected)
+        return self._listeners.collecting()
 
     # -- one action -----------------------------------------------------------------------------
 
