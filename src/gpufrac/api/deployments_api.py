@@ -23,7 +23,7 @@ from gpufrac.api.schemas import (
 from gpufrac.api.seen_by import event_seen_by
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import DeploymentSpec, deployment_to_json
-from gpufrac.runtime.store import Event
+from gpufrac.model.event import Event
 from gpufrac.serving.deployments import Deployments, gateway_path, route_name
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpufrac.api.tokens import Caller
+from gpufrac.model.event import Event
 from gpufrac.planning.sched_decision import ANOTHER_TENANTS, Displacement
-from gpufrac.runtime.store import Event
 
 
 def named(who: Caller, key: str) -> str:

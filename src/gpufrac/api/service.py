@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from gpufrac.api.history import AgentSampler, History
 from gpufrac.config import DEFAULT_GATEWAY_PORT
+from gpufrac.model.event import Event
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.shim import LOG
-from gpufrac.runtime.store import Event
 from gpufrac.serving.deployments import AgentServing, Deployments
 
 RECONCILE_SECONDS = 0.5

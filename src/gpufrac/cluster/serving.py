@@ -22,11 +22,12 @@ from gpufrac.cluster.control import ControlPlane
 from gpufrac.config import DEFAULT_GATEWAY_PORT
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import LABEL
+from gpufrac.model.event import Event
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.runtime.failures import Failures
-from gpufrac.runtime.store import Event, Store
+from gpufrac.runtime.store import Store
 from gpufrac.serving.deployments import Deployments, ReplicaState
 
 
