@@ -111,7 +111,7 @@ def decisions(
     def submit(spec: WorkloadSpec) -> None:
         nonlocal placed
         t = time.perf_counter()
-        d = core.apply(spec) if core is not None else sched.submit(spec)[0]
+        d = core.decide(spec) if core is not None else sched.submit(spec)[0]
         lat.append(time.perf_counter() - t)
         placed += d.outcome == "placed"
         if d.outcome != "refused":
@@ -166,7 +166,7 @@ def acknowledged(nodes: int, per_node: int, n_apply: int) -> dict[str, Any]:
             spec = mix.request(rng, k)
             key = f"{spec.tenant}/{spec.name}"
             applied_at[key] = time.perf_counter()
-            if core.apply(spec).outcome != "placed":
+            if core.decide(spec).outcome != "placed":
                 acked[key] = applied_at[key]  # waits: nothing for a node to start
             k += 1
         now += 0.01

@@ -68,7 +68,7 @@ def run(beside: list[WorkloadSpec]) -> dict[str, Any]:
         try:
             with agent.lock:
                 for s in beside:
-                    agent.apply(s)
+                    agent.apply_workload(s)
             deadline = time.monotonic() + 30
             while any(
                 service.states.get(f"default/{s.name}") is None
@@ -80,7 +80,7 @@ def run(beside: list[WorkloadSpec]) -> dict[str, Any]:
             time.sleep(1.0)  # their activity is read, the arbiter has them
             started = time.monotonic()
             with agent.lock:
-                agent.apply(spec("job", "job", JOB, "normal"))
+                agent.apply_workload(spec("job", "job", JOB, "normal"))
             service.wake()
             share = None
             pauses = 0
@@ -132,8 +132,8 @@ def high_service_beside_low_job(min_share: str | None, seconds: float = 15.0) ->
             if min_share is not None:
                 job = replace(job, min_share_milli=int(min_share))
             with agent.lock:
-                agent.apply(spec("hot", "service", BUSY, "high"))
-                agent.apply(job)
+                agent.apply_workload(spec("hot", "service", BUSY, "high"))
+                agent.apply_workload(job)
             service.wake()
             deadline = time.monotonic() + 30
             pgid: dict[str, int] = {}

@@ -231,7 +231,7 @@ def run_policy(
         time.sleep(max(0.0, t0 + r.at - time.monotonic()))
         arrived[i] = time.time()
         with agent.lock:
-            agent.apply(spec(i, r))
+            agent.apply_workload(spec(i, r))
         service.wake()
     end = t0 + trace[-1].at + TAIL_S
     while time.monotonic() < end:

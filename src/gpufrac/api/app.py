@@ -235,19 +235,21 @@ def create_app(
         response_model=ApplyAnswer,
         responses=applied,
         openapi_extra=manifest_body(),
+        operation_id="apply_api_v1_workloads_post",  # as before the handler was renamed
     )
     @app.post(
         "/api/v1/deployments",
         response_model=ApplyAnswer,
         responses=applied,
         openapi_extra=manifest_body(),
+        operation_id="apply_api_v1_deployments_post",
     )
-    async def apply(request: Request) -> dict[str, Any]:
+    async def apply_manifest(request: Request) -> dict[str, Any]:
         who = caller(request)
         body = await request.body()  # already read and bounded by the guard
-        return await run_in_threadpool(apply_text, who, body.decode("utf-8", "replace"))
+        return await run_in_threadpool(apply_manifest_text, who, body.decode("utf-8", "replace"))
 
-    def apply_text(who: Caller, text: str) -> dict[str, Any]:
+    def apply_manifest_text(who: Caller, text: str) -> dict[str, Any]:
         """Parse (off the event loop: a manifest can be slow to read) and apply, all or nothing."""
         # nothing stored on an error; a document naming no tenant is the caller's tenant's
         read = read_objects(text, source="body", default_tenant=who.tenant or "default")
@@ -268,7 +270,7 @@ def create_app(
             for spec in specs:
                 before = service.agent.store.workload(spec.tenant, spec.name)
                 with service.agent.displacements() as told:
-                    what, decision = service.agent.apply(spec)
+                    what, decision = service.agent.apply_workload(spec)
                 diff = (
                     spec_diff(before.spec, spec_to_json(spec))
                     if before and what in ("replaced", "updated")
@@ -293,7 +295,7 @@ def create_app(
                     {
                         "kind": "Deployment",
                         "deployment": d.key,
-                        "result": service.deployments.apply(d),
+                        "result": service.deployments.apply_deployment(d),
                         "decision": None,
                         "diff": [],
                         "url": service.deployments.gateway_url + gateway_path(d),
@@ -433,13 +435,13 @@ def create_app(
             "pin": body.pin,
             "dry_run": body.dry_run,
         }
-        return await run_in_threadpool(apply_mig, gpu, layout, flags)
+        return await run_in_threadpool(set_layout, gpu, layout, flags)
 
-    def apply_mig(gpu: str, layout: Any, flags: dict[str, bool]) -> dict[str, Any]:
+    def set_layout(gpu: str, layout: Any, flags: dict[str, bool]) -> dict[str, Any]:
         try:
             with service.lock, service.agent.displacements() as told:
                 uuid = _gpu_uuid(gpu)
-                done = service.agent.apply_mig(
+                done = service.agent.set_mig_layout(
                     uuid,
                     flags["mig_enabled"],
                     list(layout),

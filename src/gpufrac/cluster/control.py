@@ -370,7 +370,7 @@ class ControlPlane:
             if self.awaiting and now - self.started > self.core.lease_s:
                 for node, held in self.awaiting.items():  # never came back after a restart
                     for a in held:
-                        d = self.core.apply(a.spec)
+                        d = self.core.decide(a.spec)
                         to = self.core.assigned[a.workload].node if d.outcome == "placed" else None
                         moved.append(Moved(a.workload, node, to, f"its node {node} did not return"))
                 self.awaiting.clear()
@@ -467,7 +467,7 @@ class ControlPlane:
 
     # -- desired state ---------------------------------------------------------------------------
 
-    def apply(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision]:
+    def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision]:
         key = workload_key(spec)
         with self.lock:
             raw = spec_to_json(spec)
@@ -480,7 +480,7 @@ class ControlPlane:
                 return "refused", Decision(key, "refused", refusal)
             before = dict(self.core.assigned)
             self.store.put_workload(spec.tenant, spec.name, raw)
-            decision = self.core.apply(spec)
+            decision = self.core.decide(spec)
             self.views.pop(key, None)
             self.carried.pop(key, None)
             self.moves.pop(key, None)

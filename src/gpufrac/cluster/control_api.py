@@ -186,12 +186,12 @@ def create_control_app(
 
     @app.post("/api/v1/workloads")
     @app.post("/api/v1/deployments")  # the same manifest endpoint, as on one machine
-    async def apply(request: Request) -> dict[str, Any]:
+    async def apply_manifest(request: Request) -> dict[str, Any]:
         who = caller(request)
         text = (await request.body()).decode("utf-8", "replace")
-        return await run_in_threadpool(apply_text, who, text)
+        return await run_in_threadpool(apply_manifest_text, who, text)
 
-    def apply_text(who: Caller, text: str) -> dict[str, Any]:
+    def apply_manifest_text(who: Caller, text: str) -> dict[str, Any]:
         read = read_objects(text, source="body", default_tenant=who.tenant or "default")
         noted = {id(r.obj): list(r.warnings) for r in read}  # how each document is written
         objects = [r.obj for r in read]
@@ -219,7 +219,7 @@ def create_control_app(
             for spec in specs:
                 before = control.store.workload(spec.tenant, spec.name)
                 with control.displacements() as told:
-                    what, decision = control.apply(spec)
+                    what, decision = control.apply_workload(spec)
                 diff = (
                     spec_diff(before.spec, spec_to_json(spec))
                     if before and what == "replaced"
@@ -245,7 +245,7 @@ def create_control_app(
                     {
                         "kind": "Deployment",
                         "deployment": d.key,
-                        "result": serving.deployments.apply(d),
+                        "result": serving.deployments.apply_deployment(d),
                         "decision": None,
                         "diff": [],
                         "url": serving.deployments.gateway_url + gateway_path(d),

@@ -61,8 +61,8 @@ class ControlServing:
     def data_dir(self) -> Path:
         return self.control.data_dir
 
-    def apply(self, spec: WorkloadSpec) -> object:
-        what, decision = self.control.apply(spec)
+    def apply_workload(self, spec: WorkloadSpec) -> object:
+        what, decision = self.control.apply_workload(spec)
         if what == "refused":  # fits on no node even empty: said once, retried with backoff
             raise InputError(
                 f"replica {spec.name} fits on no node: {decision.reason}",

@@ -1,6 +1,6 @@
 """The node agent's core: desired state in, running supervised workloads out. No HTTP here.
 
-``apply`` and ``delete`` store the desired state first (SQLite, all or nothing) and let the
+``apply_workload`` and ``delete`` store the desired state first (SQLite, all or nothing) and let the
 scheduler decide; ``reconcile`` makes the machine match. The agent is built from parts, each owning
 its state and
 given what it needs when it is made:
@@ -325,7 +325,7 @@ class Agent:
 
     # -- desired state --------------------------------------------------------------------------
 
-    def apply(self, spec: WorkloadSpec) -> tuple[str, Decision | None]:
+    def apply_workload(self, spec: WorkloadSpec) -> tuple[str, Decision | None]:
         """Store ``spec`` and schedule it. Returns (what happened, the decision):
         ``unchanged`` (nothing done), ``created``, ``replaced`` (the old one is stopped),
         ``updated`` (a live change), or ``refused`` (nothing stored: no GPU here could ever run
@@ -473,7 +473,7 @@ class Agent:
     def drain(self, uuid: str, reason: str = "drained by hand") -> list[Decision]:
         return self.gpu_care.drain(uuid, reason)
 
-    def apply_mig(
+    def set_mig_layout(
         self,
         uuid: str,
         mig_enabled: bool,
@@ -484,7 +484,7 @@ class Agent:
         pin: bool = True,
         dry_run: bool = False,
     ) -> list[MigAction]:
-        return self.gpu_care.apply_mig(
+        return self.gpu_care.set_mig_layout(
             uuid,
             mig_enabled,
             layout,
