@@ -30,11 +30,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpufrac.api.service import AgentService
 from gpufrac.devices import open_simulated
 from gpufrac.model.manifest import parse_objects
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.runtime.agent import Agent
+from gpufrac.runtime.service import AgentService
 from gpufrac.runtime.shim import read_status
 
 PY = sys.executable

@@ -177,13 +177,14 @@ def agent_command(
     paused, resumed, restarted, MIG changed, scaled ...) is one line on stderr."""
 
     from gpufrac.api.app import create_app
-    from gpufrac.api.service import AgentService
     from gpufrac.api.tokens import load_tokens
     from gpufrac.cli.schedule import _settings
     from gpufrac.config import simulate_spec
     from gpufrac.devices import open_devices
     from gpufrac.runtime.agent import Agent
     from gpufrac.runtime.decision_log import LOG_FORMATS, DecisionLog
+    from gpufrac.runtime.service import AgentService
+    from gpufrac.serving.agent_deployments import AgentDeployments
 
     with handled_errors():
         fmt = next((f for f in LOG_FORMATS if f == log_format), None)
@@ -209,8 +210,9 @@ def agent_command(
         agent.store.listeners.append(DecisionLog(sys.stderr, fmt))
         known = [c.tenant for c in (tokens or {}).values()] + agent.store.tenants()
         note_preemption_default(agent.settings, known)
-    service = AgentService(
-        agent,
+    service = AgentService(agent)
+    serving = AgentDeployments(
+        service,
         gateway_port=gateway_port,
         gateway_host=gateway_host,
         tokens=None if tokens is None else {t: c.tenant for t, c in tokens.items()},
@@ -252,7 +254,13 @@ def agent_command(
     address = data / AGENT_FILE  # how commands on this data directory find this agent
     address.write_text(jsonlib.dumps({"url": f"http://{here}:{port}", "pid": os.getpid()}))
     try:
-        app = create_app(service, tokens=tokens, max_body=agent.settings.api_max_body_mib << 20)
+        app = create_app(
+            service,
+            serving,
+            loop=service,
+            tokens=tokens,
+            max_body=agent.settings.api_max_body_mib << 20,
+        )
         serve_http(
             app,
             host,

@@ -21,9 +21,8 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from gpufrac.cluster.core import (
     LEASE_S,
@@ -36,6 +35,7 @@ from gpufrac.cluster.core import (
 )
 from gpufrac.model.qos import min_share_of, qos_params
 from gpufrac.model.settings import OperatorSettings
+from gpufrac.model.views import ApplyResult, NodeInfo
 from gpufrac.model.workload import WorkloadSpec, spec_from_json, spec_to_json
 from gpufrac.planning.sched_decision import (
     Decision,
@@ -63,21 +63,10 @@ CONTROL_KINDS = frozenset(
 LEASE_LABEL = "gpufrac.io/lease"  # a workload holding a slice for Ray code (gpufrac.ray)
 LEASE_TTL_LABEL = "gpufrac.io/lease-ttl"  # seconds it lives without its holder's keep-alive
 ENDED = -1  # the epoch under which a node's view of a job that ended there is kept
-ApplyResult = Literal["created", "replaced", "unchanged", "refused"]
 
 
 class NodeRefused(Exception):
     """A join the control plane does not take (the name is a live node's)."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeView:
-    name: str
-    labels: dict[str, str]
-    state: str
-    gpus: int
-    address: str | None
-    seen_s_ago: float
 
 
 class ControlPlane:
@@ -105,6 +94,7 @@ class ControlPlane:
         # node -> [window start, events taken in it, said that the rest were dropped]
         self.relay_windows: dict[str, list[float | int | bool]] = {}
         self.addresses: dict[str, str] = {}  # node -> its agent's API, where it serves logs
+        self.versions: dict[str, str | None] = {}  # node -> its gpufrac's version, as it said
         self.gpu_views: dict[str, list[dict[str, Any]]] = {}  # node -> its GPUs as it shows them
         self.lost_from: dict[str, str] = {}  # a workload waiting since its node was lost -> node
         self.kept_alive: dict[str, float] = {}  # a lease -> when its holder last said it lives
@@ -151,6 +141,7 @@ class ControlPlane:
         labels: Mapping[str, str],
         gpus: list[SchedGpu],
         address: str | None,
+        version: str | None = None,
     ) -> str | None:
         """``admit`` then ``join``, under one lock: a join that fails (``ValueError``) leaves no
         credential behind."""
@@ -158,7 +149,7 @@ class ControlPlane:
             had = self.credentials.get(name)
             credential = self.admit(name, presented)
             try:
-                self.join(name, labels, gpus, address)
+                self.join(name, labels, gpus, address, version)
             except ValueError:
                 if credential is not None:  # the one given back
                     if had is None:
@@ -200,14 +191,21 @@ class ControlPlane:
         tmp.replace(path)
 
     def join(
-        self, name: str, labels: Mapping[str, str], gpus: list[SchedGpu], address: str | None
+        self,
+        name: str,
+        labels: Mapping[str, str],
+        gpus: list[SchedGpu],
+        address: str | None,
+        version: str | None = None,
     ) -> None:
+        """``version``: the node's gpufrac's, as it said (``describe node`` shows it)."""
         with self.lock:
             before = dict(self.core.assigned)
             known = name in self.core.nodes
             self.core.join(name, labels, gpus, self.clock(), self.awaiting.pop(name, []))
             if address:
                 self.addresses[name] = address
+            self.versions[name] = version
             self.store.record_event(
                 "node_joined" if not known else "node_rejoined",
                 name,
@@ -389,17 +387,18 @@ class ControlPlane:
             self._persist(before, ended=ended)
             return moved
 
-    def nodes(self) -> list[NodeView]:
+    def nodes(self) -> list[NodeInfo]:
         with self.lock:
             now = self.clock()
             return [
-                NodeView(
-                    n.name,
-                    dict(n.labels),
-                    n.state,
-                    len(n.gpus),
-                    self.addresses.get(n.name),
-                    now - n.renewed,
+                NodeInfo(
+                    name=n.name,
+                    state=n.state,
+                    labels=dict(n.labels),
+                    gpus=len(n.gpus),
+                    address=self.addresses.get(n.name),
+                    last_heartbeat_s=now - n.renewed,
+                    version=self.versions.get(n.name),
                 )
                 for n in sorted(self.core.nodes.values(), key=lambda n: n.name)
             ]

@@ -45,11 +45,11 @@ from gpufrac.config import shared_dir
 from gpufrac.devices.health import DeviceHealth
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
-from gpufrac.model.advice import request_warnings
 from gpufrac.model.gpu import GpuState
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
 from gpufrac.model.settings import OperatorSettings
+from gpufrac.model.views import ApplyResult
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
 from gpufrac.planning.sched_candidates import RecutScope
 from gpufrac.planning.sched_decision import (
@@ -311,6 +311,11 @@ class Agent:
         # what waits is tried again: the settings (mig_reconfigure, say) may have changed
         self.executor.record(self.scheduler.retry_pending())
 
+    def run_under_lease(self, lease_file: Path) -> None:
+        """Each workload started from now on stops itself once the lease in ``lease_file`` has run
+        out (a cluster node's, renewed by each answer of its control plane: cluster/node.py)."""
+        self.runs.lease_file = lease_file
+
     def displacements(self) -> AbstractContextManager[list[Displacement]]:
         """The workloads displaced while the block runs (by an apply, a drain, a MIG change, the
         autoscaler's replicas): for the answer of the call; with the lock held."""
@@ -325,7 +330,7 @@ class Agent:
 
     # -- desired state --------------------------------------------------------------------------
 
-    def apply_workload(self, spec: WorkloadSpec) -> tuple[str, Decision | None]:
+    def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision | None]:
         """Store ``spec`` and schedule it. Returns (what happened, the decision):
         ``unchanged`` (nothing done), ``created``, ``replaced`` (the old one is stopped),
         ``updated`` (a live change), or ``refused`` (nothing stored: no GPU here could ever run
@@ -409,12 +414,7 @@ class Agent:
 
     def warnings(self, spec: WorkloadSpec, decision: Decision | None) -> list[str]:
         """What ``apply`` says about a request that was probably not meant as written."""
-        profile = None
-        if decision is not None and decision.mig is not None and decision.gpus:
-            g = self.scheduler.state.by_uuid.get(decision.gpus[0])
-            if g is not None and g.model.has_profile(decision.mig.profile):
-                profile = g.model.profile(decision.mig.profile)
-        return request_warnings(spec, profile)
+        return self.scheduler.warnings(spec, decision)
 
     def latest_run(self, tenant: str, name: str, generation: int) -> Path | None:
         """The run directory of the newest attempt (its output.log is the workload's log)."""

@@ -35,6 +35,7 @@ from gpufrac.model.deployment import (
 )
 from gpufrac.model.workload import WorkloadSpec, spec_from_json
 from gpufrac.runtime.child_link import ChildLink, ChildRefused
+from gpufrac.runtime.history import Reading, deployment_readings
 from gpufrac.serving.autoscaler import (
     BOOST,
     SCALE_DIRECTIONS,
@@ -233,6 +234,23 @@ class Deployments:
 
     def specs(self) -> list[tuple[DeploymentSpec, int | None]]:
         return [(deployment_from_json(s), r) for _, _, s, r in self.runner.store.deployments()]
+
+    def samples(self, states: Mapping[str, ReplicaState]) -> list[Reading]:
+        """Per deployment, for the dashboard's plots: the gateway's traffic, the replicas wanted
+        and ready (call it under the host's lock)."""
+        out = []
+        with self.batch():
+            specs = [(d, scaled, self.views(d, states)) for d, scaled in self.specs()]
+        for d, scaled, views in specs:
+            ready = sum(1 for r in views if r.ready and not r.draining)
+            traffic = self.traffic.get(route_name_of(d.tenant, d.name), {})
+            wanted = next(
+                n
+                for n in (scaled, d.replicas, sum(1 for r in views if not r.draining))
+                if n is not None
+            )  # the autoscaler's choice is the replicas it keeps (not draining)
+            out.append((d.tenant, d.name, wanted, dict(traffic), ready))
+        return deployment_readings(out)
 
     @property
     def gateway_url(self) -> str:
