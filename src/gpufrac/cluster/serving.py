@@ -116,7 +116,9 @@ class ControlServing:
             phase, reason, node_view = self.control.status(w.key)
             a = self.control.core.assigned.get(w.key)
             cause = (
-                self.control.core.scheduler.pending.causes.get(w.key) if phase == "pending" else None
+                self.control.core.scheduler.pending.causes.get(w.key)
+                if phase == "pending"
+                else None
             )
             out[w.key] = Shown(
                 phase, a.decision if a else None, reason, node_view.get("exit_code"), cause
