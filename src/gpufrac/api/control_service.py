@@ -74,7 +74,7 @@ class ControlService(Protocol):
     def stored_spec(self, tenant: str, name: str) -> dict[str, Any] | None:
         """The workload as stored (JSON), or None."""
 
-    def store_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision | None]:
+    def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision | None]:
         """Store ``spec`` and have it scheduled: what happened, and the decision (None where
         nothing was decided)."""
         ...

@@ -265,14 +265,16 @@ def user_api(
         response_model=ApplyAnswer,
         responses=applied,
         openapi_extra=manifest_body(),
+        operation_id="apply_api_v1_workloads_post",  # as before the handler was renamed
     )
     @api.post(
         "/api/v1/deployments",
         response_model=ApplyAnswer,
         responses=applied,
         openapi_extra=manifest_body(),
+        operation_id="apply_api_v1_deployments_post",
     )
-    async def apply(request: Request) -> dict[str, Any]:
+    async def apply_manifest(request: Request) -> dict[str, Any]:
         who = caller(request)
         body = await request.body()  # already read and bounded by the guard
         return await run_in_threadpool(apply_manifest_text, who, body.decode("utf-8", "replace"))
@@ -304,7 +306,7 @@ def user_api(
             for spec in specs:
                 before = service.stored_spec(spec.tenant, spec.name)
                 with service.displacements() as told:
-                    what, decision = service.store_workload(spec)
+                    what, decision = service.apply_workload(spec)
                 diff = (
                     spec_diff(before, spec_to_json(spec))
                     if before is not None and what in ("replaced", "updated")

@@ -88,7 +88,7 @@ class ControlPlaneService:
         stored = self.control.store.workload(tenant, name)
         return None if stored is None else stored.spec
 
-    def store_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision | None]:
+    def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision | None]:
         return self.control.apply_workload(spec)
 
     def warnings(self, spec: WorkloadSpec, decision: Decision | None) -> list[str]:

@@ -159,7 +159,7 @@ class AgentService:
         stored = self.agent.store.workload(tenant, name)
         return None if stored is None else stored.spec
 
-    def store_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision | None]:
+    def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision | None]:
         return self.agent.apply_workload(spec)
 
     def warnings(self, spec: WorkloadSpec, decision: Decision | None) -> list[str]:
