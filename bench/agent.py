@@ -95,7 +95,7 @@ def running(n: int, data_dir: Path) -> tuple[Agent, float]:
     dev = open_simulated(f"h200:{max(1, n // 20)}", data_dir)
     agent = Agent(data_dir, dev)
     for i in range(n):
-        agent.apply(
+        agent.apply_workload(
             WorkloadSpec(
                 name=f"s{i}",
                 gpu=GpuRequest(memory_mib=1024),

@@ -111,7 +111,7 @@ def decisions(
     def submit(spec: WorkloadSpec) -> None:
         nonlocal placed
         t = time.perf_counter()
-        d = core.apply(spec) if core is not None else sched.submit(spec)[0]
+        d = core.decide(spec) if core is not None else sched.submit(spec)[0]
         lat.append(time.perf_counter() - t)
         placed += d.outcome == "placed"
         if d.outcome != "refused":
@@ -166,7 +166,7 @@ def acknowledged(nodes: int, per_node: int, n_apply: int) -> dict[str, Any]:
             spec = mix.request(rng, k)
             key = f"{spec.tenant}/{spec.name}"
             applied_at[key] = time.perf_counter()
-            if core.apply(spec).outcome != "placed":
+            if core.decide(spec).outcome != "placed":
                 acked[key] = applied_at[key]  # waits: nothing for a node to start
             k += 1
         now += 0.01
@@ -303,9 +303,9 @@ def serve(kind: str, port: int, data: Path, fleet: str) -> None:
             control.close()
         return
     from gpufrac.api.app import create_app
-    from gpufrac.api.service import AgentService
     from gpufrac.devices import open_simulated
     from gpufrac.runtime.agent import Agent
+    from gpufrac.runtime.service import AgentService
 
     started: dict[str, float] = {}
     out = data / "started.json"
@@ -325,7 +325,8 @@ def serve(kind: str, port: int, data: Path, fleet: str) -> None:
                 (data / "started.tmp").replace(out)
 
     agent = Agent(data / "agent", open_simulated(fleet, data / "agent"), OperatorSettings())
-    app = create_app(Stamped(agent), start_loop=kind == "agent-start")
+    service = Stamped(agent)
+    app = create_app(service, loop=service if kind == "agent-start" else None)
     try:
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", http=HeadTimeoutProtocol)
     finally:
@@ -413,10 +414,10 @@ def gpu_templates() -> dict[tuple[str, bool], dict[str, Any]]:
     agent over simulated GPUs: the shape of a heartbeat's ``gpus``."""
     import tempfile
 
-    from gpufrac.api.fleet_view import read_fleet
-    from gpufrac.api.tokens import ADMIN
     from gpufrac.devices import open_simulated
+    from gpufrac.model.caller import ADMIN
     from gpufrac.runtime.agent import Agent
+    from gpufrac.runtime.fleet_view import read_fleet
 
     kinds = sorted({(g.model.key, g.mig) for grp in node_gpus(1, 10) for g in grp})
     with tempfile.TemporaryDirectory(prefix="gpufrac-bench-") as tmp:

@@ -32,11 +32,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpufrac.api.service import AgentService
 from gpufrac.devices import open_simulated
 from gpufrac.model.manifest import parse_objects
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.runtime.agent import Agent
+from gpufrac.runtime.service import AgentService
 from gpufrac.runtime.shim import read_status
 
 PY = sys.executable
@@ -84,7 +84,7 @@ def run(beside: list[WorkloadSpec]) -> dict[str, Any]:
     with one_gpu_agent() as (agent, service):
         with agent.lock:
             for s in beside:
-                agent.apply(s)
+                agent.apply_workload(s)
         deadline = time.monotonic() + 30
         while any(
             service.states.get(f"default/{s.name}") is None
@@ -96,7 +96,7 @@ def run(beside: list[WorkloadSpec]) -> dict[str, Any]:
         time.sleep(1.0)  # their activity is read, the arbiter has them
         started = time.monotonic()
         with agent.lock:
-            agent.apply(spec("job", "job", JOB, "normal"))
+            agent.apply_workload(spec("job", "job", JOB, "normal"))
         service.wake()
         share = None
         pauses = 0
@@ -137,8 +137,8 @@ def high_service_beside_low_job(min_share: str | None, seconds: float = 15.0) ->
         if min_share is not None:
             job = replace(job, min_share_milli=int(min_share))
         with agent.lock:
-            agent.apply(spec("hot", "service", BUSY, "high"))
-            agent.apply(job)
+            agent.apply_workload(spec("hot", "service", BUSY, "high"))
+            agent.apply_workload(job)
         service.wake()
         deadline = time.monotonic() + 30
         pgid: dict[str, int] = {}

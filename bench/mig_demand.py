@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufrac.api.service import AgentService
 from gpufrac.devices import open_simulated
 from gpufrac.devices.simfleet import SimulatedFleet
 from gpufrac.model.catalog import lookup_model
@@ -55,6 +54,7 @@ from gpufrac.planning.sched_state import SchedGpu
 from gpufrac.planning.scheduler import Scheduler
 from gpufrac.runtime.agent import Agent
 from gpufrac.runtime.runs import read_json
+from gpufrac.runtime.service import AgentService
 from gpufrac.runtime.shim import read_status
 
 H200 = lookup_model("h200")
@@ -231,7 +231,7 @@ def run_policy(
         time.sleep(max(0.0, t0 + r.at - time.monotonic()))
         arrived[i] = time.time()
         with agent.lock:
-            agent.apply(spec(i, r))
+            agent.apply_workload(spec(i, r))
         service.wake()
     end = t0 + trace[-1].at + TAIL_S
     while time.monotonic() < end:

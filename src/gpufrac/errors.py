@@ -75,3 +75,23 @@ class Problems:
     def raise_any(self) -> None:
         if self.found:
             raise InputError.many(self.found)
+
+
+class Refused(GpufracError):
+    """A request refused as it stands (a bound it would break, a change not allowed now): nothing
+    was changed. The API answers 409 with the message."""
+
+
+class Unavailable(GpufracError):
+    """What a request needs cannot be reached now (a node that does not answer): nothing was
+    changed; try again. The API answers 503 with the message."""
+
+
+class Unsupported(GpufracError):
+    """A capability this server lacks (MIG layouts set through a cluster's control plane, Ray
+    leases on one machine). The API answers 501 (``application/problem+json``) naming it."""
+
+    def __init__(self, capability: str, detail: str) -> None:
+        self.capability = capability
+        self.detail = detail
+        super().__init__(detail)

@@ -65,8 +65,8 @@ def test_the_over_limit_workload_fails_alone(
     pytest.importorskip("torch")
     agent = Agent(tmp_path / "data", real, stop_grace=5)
     try:
-        agent.apply(spec("ok", 2, 30, sharing, cap))
-        agent.apply(spec("hog", 6, 30, sharing, cap))  # 6 GiB against a 4 GiB limit
+        agent.apply_workload(spec("ok", 2, 30, sharing, cap))
+        agent.apply_workload(spec("hog", 6, 30, sharing, cap))  # 6 GiB against a 4 GiB limit
         states = settle(agent)
         print(
             sharing, "cap" if cap else "no cap", {k: (s.phase, s.reason) for k, s in states.items()}

@@ -61,7 +61,7 @@ def test_a_workload_moves_once_its_node_is_fenced_and_never_runs_twice(
     core, link, nodes = cluster
     spec = SVC
     with link.lock:
-        assert core.apply(spec).outcome == "placed"
+        assert core.decide(spec).outcome == "placed"
         first = core.assigned["a/svc"]
     other = "n2" if first.node == "n1" else "n1"
     timeline: list[tuple[float, str, str]] = []  # (when, node, phase)
@@ -122,7 +122,7 @@ def test_a_frozen_node_agents_shims_stop_its_work_before_it_starts_elsewhere(
     core, link, nodes = cluster
     spec = SVC
     with link.lock:
-        core.apply(spec)
+        core.decide(spec)
         first = core.assigned["a/svc"]
     frozen, other = nodes[first.node], nodes["n2" if first.node == "n1" else "n1"]
     deadline = time.monotonic() + 30

@@ -13,15 +13,15 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from gpufrac.api.openapi import errors
 from gpufrac.api.schemas import HistoryAnswer
 
 if TYPE_CHECKING:
-    from gpufrac.api.history import History
-    from gpufrac.api.tokens import Caller
+    from gpufrac.model.caller import Caller
+    from gpufrac.runtime.history import History
 
 # the page's files, and their types; OPEN_PATHS in api/guard.py lets them load without a token
 UI_FILES = {
@@ -46,7 +46,7 @@ def ui_file(name: str) -> bytes:
 
 
 def add_dashboard_routes(
-    app: FastAPI,
+    app: APIRouter,
     history: History,
     caller: Callable[[Request], Caller],
     *,

@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpufrac.api.bodies import read_body
@@ -21,19 +21,25 @@ from gpufrac.api.schemas import (
     ScaleBody,
 )
 from gpufrac.api.seen_by import event_seen_by
-from gpufrac.errors import InputError
+from gpufrac.errors import InputError, Unsupported
 from gpufrac.model.deployment import DeploymentSpec, deployment_to_json
+from gpufrac.model.event import Event
 from gpufrac.planning.sched_decision import reason_for_tenant
-from gpufrac.runtime.store import Event
 from gpufrac.serving.deployments import Deployments, gateway_path, route_name
 
 if TYPE_CHECKING:
     from gpufrac.api.tokens import Caller
 
 
+NO_DEPLOYMENTS = (
+    "this server runs no deployments: apply them to one started by gpufrac agent or gpufrac "
+    "control (docs/serving.md)"
+)
+
+
 class DeploymentsService(Protocol):
-    """What these routes read: one machine's agent (``AgentService``), or a cluster's control
-    plane (``cluster.serving.ClusterServing``)."""
+    """What these routes read: one machine's deployments (``serving.agent_deployments``), or a
+    cluster's (``cluster.serving.ClusterServing``)."""
 
     @property
     def lock(self) -> AbstractContextManager[Any]: ...
@@ -97,20 +103,34 @@ def deployment_view(
 
 
 def add_deployment_routes(
-    app: FastAPI,
-    service: DeploymentsService,
+    app: APIRouter,
+    served: DeploymentsService | None,
     caller: Callable[[Request], Caller],
-    own: Callable[[Request, str, str], object],
+    own: Callable[[Request, str, str, str], object],
 ) -> None:
+    """The routes, on a server with deployments (``served``) or without (each answers 501)."""
+    lacking = errors(501)
+
+    def present() -> DeploymentsService:
+        if served is None:
+            raise Unsupported("deployments", NO_DEPLOYMENTS)
+        return served
+
     def find(tenant: str, name: str) -> tuple[DeploymentSpec, int | None]:
+        service = present()
         for d, scaled in service.deployments.specs():
             if (d.tenant, d.name) == (tenant, name):
                 return d, scaled
         raise HTTPException(404, f"no deployment {tenant}/{name}")
 
-    @app.get("/api/v1/deployments", response_model=DeploymentList, responses=errors(401, 503))
+    @app.get(
+        "/api/v1/deployments",
+        response_model=DeploymentList,
+        responses={**errors(401, 503), **lacking},
+    )
     def list_deployments(request: Request) -> dict[str, Any]:
         who = caller(request)
+        service = present()
         with service.lock, service.deployments.batch():
             states = service.states
             return {
@@ -124,11 +144,12 @@ def add_deployment_routes(
     @app.get(
         "/api/v1/deployments/{tenant}/{name}",
         response_model=DeploymentDetail,
-        responses=errors(401, 404, 422, 503),
+        responses={**errors(401, 404, 422, 503), **lacking},
     )
     def get_deployment(request: Request, tenant: str, name: str) -> dict[str, Any]:
-        own(request, tenant, name)
         who = caller(request)
+        service = present()
+        own(request, tenant, name, "deployment")
         with service.lock:
             out = deployment_view(service, *find(tenant, name))
             out["events"] = [event_seen_by(who, e) for e in service.events(f"{tenant}/{name}", 100)]
@@ -138,11 +159,12 @@ def add_deployment_routes(
         "/api/v1/deployments/{tenant}/{name}/scale",
         response_model=ScaleAnswer,
         response_model_exclude_unset=True,  # warnings only when it autoscales
-        responses=errors(400, 401, 404, 413, 422, 503),
+        responses={**errors(400, 401, 404, 413, 422, 503), **lacking},
         openapi_extra=json_body(ScaleBody),
     )
     async def scale(request: Request, tenant: str, name: str) -> dict[str, Any]:
-        own(request, tenant, name)
+        present()
+        own(request, tenant, name, "deployment")
         try:
             body = await read_body(request, ScaleBody, example='{"replicas": 2}')
         except InputError as e:
@@ -152,6 +174,7 @@ def add_deployment_routes(
         return await run_in_threadpool(scale_to, tenant, name, body.replicas)
 
     def scale_to(tenant: str, name: str, replicas: int) -> dict[str, Any]:
+        service = present()
         with service.lock:
             d, _ = find(tenant, name)
             service.deployments.scale(tenant, name, replicas)
@@ -169,10 +192,11 @@ def add_deployment_routes(
     @app.delete(
         "/api/v1/deployments/{tenant}/{name}",
         response_model=Deleted,
-        responses=errors(401, 404, 422, 503),
+        responses={**errors(401, 404, 422, 503), **lacking},
     )
     def delete_deployment(request: Request, tenant: str, name: str) -> dict[str, Any]:
-        own(request, tenant, name)
+        service = present()
+        own(request, tenant, name, "deployment")
         with service.lock:
             if not service.deployments.delete(tenant, name):
                 raise HTTPException(404, f"no deployment {tenant}/{name}")

@@ -10,9 +10,19 @@ from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
-from gpufrac.api.metrics_family import Family
+from gpufrac.runtime.metrics_family import Family
 from gpufrac.serving.deployments import Deployments, route_name
 from gpufrac.serving.routing import LATENCY_BUCKETS
+
+
+class ServingCollector:
+    """The deployments' series, read at scrape time (under their host's lock: the caller's)."""
+
+    def __init__(self, deployments: Deployments) -> None:
+        self.deployments = deployments
+
+    def collect(self) -> Iterator[Metric]:
+        yield from serving_families(self.deployments)
 
 
 def serving_families(deployments: Deployments) -> Iterator[Metric]:

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from gpufrac.api.schemas import ErrorAnswer, ProblemsAnswer
+from gpufrac.api.schemas import ErrorAnswer, ProblemsAnswer, UnsupportedAnswer
 from gpufrac.model.schema import manifest_json_schema
 
 REF = "#/components/schemas/"
@@ -25,20 +25,27 @@ ERRORS = {
     400: "a malformed request (a Content-Length that is not a number)",
     401: "no valid API token (Authorization: Bearer TOKEN)",
     403: "the token may not do this (another tenant's, or not the admin's)",
-    404: "no such workload, deployment or GPU (another tenant's look like they do not exist)",
+    404: "no such workload, deployment, node or GPU (another tenant's look like they do not exist)",
     409: "refused: nothing was changed",
     413: "the body is over the limit (the operator's api_max_body setting)",
     422: "bad input: each problem's field path (loc), what is wrong (msg) and the fix",
-    503: "the agent cannot write its store or data directory now: nothing was changed; retry",
+    501: "this server lacks the capability (named in the answer, application/problem+json)",
+    503: "the server cannot write its store or data directory, or reach a node, now: nothing "
+    "was changed; retry",
 }
+PROBLEM_TYPE = "application/problem+json"
+
+
+def _answer_of(code: int) -> dict[str, Any]:
+    if code == 501:
+        ref = REF + UnsupportedAnswer.__name__
+        return {"description": ERRORS[code], "content": {PROBLEM_TYPE: {"schema": {"$ref": ref}}}}
+    return {"model": ProblemsAnswer if code == 422 else ErrorAnswer, "description": ERRORS[code]}
 
 
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The ``responses=`` of an operation that may answer ``codes``."""
-    return {
-        code: {"model": ProblemsAnswer if code == 422 else ErrorAnswer, "description": ERRORS[code]}
-        for code in codes
-    }
+    return {code: _answer_of(code) for code in codes}
 
 
 def json_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -114,7 +121,7 @@ def describe_bodies(app: FastAPI, models: Iterable[type[BaseModel]]) -> None:
     """Add the schemas of ``models`` (bodies the handlers read themselves) to the app's OpenAPI
     components, where ``json_body`` points."""
     generate = app.openapi
-    models = tuple(models)
+    models = (*models, UnsupportedAnswer)  # the 501s' problem+json, which errors() points at
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:

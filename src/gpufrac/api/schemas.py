@@ -456,6 +456,53 @@ class HealthAnswer(Answer):
     status: Literal["ok", "degraded"]
     version: str
     problems: list[str]
+    role: Literal["agent", "control-plane"] = Field(
+        "agent", description="one machine's agent, or a cluster's control plane"
+    )
+    nodes: int = Field(1, description="the nodes known (one machine's agent is its own)")
+    nodes_alive: int = Field(1, description="of them, those holding their lease")
+
+
+class NodeJson(Answer):
+    """A node of the cluster; one machine's agent is its own node, always alive."""
+
+    name: str
+    state: Literal["alive", "lost"]
+    labels: dict[str, str]
+    gpus: int = Field(description="the GPUs it joined with")
+    address: str | None = Field(
+        description="where its agent serves the control plane (the admin's to see), else null"
+    )
+    last_heartbeat_s: Number | None = Field(
+        description="seconds since its last heartbeat; null for one machine's agent"
+    )
+    version: str | None = Field(description="its gpufrac's version, where it said")
+
+
+class NodeList(Answer):
+    nodes: list[NodeJson]
+
+
+class NodeDetail(NodeJson):
+    workloads: list[str] = Field(description="TENANT/NAME of those placed on it the caller sees")
+    events: list[EventJson] = Field(
+        description="its own events (joined, lost, fenced, a GPU's): the admin's to see"
+    )
+
+
+class KeptAlive(Answer):
+    kept: str
+
+
+class UnsupportedAnswer(Answer):
+    """501, as ``application/problem+json`` (RFC 9457): what this server lacks (a cluster's
+    control plane sets no MIG layout, one machine keeps no Ray lease)."""
+
+    type: str
+    title: str
+    status: Literal[501]
+    detail: str
+    capability: Literal["mig-layouts", "ray-leases", "deployments"]
 
 
 class HistoryTrack(Answer):

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any, assert_never
 
 from gpufrac.api.tokens import Caller
+from gpufrac.model.event import Event
 from gpufrac.planning.sched_decision import (
     ANOTHER_TENANTS,
     Completion,
@@ -22,7 +23,6 @@ from gpufrac.planning.sched_decision import (
     StoredPlacement,
     stored_to_json,
 )
-from gpufrac.runtime.store import Event
 
 
 def named(who: Caller, key: str) -> str:

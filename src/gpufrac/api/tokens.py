@@ -13,10 +13,10 @@ loopback only, and every caller is the admin.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from gpufrac.errors import InputError
+from gpufrac.model.caller import ADMIN, Caller
 from gpufrac.model.manifest_fields import (
     load_documents,
     read_bool,
@@ -25,17 +25,7 @@ from gpufrac.model.manifest_fields import (
     read_text_file,
 )
 
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    tenant: str | None  # None: the admin
-    admin: bool = False
-
-    def may_see(self, tenant: str) -> bool:
-        return self.admin or self.tenant == tenant
-
-
-ADMIN = Caller(None, admin=True)
+__all__ = ["ADMIN", "Caller", "authenticate", "load_tokens", "parse_tokens"]
 
 
 def authenticate(tokens: dict[str, Caller] | None, authorization: str) -> Caller | None:

@@ -187,6 +187,8 @@ def answer(r: httpx.Response) -> Any:
         raise fail(_detail(r, "; ") or "refused", 1, token_hint(r.status_code))
     if r.status_code == 404:
         raise fail(r.json().get("detail", "not found"), 1)
+    if r.status_code == 501:  # what this server lacks (a cluster's control plane: MIG layouts)
+        raise fail(_detail(r, "; ") or "not supported by this server", 1)
     if r.status_code >= 400:
         raise fail(f"the agent answered {r.status_code}: {r.text}", 1)
     return r.json()

@@ -65,12 +65,13 @@ FilterTenantOpt = Annotated[
 
 def list_model(kind: str) -> type[BaseModel]:
     """The API's model of the list of ``kind`` (workloads, deployments, gpus)."""
-    from gpufrac.api.schemas import DeploymentList, GpuList, WorkloadList
+    from gpufrac.api.schemas import DeploymentList, GpuList, NodeList, WorkloadList
 
     models: dict[str, type[BaseModel]] = {
         "workloads": WorkloadList,
         "deployments": DeploymentList,
         "gpus": GpuList,
+        "nodes": NodeList,
     }
     return models[kind]
 
@@ -178,13 +179,14 @@ def agent_command(
     paused, resumed, restarted, MIG changed, scaled ...) is one line on stderr."""
 
     from gpufrac.api.app import create_app
-    from gpufrac.api.service import AgentService
     from gpufrac.api.tokens import load_tokens
     from gpufrac.cli.schedule import _settings
     from gpufrac.config import simulate_spec
     from gpufrac.devices import open_devices
     from gpufrac.runtime.agent import Agent
     from gpufrac.runtime.decision_log import LOG_FORMATS, DecisionLog
+    from gpufrac.runtime.service import AgentService
+    from gpufrac.serving.agent_deployments import AgentDeployments
 
     with handled_errors():
         fmt = next((f for f in LOG_FORMATS if f == log_format), None)
@@ -210,8 +212,9 @@ def agent_command(
         agent.store.listeners.append(DecisionLog(sys.stderr, fmt))
         known = [c.tenant for c in (tokens or {}).values()] + agent.store.tenants()
         note_preemption_default(agent.settings, known)
-    service = AgentService(
-        agent,
+    service = AgentService(agent)
+    serving = AgentDeployments(
+        service,
         gateway_port=gateway_port,
         gateway_host=gateway_host,
         tokens=None if tokens is None else {t: c.tenant for t, c in tokens.items()},
@@ -253,7 +256,13 @@ def agent_command(
     address = data / AGENT_FILE  # how commands on this data directory find this agent
     address.write_text(jsonlib.dumps({"url": f"http://{here}:{port}", "pid": os.getpid()}))
     try:
-        app = create_app(service, tokens=tokens, max_body=agent.settings.api_max_body_mib << 20)
+        app = create_app(
+            service,
+            serving,
+            loop=service,
+            tokens=tokens,
+            max_body=agent.settings.api_max_body_mib << 20,
+        )
         serve_http(
             app,
             host,
@@ -351,7 +360,7 @@ def _print_result(r: WorkloadResult | DeploymentResult) -> None:
 
 
 def get_command(
-    what: Annotated[str, typer.Argument(help="workloads, deployments or gpus")],
+    what: Annotated[str, typer.Argument(help="workloads, deployments, gpus or nodes")],
     tenant: FilterTenantOpt = None,
     output: OutputOpt = None,
     watch_: WatchOpt = False,
@@ -359,9 +368,10 @@ def get_command(
     server: ServerOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """List workloads (with the GPU, node and slice each runs on), deployments, or GPUs (each with
+    """List workloads (with the GPU, node and slice each runs on), deployments, GPUs (each with
     its MIG instances or shares, the workloads on them, reserved against used memory and compute,
-    and cordons). One line per row, so it can be piped to grep; -w prints again on each change."""
+    and cordons), or nodes (one machine's agent is its own). One line per row, so it can be piped
+    to grep; -w prints again on each change."""
     kind = kind_of(what)
     fmt = output_format(output, json)
     if interval <= 0:
@@ -375,7 +385,7 @@ def get_command(
                 gpus = data["gpus"]
             elif kind == "workloads" and fmt in ("table", "wide"):
                 gpus = get("/api/v1/gpus")["gpus"]  # where each runs: GPU index, node, its share
-            if tenant is not None and kind != "gpus":
+            if tenant is not None and kind in ("workloads", "deployments"):
                 data = {kind: [x for x in data[kind] if x["tenant"] == tenant]}
             return render(kind, data, gpus, fmt)
         except (KeyError, TypeError, ValueError, AttributeError):
@@ -394,18 +404,24 @@ def get_command(
 
 
 def describe_command(
-    kind: Annotated[str, typer.Argument(help="workload or deployment")],
-    name: Annotated[str, typer.Argument(help="The workload's name.")],
+    kind: Annotated[str, typer.Argument(help="workload, deployment or node")],
+    name: Annotated[str, typer.Argument(help="The workload's (deployment's, node's) name.")],
     tenant: TenantOpt = None,
     server: ServerOpt = None,
     json: JsonOpt = False,
+    output: OutputOpt = None,
 ) -> None:
     """Everything about one workload: status, placement (where a finished one ran), QoS,
-    environment handed over, and its events."""
+    environment handed over, and its events; or one deployment; or one node: its state, labels,
+    GPUs, version, the workloads on it and its events."""
     from gpufrac.api.schemas import DeploymentDetail, GpuList, WorkloadDetail
 
-    if kind not in ("workload", "deployment"):
-        raise fail(f"cannot describe {kind!r}: use workload or deployment", 2)
+    if kind not in ("workload", "deployment", "node"):
+        raise fail(f"cannot describe {kind!r}: use workload, deployment or node", 2)
+    json = output_format(output, json, ("table", "json")) == "json"
+    if kind == "node":
+        _describe_node(name, server, json)
+        return
     tenant_, name = qualified(name, tenant, server)
     w = _find(server, kind, tenant_, name)
     read_as(DeploymentDetail if kind == "deployment" else WorkloadDetail, w)
@@ -420,6 +436,25 @@ def describe_command(
     gpus = call("GET", server, "/api/v1/gpus")
     read_as(GpuList, gpus)
     out("\n".join(describe_lines(w, gpus["gpus"])))
+
+
+def _describe_node(name: str, server: str | None, json: bool) -> None:
+    from gpufrac.api.schemas import GpuList, NodeDetail, NodeList
+    from gpufrac.cli.describe import node_lines
+
+    r = request("GET", server, f"/api/v1/nodes/{name}")
+    if r.status_code == 404:
+        known = read_as(NodeList, call("GET", server, "/api/v1/nodes")).nodes
+        names = ", ".join(n.name for n in known) or "none"
+        raise fail(f"no node {name}", 1, f"the nodes are: {names} (gpufrac get nodes)")
+    got = answer(r)
+    read_as(NodeDetail, got)
+    if json:
+        print_json(got)
+        return
+    gpus = call("GET", server, "/api/v1/gpus")
+    read_as(GpuList, gpus)
+    out("\n".join(node_lines(got, gpus["gpus"])))
 
 
 def delete_command(

@@ -129,7 +129,6 @@ def control_command(
     """Run the control plane of a cluster in the foreground: node agents (`gpufrac node`) join
     it, and the usual commands (`apply`, `get`, `delete`, with --server) work against it."""
 
-    from gpufrac.api.history import History
     from gpufrac.api.tokens import load_tokens
     from gpufrac.cli.agent_cmds import _is_loopback
     from gpufrac.cluster.control import ControlPlane
@@ -137,6 +136,7 @@ def control_command(
     from gpufrac.cluster.history import ClusterSampler
     from gpufrac.cluster.serving import ClusterServing
     from gpufrac.model.settings import load_settings
+    from gpufrac.runtime.history import History
 
     with handled_errors():
         if lease < 3:

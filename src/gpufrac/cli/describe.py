@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from typing import Any, assert_never
 
-from gpufrac.cli.tables import allocation_of, gpu_place, pct, share_text, size, when
+from gpufrac.cli.tables import (
+    allocation_of,
+    gpu_place,
+    heartbeat_text,
+    labels_text,
+    pct,
+    share_text,
+    size,
+    when,
+)
 
 
 def _section(title: str, fields: list[tuple[str, str]]) -> list[str]:
@@ -133,3 +142,33 @@ def qos_fields(q: dict[str, Any]) -> list[tuple[str, str]]:
     if q.get("run_s") is not None and q.get("busy_s"):
         fields.append(("Ran", f"{q['run_s']:.1f}s of its GPU's {q['busy_s']:.1f}s busy time"))
     return fields
+
+
+def node_lines(n: dict[str, Any], gpus: list[dict[str, Any]]) -> list[str]:
+    """``n``: ``GET /nodes/{name}``; ``gpus``: ``GET /gpus``'s list (its GPUs are those with its
+    name)."""
+    lines = [
+        f"Name:        {n['name']}",
+        f"State:       {n['state']}",
+        f"Labels:      {labels_text(n.get('labels') or {})}",
+        f"Version:     {n.get('version') or '-'}",
+        f"Heartbeat:   {heartbeat_text(n.get('last_heartbeat_s'))}",
+    ]
+    if n.get("address"):
+        lines.append(f"Address:     {n['address']}")
+    own = [g for g in gpus if g.get("node") == n["name"]]
+    lines += ["", f"GPUs:        {n['gpus']}" if not own else "GPUs:"]
+    for g in own:
+        mig = (g.get("mig_mode") or {}).get("current") == "enabled"
+        lines.append(
+            f"  {g['index']}  {g.get('name', '-')}  {'MIG' if mig else 'no MIG'}  reserved "
+            f"{size(g.get('reserved_memory_mib'))} of {size(g.get('memory_total_mib'))}  "
+            f"{g['uuid']}"
+        )
+    placed = n.get("workloads") or []
+    lines += ["", "Workloads:" if placed else "Workloads:   none"]
+    lines += [f"  {w}" for w in placed]
+    events = n.get("events") or []
+    lines += ["", "Events:" if events else "Events:      none"]
+    lines += [f"  {when(e['at'])}  {e['kind']:<14}  {e['message']}" for e in events]
+    return lines

@@ -110,17 +110,17 @@ def _model(name: str) -> GpuModel:
 
 def _register() -> None:
     from gpufrac.cli.mig_apply import (
-        apply_command,
         assert_command,
         disable_command,
         enable_command,
         export_command,
+        mig_apply_command,
         release_command,
     )
     from gpufrac.cli.mig_plan import plan_command
 
     mig_app.command("plan")(plan_command)
-    mig_app.command("apply")(apply_command)
+    mig_app.command("apply")(mig_apply_command)
     mig_app.command("assert")(assert_command)
     mig_app.command("export")(export_command)
     mig_app.command("enable")(enable_command)

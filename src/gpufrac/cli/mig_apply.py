@@ -147,7 +147,7 @@ def _targets(
     ]
 
 
-def apply_command(
+def mig_apply_command(
     plan: PlanFileOpt = None,
     config_file: ConfigOpt = None,
     selected_config: ConfigNameOpt = None,

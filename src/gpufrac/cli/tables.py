@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 Output = Literal["table", "wide", "json", "yaml", "name"]
 OUTPUTS: tuple[Output, ...] = get_args(Output)
-Kind = Literal["workloads", "deployments", "gpus"]
+Kind = Literal["workloads", "deployments", "gpus", "nodes"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
 OutputOpt = Annotated[
@@ -52,7 +52,7 @@ def kind_of(what: str) -> Kind:
     for k in KINDS:
         if what == k:
             return k
-    raise fail(f"cannot get {what!r}: use workloads, deployments or gpus", 2)
+    raise fail(f"cannot get {what!r}: use workloads, deployments, gpus or nodes", 2)
 
 
 def table_text(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -106,6 +106,8 @@ def render(kind: Kind, data: dict[str, Any], gpus: list[dict[str, Any]], output:
         case "name":
             if kind == "gpus":
                 return "\n".join(str(g["index"]) for g in data["gpus"])
+            if kind == "nodes":
+                return "\n".join(str(n["name"]) for n in data["nodes"])
             return "\n".join(f"{x['tenant']}/{x['name']}" for x in data[kind])
         case "table" | "wide":
             wide = output == "wide"
@@ -116,6 +118,8 @@ def render(kind: Kind, data: dict[str, Any], gpus: list[dict[str, Any]], output:
                     return table_text(*deployment_rows(data["deployments"], wide))
                 case "gpus":
                     return table_text(*gpu_rows(data["gpus"], wide))
+                case "nodes":
+                    return table_text(*node_rows(data["nodes"], wide))
                 case _:
                     assert_never(kind)
         case _:
@@ -288,6 +292,33 @@ def gpu_rows(gpus: list[dict[str, Any]], wide: bool) -> tuple[list[str], list[li
             elif nodes:
                 row = [str(g.get("node") or "-"), *row]
             rows.append(row)
+    return headers, rows
+
+
+# -- nodes ----------------------------------------------------------------------------------------
+
+
+def labels_text(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
+
+
+def heartbeat_text(seconds: float | None) -> str:
+    """How long ago a node last called in; ``-`` for one machine's agent (its own node)."""
+    return "-" if seconds is None else f"{seconds:.1f}s ago"
+
+
+def node_rows(nodes: list[dict[str, Any]], wide: bool) -> tuple[list[str], list[list[str]]]:
+    """A row per node (one machine's agent is its own node)."""
+    headers = ["NAME", "STATE", "GPUS", "HEARTBEAT", "VERSION", "LABELS"]
+    if wide:
+        headers.append("ADDRESS")
+    rows = []
+    for n in nodes:
+        row = [n["name"], n["state"], str(n["gpus"]), heartbeat_text(n.get("last_heartbeat_s"))]
+        row += [str(n.get("version") or "-"), labels_text(n.get("labels") or {})]
+        if wide:
+            row.append(str(n.get("address") or "-"))
+        rows.append(row)
     return headers, rows
 
 

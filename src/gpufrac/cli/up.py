@@ -104,7 +104,7 @@ def up_command(
     try:
         for spec in specs:
             with agent.displacements() as told:
-                what, decision = agent.apply(spec)
+                what, decision = agent.apply_workload(spec)
             where = f" ({decision.outcome}: {decision.reason or decision.mode})" if decision else ""
             shown = f" ({displaced_summary(told)})" if told else ""
             console.print(f"{spec.tenant}/{spec.name}: {what}{shown}{where}", highlight=False)

@@ -40,7 +40,7 @@ class ServingRun:
         self._recent: list[tuple[float, float, int]] = []
         self._thread: threading.Thread | None = None
         for d in specs:
-            result = self.deps.apply(d)
+            result = self.deps.apply_deployment(d)
             console.print(
                 f"deployment {d.key}: {result} at {self.deps.gateway_url}{gateway_path(d)}",
                 highlight=False,

@@ -21,9 +21,8 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, assert_never
+from typing import Any, assert_never
 
 from gpufrac.cluster.core import (
     LEASE_S,
@@ -47,6 +46,7 @@ from gpufrac.planning.sched_decision import (
 )
 from gpufrac.planning.sched_state import SchedGpu
 from gpufrac.planning.scheduler import workload_key
+from gpufrac.planning.views import ApplyResult, NodeInfo
 from gpufrac.runtime.executor import record_displaced
 from gpufrac.runtime.store import Store
 
@@ -64,21 +64,10 @@ CONTROL_KINDS = frozenset(
 LEASE_LABEL = "gpufrac.io/lease"  # a workload holding a slice for Ray code (gpufrac.ray)
 LEASE_TTL_LABEL = "gpufrac.io/lease-ttl"  # seconds it lives without its holder's keep-alive
 ENDED = -1  # the epoch under which a node's view of a job that ended there is kept
-ApplyResult = Literal["created", "replaced", "unchanged", "refused"]
 
 
 class NodeRefused(Exception):
     """A join the control plane does not take (the name is a live node's)."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeView:
-    name: str
-    labels: dict[str, str]
-    state: str
-    gpus: int
-    address: str | None
-    seen_s_ago: float
 
 
 class ControlPlane:
@@ -106,6 +95,7 @@ class ControlPlane:
         # node -> [window start, events taken in it, said that the rest were dropped]
         self.relay_windows: dict[str, list[float | int | bool]] = {}
         self.addresses: dict[str, str] = {}  # node -> its agent's API, where it serves logs
+        self.versions: dict[str, str | None] = {}  # node -> its gpufrac's version, as it said
         self.gpu_views: dict[str, list[dict[str, Any]]] = {}  # node -> its GPUs as it shows them
         self.lost_from: dict[str, str] = {}  # a workload waiting since its node was lost -> node
         self.kept_alive: dict[str, float] = {}  # a lease -> when its holder last said it lives
@@ -152,6 +142,7 @@ class ControlPlane:
         labels: Mapping[str, str],
         gpus: list[SchedGpu],
         address: str | None,
+        version: str | None = None,
     ) -> str | None:
         """``admit`` then ``join``, under one lock: a join that fails (``ValueError``) leaves no
         credential behind."""
@@ -159,7 +150,7 @@ class ControlPlane:
             had = self.credentials.get(name)
             credential = self.admit(name, presented)
             try:
-                self.join(name, labels, gpus, address)
+                self.join(name, labels, gpus, address, version)
             except ValueError:
                 if credential is not None:  # the one given back
                     if had is None:
@@ -201,14 +192,21 @@ class ControlPlane:
         tmp.replace(path)
 
     def join(
-        self, name: str, labels: Mapping[str, str], gpus: list[SchedGpu], address: str | None
+        self,
+        name: str,
+        labels: Mapping[str, str],
+        gpus: list[SchedGpu],
+        address: str | None,
+        version: str | None = None,
     ) -> None:
+        """``version``: the node's gpufrac's, as it said (``describe node`` shows it)."""
         with self.lock:
             before = dict(self.core.assigned)
             known = name in self.core.nodes
             self.core.join(name, labels, gpus, self.clock(), self.awaiting.pop(name, []))
             if address:
                 self.addresses[name] = address
+            self.versions[name] = version
             self.store.record_event(
                 "node_joined" if not known else "node_rejoined",
                 name,
@@ -364,7 +362,7 @@ class ControlPlane:
             if self.awaiting and now - self.started > self.core.lease_s:
                 for node, held in self.awaiting.items():  # never came back after a restart
                     for a in held:
-                        d = self.core.apply(a.spec)
+                        d = self.core.decide(a.spec)
                         to = self.core.assigned[a.workload].node if d.outcome == "placed" else None
                         moved.append(Moved(a.workload, node, to, f"its node {node} did not return"))
                 self.awaiting.clear()
@@ -383,17 +381,18 @@ class ControlPlane:
             self._persist(before, ended=ended)
             return moved
 
-    def nodes(self) -> list[NodeView]:
+    def nodes(self) -> list[NodeInfo]:
         with self.lock:
             now = self.clock()
             return [
-                NodeView(
-                    n.name,
-                    dict(n.labels),
-                    n.state,
-                    len(n.gpus),
-                    self.addresses.get(n.name),
-                    now - n.renewed,
+                NodeInfo(
+                    name=n.name,
+                    state=n.state,
+                    labels=dict(n.labels),
+                    gpus=len(n.gpus),
+                    address=self.addresses.get(n.name),
+                    last_heartbeat_s=now - n.renewed,
+                    version=self.versions.get(n.name),
                 )
                 for n in sorted(self.core.nodes.values(), key=lambda n: n.name)
             ]
@@ -461,7 +460,7 @@ class ControlPlane:
 
     # -- desired state ---------------------------------------------------------------------------
 
-    def apply(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision]:
+    def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision]:
         key = workload_key(spec)
         with self.lock:
             raw = spec_to_json(spec)
@@ -474,7 +473,7 @@ class ControlPlane:
                 return "refused", Decision(key, "refused", refusal)
             before = dict(self.core.assigned)
             self.store.put_workload(spec.tenant, spec.name, raw)
-            decision = self.core.apply(spec)
+            decision = self.core.decide(spec)
             self.views.pop(key, None)
             self.carried.pop(key, None)
             self.moves.pop(key, None)

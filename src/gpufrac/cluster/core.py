@@ -261,7 +261,7 @@ class ClusterCore:
 
     # -- desired state ---------------------------------------------------------------------------
 
-    def apply(self, spec: WorkloadSpec) -> Decision:
+    def decide(self, spec: WorkloadSpec) -> Decision:
         """Store and place ``spec`` (a changed spec replaces the old one, under a new epoch)."""
         key = workload_key(spec)
         if self.specs.get(key) == spec:

@@ -9,15 +9,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gpufrac.api.history import (
-    Reading,
-    deployment_counts,
-    deployment_readings,
-    geometry,
-    gpu_readings,
-)
 from gpufrac.cluster.control import ControlPlane
 from gpufrac.cluster.serving import ClusterServing
+from gpufrac.runtime.history import Reading, geometry, gpu_readings
 
 
 class ClusterSampler:
@@ -39,12 +33,12 @@ class ClusterSampler:
             deployments = (
                 []
                 if self.serving is None
-                else deployment_counts(self.serving.deployments, self.serving.states)
+                else self.serving.deployments.samples(self.serving.states)
             )
         node_of = {g["uuid"]: g["node"] for g in fleet}
         readings = [
             replace(r, meta={**r.meta, "node": node_of.get(r.key)}) if r.kind == "gpu" else r
             for r in gpu_readings(fleet, {})
         ]
-        readings += deployment_readings(deployments)
+        readings += deployments
         return readings, {uuid: geometry(m) for uuid, m in models.items() if uuid in node_of}

@@ -13,16 +13,9 @@ from collections import Counter
 from collections.abc import Iterator
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import CollectorRegistry
 
-from gpufrac.api.metrics_family import Family
 from gpufrac.cluster.control import ControlPlane
-
-
-def control_registry(control: ControlPlane) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ControlCollector(control))
-    return registry
+from gpufrac.runtime.metrics_family import Family
 
 
 class ControlCollector:
@@ -43,7 +36,7 @@ class ControlCollector:
             for n in nodes:
                 state.add({"node": n.name}, n.state == "alive")
                 gpus.add({"node": n.name}, n.gpus)
-                age.add({"node": n.name}, round(n.seen_s_ago, 3))
+                age.add({"node": n.name}, round(n.last_heartbeat_s or 0.0, 3))
             yield state.metric
             yield gpus.metric
             yield age.metric

@@ -25,8 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, assert_never
 
-from gpufrac.api.fleet_view import read_fleet
-from gpufrac.api.tokens import ADMIN
+from gpufrac import __version__
 from gpufrac.cluster.control import ControlPlane
 from gpufrac.cluster.core import FENCE_S, Answer, ClusterCore, Ended, NodeEvent, Report
 from gpufrac.cluster.wire import (
@@ -37,10 +36,12 @@ from gpufrac.cluster.wire import (
     gpu_to_wire,
     report_to_wire,
 )
+from gpufrac.model.caller import ADMIN
 from gpufrac.model.workload import spec_from_json
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
 from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.fleet_view import read_fleet
 from gpufrac.runtime.qos_view import workload_qos
 from gpufrac.runtime.shim import read_lease, write_lease
 
@@ -197,7 +198,10 @@ class HttpLink:
 
     def join(self, node: str, labels: Mapping[str, str], gpus: list[SchedGpu]) -> None:
         body = JoinBody(
-            labels=dict(labels), gpus=[gpu_to_wire(g) for g in gpus], address=self.address
+            labels=dict(labels),
+            gpus=[gpu_to_wire(g) for g in gpus],
+            address=self.address,
+            version=__version__,
         )
         headers = {"authorization": f"Bearer {self.token}"}
         held = self.credential
@@ -254,7 +258,7 @@ class NodeAgent:
         self.kill_grace_s = kill_grace_s  # SIGTERM to SIGKILL, when a shim stops a fenced workload
         self.clock = clock
         self.lease_file = agent.data_dir / LEASE_FILE
-        agent.runs.lease_file = self.lease_file
+        agent.run_under_lease(self.lease_file)
         self.answered: float | None = None  # when the last answer's heartbeat was sent
         self.joined = False
         self.fenced = False

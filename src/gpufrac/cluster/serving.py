@@ -22,11 +22,12 @@ from gpufrac.cluster.control import ControlPlane
 from gpufrac.config import DEFAULT_GATEWAY_PORT
 from gpufrac.errors import InputError
 from gpufrac.model.deployment import LABEL
+from gpufrac.model.event import Event
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec
-from gpufrac.planning.sched_decision import Decision
+from gpufrac.planning.sched_decision import ANOTHER_TENANTS, Decision
 from gpufrac.runtime.failures import Failures
-from gpufrac.runtime.store import Event, Store
+from gpufrac.runtime.store import Store
 from gpufrac.serving.deployments import Deployments, ReplicaState
 
 
@@ -39,6 +40,13 @@ class Shown:
     decision: Decision | None
     reason: str = ""
     exit_code: int | None = None
+    cause: str | None = None  # the workload ``reason`` names (one that took its place)
+
+    def reason_for(self, tenant: str) -> str:
+        """``reason`` as ``tenant`` may read it: its cause named only if it is that tenant's."""
+        if self.cause is None or self.cause.split("/", 1)[0] == tenant:
+            return self.reason
+        return self.reason.replace(self.cause, ANOTHER_TENANTS)
 
 
 class ControlServing:
@@ -60,8 +68,8 @@ class ControlServing:
     def data_dir(self) -> Path:
         return self.control.data_dir
 
-    def apply(self, spec: WorkloadSpec) -> object:
-        what, decision = self.control.apply(spec)
+    def apply_workload(self, spec: WorkloadSpec) -> object:
+        what, decision = self.control.apply_workload(spec)
         if what == "refused":  # fits on no node even empty: said once, retried with backoff
             raise InputError(
                 f"replica {spec.name} fits on no node: {decision.reason}",
@@ -107,7 +115,14 @@ class ControlServing:
                 continue
             phase, reason, node_view = self.control.status(w.key)
             a = self.control.core.assigned.get(w.key)
-            out[w.key] = Shown(phase, a.decision if a else None, reason, node_view.get("exit_code"))
+            cause = (
+                self.control.core.scheduler.pending.causes.get(w.key)
+                if phase == "pending"
+                else None
+            )
+            out[w.key] = Shown(
+                phase, a.decision if a else None, reason, node_view.get("exit_code"), cause
+            )
         return out
 
 

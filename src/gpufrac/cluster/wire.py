@@ -49,6 +49,7 @@ class JoinBody(Wire):
     labels: dict[NodeLabelKey, NodeLabelValue] = Field({}, max_length=64)
     gpus: list[GpuWire] = Field(max_length=64)
     address: str | None = Field(None, max_length=200, pattern=r"^https?://[^\s/]+$")
+    version: str | None = Field(None, max_length=64, pattern=r"^[0-9A-Za-z.+_-]+$")
 
     @model_validator(mode="after")
     def _each_gpu_once(self) -> JoinBody:

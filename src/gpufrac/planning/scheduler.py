@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import assert_never
 
 from gpufrac.errors import InputError
+from gpufrac.model.advice import request_warnings
 from gpufrac.model.catalog import GpuModel
 from gpufrac.model.mig import MigPlacement, check_layout
 from gpufrac.model.settings import OperatorSettings
@@ -246,6 +247,16 @@ class Scheduler:
     def refusal(self, spec: WorkloadSpec) -> str | None:
         """Why no GPU here could ever run ``spec`` (None if one could)."""
         return self._never_fits(SchedRequest(spec))
+
+    def warnings(self, spec: WorkloadSpec, decision: Decision | None) -> list[str]:
+        """What ``apply`` says about a request that was probably not meant as written (the MIG
+        profile it was placed on, where it was)."""
+        profile = None
+        if decision is not None and decision.mig is not None and decision.gpus:
+            g = self.state.by_uuid.get(decision.gpus[0])
+            if g is not None and g.model.has_profile(decision.mig.profile):
+                profile = g.model.profile(decision.mig.profile)
+        return request_warnings(spec, profile)
 
     def relayout(
         self, uuid: str, mig: bool, placements: list[MigPlacement], *, pinned: bool = True

@@ -1,6 +1,6 @@
 """The node agent's core: desired state in, running supervised workloads out. No HTTP here.
 
-``apply`` and ``delete`` store the desired state first (SQLite, all or nothing) and let the
+``apply_workload`` and ``delete`` store the desired state first (SQLite, all or nothing) and let the
 scheduler decide; ``reconcile`` makes the machine match. The agent is built from parts, each owning
 its state and
 given what it needs when it is made:
@@ -45,7 +45,6 @@ from gpufrac.config import shared_dir
 from gpufrac.devices.health import DeviceHealth
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.errors import InputError
-from gpufrac.model.advice import request_warnings
 from gpufrac.model.gpu import GpuState
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
@@ -63,6 +62,7 @@ from gpufrac.planning.sched_decision import (
 )
 from gpufrac.planning.sched_state import CORDONED, sched_gpus_from_states
 from gpufrac.planning.scheduler import Scheduler, workload_key
+from gpufrac.planning.views import ApplyResult
 from gpufrac.runtime.arbiter_link import ArbiterLink
 from gpufrac.runtime.executor import EVICTED, Executor
 from gpufrac.runtime.failures import BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS, Failures
@@ -317,6 +317,11 @@ class Agent:
         # what waits is tried again: the settings (mig_reconfigure, say) may have changed
         self.executor.record(self.scheduler.retry_pending())
 
+    def run_under_lease(self, lease_file: Path) -> None:
+        """Each workload started from now on stops itself once the lease in ``lease_file`` has run
+        out (a cluster node's, renewed by each answer of its control plane: cluster/node.py)."""
+        self.runs.lease_file = lease_file
+
     def displacements(self) -> AbstractContextManager[list[Displacement]]:
         """The workloads displaced while the block runs (by an apply, a drain, a MIG change, the
         autoscaler's replicas): for the answer of the call; with the lock held."""
@@ -331,7 +336,7 @@ class Agent:
 
     # -- desired state --------------------------------------------------------------------------
 
-    def apply(self, spec: WorkloadSpec) -> tuple[str, Decision | None]:
+    def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision | None]:
         """Store ``spec`` and schedule it. Returns (what happened, the decision):
         ``unchanged`` (nothing done), ``created``, ``replaced`` (the old one is stopped),
         ``updated`` (a live change), or ``refused`` (nothing stored: no GPU here could ever run
@@ -421,12 +426,7 @@ class Agent:
 
     def warnings(self, spec: WorkloadSpec, decision: Decision | None) -> list[str]:
         """What ``apply`` says about a request that was probably not meant as written."""
-        profile = None
-        if decision is not None and decision.mig is not None and decision.gpus:
-            g = self.scheduler.state.by_uuid.get(decision.gpus[0])
-            if g is not None and g.model.has_profile(decision.mig.profile):
-                profile = g.model.profile(decision.mig.profile)
-        return request_warnings(spec, profile)
+        return self.scheduler.warnings(spec, decision)
 
     def latest_run(self, tenant: str, name: str, generation: int) -> Path | None:
         """The run directory of the newest attempt (its output.log is the workload's log)."""
@@ -491,7 +491,7 @@ class Agent:
     def drain(self, uuid: str, reason: str = "drained by hand") -> list[Decision]:
         return self.gpu_care.drain(uuid, reason)
 
-    def apply_mig(
+    def set_mig_layout(
         self,
         uuid: str,
         mig_enabled: bool,
@@ -502,7 +502,7 @@ class Agent:
         pin: bool = True,
         dry_run: bool = False,
     ) -> list[MigAction]:
-        return self.gpu_care.apply_mig(
+        return self.gpu_care.set_mig_layout(
             uuid,
             mig_enabled,
             layout,

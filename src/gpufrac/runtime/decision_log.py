@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Literal, TextIO, assert_never, get_args
 
-from gpufrac.runtime.store import Event
+from gpufrac.model.event import Event
 
 LogFormat = Literal["text", "json"]
 LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)

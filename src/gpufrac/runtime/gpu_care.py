@@ -105,7 +105,7 @@ class GpuCare:
 
     # -- MIG layouts set by an operator ------------------------------------------------------------
 
-    def apply_mig(
+    def set_mig_layout(
         self,
         uuid: str,
         mig_enabled: bool,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufrac.errors import GpufracError
+from gpufrac.model.event import Event
 from gpufrac.planning.sched_decision import (
     Completion,
     Decision,
@@ -106,7 +107,7 @@ EVENTS_KEPT = 50_000  # the newest events kept; older ones are pruned as new one
 PRUNE_EVERY = 1_000  # events written between two prunes
 
 
-EventListener = Callable[["Event", Mapping[str, object]], None]
+EventListener = Callable[[Event, Mapping[str, object]], None]
 
 
 class StoreError(GpufracError):
@@ -125,21 +126,6 @@ class StoredWorkload:
     @property
     def key(self) -> str:
         return f"{self.tenant}/{self.name}"
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    id: int
-    at: float
-    kind: str
-    subject: str
-    message: str
-    cause: str | None = None  # the workload (TENANT/NAME) that caused it, named in the message
-    mentions: tuple[str, ...] = ()  # other workloads the message names
-
-    def named(self) -> tuple[str, ...]:
-        """The workloads the message names besides its subject (the cause first)."""
-        return ((self.cause,) if self.cause else ()) + self.mentions
 
 
 class Store:

@@ -35,6 +35,7 @@ from gpufrac.model.deployment import (
 )
 from gpufrac.model.workload import WorkloadSpec, spec_from_json
 from gpufrac.runtime.child_link import ChildLink, ChildRefused
+from gpufrac.runtime.history import Reading, deployment_readings
 from gpufrac.serving.autoscaler import (
     BOOST,
     SCALE_DIRECTIONS,
@@ -92,7 +93,7 @@ class ServingHost(Protocol):
     @property
     def failures(self) -> Failures: ...
 
-    def apply(self, spec: WorkloadSpec) -> object: ...
+    def apply_workload(self, spec: WorkloadSpec) -> object: ...
 
     def delete(self, tenant: str, name: str) -> object: ...
 
@@ -121,8 +122,8 @@ class AgentServing:
         self.data_dir = agent.data_dir
         self.failures = agent.failures
 
-    def apply(self, spec: WorkloadSpec) -> object:
-        return self.agent.apply(spec)
+    def apply_workload(self, spec: WorkloadSpec) -> object:
+        return self.agent.apply_workload(spec)
 
     def delete(self, tenant: str, name: str) -> object:
         return self.agent.delete(tenant, name)
@@ -202,7 +203,7 @@ class Deployments:
                 e.message, field=(e.field or "").replace("spec.", "spec.template.", 1), fix=e.fix
             ) from None
 
-    def apply(self, spec: DeploymentSpec) -> str:
+    def apply_deployment(self, spec: DeploymentSpec) -> str:
         self.check(spec)
         before = self.runner.store.deployment(spec.tenant, spec.name)
         changed = self.runner.store.put_deployment(
@@ -233,6 +234,23 @@ class Deployments:
 
     def specs(self) -> list[tuple[DeploymentSpec, int | None]]:
         return [(deployment_from_json(s), r) for _, _, s, r in self.runner.store.deployments()]
+
+    def samples(self, states: Mapping[str, ReplicaState]) -> list[Reading]:
+        """Per deployment, for the dashboard's plots: the gateway's traffic, the replicas wanted
+        and ready (call it under the host's lock)."""
+        out = []
+        with self.batch():
+            specs = [(d, scaled, self.views(d, states)) for d, scaled in self.specs()]
+        for d, scaled, views in specs:
+            ready = sum(1 for r in views if r.ready and not r.draining)
+            traffic = self.traffic.get(route_name_of(d.tenant, d.name), {})
+            wanted = next(
+                n
+                for n in (scaled, d.replicas, sum(1 for r in views if not r.draining))
+                if n is not None
+            )  # the autoscaler's choice is the replicas it keeps (not draining)
+            out.append((d.tenant, d.name, wanted, dict(traffic), ready))
+        return deployment_readings(out)
 
     @property
     def gateway_url(self) -> str:
@@ -314,7 +332,9 @@ class Deployments:
         stored = store.workload_count(d.tenant) + store.deployment_count(d.tenant)
         over = max(0, missing - max(0, cap - stored))
         for index in [i for i in range(want * 2 + 1) if i not in have][: missing - over]:
-            self.runner.apply(d.replica_spec(index, self._free_port(), secrets.token_urlsafe(24)))
+            self.runner.apply_workload(
+                d.replica_spec(index, self._free_port(), secrets.token_urlsafe(24))
+            )
         # surplus replicas of this template: those not ready first, then the highest indexes
         surplus = sorted(current, key=lambda r: (r.ready, -int(r.name.rsplit("-", 1)[1])))
         retire = [r.name for r in surplus[: max(0, len(current) - want)]]
@@ -377,7 +397,7 @@ class Deployments:
             for r in current:
                 stored = self.runner.store.workload(d.tenant, r.name)
                 if stored is not None:  # a QoS change: applied live, no restart
-                    self.runner.apply(replace(spec_from_json(stored.spec), weight=weight))
+                    self.runner.apply_workload(replace(spec_from_json(stored.spec), weight=weight))
         if decision.replicas != scaled:
             self.runner.store.set_deployment_replicas(
                 d.tenant, d.name, decision.replicas, decision.why or "autoscaler"

@@ -19,9 +19,9 @@ import pytest
 import uvicorn
 
 from gpufrac.api.app import create_app
-from gpufrac.api.service import AgentService
 from gpufrac.devices import open_simulated
 from gpufrac.runtime.agent import Agent
+from gpufrac.runtime.service import AgentService
 from tests.conftest import kill_leftover_runs
 from tests.prom import value
 
@@ -67,12 +67,14 @@ def client(data_dir: Path) -> Iterator[tuple[httpx.Client, FaultyDb]]:
     faulty = FaultyDb(agent.store.db)
     agent.store.db = faulty  # type: ignore[assignment]
     faulty.agent = agent
-    service = AgentService(agent, interval=0.1, gateway_port=0)
+    service = AgentService(agent, interval=0.1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.Config(
+            create_app(service, loop=service), host="127.0.0.1", port=port, log_level="warning"
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -92,6 +94,9 @@ def test_an_unwritable_store_is_degraded_health_and_recovers(
         "status": "ok",
         "version": c.get("/api/v1/health").json()["version"],
         "problems": [],
+        "role": "agent",
+        "nodes": 1,
+        "nodes_alive": 1,
     }
     assert c.post("/api/v1/workloads", content=manifest("before")).status_code == 200
 

@@ -13,9 +13,10 @@ from fastapi import FastAPI
 
 from gpufrac.api import schemas
 from gpufrac.api.app import create_app
-from gpufrac.api.service import AgentService
 from gpufrac.devices import open_simulated
 from gpufrac.runtime.agent import Agent, Phase
+from gpufrac.runtime.service import AgentService
+from gpufrac.serving.agent_deployments import AgentDeployments
 
 METHODS = ("get", "put", "post", "delete", "patch")
 
@@ -23,8 +24,8 @@ METHODS = ("get", "put", "post", "delete", "patch")
 @pytest.fixture(scope="module")
 def openapi(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     data: Path = tmp_path_factory.mktemp("agent")
-    service = AgentService(Agent(data, open_simulated("h200:1", data)), gateway_port=0)
-    app: FastAPI = create_app(service, start_loop=False)
+    service = AgentService(Agent(data, open_simulated("h200:1", data)))
+    app: FastAPI = create_app(service, AgentDeployments(service, gateway_port=0))
     return app.openapi()
 
 
@@ -70,10 +71,12 @@ def test_every_json_answer_has_a_schema_with_its_fields(openapi: dict[str, Any])
     for name, op in operations(openapi):
         assert any(code.startswith("2") for code in op["responses"]), name
         for code, answer in op["responses"].items():
-            if code[0] in "45":  # refusals are JSON, whatever the operation answers otherwise
+            if code == "501":  # a capability this server lacks: RFC 9457's problem
+                assert set(answer.get("content", {})) == {"application/problem+json"}, name
+            elif code[0] in "45":  # refusals are JSON, whatever the operation answers otherwise
                 assert set(answer.get("content", {})) == {"application/json"}, (name, code)
             for content_type, media in answer.get("content", {}).items():
-                if content_type != "application/json":
+                if content_type not in ("application/json", "application/problem+json"):
                     continue
                 schema = resolved(openapi, media.get("schema", {}))
                 assert schema.get("properties"), (name, code, schema)

@@ -27,6 +27,32 @@ def gpu(uuid: str, **more: Any) -> dict[str, Any]:
     return {"uuid": uuid, "model": "H200-141GB", "mig": False, **more}
 
 
+def node_gpu(uuid: str, index: int = 0) -> dict[str, Any]:
+    """A GPU as its node shows it in a heartbeat (what get gpus serves)."""
+    return {
+        "uuid": uuid,
+        "index": index,
+        "model": "H200-141GB",
+        "name": "NVIDIA H200",
+        "pci_device_id": "0x233510DE",
+        "memory_total_mib": 143771,
+        "memory_used_mib": 0,
+        "utilization_gpu": 0,
+        "mig_mode": {"current": "disabled", "pending": "disabled"},
+        "instances": [],
+        "processes": [],
+        "simulated": True,
+        "health": "ok",
+        "warnings": [],
+        "node": "",
+        "mig_layout_pinned": False,
+        "cordoned": None,
+        "allocations": [],
+        "reserved_memory_mib": 0,
+        "reserved_compute_pct": 0,
+    }
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -107,11 +133,21 @@ def test_each_node_speaks_only_for_itself_with_its_own_credential(tmp_path: Path
 
 
 def test_queries_are_bounded_and_what_is_not_here_says_so(client: Any) -> None:
+    """A capability the control plane lacks answers 501 as RFC 9457's problem, naming it."""
     http, _ = client
     assert http.get("/api/v1/events", params={"after": 10**30}).status_code == 422
     assert http.get("/api/v1/events", params={"limit": -1}).status_code == 422
-    r = http.get("/api/v1/deployments")
-    assert r.status_code == 404 and "not available through the control plane" in r.text
+    for method, path, capability in (
+        ("GET", "/api/v1/deployments", "deployments"),  # a control plane without serving
+        ("POST", "/api/v1/gpus/n1/0/mig", "mig-layouts"),
+        ("DELETE", "/api/v1/gpus/n1/0/mig/pin", "mig-layouts"),
+    ):
+        r = http.request(method, path, json={})
+        assert r.status_code == 501, (path, r.text)
+        assert r.headers["content-type"] == "application/problem+json"
+        problem = r.json()
+        assert problem["status"] == 501 and problem["capability"] == capability, problem
+        assert problem["title"] and problem["type"] and problem["detail"], problem
 
 
 def test_a_tenant_cannot_store_more_workloads_than_its_bound(tmp_path: Path) -> None:
@@ -214,8 +250,7 @@ def test_an_admin_cordons_and_drains_a_nodes_gpu_and_the_cordon_outlives_a_resta
             f"/cluster/v1/nodes/{name}/join", json={"gpus": [gpu(f"G{name}")]}, headers=NODE
         )
         own[name] = {"authorization": f"Bearer {r.json()['credential']}"}
-        view = [{**gpu(f"G{name}"), "index": 0}]  # what get gpus shows of it (enough here)
-        control.gpu_views[name] = view
+        control.gpu_views[name] = [node_gpu(f"G{name}")]
     doc = (
         "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: w, tenant: a}\nspec:\n"
         "  command: [sleep, '60']\n  resources: {gpu: {count: 1}}\n"
@@ -291,7 +326,7 @@ def test_hostile_calls_are_refused_whole_and_leave_nothing_behind(tmp_path: Path
     )
     assert bad.status_code == 422 and control.credentials == {}  # no credential for a failed join
     r = http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("GPU-a")]}, headers=NODE)
-    control.gpu_views["n1"] = [{**gpu("GPU-a"), "index": 0}, {**gpu("GPU-zz"), "index": 1}]
+    control.gpu_views["n1"] = [node_gpu("GPU-a"), node_gpu("GPU-zz", 1)]
     for name in ("n1/²", "n1/%E2%81%B0", "n1/０", "n1/1", "n1/99999", "../n1/0", "n1/"):
         assert http.post(f"/api/v1/gpus/{name}/cordon", headers=admin).status_code == 404, name
     assert control.core.cordoned == {}

@@ -48,35 +48,35 @@ def running(answer: Answer) -> dict[str, int]:
 
 def test_placements_spread_over_nodes_each_under_its_own_epoch() -> None:
     core = core_with(("n1", 1), ("n2", 1))
-    d1 = core.apply(w("x", count=1))
-    d2 = core.apply(w("y", count=1))
+    d1 = core.decide(w("x", count=1))
+    d2 = core.decide(w("y", count=1))
     assert d1.outcome == d2.outcome == "placed"
     a1, a2 = core.assigned["a/x"], core.assigned["a/y"]
     assert {a1.node, a2.node} == {"n1", "n2"} and a2.epoch > a1.epoch
     assert running(core.heartbeat(a1.node, Report(), 1.0)) == {"a/x": a1.epoch}
-    assert core.apply(w("x", count=1)) == d1  # the same spec again changes nothing
+    assert core.decide(w("x", count=1)) == d1  # the same spec again changes nothing
     assert core.assigned["a/x"].epoch == a1.epoch
-    assert core.apply(w("z", count=1)).outcome == "pending"
+    assert core.decide(w("z", count=1)).outcome == "pending"
 
 
 def test_an_ended_job_frees_its_gpu_for_what_waits() -> None:
     core = core_with(("n1", 1))
-    core.apply(w("first", count=1))
-    assert core.apply(w("second", count=1)).outcome == "pending"
+    core.decide(w("first", count=1))
+    assert core.decide(w("second", count=1)).outcome == "pending"
     epoch = core.assigned["a/first"].epoch
     stale = core.heartbeat("n1", Report(ended={"a/first": (epoch - 1, "succeeded")}), 1.0)
     assert running(stale) == {"a/first": epoch}  # an end under an old epoch changes nothing
     answer = core.heartbeat("n1", Report(ended={"a/first": (epoch, "succeeded")}), 2.0)
     assert list(running(answer)) == ["a/second"]
     assert core.ended == {"a/first": "succeeded"}
-    assert core.apply(w("first", count=1)).reason == "it ended (succeeded)"  # not run again
+    assert core.decide(w("first", count=1)).reason == "it ended (succeeded)"  # not run again
 
 
 def test_a_lost_nodes_work_moves_after_its_lease_and_a_job_that_may_not_restart_fails() -> None:
     core = core_with(("n1", 2), ("n2", 1))
     for name in ("svc", "once"):
-        assert core.apply(w(name, count=1, restart="never" if name == "once" else "always"))
-    core.apply(w("filler", count=1))
+        assert core.decide(w(name, count=1, restart="never" if name == "once" else "always"))
+    core.decide(w("filler", count=1))
     on = {k: a.node for k, a in core.assigned.items()}
     lost = on["a/svc"]
     survivor = "n2" if lost == "n1" else "n1"
@@ -96,14 +96,14 @@ def test_a_lost_nodes_work_moves_after_its_lease_and_a_job_that_may_not_restart_
 
 def test_a_returning_node_takes_work_again_and_never_gets_its_old_epochs_back() -> None:
     core = core_with(("n1", 1), ("n2", 1))
-    core.apply(w("x", count=1))
+    core.decide(w("x", count=1))
     first = core.assigned["a/x"]
     other = "n2" if first.node == "n1" else "n1"
     core.heartbeat(other, Report(), LEASE_S)
     core.tick(LEASE_S + 1)
     moved = core.assigned["a/x"]
     assert moved.node == other and moved.epoch > first.epoch
-    core.apply(w("y", count=1))
+    core.decide(w("y", count=1))
     assert core.decision("a/y").outcome == "pending"  # the lost node's GPU takes nothing
     again = [
         SchedGpu(g.uuid.split("/", 1)[1], 0, H200, mig=False)
@@ -118,11 +118,11 @@ def test_a_returning_node_takes_work_again_and_never_gets_its_old_epochs_back() 
 
 def test_a_workload_taken_from_a_live_node_starts_elsewhere_only_once_that_node_let_it_go() -> None:
     core = core_with(("n1", 1), ("n2", 1))
-    core.apply(dataclasses.replace(w("x", count=1), node_selector={"name": "n1"}))
+    core.decide(dataclasses.replace(w("x", count=1), node_selector={"name": "n1"}))
     old = core.assigned["a/x"]
     assert old.node == "n1"
     core.heartbeat("n1", Report(running={"a/x": old.epoch}), 1.0)
-    core.apply(dataclasses.replace(w("x", count=1), node_selector={"name": "n2"}))  # replaced
+    core.decide(dataclasses.replace(w("x", count=1), node_selector={"name": "n2"}))  # replaced
     new = core.assigned["a/x"]
     assert (new.node, new.epoch > old.epoch) == ("n2", True)
     # n1 still runs the old copy: n2 is not told to start it, n1 is told to stop it
@@ -135,8 +135,8 @@ def test_a_workload_taken_from_a_live_node_starts_elsewhere_only_once_that_node_
 
 def test_preemption_across_nodes_takes_the_victims_assignment_away() -> None:
     core = core_with(("n1", 1))
-    core.apply(w("low", priority=0, count=1))
-    d = core.apply(w("high", priority=100, count=1))
+    core.decide(w("low", priority=0, count=1))
+    d = core.decide(w("high", priority=100, count=1))
     assert d.outcome == "placed" and d.evicted == ("a/low",)
     assert running(core.heartbeat("n1", Report(), 1.0)) == {"a/high": core.assigned["a/high"].epoch}
 
@@ -144,7 +144,7 @@ def test_preemption_across_nodes_takes_the_victims_assignment_away() -> None:
 def test_a_restarted_core_restores_placements_and_epochs_and_moves_nothing() -> None:
     core = core_with(("n1", 2), ("n2", 2))
     for i in range(3):
-        core.apply(w(f"w{i}", memory_mib=100 * GIB))
+        core.decide(w(f"w{i}", memory_mib=100 * GIB))
     before = dict(core.assigned)
     again = ClusterCore()
     for name, node in core.nodes.items():
@@ -159,7 +159,7 @@ def test_a_restarted_core_restores_placements_and_epochs_and_moves_nothing() -> 
     again.renew_all(100.0)
     assert again.assigned == before
     assert again.tick(100.0 + LEASE_S) == []
-    new = again.apply(w("later", memory_mib=100 * GIB))
+    new = again.decide(w("later", memory_mib=100 * GIB))
     assert new.outcome == "placed"
     assert again.assigned["a/later"].epoch > max(a.epoch for a in before.values())
 
@@ -208,7 +208,7 @@ def test_no_workload_ever_runs_on_two_nodes(ops: list[tuple[str, int, int, int]]
     for n in nodes:
         core.join(n.name, {}, gpus(2), 0.0)
     for i in range(3):  # work on every node from the start
-        core.apply(w(f"w{i}", count=2))
+        core.decide(w(f"w{i}", count=2))
     now = 0.0
 
     def advance(steps: int) -> None:
@@ -231,7 +231,7 @@ def test_no_workload_ever_runs_on_two_nodes(ops: list[tuple[str, int, int, int]]
     for kind, i, count, prio in ops:
         match kind:
             case "apply":
-                core.apply(w(f"w{i}", priority=prio * 50, count=count))
+                core.decide(w(f"w{i}", priority=prio * 50, count=count))
             case "delete":
                 core.delete("a", f"w{i}")
             case "cut":
@@ -251,7 +251,7 @@ def test_a_node_joins_again_with_the_gpus_it_had_and_its_labels_as_they_are_now(
     core.join("n1", {"zone": "eu"}, same, 1.0)  # relabelled: new placements see the new labels
     assert core.nodes["n1"].labels == {"zone": "eu"}
     assert core.scheduler.state.gpus[0].node_labels == {"zone": "eu"}
-    placed = core.apply(dataclasses.replace(w("x", count=1), node_selector={"zone": "eu"}))
+    placed = core.decide(dataclasses.replace(w("x", count=1), node_selector={"zone": "eu"}))
     assert placed.outcome == "placed"
     try:
         core.join("n1", {"zone": "eu"}, gpus(2), 2.0)  # other GPUs under the same name
@@ -267,7 +267,7 @@ def test_a_workload_waiting_for_its_labelled_node_says_that_node_takes_no_new_wo
     core.join("n1", {"kind": "mps"}, gpus(1), 0.0)
     core.join("n2", {"kind": "timeslice"}, gpus(1), 0.0)
     core.cordon(f"n1/{core.scheduler.state.gpus[0].uuid.split('/', 1)[1]}", "maintenance")
-    d = core.apply(dataclasses.replace(w("x", memory_mib=GIB), node_selector={"kind": "mps"}))
+    d = core.decide(dataclasses.replace(w("x", memory_mib=GIB), node_selector={"kind": "mps"}))
     assert d.outcome == "pending"
     assert "nodes with its spec.node_selector labels: n1 (takes no new work)" in d.reason, d.reason
 
@@ -276,13 +276,13 @@ def test_a_workload_that_only_a_lost_node_could_hold_says_the_node_is_lost() -> 
     core = ClusterCore()
     for name in ("n1", "n2"):
         core.join(name, {}, [SchedGpu(f"GPU-{name}", 0, H200, mig=False)], 0.0)
-    assert core.apply(w("busy", count=1)).outcome == "placed"
+    assert core.decide(w("busy", count=1)).outcome == "placed"
     busy_on, epoch = core.assigned["a/busy"].node, core.assigned["a/busy"].epoch
     lost = "n2" if busy_on == "n1" else "n1"
     core.heartbeat(busy_on, Report(running={"a/busy": epoch}), 12.0)
     core.tick(12.0)  # the other node, silent since 0.0, is lost
     assert core.nodes[lost].state == "lost"
-    d = core.apply(w("x", count=1))
+    d = core.decide(w("x", count=1))
     assert d.outcome == "pending"
     assert d.reason == (
         f"node {lost} is lost (no heartbeat for 12 s); needs 1 whole GPU(s); 0 free now, not "
@@ -290,4 +290,4 @@ def test_a_workload_that_only_a_lost_node_could_hold_says_the_node_is_lost() -> 
     )
     core.heartbeat(busy_on, Report(running={"a/busy": epoch}), 20.0)
     core.tick(20.0)  # still lost: the time without a heartbeat grows
-    assert f"node {lost} is lost (no heartbeat for 20 s)" in core.apply(w("y", count=1)).reason
+    assert f"node {lost} is lost (no heartbeat for 20 s)" in core.decide(w("y", count=1)).reason

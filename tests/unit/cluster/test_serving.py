@@ -109,7 +109,9 @@ def test_deployments_are_refused_by_a_control_plane_that_serves_none(tmp_path: P
     control = ControlPlane(tmp_path)
     http = TestClient(create_control_app(control, cluster_token=TOKEN))
     r = http.post("/api/v1/workloads", content=deployment("m"))
-    assert r.status_code == 422 and "serves no deployments" in r.text
+    assert r.status_code == 501 and r.json()["capability"] == "deployments", r.text
+    assert "runs no deployments" in r.json()["detail"]
+    assert control.store.workloads() == [] and control.store.deployments() == []
     control.close()
 
 

@@ -62,20 +62,20 @@ def test_a_job_runs_with_its_gpu_in_the_environment(data_dir: Path, dev: NvmlDev
         "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], "
         "os.environ['GPUFRAC_GPU_MEMORY_LIMIT_MIB'])"
     )
-    what, decision = agent.apply(job("env", code, sharing="timeslice"))
+    what, decision = agent.apply_workload(job("env", code, sharing="timeslice"))
     assert what == "created" and decision is not None and decision.mode == "timeslice"
     state = settle(agent, "default/env", {"succeeded"})
     assert state.exit_code == 0
     log = next((data_dir / "runs" / "default" / "env").glob("g1-1")) / LOG
     assert log.read_text().split() == [dev.gpus()[1].uuid, "4096"]
-    assert agent.apply(job("env", code, sharing="timeslice"))[0] == "unchanged"
+    assert agent.apply_workload(job("env", code, sharing="timeslice"))[0] == "unchanged"
 
 
 def test_a_mig_workload_gets_its_instance_created_and_its_mig_uuid(
     data_dir: Path, dev: NvmlDevices
 ) -> None:
     agent = Agent(data_dir, dev)
-    agent.apply(
+    agent.apply_workload(
         job(
             "mig",
             "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])",
@@ -98,7 +98,7 @@ def test_on_failure_restarts_with_backoff_until_success(
         f"import pathlib,sys; p=pathlib.Path({str(counter)!r}); n=int(p.read_text()) if "
         "p.exists() else 0; p.write_text(str(n+1)); sys.exit(0 if n >= 2 else 1)"
     )
-    agent.apply(job("flaky", code))
+    agent.apply_workload(job("flaky", code))
     state = settle(agent, "default/flaky", {"backoff"})
     assert state.attempts == 1 and state.exit_code == 1
     clock.offset += 1.5  # first backoff: 1 s
@@ -113,7 +113,7 @@ def test_on_failure_restarts_with_backoff_until_success(
 def test_backoff_limit_fails_the_job_and_frees_its_gpu(data_dir: Path, dev: NvmlDevices) -> None:
     clock = Clock()
     agent = Agent(data_dir, dev, clock=clock)
-    agent.apply(job("bad", "raise SystemExit(7)", backoff_limit=1))
+    agent.apply_workload(job("bad", "raise SystemExit(7)", backoff_limit=1))
     settle(agent, "default/bad", {"backoff"})
     clock.offset += 2
     state = settle(agent, "default/bad", {"failed"})
@@ -125,7 +125,9 @@ def test_a_restarted_agent_reattaches_and_never_runs_a_workload_twice(
     data_dir: Path, dev: NvmlDevices
 ) -> None:
     first = Agent(data_dir, dev)
-    first.apply(job("svc", "import time; time.sleep(60)", type="service", restart="always"))
+    first.apply_workload(
+        job("svc", "import time; time.sleep(60)", type="service", restart="always")
+    )
     settle(first, "default/svc", {"running"})
     pid = read_status(data_dir / "runs/default/svc/g1-1").child_pid
     first.close()  # the agent goes away; the shim does not
@@ -142,7 +144,7 @@ def test_on_failure_still_applies_to_a_job_that_failed_while_the_agent_was_down(
 ) -> None:
     clock = Clock()
     first = Agent(data_dir, dev, clock=clock)
-    first.apply(job("crash", "import time; time.sleep(0.8); raise SystemExit(2)"))
+    first.apply_workload(job("crash", "import time; time.sleep(0.8); raise SystemExit(2)"))
     settle(first, "default/crash", {"running"})  # its MIG instance made, its process started
     first.close()
     time.sleep(1.5)  # it fails while no agent runs
@@ -156,17 +158,19 @@ def test_changing_a_spec_replaces_it_and_a_refused_one_stores_nothing(
     data_dir: Path, dev: NvmlDevices
 ) -> None:
     agent = Agent(data_dir, dev)
-    agent.apply(job("svc", "import time; time.sleep(60)", type="service", restart="always"))
+    agent.apply_workload(
+        job("svc", "import time; time.sleep(60)", type="service", restart="always")
+    )
     settle(agent, "default/svc", {"running"})
     old = read_status(data_dir / "runs/default/svc/g1-1")
-    what, _ = agent.apply(
+    what, _ = agent.apply_workload(
         job("svc", "import time; time.sleep(61)", type="service", restart="always")
     )
     assert what == "replaced"
     state = settle(agent, "default/svc", {"running"})
     assert state.generation == 2 and not read_status(data_dir / "runs/default/svc/g2-1").done
     assert old.child_pid != read_status(data_dir / "runs/default/svc/g2-1").child_pid
-    what, decision = agent.apply(job("huge", "pass", gpu=GpuRequest(memory_mib=10**7)))
+    what, decision = agent.apply_workload(job("huge", "pass", gpu=GpuRequest(memory_mib=10**7)))
     assert what == "refused" and decision is not None and "could ever hold" in decision.reason
     assert agent.store.workload("default", "huge") is None
     agent.delete("default", "svc")
@@ -184,7 +188,7 @@ def test_a_workload_over_its_memory_is_stopped_by_the_watchdog(
         "assert sdk.report_gpu_memory(sdk.memory_limit_mib() // 2)\ntime.sleep(1)\n"
         "sdk.report_gpu_memory(sdk.memory_limit_mib() * 3)\ntime.sleep(60)\n"
     )
-    agent.apply(job("hog", code, sharing="timeslice", restart="never"))
+    agent.apply_workload(job("hog", code, sharing="timeslice", restart="never"))
     state = settle(agent, "default/hog", {"failed"}, timeout=30)
     assert "over its 4096 MiB limit" in state.reason and "12288 MiB" in state.reason
     assert [e.kind for e in agent.store.events("default/hog")].count("memory_limit") == 1
@@ -193,14 +197,14 @@ def test_a_workload_over_its_memory_is_stopped_by_the_watchdog(
         "from gpufrac import sdk\nimport time\nsdk.report_gpu_memory(1000)\ntime.sleep(1)\n",
         sharing="timeslice",
     )
-    agent.apply(calm)
+    agent.apply_workload(calm)
     assert settle(agent, "default/calm", {"succeeded"}).exit_code == 0
 
 
 def test_the_attempt_number_is_handed_over(data_dir: Path, dev: NvmlDevices) -> None:
     clock = Clock()
     agent = Agent(data_dir, dev, clock=clock)
-    agent.apply(
+    agent.apply_workload(
         job("once", "from gpufrac import sdk\nraise SystemExit(1 if sdk.attempt() == 1 else 0)")
     )
     settle(agent, "default/once", {"backoff"})
@@ -216,7 +220,7 @@ def test_cordon_drain_and_an_xid_move_workloads_off_a_gpu(data_dir: Path, dev: N
     svc = job(
         "svc", "import time; time.sleep(60)", type="service", restart="always", sharing="timeslice"
     )
-    agent.apply(svc)
+    agent.apply_workload(svc)
     first = settle(agent, "default/svc", {"running"}).decision
     assert first is not None
     gpu_a = first.gpus[0]
@@ -245,14 +249,16 @@ def test_cordon_drain_and_an_xid_move_workloads_off_a_gpu(data_dir: Path, dev: N
 
 def test_a_qos_change_applies_live_without_a_restart(data_dir: Path, dev: NvmlDevices) -> None:
     agent = Agent(data_dir, dev)
-    agent.apply(job("svc", "import time; time.sleep(60)", type="service", restart="always"))
+    agent.apply_workload(
+        job("svc", "import time; time.sleep(60)", type="service", restart="always")
+    )
     first = settle(agent, "default/svc", {"running"})
     pid = read_status(data_dir / "runs/default/svc/g1-1").child_pid
     changed = job(
         "svc", "import time; time.sleep(60)", type="service", restart="always",
         priority=100, qos="latency", weight=3, min_share_milli=100,
     )  # fmt: skip
-    assert agent.apply(changed) == ("updated", None)
+    assert agent.apply_workload(changed) == ("updated", None)
     state = settle(agent, "default/svc", {"running"})
     assert state.generation == first.generation
     assert read_status(data_dir / "runs/default/svc/g1-1").child_pid == pid
@@ -272,7 +278,9 @@ def test_mps_workloads_get_the_mps_environment(data_dir: Path, dev: NvmlDevices)
         "os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'], "
         "os.environ['CUDA_MPS_PIPE_DIRECTORY'])"
     )
-    agent.apply(job("m", code, gpu=GpuRequest(memory_mib=4096, compute_pct=25), sharing="mps"))
+    agent.apply_workload(
+        job("m", code, gpu=GpuRequest(memory_mib=4096, compute_pct=25), sharing="mps")
+    )
     settle(agent, "default/m", {"succeeded"})
     limit, pct, pipe = (data_dir / "runs/default/m/g1-1" / LOG).read_text().split()
     assert (limit, pct) == ("0=4096M", "25")
@@ -329,7 +337,7 @@ def test_a_service_is_running_only_once_its_health_check_passes(
         health=HealthCheck("http", port, "/", period_seconds=1),
     )
     agent = Agent(data_dir, dev)
-    agent.apply(spec)
+    agent.apply_workload(spec)
     early = settle(agent, "default/web", {"starting"})
     assert early.reason in ("", "waiting for its health check")
     state = settle(agent, "default/web", {"running"}, timeout=30)
@@ -362,7 +370,7 @@ def test_a_service_whose_port_another_process_holds_is_never_ready(
             health=HealthCheck("http", port, "/", period_seconds=1),
         )
         agent = Agent(data_dir, dev)
-        agent.apply(spec)
+        agent.apply_workload(spec)
         deadline = time.monotonic() + 8
         while time.monotonic() < deadline:
             states = {s.key: s for s in agent.reconcile()}
@@ -385,7 +393,7 @@ def test_mig_changes_through_the_agent_keep_its_scheduler_true(
 
     agent = Agent(data_dir, dev)
     mig_gpu = dev.gpus()[0].uuid
-    agent.apply(
+    agent.apply_workload(
         job(
             "small",
             "import time; time.sleep(60)",
@@ -398,16 +406,16 @@ def test_mig_changes_through_the_agent_keep_its_scheduler_true(
     assert first.decision is not None and first.decision.mig is not None
     # re-cut the GPU to one 7g: the running workload's instance would go, so without drain: refused
     with pytest.raises(ApplyRefused, match="default/small"):
-        agent.apply_mig(mig_gpu, True, list(parse_layout("7g.141gb@0")))
+        agent.set_mig_layout(mig_gpu, True, list(parse_layout("7g.141gb@0")))
     assert [str(i.placement) for i in dev.gpu(mig_gpu).instances] == [str(first.decision.mig)]
-    done = agent.apply_mig(mig_gpu, True, list(parse_layout("7g.141gb@0")), drain=True)
+    done = agent.set_mig_layout(mig_gpu, True, list(parse_layout("7g.141gb@0")), drain=True)
     assert [a.kind for a in done][-2:] == ["create_gi", "create_ci"]
     assert [str(p) for p in dev.gpu(mig_gpu).layout] == ["7g.141gb@0"]
     # the scheduler sees the new layout: the 1g workload waits, a 7g workload fits
     assert agent.scheduler.state.by_uuid[mig_gpu].instances == {parse_layout("7g.141gb@0")[0]: None}
     state = settle(agent, "default/small", {"pending"})
     assert state.phase == "pending"
-    agent.apply(
+    agent.apply_workload(
         job(
             "big",
             "import time; time.sleep(60)",
@@ -437,7 +445,7 @@ def test_a_workload_runs_as_its_user(data_dir: Path, dev: NvmlDevices) -> None:
         workdir="/",
         sharing="timeslice",
     )
-    agent.apply(who)  # a system program: nobody cannot read this venv under /root
+    agent.apply_workload(who)  # a system program: nobody cannot read this venv under /root
     settle(agent, "default/who", {"succeeded"})
     assert (data_dir / "runs/default/who/g1-1" / LOG).read_text().strip() == str(nobody.pw_uid)
 

@@ -56,9 +56,9 @@ def test_a_workload_deleted_before_its_instance_is_made_leaves_no_phantom(
     data_dir: Path, dev: NvmlDevices
 ) -> None:
     agent = Agent(data_dir, dev)
-    agent.apply(mig_job("gone", "3g.71gb"))
+    agent.apply_workload(mig_job("gone", "3g.71gb"))
     agent.delete("default", "gone")  # before any reconcile pass
-    agent.apply(mig_job("next", "3g.71gb"))
+    agent.apply_workload(mig_job("next", "3g.71gb"))
     state = settle(agent, "default/next", {"running"})
     visible = state.env["CUDA_VISIBLE_DEVICES"]
     assert visible.startswith("MIG-"), state.env
@@ -70,7 +70,7 @@ def test_a_placement_that_no_longer_fits_after_a_restart_waits_and_changes_nothi
     data_dir: Path, dev: NvmlDevices
 ) -> None:
     first = Agent(data_dir, dev)
-    d = first.apply(mig_job("big", "7g.141gb"))[1]
+    d = first.apply_workload(mig_job("big", "7g.141gb"))[1]
     assert d is not None and d.outcome == "placed"
     first.mig.wait_idle(d.gpus[0])
     first.close()
@@ -95,12 +95,12 @@ def test_an_operator_mig_change_that_is_refused_moves_nothing(
     data_dir: Path, dev: NvmlDevices
 ) -> None:
     agent = Agent(data_dir, dev)
-    agent.apply(mig_job("svc", "1g.18gb", type="service", restart="always"))
+    agent.apply_workload(mig_job("svc", "1g.18gb", type="service", restart="always"))
     before = settle(agent, "default/svc", {"running"})
     assert before.decision is not None
     bad = [MigPlacement(3, "3g.71gb")]  # no placement of a 3g: bad input, and nothing moved
     with pytest.raises(InputError, match="not valid"):
-        agent.apply_mig(before.decision.gpus[0], True, bad, drain=True)
+        agent.set_mig_layout(before.decision.gpus[0], True, bad, drain=True)
     after = settle(agent, "default/svc", {"running"})
     assert after.attempts == 1 and after.decision == before.decision
     assert agent.scheduler.allocations("default/svc")
@@ -125,7 +125,9 @@ def test_a_replica_that_displaces_work_is_told_on_its_deployment_and_by_gpufrac_
 
     agent = Agent(data_dir, dev)
     whole = GpuRequest(count=1)
-    agent.apply(WorkloadSpec(name="batch", gpu=whole, command=(PY, "-c", "pass"), priority=10))
+    agent.apply_workload(
+        WorkloadSpec(name="batch", gpu=whole, command=(PY, "-c", "pass"), priority=10)
+    )
     replica = WorkloadSpec(
         name="web-abc-0",
         gpu=whole,
@@ -135,7 +137,7 @@ def test_a_replica_that_displaces_work_is_told_on_its_deployment_and_by_gpufrac_
         labels={LABEL: "web"},
     )
     with agent.displacements() as told:
-        agent.apply(replica)
+        agent.apply_workload(replica)
     assert [(x.workload, x.action, x.cause) for x in told] == [
         ("default/batch", "requeued", "default/web-abc-0")  # placed, not started yet
     ]

@@ -64,19 +64,19 @@ def gone(pid: int) -> bool:
 def test_a_workload_that_cannot_start_fails_with_the_reason(
     agent: Agent, changes: dict[str, object], said: str
 ) -> None:
-    agent.apply(job("bad", restart="never", **changes))
+    agent.apply_workload(job("bad", restart="never", **changes))
     started = time.monotonic()
     state = settle(agent, "default/bad", {"failed"})
     assert said in state.reason and state.attempts == 1
     assert time.monotonic() - started < 8  # at once, not after a launch timeout
     again = job("again", restart="on-failure", backoff_limit=3, **changes)
-    agent.apply(again)
+    agent.apply_workload(again)
     retrying = settle(agent, "default/again", {"backoff"})
     assert said in retrying.reason and "restart 1 in" in retrying.reason
 
 
 def test_a_killed_shim_stops_its_workload_and_counts_as_a_failed_attempt(agent: Agent) -> None:
-    agent.apply(job("svc", type="service", restart="always"))
+    agent.apply_workload(job("svc", type="service", restart="always"))
     settle(agent, "default/svc", {"running"})
     run = agent.runs.attempts("default", "svc", 1)[-1]
     status = read_status(run)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gpufrac.model.event import Event
 from gpufrac.runtime.decision_log import DecisionLog, format_event
-from gpufrac.runtime.store import Event, Store
+from gpufrac.runtime.store import Store
 
 
 def test_listeners_hear_committed_events_with_their_details(tmp_path: Path) -> None:

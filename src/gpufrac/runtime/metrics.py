@@ -1,52 +1,46 @@
-"""``/metrics`` through prometheus-client: a collector that reads the agent at scrape time.
+"""One machine's ``/metrics`` through prometheus-client: a collector that reads the agent at scrape
+time (the API's ``/metrics`` route registers it, with the gateway's collector,
+``api.metrics_serving``, in a registry of its own).
 
 Per GPU, the DCGM exporter's names and labels (``gpu``, ``UUID``, ``modelName``; ``GPU_I_ID`` and
 ``GPU_I_PROFILE`` per MIG instance). Per workload, gpufrac's names, labelled ``tenant`` and
 ``workload``; the series about its share of a GPU (memory used and given, SM use, QoS, and
 ``gpufrac_workload_gpu_info``) also carry the GPU's DCGM labels, so they join with the DCGM
-exporter's series. Serving series come from ``metrics_serving``. A value NVML does not give
+exporter's series. A value NVML does not give
 (utilization on a MIG instance, per-client SM use under MPS) is left out, never reported as zero.
 
-Each app has its own registry holding one collector, and every family is built afresh on each
+Each app has its own registry, and every family is built afresh on each
 scrape, so nothing of a workload that is gone lingers and no global state is shared between agents.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import CollectorRegistry
 
-from gpufrac.api.metrics_family import Family
-from gpufrac.api.metrics_serving import serving_families
-from gpufrac.api.service import AgentService
 from gpufrac.model.gpu import GpuState
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.metrics_family import Family
 
 MIB = 2**20
 
 
-def metrics_registry(service: AgentService) -> CollectorRegistry:
-    """A registry of this agent's own (never prometheus-client's global one). Collect it under
-    ``service.lock``."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(service))
-    return registry
-
-
 class AgentCollector:
-    def __init__(self, service: AgentService) -> None:
-        self.service = service
+    """The agent's series, read at scrape time under the agent's lock (the caller holds it);
+    ``states``: the workloads as the last reconcile pass saw them."""
+
+    def __init__(self, agent: Agent, states: Callable[[], Mapping[str, WorkloadState]]) -> None:
+        self.agent = agent
+        self.states = states
 
     def collect(self) -> Iterator[Metric]:
-        agent = self.service.agent
+        agent = self.agent
         gpus = {g.uuid: g for g in agent.dev.gpus()}
         yield from gpu_families([g for g in gpus.values() if g.health == "ok"])
-        yield from workload_families(agent, self.service.states, gpus)
-        yield from serving_families(self.service.deployments)
+        yield from workload_families(agent, self.states(), gpus)
         failing = Family(
             "gpufrac_agent_failing_steps",
             "gauge",
@@ -89,7 +83,7 @@ def where(gpus: dict[str, GpuState], uuid: str, d: Decision | None) -> dict[str,
 
 
 def workload_families(
-    agent: Agent, states: dict[str, WorkloadState], gpus: dict[str, GpuState]
+    agent: Agent, states: Mapping[str, WorkloadState], gpus: dict[str, GpuState]
 ) -> Iterator[Metric]:
     dev = agent.dev
     f = {

@@ -11,9 +11,9 @@ a track (a GPU, an instance, a workload, a deployment) absent for a whole window
 
 Sampling holds the agent's lock only to copy what the scheduler, the store and the last reconcile
 pass already know; the device reads (NVML), run directories and ``/proc`` are read outside it, and
-the sample is put together by :func:`gpufrac.api.fleet_view.fleet_view`, the pure function behind
-``GET /api/v1/gpus``. The view is filtered by the caller as the other views are: a tenant gets the
-whole GPUs' series and only its own instances, workloads and deployments.
+the sample is put together by :func:`gpufrac.runtime.fleet_view.fleet_view`, the pure function
+behind ``GET /api/v1/gpus``. The view is filtered by the caller as the other views are: a tenant
+gets the whole GPUs' series and only its own instances, workloads and deployments.
 """
 
 from __future__ import annotations
@@ -25,16 +25,17 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Literal, assert_never
+from typing import TYPE_CHECKING, Any, Literal, assert_never
 
-from gpufrac.api.fleet_view import Holder, fleet_view
-from gpufrac.api.tokens import ADMIN, Caller
+from gpufrac.model.caller import ADMIN, Caller
 from gpufrac.model.catalog import GpuModel
 from gpufrac.planning.sched_state import Allocation
-from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.fleet_view import Holder, fleet_view
 from gpufrac.runtime.runs import process_group
 from gpufrac.runtime.shim import read_status
-from gpufrac.serving.deployments import Deployments, ReplicaState, route_name_of
+
+if TYPE_CHECKING:
+    from gpufrac.runtime.agent import Agent, WorkloadState
 
 INTERVAL_SECONDS = 5.0
 WINDOW_SECONDS = 900.0
@@ -215,7 +216,7 @@ class _Copied:
     cordons: dict[str, str]
     pins: list[str]
     qos: dict[str, Any]
-    deployments: list[tuple[str, str, int, dict[str, Any], int]]
+    more: list[Reading]  # what follows the agent's passes (its deployments)
 
 
 Sampler = Callable[[], tuple[list[Reading], dict[str, dict[str, Any]]]]
@@ -287,17 +288,18 @@ class History:
 
 class AgentSampler:
     """One sample of one machine's agent: GPUs from the driver, placements from its scheduler,
-    QoS from its arbiter, deployments from its gateway."""
+    QoS from its arbiter, and ``more`` (read under the agent's lock with the states of the last
+    pass: its deployments, from their gateway)."""
 
     def __init__(
         self,
         agent: Agent,
-        deployments: Deployments,
         states: Callable[[], Mapping[str, WorkloadState]],
+        more: Callable[[Mapping[str, WorkloadState]], list[Reading]] = lambda _states: [],
     ) -> None:
         self.agent = agent
-        self.deployments = deployments
         self.states = states
+        self.more = more
 
     def _copy(self) -> _Copied:
         agent = self.agent
@@ -311,7 +313,6 @@ class AgentSampler:
                 for a in allocs
                 for st in [states.get(a.workload)]
             }
-            deployments = deployment_counts(self.deployments, states)
             return _Copied(
                 allocations=allocations,
                 models={g.uuid: g.model for g in sched},
@@ -319,7 +320,7 @@ class AgentSampler:
                 cordons=agent.store.cordons(),
                 pins=list(agent.store.mig_pins()),
                 qos=dict(agent.arbiter.latest),
-                deployments=deployments,
+                more=self.more(states),
             )
 
     def read(self) -> tuple[list[Reading], dict[str, dict[str, Any]]]:
@@ -353,27 +354,8 @@ class AgentSampler:
             viewer=ADMIN,
         )
         readings = gpu_readings(fleet, copied.qos)
-        readings += deployment_readings(copied.deployments)
+        readings += copied.more
         return readings, {uuid: geometry(m) for uuid, m in copied.models.items()}
-
-
-def deployment_counts(
-    deployments: Deployments, states: Mapping[str, ReplicaState]
-) -> list[tuple[str, str, int, dict[str, Any], int]]:
-    """Per deployment: tenant, name, replicas wanted, the gateway's traffic, replicas ready."""
-    out = []
-    with deployments.batch():
-        specs = [(d, scaled, deployments.views(d, states)) for d, scaled in deployments.specs()]
-    for d, scaled, views in specs:
-        ready = sum(1 for r in views if r.ready and not r.draining)
-        traffic = deployments.traffic.get(route_name_of(d.tenant, d.name), {})
-        wanted = next(
-            n
-            for n in (scaled, d.replicas, sum(1 for r in views if not r.draining))
-            if n is not None
-        )  # the autoscaler's choice is the replicas it keeps (not draining)
-        out.append((d.tenant, d.name, wanted, dict(traffic), ready))
-    return out
 
 
 def gpu_readings(fleet: list[dict[str, Any]], qos: Mapping[str, Any]) -> list[Reading]:

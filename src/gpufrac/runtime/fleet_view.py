@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpufrac.api.tokens import Caller
+from gpufrac.model.caller import Caller
 from gpufrac.model.gpu import GpuState
 from gpufrac.planning.sched_state import Allocation
-from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.runs import process_group
+
+if TYPE_CHECKING:
+    from gpufrac.runtime.agent import Agent, WorkloadState
 
 
 @dataclass(frozen=True, slots=True)

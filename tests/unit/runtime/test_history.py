@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpufrac.api.history import Reading, Ring, entitled
-from gpufrac.api.tokens import ADMIN, Caller
+from gpufrac.model.caller import ADMIN, Caller
+from gpufrac.runtime.history import Reading, Ring, entitled
 
 
 def gpu(used: int) -> Reading:
@@ -88,7 +88,7 @@ def test_entitled_shares_follow_the_arbiter_classes() -> None:
 
 
 def test_workloads_that_come_and_go_fast_hold_a_bounded_number_of_tracks() -> None:
-    from gpufrac.api.history import MAX_GONE_TRACKS
+    from gpufrac.runtime.history import MAX_GONE_TRACKS
 
     ring = Ring(180)
     for i in range(1000):  # a new workload name in every sample, gone by the next
