@@ -71,6 +71,8 @@ class TenantQuota:
     max_workloads: int | None = None  # None: the operator's max_workloads for every tenant
     preemption: TenantPreemption | None = None  # None: not set (DEFAULT_TENANT_PREEMPTION)
     users: tuple[str, ...] = ()  # the user names its workloads may ask for in spec.user
+    # the node labels its workloads are kept to (every one must match), by the operator
+    nodes: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,11 @@ class OperatorSettings:
                 fix=f"leave it out, or ask the operator to add it to tenants.{tenant}.users"
                 " in gpufrac.yaml",
             )
+
+    def kept_to(self, tenant: str) -> dict[str, str]:
+        """The node labels ``tenant``'s workloads are kept to (``tenants.NAME.nodes``)."""
+        q = self.tenants.get(tenant)
+        return {} if q is None else dict(q.nodes)
 
     def priority_cap(self, tenant: str) -> int:
         q = self.tenants.get(tenant)
@@ -238,6 +245,13 @@ class TenantFields(Strict):
     users: Annotated[list[Text], Hint(fix="write [alice]")] = Field(
         [], description="The spec.user values its workloads may ask for."
     )
+    nodes: Annotated[
+        dict[NodeLabelKey, NodeLabelValue], Hint(fix="write one LABEL: value per line")
+    ] = Field(
+        {},
+        description="The node labels its workloads are kept to: only nodes with every one of "
+        "them run its work (a label selector, as spec.node_selector).",
+    )
 
     def quota(self) -> TenantQuota:
         return TenantQuota(
@@ -247,6 +261,7 @@ class TenantFields(Strict):
             max_workloads=self.max_workloads,
             preemption=self.preemption,
             users=tuple(self.users),
+            nodes=tuple(sorted(self.nodes.items())),
         )
 
 
