@@ -242,8 +242,9 @@ class ControlPlane:
                         and before_view[0] == a.epoch
                         and int(view.get("attempts") or 0)
                         < int(before_view[1].get("attempts") or 0)
-                    ):  # a new run under the same placement (its node fenced it): it counts
-                        self._carry(key)
+                    ):  # a new run under the same placement: its node fenced it (stopped it
+                        # unanswered) and runs it again in place: a restart of what it stopped
+                        self._carry(key, fenced=True)
                     self.views[key] = (a.epoch, dict(view))
                 elif self.core.ended_on.get(key) == name:  # a job that ended there, as it ended
                     self.views[key] = (ENDED, dict(view))
@@ -253,14 +254,17 @@ class ControlPlane:
             self._persist(before, ended=ended)
             return answer
 
-    def _carry(self, key: str) -> None:
-        """``key`` runs anew (moved, or started again by its node after a fencing): the restarts
-        of the run it had count on in RESTARTS, and this move (with the run's own evictions) in
-        its evictions: a move is no failure."""
+    def _carry(self, key: str, *, fenced: bool = False) -> None:
+        """``key`` runs anew: the restarts and evictions of the run it had count on. A move (the
+        control plane placed it elsewhere, or took it away) counts in its evictions: a move is no
+        failure and the workload's process is not replaced where it was. ``fenced``: its node
+        stopped it (it went unanswered) and started it again in the same place, under the same
+        placement: its process was replaced in place, as after a failure, so it counts in
+        RESTARTS (what a user reads to see that the process was started again)."""
         shown = self.views.get(key)
         view = shown[1] if shown is not None and shown[0] != ENDED else {}
-        self.carried[key] = self.carried.get(key, 0) + int(view.get("restarts") or 0)
-        self.moves[key] = self.moves.get(key, 0) + int(view.get("evictions") or 0) + 1
+        self.carried[key] = self.carried.get(key, 0) + int(view.get("restarts") or 0) + fenced
+        self.moves[key] = self.moves.get(key, 0) + int(view.get("evictions") or 0) + (not fenced)
 
     def counts(self, key: str, node_view: Mapping[str, Any]) -> tuple[int, int]:
         """(restarts, evictions) of ``key``: its node's count of the run it shows, and those of
@@ -475,12 +479,21 @@ class ControlPlane:
             if stored is not None and stored.spec == raw:
                 return "unchanged", self.core.decision(key)
             refusal = self.core.scheduler.refusal(spec)
-            # no node yet (or not all back after a restart): what fits nowhere now may fit later
+            # no node yet (or not all back after a restart): what fits nowhere now may fit a
+            # node yet to join, so it waits for one, and is placed once one that fits joins
             if refusal is not None and self.core.nodes and not self.awaiting:
                 return "refused", Decision(key, "refused", refusal)
+            waits = None
+            if refusal is not None:
+                waits = (
+                    "no node that could hold it has joined yet"
+                    if not self.awaiting
+                    else "the nodes the control plane had before its restart have not all "
+                    "joined again"
+                ) + f" ({refusal}): it is placed once one joins"
             before = dict(self.core.assigned)
             self.store.put_workload(spec.tenant, spec.name, raw)
-            decision = self.core.apply(spec)
+            decision = self.core.apply(spec, waits=waits)
             self.views.pop(key, None)
             self.carried.pop(key, None)
             self.moves.pop(key, None)

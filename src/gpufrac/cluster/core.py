@@ -261,14 +261,19 @@ class ClusterCore:
 
     # -- desired state ---------------------------------------------------------------------------
 
-    def apply(self, spec: WorkloadSpec) -> Decision:
-        """Store and place ``spec`` (a changed spec replaces the old one, under a new epoch)."""
+    def apply(self, spec: WorkloadSpec, *, waits: str | None = None) -> Decision:
+        """Store and place ``spec`` (a changed spec replaces the old one, under a new epoch).
+        ``waits``: it fits no GPU known now but may fit a node yet to join (none has, or not all
+        are back after a restart): it waits with that reason, and is tried as nodes join."""
         key = workload_key(spec)
         if self.specs.get(key) == spec:
             return self.decision(key)
         if key in self.specs:
             self.delete(spec.tenant, spec.name)
         self.specs[key] = spec
+        if waits is not None and self.scheduler.refusal(spec) is not None:
+            self.scheduler.restore(spec, Decision(key, "pending", waits))
+            return self.scheduler.pending.decision(key)
         return self._place(self.scheduler.submit(spec))
 
     def cordon(self, uuid: str, reason: str) -> None:
