@@ -38,7 +38,7 @@ from gpufrac.api.seen_by import (
     shown_text,
 )
 from gpufrac.api.tokens import Caller, authenticate
-from gpufrac.cluster.control import ControlPlane, NodeRefused, static_qos
+from gpufrac.cluster.control import ControlPlane, NodeDenied, NodeRefused, static_qos
 from gpufrac.cluster.history import ClusterSampler
 from gpufrac.cluster.metrics import control_registry
 from gpufrac.cluster.serving import ClusterServing
@@ -134,6 +134,8 @@ def create_control_app(
             )
         except NodeRefused as e:
             raise HTTPException(409, str(e)) from None
+        except NodeDenied as e:
+            raise HTTPException(403, str(e)) from None
         except ValueError as e:
             raise InputError(
                 str(e), field="gpus", fix="list each GPU once, the same as when it joined before"

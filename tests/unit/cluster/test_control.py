@@ -30,6 +30,11 @@ def w(name: str, tenant: str = "a", **gpu: object) -> WorkloadSpec:
     )
 
 
+def joined(control: ControlPlane, name: str, n: int) -> None:
+    """A node the control plane started itself (approved at once) joins with ``n`` GPUs."""
+    control.admitted_join(name, control.bootstrap(name), {}, gpus(n), None)
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -48,7 +53,7 @@ def test_work_applied_before_any_node_joins_waits_and_is_placed_when_one_that_fi
     phase, reason, _ = control.status("a/early")
     assert phase == "pending"
     assert reason.startswith("no node that could hold it has joined yet")
-    control.join("n1", {}, gpus(1), None)
+    joined(control, "n1", 1)
     answer = control.heartbeat("n1", Report(), {})
     assert [a.workload for a in answer.run] == ["a/early"]
     # once nodes are there, what no GPU could ever hold is refused, as before
@@ -60,7 +65,7 @@ def test_a_fencing_that_replaced_a_process_in_place_counts_as_a_restart(tmp_path
     """Its node fenced it (went unanswered) and ran it again under the same placement: its process
     was replaced where it ran, so RESTARTS counts it; a move elsewhere stays an eviction."""
     control = ControlPlane(tmp_path, clock=Clock())
-    control.join("n1", {}, gpus(1), None)
+    joined(control, "n1", 1)
     control.apply(w("svc", memory_mib=GIB))
     epoch = control.heartbeat("n1", Report(), {}).run[0].epoch
     ran = {"phase": "running", "attempts": 2, "restarts": 1, "evictions": 0}
