@@ -136,6 +136,7 @@ def tenant_agent(tmp_path: Path) -> Iterator[RunningAgent]:
     data_dir.mkdir()
     (data_dir / "gpufrac.yaml").write_text(TENANT_SETTINGS)
     (data_dir / "tokens.yaml").write_text(tokens_yaml())
+    (data_dir / "tokens.yaml").chmod(0o600)  # tokens are the owner's alone
     port = free_port()
     running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None)  # type: ignore[arg-type]
     running.start()

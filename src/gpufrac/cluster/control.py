@@ -97,6 +97,10 @@ class ControlPlane:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.data_dir = data_dir
+        # the control plane's own: its store holds every workload's environment (secrets), the
+        # nodes' credentials, its tokens
+        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.chmod(0o700)
         self.settings = settings or OperatorSettings()
         self.clock = clock
         self.lock = threading.RLock()
