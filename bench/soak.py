@@ -210,6 +210,7 @@ def main() -> int:
             for who, t in TOKENS.items()
         )
     )
+    (data / "tokens.yaml").chmod(0o600)  # refused otherwise: the tokens are the owner's alone
     # a root agent with tokens runs workloads as tenants' own users (docs/agent.md); they must be
     # able to run this Python, which is not so where it lives under a closed home directory
     python_open = all(p.stat().st_mode & 0o001 for p in Path(sys.executable).resolve().parents)

@@ -88,6 +88,7 @@ def running_agent(
     data_dir.mkdir()
     for name, text in (files or {}).items():
         (data_dir / name).write_text(text)
+        (data_dir / name).chmod(0o600)  # tokens.yaml above all: the owner's alone
     port = free_port()
     running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None, fleet)  # type: ignore[arg-type]
     running.start()

@@ -30,6 +30,7 @@ def root_agent(tmp_path: Path) -> Iterator[RunningAgent]:
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     (data_dir / "tokens.yaml").write_text(tokens_yaml())  # the default: workload_users: auto
+    (data_dir / "tokens.yaml").chmod(0o600)  # tokens are the owner's alone
     port = free_port()
     running = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None)  # type: ignore[arg-type]
     running.start()
@@ -134,6 +135,7 @@ def test_tenants_run_the_agents_python_from_a_directory_closed_to_them(tmp_path:
     data = tmp_path / "data"
     data.mkdir()
     (data / "tokens.yaml").write_text(tokens_yaml())
+    (data / "tokens.yaml").chmod(0o600)  # tokens are the owner's alone
     port = free_port()
     gw = ("--gateway-port", str(free_port()))
     env = {

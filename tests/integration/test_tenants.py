@@ -213,6 +213,7 @@ def test_a_tenant_cannot_hold_more_workloads_than_its_bound(tmp_path: Path) -> N
         "workload_users: agent\ntenants: {search: {max_workloads: 2}}\n"
     )
     (data_dir / "tokens.yaml").write_text(tokens_yaml())
+    (data_dir / "tokens.yaml").chmod(0o600)  # tokens are the owner's alone
     port = free_port()
     agent = RunningAgent(f"http://127.0.0.1:{port}", data_dir, port, None)  # type: ignore[arg-type]
     agent.start()

@@ -77,8 +77,17 @@ def parse_tokens(text: str, *, source: str = "tokens.yaml") -> dict[str, Caller]
 
 
 def load_tokens(path: Path) -> dict[str, Caller] | None:
-    """The tokens in ``path``, or None when the file does not exist."""
+    """The tokens in ``path``, or None when the file does not exist. A file that its group or
+    other users may read (or write) is refused, saying the ``chmod`` that fixes it: anyone on the
+    machine (a tenant's workload) could read the admin's token in it."""
     if not path.exists():
         return None
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise InputError(
+            f"{path} is open to other users (mode {mode:04o}): they could read its API tokens",
+            field=str(path),
+            fix=f"chmod 600 {path}",
+        )
     text = read_text_file(path, field=str(path))
     return parse_tokens(text, source=str(path))

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -173,7 +174,7 @@ def control_command(
         control, cluster_token=token, tokens=tokens, serving=serving, history=history
     )
     url = advertise or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    nodes = LocalNodes(data, token, url, local)
+    nodes = LocalNodes(data, token, url, local, control.bootstrap)
     stop = threading.Event()
 
     def ticks() -> None:
@@ -209,7 +210,7 @@ def control_command(
             plane must answer its nodes within their fencing time), then keep an agent on each
             labelled node."""
             try:
-                on_ray = RayNodes(ray_address, url, token, node_data_dir)
+                on_ray = RayNodes(ray_address, url, token, node_data_dir, control.bootstrap)
             except (ImportError, ConnectionError) as e:
                 err_console.print(
                     f"[bold red]error:[/] --ray {ray_address}: {e} (pip install 'gpufrac[ray]', "
@@ -258,8 +259,11 @@ class LocalNodes:
     control plane (``stop``), unless that is killed (``kill -9``): they go on, fenced once the
     control plane has not answered for two thirds of their lease."""
 
-    def __init__(self, data: Path, token: str, url: str, count: int) -> None:
+    def __init__(
+        self, data: Path, token: str, url: str, count: int, bootstrap: Callable[[str], str]
+    ) -> None:
         self.data, self.token, self.url = data, token, url
+        self.bootstrap = bootstrap  # a node's own credential, approved at once
         self.procs: dict[int, subprocess.Popen[bytes] | None] = {}  # None: taken over
         self.pids: dict[int, int] = {}
         self.said = [said for i in range(count) if (said := self._ensure(i)) is not None]
@@ -317,6 +321,11 @@ class LocalNodes:
         token_file = where / TOKEN_FILE
         token_file.write_text(self.token + "\n")
         token_file.chmod(0o600)
+        from gpufrac.cluster.node import CREDENTIAL_FILE
+
+        fd = os.open(where / CREDENTIAL_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:  # its own credential, approved at once
+            f.write(self.bootstrap(f"local-{i}") + "\n")
         _, gpus, label = LOCAL_KINDS[i % len(LOCAL_KINDS)]
         settings = where / "gpufrac.yaml"
         if not settings.exists():

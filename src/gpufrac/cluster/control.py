@@ -16,11 +16,11 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
-import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -33,6 +33,7 @@ from gpufrac.cluster.core import (
     NodeEvent,
     Report,
 )
+from gpufrac.errors import InputError
 from gpufrac.model.qos import min_share_of, qos_params
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_from_json, spec_to_json
@@ -48,7 +49,7 @@ from gpufrac.planning.sched_state import SchedGpu
 from gpufrac.planning.scheduler import workload_key
 from gpufrac.planning.views import ApplyResult, NodeInfo
 from gpufrac.runtime.executor import record_displaced
-from gpufrac.runtime.store import Store
+from gpufrac.runtime.store import AdmissionState, Store, StoredNode
 
 STORE_FILE = "control.db"
 CREDENTIALS_FILE = "node-credentials.json"
@@ -66,8 +67,15 @@ LEASE_TTL_LABEL = "gpufrac.io/lease-ttl"  # seconds it lives without its holder'
 ENDED = -1  # the epoch under which a node's view of a job that ended there is kept
 
 
+MAX_PENDING = 100  # nodes waiting for an admin's approval at once; more joins are refused
+
+
 class NodeRefused(Exception):
     """A join the control plane does not take (the name is a live node's)."""
+
+
+class NodeDenied(Exception):
+    """A join under a name an admin denied."""
 
 
 class ControlPlane:
@@ -80,6 +88,10 @@ class ControlPlane:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.data_dir = data_dir
+        # the control plane's own: its store holds every workload's environment (secrets), the
+        # nodes' credentials, its tokens
+        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.chmod(0o700)
         self.settings = settings or OperatorSettings()
         self.clock = clock
         self.lock = threading.RLock()
@@ -104,9 +116,19 @@ class ControlPlane:
         self.started = clock()
         # placements stored before a restart, per node, until the node joins (or is held lost)
         self.awaiting: dict[str, list[Assignment]] = {}
+        # every node as admitted: pending (joined with the cluster token, not approved by an
+        # admin: it gets nothing), approved (it takes work, up to its GPU cap), denied
+        self.admissions: dict[str, StoredNode] = {n.name: n for n in self.store.node_admissions()}
+        self._migrate_credentials()
         # each node's own credential: the cluster token lets a node join; after that it speaks
         # only for itself, with the credential its first join gave it
-        self.credentials: dict[str, str] = self._load_credentials()
+        self.credentials: dict[str, str] = {
+            n.name: n.credential for n in self.admissions.values() if n.credential is not None
+        }
+        # a pending node's last join (labels, GPUs, address), taken at its approval; and when it
+        # last called in (it is pruned after node_prune_after without a call)
+        self.joining: dict[str, tuple[dict[str, str], list[SchedGpu], str | None]] = {}
+        self.pending_seen: dict[str, float] = {}
         self.core.cordoned = self.store.cordons()  # applied to each GPU as its node joins
         self._restore()
 
@@ -114,26 +136,6 @@ class ControlPlane:
         self.store.close()
 
     # -- nodes -----------------------------------------------------------------------------------
-
-    def admit(self, name: str, presented: str | None) -> str | None:
-        """May a node join as ``name``? None where it presented the credential it holds for that
-        name; a new credential for a name that is new, or whose node is not alive (its lease
-        ended: a node whose data was lost joins again after that); ``NodeRefused`` while another
-        holds the name's lease, so nobody with the cluster token alone can speak for a live node
-        (take its work's answers, report its jobs ended)."""
-        with self.lock:
-            known = self.credentials.get(name)
-            if presented is not None and self.credential_ok(name, presented):
-                return None
-            if known is not None and self._holds(name):
-                raise NodeRefused(
-                    f"node {name} is alive under its own credential; a node that lost it joins "
-                    f"again once that lease has run out ({self.core.lease_s:g} s)"
-                )
-            new = secrets.token_urlsafe(32)
-            self.credentials[name] = new
-            self._save_credentials()
-            return new
 
     def admitted_join(
         self,
@@ -144,22 +146,226 @@ class ControlPlane:
         address: str | None,
         version: str | None = None,
     ) -> str | None:
-        """``admit`` then ``join``, under one lock: a join that fails (``ValueError``) leaves no
-        credential behind."""
+        """A node's join (with the cluster token): the credential it is given (None: it keeps
+        the one it presented). A node presenting the credential of an approved node joins the
+        core, with no more GPUs than it was approved for; any other join leaves it (or makes it)
+        ``pending``, with a new credential, until an admin approves it: so the cluster token
+        alone gets no work, secret or traffic. ``NodeRefused`` while another node holds the
+        name's lease (or too many wait), ``NodeDenied`` for a name an admin denied; a join that
+        fails (``ValueError``) changes nothing."""
         with self.lock:
-            had = self.credentials.get(name)
-            credential = self.admit(name, presented)
-            try:
-                self.join(name, labels, gpus, address, version)
-            except ValueError:
-                if credential is not None:  # the one given back
-                    if had is None:
-                        self.credentials.pop(name, None)
-                    else:
-                        self.credentials[name] = had
-                    self._save_credentials()
-                raise
+            uuids = [g.uuid for g in gpus]
+            if len(set(uuids)) != len(uuids):
+                raise ValueError(f"node {name}: a GPU is listed twice")  # nothing changed
+            had = self.admissions.get(name)
+            if had is not None and had.state == "denied":
+                raise NodeDenied(
+                    f"node {name} was denied by an admin (revoking it lets it ask to join again)"
+                )
+            kept = presented is not None and self.credential_ok(name, presented)
+            if not kept and had is not None and self._holds(name):
+                raise NodeRefused(
+                    f"node {name} is alive under its own credential; a node that lost it joins "
+                    f"again once that lease has run out ({self.core.lease_s:g} s)"
+                )
+            if had is None and len(self.pending_nodes()) >= MAX_PENDING:
+                raise NodeRefused(
+                    f"{MAX_PENDING} nodes wait for an admin's approval already: approve or deny "
+                    "them first (gpufrac nodes list)"
+                )
+            credential = None if kept else secrets.token_urlsafe(32)
+            approved = kept and had is not None and had.state == "approved"
+            state: AdmissionState = "approved" if approved else "pending"
+            record = StoredNode(
+                name,
+                state,
+                credential or (had.credential if had is not None else None),
+                had.gpu_cap if approved and had is not None else None,
+                dict(labels),
+                len(gpus),
+                address,
+                had.since if had is not None and had.state == state else time.time(),
+            )
+            if approved:
+                assert had is not None
+                self._join(
+                    name, labels, capped(gpus, had.gpu_cap), address, version
+                )  # ValueError: none
+                if record != had:
+                    self.store.put_node_admission(record)
+                    self.admissions[name] = record
+                return None
+            self.joining[name] = (dict(labels), list(gpus), address)
+            self.pending_seen[name] = self.clock()
+            if record != had:
+                said = None
+                if had is None or had.state != "pending":
+                    said = (
+                        "node_pending",
+                        f"node {name} asks to join with {len(gpus)} GPU(s), labels "
+                        + (", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "none")
+                        + f": an admin approves it (gpufrac nodes approve {name}) or denies it",
+                    )
+                self.store.put_node_admission(record, said)
+                self.admissions[name] = record
+            if credential is not None:
+                self.credentials[name] = credential
             return credential
+
+    def bootstrap(self, name: str) -> str:
+        """A credential for a node the control plane starts itself (``--local``, a Ray node),
+        approved at once: the node presents it at its join. The same one while it stands."""
+        with self.lock:
+            had = self.admissions.get(name)
+            if had is not None and had.state == "approved" and had.credential is not None:
+                return had.credential
+            credential = secrets.token_urlsafe(32)
+            record = StoredNode(name, "approved", credential, None, {}, 0, None, time.time())
+            self.store.put_node_admission(
+                record, ("node_approved", f"node {name} is started by the control plane itself")
+            )
+            self.admissions[name] = record
+            self.credentials[name] = credential
+            return credential
+
+    def pending_nodes(self) -> list[StoredNode]:
+        """The nodes that joined and wait for an admin's approval, by name."""
+        with self.lock:
+            return [n for n in self.admissions.values() if n.state == "pending"]
+
+    def admitted(self) -> list[StoredNode]:
+        """Every node the control plane knows of, whatever its state, by name."""
+        with self.lock:
+            return sorted(self.admissions.values(), key=lambda n: n.name)
+
+    def approve(self, name: str, gpus: int | None = None) -> StoredNode:
+        """An admin lets node ``name`` take work, with at most ``gpus`` of the GPUs it declares
+        (None: as many as it declared when it asked). A pending node joins at once (so what waits
+        for it is placed); an approved one gets its new cap at its next join."""
+        with self.lock:
+            had = self.admissions.get(name)
+            if had is None:
+                raise InputError(
+                    f"no node {name} has asked to join",
+                    field="name",
+                    fix="name one of the nodes that wait (gpufrac nodes list)",
+                )
+            if had.state == "denied":
+                raise InputError(
+                    f"node {name} was denied",
+                    field="name",
+                    fix=f"revoke it (gpufrac nodes revoke {name}) so that it may ask again, "
+                    "then approve it",
+                )
+            if gpus is not None and gpus < 0:
+                raise InputError(
+                    f"{gpus} GPUs", field="gpus", fix="give the most GPUs it may bring (0 or more)"
+                )
+            cap = had.gpus if gpus is None else gpus
+            record = replace(had, state="approved", gpu_cap=cap, since=time.time())
+            self.store.put_node_admission(
+                record,
+                (
+                    "node_approved",
+                    f"node {name} approved by an admin, with up to {cap} GPU(s) of the "
+                    f"{had.gpus} it declared",
+                ),
+            )
+            self.admissions[name] = record
+            self.pending_seen.pop(name, None)
+            joining = self.joining.pop(name, None)
+            if joining is not None and had.state == "pending":
+                labels, declared, address = joining
+                # a GPU listed twice: nothing joins; its next join is told why
+                with contextlib.suppress(ValueError):
+                    self._join(name, labels, capped(declared, cap), address)
+            return record
+
+    def deny(self, name: str) -> StoredNode:
+        """An admin refuses node ``name``: its credential is revoked, its work (if it had any)
+        placed elsewhere, and its joins are refused until it is revoked (forgotten)."""
+        with self.lock:
+            had = self._known(name)
+            record = replace(had, state="denied", credential=None, since=time.time())
+            self._expel(name, "denied by an admin")
+            self.store.put_node_admission(
+                record, ("node_denied", f"node {name} denied by an admin")
+            )
+            self.admissions[name] = record
+            return record
+
+    def revoke(
+        self, name: str, *, why: str = "revoked by an admin", kind: str = "node_revoked"
+    ) -> None:
+        """Forget node ``name``: its credential is revoked and its work (if it had any) placed
+        elsewhere; it may ask to join again (pending)."""
+        with self.lock:
+            self._known(name)
+            self._expel(name, why)
+            self.store.delete_node_admission(name, (kind, f"node {name} {why}"))
+            self.admissions.pop(name, None)
+
+    def _known(self, name: str) -> StoredNode:
+        had = self.admissions.get(name)
+        if had is None:
+            raise InputError(
+                f"no node {name} is known",
+                field="name",
+                fix="name one of the nodes gpufrac nodes list shows",
+            )
+        return had
+
+    def _expel(self, name: str, why: str) -> None:
+        """No call of ``name`` is taken any more, and its work goes elsewhere."""
+        self.credentials.pop(name, None)
+        self.joining.pop(name, None)
+        self.pending_seen.pop(name, None)
+        self.addresses.pop(name, None)
+        node = self.core.nodes.get(name)
+        if node is not None and node.state == "alive":  # its work is placed elsewhere now
+            self.core.expel(name, f"its node was {why}")
+            self.tick()
+
+    def _prune(self, now: float) -> None:
+        """Forget the nodes lost (or pending and silent) longer than ``node_prune_after``."""
+        after = self.settings.node_prune_after_s
+        for name, had in list(self.admissions.items()):
+            if had.state == "denied":
+                continue  # an admin's refusal stands
+            node = self.core.nodes.get(name)
+            if node is not None and node.state == "alive":
+                continue
+            last = max(
+                node.renewed if node is not None else self.started,
+                self.pending_seen.get(name, self.started),
+            )
+            if now - last > after:
+                self.revoke(
+                    name,
+                    why=f"pruned: not seen for {after:g} s (node_prune_after)",
+                    kind="node_pruned",
+                )
+
+    def _migrate_credentials(self) -> None:
+        """Nodes joined before node admission (their credentials in ``node-credentials.json``)
+        are approved as they stand, once; the file goes."""
+        path = self.data_dir / CREDENTIALS_FILE
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            return
+        for name, credential in sorted(raw.items()):
+            if str(name) in self.admissions:
+                continue
+            record = StoredNode(
+                str(name), "approved", str(credential), None, {}, 0, None, time.time()
+            )
+            self.store.put_node_admission(
+                record,
+                ("node_approved", f"node {name} joined before node admission: approved on upgrade"),
+            )
+            self.admissions[record.name] = record
+        path.unlink()
 
     def credential_ok(self, name: str, presented: str) -> bool:
         known = self.credentials.get(name)
@@ -170,28 +376,16 @@ class ControlPlane:
         node = self.core.nodes.get(name)
         if name in self.awaiting and self.clock() - self.started <= self.core.lease_s:
             return True
+        seen = self.pending_seen.get(name)  # a pending node that calls in: its name is its own
+        if seen is not None and self.clock() - seen <= self.core.lease_s:
+            return True
         return (
             node is not None
             and node.state == "alive"
             and self.clock() - node.renewed <= self.core.lease_s
         )
 
-    def _load_credentials(self) -> dict[str, str]:
-        try:
-            raw = json.loads((self.data_dir / CREDENTIALS_FILE).read_text())
-        except FileNotFoundError:
-            return {}
-        return {str(k): str(v) for k, v in raw.items()}
-
-    def _save_credentials(self) -> None:
-        path = self.data_dir / CREDENTIALS_FILE
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.credentials, f)
-        tmp.replace(path)
-
-    def join(
+    def _join(
         self,
         name: str,
         labels: Mapping[str, str],
@@ -199,7 +393,8 @@ class ControlPlane:
         address: str | None,
         version: str | None = None,
     ) -> None:
-        """``version``: the node's gpufrac's, as it said (``describe node`` shows it)."""
+        """An admitted node joins the core (with the GPUs it may bring); ``version``: the node's
+        gpufrac's, as it said (``describe node`` shows it)."""
         with self.lock:
             before = dict(self.core.assigned)
             known = name in self.core.nodes
@@ -224,6 +419,10 @@ class ControlPlane:
         events: Sequence[NodeEvent] = (),
     ) -> Answer:
         with self.lock:
+            had = self.admissions.get(name)
+            if had is None or had.state != "approved":  # nothing for it, nor taken from it
+                self.pending_seen[name] = self.clock()
+                return Answer(name, (), self.core.lease_s, "pending")
             self._take_events(name, events)
             if gpus is not None and name in self.core.nodes:
                 joined = self.core.scheduler.state.by_uuid
@@ -241,8 +440,9 @@ class ControlPlane:
                         and before_view[0] == a.epoch
                         and int(view.get("attempts") or 0)
                         < int(before_view[1].get("attempts") or 0)
-                    ):  # a new run under the same placement (its node fenced it): it counts
-                        self._carry(key)
+                    ):  # a new run under the same placement: its node fenced it (stopped it
+                        # unanswered) and runs it again in place: a restart of what it stopped
+                        self._carry(key, fenced=True)
                     self.views[key] = (a.epoch, dict(view))
                 elif self.core.ended_on.get(key) == name:  # a job that ended there, as it ended
                     self.views[key] = (ENDED, dict(view))
@@ -252,14 +452,17 @@ class ControlPlane:
             self._persist(before, ended=ended)
             return answer
 
-    def _carry(self, key: str) -> None:
-        """``key`` runs anew (moved, or started again by its node after a fencing): the restarts
-        of the run it had count on in RESTARTS, and this move (with the run's own evictions) in
-        its evictions: a move is no failure."""
+    def _carry(self, key: str, *, fenced: bool = False) -> None:
+        """``key`` runs anew: the restarts and evictions of the run it had count on. A move (the
+        control plane placed it elsewhere, or took it away) counts in its evictions: a move is no
+        failure and the workload's process is not replaced where it was. ``fenced``: its node
+        stopped it (it went unanswered) and started it again in the same place, under the same
+        placement: its process was replaced in place, as after a failure, so it counts in
+        RESTARTS (what a user reads to see that the process was started again)."""
         shown = self.views.get(key)
         view = shown[1] if shown is not None and shown[0] != ENDED else {}
-        self.carried[key] = self.carried.get(key, 0) + int(view.get("restarts") or 0)
-        self.moves[key] = self.moves.get(key, 0) + int(view.get("evictions") or 0) + 1
+        self.carried[key] = self.carried.get(key, 0) + int(view.get("restarts") or 0) + fenced
+        self.moves[key] = self.moves.get(key, 0) + int(view.get("evictions") or 0) + (not fenced)
 
     def counts(self, key: str, node_view: Mapping[str, Any]) -> tuple[int, int]:
         """(restarts, evictions) of ``key``: its node's count of the run it shows, and those of
@@ -355,6 +558,7 @@ class ControlPlane:
         leases nobody keeps alive."""
         with self.lock:
             now = self.clock()
+            self._prune(now)
             self._expire_leases(now)
             before = dict(self.core.assigned)
             ended = dict(self.core.ended)
@@ -395,6 +599,7 @@ class ControlPlane:
                     version=self.versions.get(n.name),
                 )
                 for n in sorted(self.core.nodes.values(), key=lambda n: n.name)
+                if n.name in self.admissions  # a pruned (or revoked) node is not shown
             ]
 
     def status(self, key: str) -> tuple[str, str, dict[str, Any]]:
@@ -468,12 +673,21 @@ class ControlPlane:
             if stored is not None and stored.spec == raw:
                 return "unchanged", self.core.decision(key)
             refusal = self.core.scheduler.refusal(spec)
-            # no node yet (or not all back after a restart): what fits nowhere now may fit later
+            # no node yet (or not all back after a restart): what fits nowhere now may fit a
+            # node yet to join, so it waits for one, and is placed once one that fits joins
             if refusal is not None and self.core.nodes and not self.awaiting:
                 return "refused", Decision(key, "refused", refusal)
+            waits = None
+            if refusal is not None:
+                waits = (
+                    "no node that could hold it has joined yet"
+                    if not self.awaiting
+                    else "the nodes the control plane had before its restart have not all "
+                    "joined again"
+                ) + f" ({refusal}): it is placed once one joins"
             before = dict(self.core.assigned)
             self.store.put_workload(spec.tenant, spec.name, raw)
-            decision = self.core.decide(spec)
+            decision = self.core.decide(spec, waits=waits)
             self.views.pop(key, None)
             self.carried.pop(key, None)
             self.moves.pop(key, None)
@@ -559,6 +773,13 @@ class ControlPlane:
                     case _:
                         assert_never(placed.record)
             self.core.restore(spec, None, "", 0)  # it waits, as before
+
+
+def capped(gpus: list[SchedGpu], cap: int | None) -> list[SchedGpu]:
+    """The GPUs a node declares, no more than ``cap`` of them (the first by UUID: the same at
+    every join)."""
+    ordered = sorted(gpus, key=lambda g: g.uuid)
+    return ordered if cap is None else ordered[:cap]
 
 
 def static_qos(spec: WorkloadSpec, settings: OperatorSettings) -> dict[str, Any]:

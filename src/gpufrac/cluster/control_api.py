@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from gpufrac.api.app import create_app
 from gpufrac.api.tokens import Caller
-from gpufrac.cluster.control import ControlPlane, NodeRefused
+from gpufrac.cluster.control import ControlPlane, NodeDenied, NodeRefused
 from gpufrac.cluster.control_service import ControlPlaneService
 from gpufrac.cluster.serving import ClusterServing
 from gpufrac.cluster.wire import (
@@ -115,6 +115,8 @@ def create_control_app(
             )
         except NodeRefused as e:
             raise HTTPException(409, str(e)) from None
+        except NodeDenied as e:
+            raise HTTPException(403, str(e)) from None
         except ValueError as e:
             raise InputError(
                 str(e), field="gpus", fix="list each GPU once, the same as when it joined before"

@@ -73,7 +73,9 @@ class NodeEvent:
     message: str
 
 
-AnswerStatus = Literal["ok", "lost", "join"]  # join: the core does not know the node (restarted)
+# join: the core does not know the node (restarted); pending: an admin has not approved it yet
+# (it runs nothing, and gets nothing: the control plane answers so, the core never sees it)
+AnswerStatus = Literal["ok", "lost", "join", "pending"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,7 @@ class Node:
     gpus: list[int]  # the scheduler's GPU indexes
     renewed: float  # when its lease was last renewed (the core's clock)
     state: NodeState = "alive"
+    expelled: str | None = None  # why it was held lost before its lease ran out (revoked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +177,7 @@ class ClusterCore:
                     f"node {name} joined before with other GPUs ({', '.join(had)}); a machine "
                     "whose GPUs changed joins under another name (--name)"
                 )  # nothing changed
-            node.renewed, node.state = now, "alive"
+            node.renewed, node.state, node.expelled = now, "alive", None
             if dict(labels) != node.labels:  # the operator changed its labels: they hold now
                 node.labels = dict(labels)
                 for gi in node.gpus:
@@ -188,6 +191,14 @@ class ClusterCore:
         for a in placed:
             self.restore(a.spec, a.decision, name, a.epoch)
         return self._placed(self.scheduler.retry_pending(gpus=set(node.gpus)))
+
+    def expel(self, name: str, why: str) -> None:
+        """Hold ``name`` lost at the next ``tick``, whatever its lease (its credential was
+        revoked): its work is placed again elsewhere then. Its workloads were told to stop by
+        then or stop by themselves (fenced), as for any lost node."""
+        node = self.nodes.get(name)
+        if node is not None and node.state == "alive":
+            node.expelled = why
 
     def heartbeat(self, name: str, report: Report, now: float) -> Answer:
         """Renew ``name``'s lease and take its report; the answer is its whole desired state. A lost
@@ -224,7 +235,9 @@ class ClusterCore:
         important first): elsewhere if they fit, else they wait; a job that may not restart
         (``restart: never``) fails."""
         lost = [
-            n for n in self.nodes.values() if n.state == "alive" and now - n.renewed > self.lease_s
+            n
+            for n in self.nodes.values()
+            if n.state == "alive" and (now - n.renewed > self.lease_s or n.expelled is not None)
         ]
         moved: list[Moved] = []
         st = self.scheduler.state
@@ -232,7 +245,9 @@ class ClusterCore:
             node.state = "lost"
         for node in self.nodes.values():  # a lost node's GPUs say how long it has been silent
             if node.state == "lost":
-                closed = Closed("node_lost", f"no heartbeat for {now - node.renewed:.0f} s")
+                closed = Closed(
+                    "node_lost", node.expelled or f"no heartbeat for {now - node.renewed:.0f} s"
+                )
                 for gi in node.gpus:
                     if st.gpus[gi].closed != closed:
                         st.set_closed(st.gpus[gi], closed)
@@ -261,14 +276,19 @@ class ClusterCore:
 
     # -- desired state ---------------------------------------------------------------------------
 
-    def decide(self, spec: WorkloadSpec) -> Decision:
-        """Store and place ``spec`` (a changed spec replaces the old one, under a new epoch)."""
+    def decide(self, spec: WorkloadSpec, *, waits: str | None = None) -> Decision:
+        """Store and place ``spec`` (a changed spec replaces the old one, under a new epoch).
+        ``waits``: it fits no GPU known now but may fit a node yet to join (none has, or not all
+        are back after a restart): it waits with that reason, and is tried as nodes join."""
         key = workload_key(spec)
         if self.specs.get(key) == spec:
             return self.decision(key)
         if key in self.specs:
             self.delete(spec.tenant, spec.name)
         self.specs[key] = spec
+        if waits is not None and self.scheduler.refusal(spec) is not None:
+            self.scheduler.restore(spec, Decision(key, "pending", waits))
+            return self.scheduler.pending.decision(key)
         return self._place(self.scheduler.submit(spec))
 
     def cordon(self, uuid: str, reason: str) -> None:

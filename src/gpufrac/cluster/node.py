@@ -129,7 +129,9 @@ class InProcessLink:
 
 
 class ServiceLink:
-    """The control plane service in this process (tests): what the HTTP API would carry."""
+    """The control plane service in this process (tests): what the HTTP API would carry. Its
+    nodes are the control plane's own, as ``--local``'s are: each joins with a credential the
+    control plane made for it (``bootstrap``), approved at once."""
 
     def __init__(self, control: ControlPlane) -> None:
         self.control = control
@@ -138,7 +140,8 @@ class ServiceLink:
     def join(self, node: str, labels: Mapping[str, str], gpus: list[SchedGpu]) -> None:
         if node in self.cut:
             raise Unreachable(node)
-        self.control.join(node, labels, gpus, None)
+        presented = self.control.bootstrap(node)
+        self.control.admitted_join(node, presented, labels, gpus, None)
 
     def heartbeat(
         self,
@@ -190,6 +193,8 @@ class HttpLink:
             )
         if r.status_code == 401:
             raise Unreachable(f"{self.url} refused this node's credential (401)")
+        if r.status_code == 403 and path.endswith("/join"):  # denied by an admin
+            raise Unreachable(f"{self.url} refused this node: {r.text[:300]}")
         if r.status_code == 409:  # its name is held by a live node: it may end, so try again
             raise Unreachable(f"{self.url} refused this node for now: {r.text[:300]}")
         if r.status_code != 200:
@@ -261,6 +266,7 @@ class NodeAgent:
         agent.run_under_lease(self.lease_file)
         self.answered: float | None = None  # when the last answer's heartbeat was sent
         self.joined = False
+        self.waiting_approval = False
         self.fenced = False
         self.unreachable = False
         self.refused: dict[str, tuple[int, str]] = {}  # placements that did not fit here
@@ -319,7 +325,14 @@ class NodeAgent:
             return states
         match answer.status:
             case "ok":
-                pass
+                self.waiting_approval = False
+            case "pending":  # joined, not approved yet: it runs nothing (the answer is empty)
+                if not self.waiting_approval:
+                    self.say(
+                        f"waiting for an admin to approve this node (gpufrac nodes approve "
+                        f"{self.name}); it runs nothing until then"
+                    )
+                self.waiting_approval = True
             case "lost":  # its work was placed elsewhere: stop everything, then join again
                 self.fence("the control plane held this node lost")
                 self.joined = False

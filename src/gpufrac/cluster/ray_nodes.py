@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,9 @@ def labelled_nodes() -> list[RayNode]:
 class AgentHost:
     """The actor on one Ray node: keeps ``gpufrac node`` running there as its child."""
 
-    def __init__(self, args: list[str], data_dir: str, token: str, simulated: bool) -> None:
+    def __init__(
+        self, args: list[str], data_dir: str, token: str, simulated: bool, credential: str
+    ) -> None:
         self.args = args
         self.data = Path(data_dir)
         self.data.mkdir(parents=True, exist_ok=True)
@@ -63,6 +66,10 @@ class AgentHost:
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
+        # its own credential, made by the control plane that starts it: approved at once
+        fd = os.open(self.data / "node-credential", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(credential + "\n")
         settings = self.data / "gpufrac.yaml"
         if simulated and not settings.exists():  # trying it out: workloads run as this user
             settings.write_text("workload_users: agent\n")
@@ -97,9 +104,17 @@ class AgentHost:
 class RayNodes:
     """One node agent on every labelled Ray node, under the control plane at ``control_url``."""
 
-    def __init__(self, address: str, control_url: str, token: str, data_root: str) -> None:
+    def __init__(
+        self,
+        address: str,
+        control_url: str,
+        token: str,
+        data_root: str,
+        bootstrap: Callable[[str], str],
+    ) -> None:
         import ray
 
+        self.bootstrap = bootstrap  # each node's own credential, approved at once
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
         self.control_url, self.token, self.data_root = control_url, token, data_root
         self._remote = ray.remote(num_cpus=0)(AgentHost)
@@ -127,7 +142,13 @@ class RayNodes:
                 lifetime="detached",
                 get_if_exists=True,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-            ).remote(args, str(Path(self.data_root) / node.name), self.token, bool(simulate))
+            ).remote(
+                args,
+                str(Path(self.data_root) / node.name),
+                self.token,
+                bool(simulate),
+                self.bootstrap(node.name),
+            )
             self.hosts[node.name] = (node.node_id, actor)
             started.append(node.name)
         return started

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufrac.api.schemas import GpuJson
-from gpufrac.cluster.core import Answer, Assignment, Ended, NodeEvent, Report
+from gpufrac.cluster.core import Answer, AnswerStatus, Assignment, Ended, NodeEvent, Report
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import catalog
 from gpufrac.model.manifest_types import NodeLabelKey, NodeLabelValue
@@ -89,7 +89,7 @@ class AnswerBody(Wire):
     node: str
     lease_s: float
     run: list[AssignmentWire]
-    status: Literal["ok", "lost", "join"] = "ok"
+    status: AnswerStatus = "ok"
     keep: list[str] = []
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Literal, Self, get_args
 
-from pydantic import BeforeValidator, Field, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, WithJsonSchema, model_validator
 
 from gpufrac.errors import InputError
 from gpufrac.model.manifest_errors import input_error, noted
@@ -59,6 +59,8 @@ TenantPreemption = Literal["lower-priority", "own-tenant", "never"]
 TENANT_PREEMPTION: tuple[TenantPreemption, ...] = get_args(TenantPreemption)
 DEFAULT_TENANT_PREEMPTION: TenantPreemption = "own-tenant"
 DEFAULT_MAX_PRIORITY = 1000
+DEFAULT_NODE_PRUNE_AFTER_S = 24 * 3600.0
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,8 @@ class TenantQuota:
     max_workloads: int | None = None  # None: the operator's max_workloads for every tenant
     preemption: TenantPreemption | None = None  # None: not set (DEFAULT_TENANT_PREEMPTION)
     users: tuple[str, ...] = ()  # the user names its workloads may ask for in spec.user
+    # the node labels its workloads are kept to (every one must match), by the operator
+    nodes: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,8 @@ class OperatorSettings:
     max_priority: int = DEFAULT_MAX_PRIORITY
     max_workloads: int = DEFAULT_MAX_WORKLOADS  # of a tenant with no bound of its own
     workload_users: WorkloadUsers = "auto"
+    # a cluster node lost this long is forgotten (its credential revoked): it asks to join again
+    node_prune_after_s: float = DEFAULT_NODE_PRUNE_AFTER_S
     tenant_uids: tuple[int, int] = DEFAULT_TENANT_UIDS  # first and last uid given to tenants
     # this machine as a node: its name (None: the host's name) and labels, which workloads' spec.
     # node_selector match
@@ -110,6 +116,11 @@ class OperatorSettings:
                 fix=f"leave it out, or ask the operator to add it to tenants.{tenant}.users"
                 " in gpufrac.yaml",
             )
+
+    def kept_to(self, tenant: str) -> dict[str, str]:
+        """The node labels ``tenant``'s workloads are kept to (``tenants.NAME.nodes``)."""
+        q = self.tenants.get(tenant)
+        return {} if q is None else dict(q.nodes)
 
     def priority_cap(self, tenant: str) -> int:
         q = self.tenants.get(tenant)
@@ -213,6 +224,32 @@ def _pair(value: object) -> object:
     return value
 
 
+def _duration_s(value: object) -> object:
+    """Seconds, from a number of seconds or ``90s``, ``30m``, ``24h``, ``7d``."""
+    if isinstance(value, bool):
+        raise problem(f"must be a duration, not {kind_of(value)}", "write 24h, 30m or 7d")
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, str):
+        number, unit = value.strip()[:-1], value.strip()[-1:]
+        if unit in DURATION_UNITS and number.isdigit():
+            return int(number) * DURATION_UNITS[unit]
+    raise problem(
+        f"{value!r} is not a duration"
+        if isinstance(value, str)
+        else f"must be a duration, not {kind_of(value)}",
+        "write a whole number with s, m, h or d after it, like 24h",
+    )
+
+
+_PRUNE_AFTER = Annotated[
+    int,
+    BeforeValidator(_duration_s),
+    Field(ge=60, le=365 * 86400),
+    WithJsonSchema({"type": ["string", "integer"], "pattern": "^[0-9]+[smhd]$"}),
+]
+
+
 class TenantFields(Strict):
     """One tenant's limits; a limit left out is no limit."""
 
@@ -238,6 +275,13 @@ class TenantFields(Strict):
     users: Annotated[list[Text], Hint(fix="write [alice]")] = Field(
         [], description="The spec.user values its workloads may ask for."
     )
+    nodes: Annotated[
+        dict[NodeLabelKey, NodeLabelValue], Hint(fix="write one LABEL: value per line")
+    ] = Field(
+        {},
+        description="The node labels its workloads are kept to: only nodes with every one of "
+        "them run its work (a label selector, as spec.node_selector).",
+    )
 
     def quota(self) -> TenantQuota:
         return TenantQuota(
@@ -247,6 +291,7 @@ class TenantFields(Strict):
             max_workloads=self.max_workloads,
             preemption=self.preemption,
             users=tuple(self.users),
+            nodes=tuple(sorted(self.nodes.items())),
         )
 
 
@@ -300,6 +345,11 @@ class SettingsDocument(Strict):
     workload_users: Annotated[WorkloadUsers, Word] = Field(
         "auto", description="Whom workloads run as: the agent's user, or each tenant's own uid."
     )
+    node_prune_after: _PRUNE_AFTER = Field(
+        int(DEFAULT_NODE_PRUNE_AFTER_S),
+        description="How long a cluster node may stay lost (or wait unapproved, silent) before "
+        "the control plane forgets it and revokes its credential: 24h, 30m, 7d, or seconds.",
+    )
     tenant_uids: Annotated[
         list[_UID], Field(min_length=2, max_length=2), BeforeValidator(_pair)
     ] = Field(list(DEFAULT_TENANT_UIDS), description="[FIRST, LAST]: the uids given to tenants.")
@@ -338,6 +388,7 @@ class SettingsDocument(Strict):
             max_priority=self.max_priority,
             max_workloads=self.max_workloads,
             workload_users=self.workload_users,
+            node_prune_after_s=float(self.node_prune_after),
             tenant_uids=(first, last),
             node_name=self.node.name,
             node_labels=dict(self.node.labels),

@@ -29,7 +29,9 @@ from gpufrac.planning.sched_state import Allocation
 
 Policy = Literal["binpack", "spread", "first-fit"]  # first-fit: the benchmark's baseline
 StatusCode = Literal["unschedulable", "unresolvable"]
-PluginName = Literal["quota", "node_selector", "schedulable", "capacity", "mps_tenants"]
+PluginName = Literal[
+    "quota", "node_selector", "tenant_nodes", "schedulable", "capacity", "mps_tenants"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +213,25 @@ def node_selector(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status
     return Status("unresolvable", why, "node_selector")
 
 
-FILTERS: tuple[Filter, ...] = (node_selector, schedulable, capacity, mps_tenants)
+def tenant_nodes(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:
+    """The GPU's node has every label its tenant is kept to (the operator's ``tenants.NAME.
+    nodes``): no workload of the tenant, whatever its own selector, runs elsewhere."""
+    g = ctx.gpus[c.gpu]
+    missing = req.missing_kept(g.node_labels)
+    if not missing:
+        return None
+    return Status("unresolvable", kept_to_reason(req), "tenant_nodes")
+
+
+def kept_to_reason(req: SchedRequest) -> str:
+    labels = ", ".join(f"{k}={v}" for k, v in req.kept_to)
+    return (
+        f"tenant {req.tenant} is kept to nodes labelled {labels} (tenants.{req.tenant}.nodes "
+        "in gpufrac.yaml)"
+    )
+
+
+FILTERS: tuple[Filter, ...] = (node_selector, tenant_nodes, schedulable, capacity, mps_tenants)
 
 
 def first_refusal(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:

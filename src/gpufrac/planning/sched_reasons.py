@@ -19,10 +19,19 @@ from gpufrac.model.workload import Mode
 # the causes, in the order their clauses are shown: ``mig_queue`` is a MIG request held behind
 # an earlier one of its tenant (docs/scheduler.md), ``capacity`` the room under each mode tried
 Cause = Literal[
-    "quota", "node_selector", "cordon", "node_lost", "mig_queue", "capacity", "preemption"
+    "quota",
+    "tenant_nodes",
+    "node_selector",
+    "cordon",
+    "node_lost",
+    "mig_queue",
+    "capacity",
+    "preemption",
 ]
 CAUSES: tuple[Cause, ...] = get_args(Cause)
-OneClause = Literal["quota", "node_selector", "cordon", "node_lost", "mig_queue", "preemption"]
+OneClause = Literal[
+    "quota", "tenant_nodes", "node_selector", "cordon", "node_lost", "mig_queue", "preemption"
+]
 MAX_NAMED = 4  # GPUs or nodes named in one clause; the rest are counted
 
 

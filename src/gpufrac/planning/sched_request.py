@@ -110,6 +110,7 @@ class SchedRequest:
     __slots__ = (
         "_needs",
         "_profiles",
+        "kept_to",
         "key",
         "kinds",
         "modes",
@@ -121,14 +122,18 @@ class SchedRequest:
         "tenant",
     )
 
-    def __init__(self, spec: WorkloadSpec, order: int = 0) -> None:
+    def __init__(
+        self, spec: WorkloadSpec, order: int = 0, kept_to: Mapping[str, str] | None = None
+    ) -> None:
         self.spec = spec
         self.key = f"{spec.tenant}/{spec.name}"
         self.tenant = spec.tenant
         self.priority = spec.priority
         # requests of one shape fit where each other fit: a retry that fails one skips its twins
         self.selector = tuple(sorted(spec.node_selector.items()))
-        self.shape = _shape_id((spec.gpu, spec.sharing, spec.tenant, self.selector))
+        # the labels the operator keeps its tenant's work to (tenants.NAME.nodes)
+        self.kept_to = tuple(sorted((kept_to or {}).items()))
+        self.shape = _shape_id((spec.gpu, spec.sharing, spec.tenant, self.selector, self.kept_to))
         self.modes = sharing_modes(spec)
         # the kinds of GPU it can use: "mig" (a GPU in MIG mode), "plain" (one that is not)
         self.kinds = frozenset("mig" if m == "mig" else "plain" for m in self.modes)
@@ -140,9 +145,14 @@ class SchedRequest:
         """The ``spec.node_selector`` labels a node with ``node_labels`` lacks, as ``key=value``."""
         return [f"{k}={v}" for k, v in self.selector if node_labels.get(k) != v]
 
+    def missing_kept(self, node_labels: Mapping[str, str]) -> list[str]:
+        """The labels of its tenant's ``nodes`` setting a node with ``node_labels`` lacks."""
+        return [f"{k}={v}" for k, v in self.kept_to if node_labels.get(k) != v]
+
     def admits(self, node_labels: Mapping[str, str]) -> bool:
-        """Whether a node with ``node_labels`` has every label of ``spec.node_selector``."""
-        return all(node_labels.get(k) == v for k, v in self.selector)
+        """Whether a node with ``node_labels`` has every label of ``spec.node_selector`` and of
+        its tenant's ``nodes`` setting."""
+        return all(node_labels.get(k) == v for k, v in (*self.selector, *self.kept_to))
 
     def need(self, model: GpuModel, mode: Mode, profile: str | None = None) -> Need:
         key = (model.key, mode, profile)
@@ -163,6 +173,6 @@ class SchedRequest:
 
     def with_spec(self, spec: WorkloadSpec) -> SchedRequest:
         """The same submission with a spec changed live (priority, QoS): needs stay valid."""
-        out = SchedRequest(spec, self.order)
+        out = SchedRequest(spec, self.order, dict(self.kept_to))
         out._needs, out._profiles = self._needs, self._profiles
         return out

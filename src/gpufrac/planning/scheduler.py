@@ -55,6 +55,7 @@ from gpufrac.planning.sched_plugins import (
     Policy,
     Status,
     first_refusal,
+    kept_to_reason,
     over_gpus_quota,
     over_memory_quota,
     refusal_if_open,
@@ -237,7 +238,7 @@ class Scheduler:
                 field="metadata.name",
                 fix="delete it first, or use another name",
             )
-        req = SchedRequest(spec, next(self._seq))
+        req = SchedRequest(spec, next(self._seq), self.settings.kept_to(spec.tenant))
         refusal = self._never_fits(req)
         if refusal:
             return [Decision(key, "refused", refusal)]
@@ -246,7 +247,7 @@ class Scheduler:
 
     def refusal(self, spec: WorkloadSpec) -> str | None:
         """Why no GPU here could ever run ``spec`` (None if one could)."""
-        return self._never_fits(SchedRequest(spec))
+        return self._never_fits(SchedRequest(spec, 0, self.settings.kept_to(spec.tenant)))
 
     def warnings(self, spec: WorkloadSpec, decision: Decision | None) -> list[str]:
         """What ``apply`` says about a request that was probably not meant as written (the MIG
@@ -299,7 +300,9 @@ class Scheduler:
         trial stays.
         """
         key = workload_key(spec)
-        req = self.requests[key] = SchedRequest(spec, next(self._seq))
+        req = self.requests[key] = SchedRequest(
+            spec, next(self._seq), self.settings.kept_to(spec.tenant)
+        )
         if decision.outcome != "placed" or decision.mode is None:
             self.pending.displace(key, decision.reason or "waiting", decision.cause)
             return
@@ -432,6 +435,10 @@ class Scheduler:
         ``behind``: whether an earlier MIG request waits (None: look)."""
         key = req.key
         reasons = Reasons()
+        if req.kept_to and not any(not req.missing_kept(n) for n in self.state.nodes.values()):
+            reason = kept_to_reason(req) + ": no node has those labels"
+            self.pending[key] = reason
+            return [Decision(key, "pending", reason)]
         if req.selector and not any(req.admits(lab) for lab in self.state.nodes.values()):
             reason = "no node has its spec.node_selector labels: " + "; ".join(
                 f"node {node or '(unnamed)'} lacks {', '.join(req.missing_labels(lab))}"
@@ -488,6 +495,8 @@ class Scheduler:
         elif preempt and self.state.min_priority() < req.priority:
             whose = "" if req.spec.preemption == "never" else "its tenant's "
             reasons.add("preemption", f"it evicts no one ({whose}preemption: never)")
+        if req.kept_to:
+            reasons.add("tenant_nodes", kept_to_reason(req))
         if req.selector:
             reasons.add("node_selector", self._selected_nodes(req))
         self._closed_reasons(req, reasons)
@@ -762,6 +771,8 @@ class Scheduler:
                 reasons.add("quota", status.reason)
             case "capacity" | "mps_tenants":
                 note(refused, status.reason)
+            case "tenant_nodes":
+                reasons.add("tenant_nodes", status.reason)
             case "node_selector" | "schedulable":
                 pass
             case _ as never:
@@ -799,7 +810,7 @@ class Scheduler:
         usable: list[SchedGpu] = []
         closed = 0
         for g in gpus:
-            if g.model.key not in fits or (req.selector and not req.admits(g.node_labels)):
+            if g.model.key not in fits or not req.admits(g.node_labels):
                 continue
             if g.schedulable:
                 usable.append(g)
@@ -873,7 +884,7 @@ class Scheduler:
         free = sum(1 for v in empty_of.values() for gi in v if req.admits(gpus[gi].node_labels))
         nodes = len({g.node for g in self.state.plain_gpus})
         one = " on one node" if nodes > 1 and count > 1 else ""
-        there = " on nodes with its labels" if req.selector else ""
+        there = " on nodes with its labels" if req.selector or req.kept_to else ""
         plain = " without MIG" if self.state.mig_gpus else ""  # the fleet's modes only
         closed = sum(
             1

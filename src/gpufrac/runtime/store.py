@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gpufrac.errors import GpufracError
 from gpufrac.model.event import Event
@@ -101,6 +101,20 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE events ADD COLUMN cause TEXT",
         "ALTER TABLE events ADD COLUMN mentions TEXT",
     ),
+    8: (
+        # a cluster's nodes as the control plane admits them: each node's own credential, whether
+        # an admin approved it (pending, approved, denied), and what it may bring
+        """CREATE TABLE node_admissions (
+            name TEXT PRIMARY KEY,
+            state TEXT NOT NULL,          -- pending | approved | denied
+            credential TEXT,              -- the node's own secret (NULL: denied)
+            gpu_cap INTEGER,              -- the most GPUs it may bring (NULL: not approved yet)
+            labels TEXT NOT NULL,         -- as it declared them at its last join (JSON)
+            gpus INTEGER NOT NULL,        -- how many GPUs it declared at its last join
+            address TEXT,                 -- its agent's API, as it declared it
+            since REAL NOT NULL           -- when it came to this state (wall clock)
+        )""",
+    ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 EVENTS_KEPT = 50_000  # the newest events kept; older ones are pruned as new ones come
@@ -126,6 +140,23 @@ class StoredWorkload:
     @property
     def key(self) -> str:
         return f"{self.tenant}/{self.name}"
+
+
+AdmissionState = Literal["pending", "approved", "denied"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredNode:
+    """A cluster node as its control plane admits it (``node_admissions``)."""
+
+    name: str
+    state: AdmissionState
+    credential: str | None
+    gpu_cap: int | None
+    labels: dict[str, str]
+    gpus: int
+    address: str | None
+    since: float
 
 
 class Store:
@@ -405,6 +436,44 @@ class Store:
 
     def cordons(self) -> dict[str, str]:
         return {r[0]: r[1] for r in self.db.execute("SELECT gpu, reason FROM cordons")}
+
+    # -- a cluster's nodes, as the control plane admits them --------------------------------------
+
+    def node_admissions(self) -> list[StoredNode]:
+        rows = self.db.execute(
+            "SELECT name, state, credential, gpu_cap, labels, gpus, address, since "
+            "FROM node_admissions ORDER BY name"
+        )
+        return [
+            StoredNode(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7]) for r in rows
+        ]
+
+    def put_node_admission(self, node: StoredNode, event: tuple[str, str] | None = None) -> None:
+        """Store ``node`` (one row; others untouched), with ``event`` (kind, message) about it in
+        the same transaction: told only once committed."""
+        with self.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO node_admissions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    node.name,
+                    node.state,
+                    node.credential,
+                    node.gpu_cap,
+                    json.dumps(node.labels, sort_keys=True),
+                    node.gpus,
+                    node.address,
+                    node.since,
+                ),
+            )
+            if event is not None:
+                self._event(db, event[0], node.name, event[1])
+
+    def delete_node_admission(self, name: str, event: tuple[str, str]) -> bool:
+        with self.transaction() as db:
+            gone = db.execute("DELETE FROM node_admissions WHERE name = ?", (name,)).rowcount
+            if gone:
+                self._event(db, event[0], name, event[1])
+            return bool(gone)
 
     # -- MIG layouts pinned by an operator -------------------------------------------------------
 

@@ -78,6 +78,7 @@ def test_a_bad_join_is_refused_and_registers_nothing(
     assert ".".join(r.json()["detail"][0]["loc"]).startswith(field), r.json()
     assert control.core.nodes == {} and control.core.scheduler.state.gpus == []
     assert http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("GPU-a")]}, headers=NODE)
+    control.approve("n1")
     assert [n.name for n in control.nodes()] == ["n1"]
 
 
@@ -112,7 +113,7 @@ def test_each_node_speaks_only_for_itself_with_its_own_credential(tmp_path: Path
 
     one, two = join("n1").json()["credential"], join("n2").json()["credential"]
     assert one and two and one != two
-    assert (tmp_path / "node-credentials.json").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "control.db").stat().st_mode & 0o777 == 0o600  # where they are kept
     assert beat("n1", one) == 200
     assert beat("n1", TOKEN) == 401  # the cluster token speaks for no node
     assert beat("n1", two) == 401  # nor does another node's credential
@@ -197,8 +198,9 @@ def test_a_lease_nobody_keeps_alive_is_given_back(tmp_path: Path) -> None:
 def test_metrics_say_what_the_control_plane_sees(client: Any) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    http, _ = client
+    http, control = client
     assert http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("G")]}, headers=NODE)
+    control.approve("n1")
     doc = (
         "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {}}}\nspec:\n"
         "  command: [sleep, '1']\n  resources: {{gpu: {{count: 1}}}}\n"
@@ -250,6 +252,7 @@ def test_an_admin_cordons_and_drains_a_nodes_gpu_and_the_cordon_outlives_a_resta
             f"/cluster/v1/nodes/{name}/join", json={"gpus": [gpu(f"G{name}")]}, headers=NODE
         )
         own[name] = {"authorization": f"Bearer {r.json()['credential']}"}
+        control.approve(name)
         control.gpu_views[name] = [node_gpu(f"G{name}")]
     doc = (
         "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: w, tenant: a}\nspec:\n"
@@ -326,6 +329,7 @@ def test_hostile_calls_are_refused_whole_and_leave_nothing_behind(tmp_path: Path
     )
     assert bad.status_code == 422 and control.credentials == {}  # no credential for a failed join
     r = http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("GPU-a")]}, headers=NODE)
+    control.approve("n1")
     control.gpu_views["n1"] = [node_gpu("GPU-a"), node_gpu("GPU-zz", 1)]
     for name in ("n1/²", "n1/%E2%81%B0", "n1/０", "n1/1", "n1/99999", "../n1/0", "n1/"):
         assert http.post(f"/api/v1/gpus/{name}/cordon", headers=admin).status_code == 404, name
@@ -362,6 +366,7 @@ def test_a_node_passes_on_its_own_events_within_bounds(tmp_path: Path) -> None:
     http = TestClient(create_control_app(control, cluster_token=TOKEN))
     for name in ("n1", "n2"):
         http.post(f"/cluster/v1/nodes/{name}/join", json={"gpus": [gpu(f"G{name}")]}, headers=NODE)
+        control.approve(name)
     doc = (
         "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: w, tenant: a}\nspec:\n"
         "  command: [sleep, '60']\n  resources: {gpu: {count: 1}}\n"
@@ -407,6 +412,7 @@ def test_the_control_plane_tells_every_displacement_and_keeps_where_a_job_ran(
     http = TestClient(create_control_app(control, cluster_token=TOKEN, tokens=tokens))
     as_ = {k: {"authorization": f"Bearer {k}"} for k in tokens}
     http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("G1")]}, headers=NODE)
+    control.approve("n1")
     doc = (
         "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {name}, tenant: {tenant}}}\n"
         "spec:\n  type: {type}\n  command: [sleep, '60']\n"

@@ -53,6 +53,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[TestClient, ControlPlane, ClusterS
         gpus = [{"uuid": f"GPU-{name}", "model": "H200-141GB", "mig": False}]
         body = {"gpus": gpus, "address": address}
         assert http.post(f"/cluster/v1/nodes/{name}/join", json=body, headers=NODE).is_success
+        control.approve(name)
     yield http, control, serving
     serving.close()
     control.close()
@@ -135,6 +136,7 @@ def test_a_deployment_makes_no_more_replicas_than_its_tenant_may_store(tmp_path:
     http = TestClient(create_control_app(control, cluster_token=TOKEN, serving=serving))
     gpus = [{"uuid": "GPU-n1", "model": "H200-141GB", "mig": False}]
     http.post("/cluster/v1/nodes/n1/join", json={"gpus": gpus}, headers=NODE)
+    control.approve("n1")
     five = deployment("m").replace("replicas: 2", "replicas: 5")
     assert http.post("/api/v1/workloads", content=five).status_code == 200
     for _ in range(2):  # the second pass is held back (backoff): still no more than 3

@@ -142,3 +142,34 @@ def test_more_whole_gpus_than_any_node_has_is_refused_at_once() -> None:
     assert d.outcome == "refused"
     assert d.reason == "asks for 3 whole GPUs on one node; no node has more than 2 without MIG"
     assert s.submit(w("fits", count=2))[0].outcome == "placed"
+
+
+def test_the_operator_keeps_a_tenant_to_its_nodes_with_a_reason_of_its_own() -> None:
+    """``tenants.NAME.nodes``: a filter of the scheduler, whatever the workload's own selector
+    asks; once those nodes are full it waits, saying why, and does not spill elsewhere (nor
+    evict there)."""
+    from gpufrac.model.settings import parse_settings
+
+    settings = parse_settings("tenants:\n  a:\n    nodes: {zone: us}\n")
+    assert settings.kept_to("a") == {"zone": "us"}
+    s = Scheduler(two_nodes(), settings)
+    for i in range(2):
+        assert s.submit(w(f"u{i}", count=1))[0].outcome == "placed"
+        assert node_of(s, f"a/u{i}") == {"gpu-b"}
+    d = s.submit(w("more", count=1))[0]
+    assert d.outcome == "pending"
+    assert "tenant a is kept to nodes labelled zone=us (tenants.a.nodes in gpufrac.yaml)" in (
+        d.reason
+    )
+    # its own selector cannot take it elsewhere
+    eu = s.submit(w("eu", count=1, selector={"zone": "eu"}))[0]
+    assert eu.outcome == "pending"
+    assert node_of(s, "a/eu") == set()
+    # another tenant is not kept
+    other = dataclasses.replace(w("free", count=1), tenant="b")
+    assert s.submit(other)[0].outcome == "placed"
+    assert node_of(s, "b/free") == {"gpu-a"}
+    nowhere = parse_settings("tenants:\n  a:\n    nodes: {zone: mars}\n")
+    d = Scheduler(two_nodes(), nowhere).submit(w("m", count=1))[0]
+    assert d.outcome == "pending"
+    assert d.reason.startswith("tenant a is kept to nodes labelled zone=mars")

@@ -1,0 +1,141 @@
+"""Node admission over real HTTP on loopback: a fake node speaking the real join and heartbeat
+protocol with the cluster token alone gets nothing until an admin approves it, and then no more
+GPUs than approved; denied, revoked and pruned nodes' credentials stop working."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpufrac.cluster.control import ControlPlane
+from gpufrac.cluster.control_api import create_control_app
+from gpufrac.cluster.node_api import serve_in_thread
+from gpufrac.model.settings import OperatorSettings
+from gpufrac.model.workload import GpuRequest, WorkloadSpec
+
+TOKEN = "cluster-secret"
+NODE = {"authorization": f"Bearer {TOKEN}"}
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[tuple[httpx.Client, ControlPlane, Clock]]:
+    clock = Clock()
+    control = ControlPlane(tmp_path, OperatorSettings(node_prune_after_s=100.0), clock=clock)
+    server, port = serve_in_thread(create_control_app(control, cluster_token=TOKEN), "127.0.0.1", 0)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                http.get("/api/v1/health")
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        yield http, control, clock
+    server.should_exit = True
+    control.close()
+
+
+def join(http: httpx.Client, name: str, n: int, **more: Any) -> httpx.Response:
+    gpus = [{"uuid": f"GPU-{name}-{i}", "model": "B200-180GB", "mig": False} for i in range(n)]
+    return http.post(f"/cluster/v1/nodes/{name}/join", json={"gpus": gpus, **more}, headers=NODE)
+
+
+def beat(http: httpx.Client, name: str, credential: str) -> httpx.Response:
+    headers = {"authorization": f"Bearer {credential}"}
+    return http.post(f"/cluster/v1/nodes/{name}/heartbeat", json={}, headers=headers)
+
+
+def secret_service() -> WorkloadSpec:
+    return WorkloadSpec(
+        name="db",
+        tenant="beta",
+        command=("sleep", "60"),
+        gpu=GpuRequest(count=1),
+        env={"BETA_DB_PASSWORD": "hunter2"},
+    )
+
+
+def test_a_node_with_the_cluster_token_alone_gets_nothing_until_approved_then_its_cap(
+    plane: tuple[httpx.Client, ControlPlane, Clock],
+) -> None:
+    http, control, _ = plane
+    r = join(http, "fake", 64, labels={"zone": "eu"}, address="http://127.0.0.1:9")
+    assert r.status_code == 200, r.text
+    credential = r.json()["credential"]
+    control.apply(secret_service())
+    answer = beat(http, "fake", credential).json()
+    assert answer["status"] == "pending" and answer["run"] == []
+    assert "hunter2" not in json.dumps(answer)
+    assert [n.name for n in control.pending_nodes()] == ["fake"]
+    assert control.status("beta/db")[0] == "pending"
+    assert control.nodes() == [] and control.addresses == {}  # no traffic, no logs there
+    assert [e.kind for e in control.store.events() if e.subject == "fake"] == ["node_pending"]
+    # approved with 2 of the 64 it declared: what waited is placed there, on those 2 only
+    control.approve("fake", 2)
+    assert [(n.name, n.gpus) for n in control.nodes()] == [("fake", 2)]
+    answer = beat(http, "fake", credential).json()
+    assert answer["status"] == "ok"
+    assert [a["decision"]["workload"] for a in answer["run"]] == ["beta/db"]
+    # another join under its name without its credential is refused while it lives; its own
+    # join again keeps the cap
+    assert join(http, "fake", 64).status_code == 409
+    gpus = [{"uuid": f"GPU-fake-{i}", "model": "B200-180GB", "mig": False} for i in range(64)]
+    kept = http.post(
+        "/cluster/v1/nodes/fake/join",
+        json={"gpus": gpus},
+        headers={**NODE, "x-gpufrac-node-credential": credential},
+    )
+    assert kept.status_code == 200 and kept.json()["credential"] is None
+    assert [(n.name, n.gpus) for n in control.nodes()] == [("fake", 2)]
+
+
+def test_deny_revoke_and_prune_take_the_credential_away(
+    plane: tuple[httpx.Client, ControlPlane, Clock],
+) -> None:
+    http, control, clock = plane
+    one = join(http, "one", 1).json()["credential"]
+    two = join(http, "two", 1).json()["credential"]
+    control.deny("one")
+    assert beat(http, "one", one).status_code == 401
+    denied = join(http, "one", 1)
+    assert denied.status_code == 403 and "denied" in denied.text
+    control.approve("two")
+    assert beat(http, "two", two).json()["status"] == "ok"
+    control.revoke("two")
+    assert beat(http, "two", two).status_code == 401
+    assert "two" not in {n.name for n in control.admitted()}
+    three = join(http, "three", 1).json()["credential"]
+    control.approve("three")
+    assert beat(http, "three", three).json()["status"] == "ok"
+    clock.now = 50.0
+    control.tick()  # lost (its lease ran out), not yet pruned
+    assert "three" in {n.name for n in control.admitted()}
+    clock.now = 200.0
+    control.tick()
+    assert "three" not in {n.name for n in control.admitted()}
+    assert beat(http, "three", three).status_code == 401
+    kinds = [e.kind for e in control.store.events() if e.subject in ("one", "two", "three")]
+    assert {"node_denied", "node_revoked", "node_pruned", "node_approved"} <= set(kinds)
+
+
+def test_nodes_joined_before_the_upgrade_are_approved_on_upgrade(tmp_path: Path) -> None:
+    (tmp_path / "node-credentials.json").write_text(json.dumps({"old": "its-secret"}))
+    control = ControlPlane(tmp_path)
+    assert [(n.name, n.state) for n in control.admitted()] == [("old", "approved")]
+    assert control.credential_ok("old", "its-secret")
+    assert not (tmp_path / "node-credentials.json").exists()
+    control.close()
