@@ -5,6 +5,10 @@ GPUs than approved; denied, revoked and pruned nodes' credentials stop working."
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,13 +80,15 @@ def test_a_node_with_the_cluster_token_alone_gets_nothing_until_approved_then_it
     r = join(http, "fake", 64, labels={"zone": "eu"}, address="http://127.0.0.1:9")
     assert r.status_code == 200, r.text
     credential = r.json()["credential"]
-    control.apply(secret_service())
+    control.apply_workload(secret_service())
     answer = beat(http, "fake", credential).json()
     assert answer["status"] == "pending" and answer["run"] == []
     assert "hunter2" not in json.dumps(answer)
     assert [n.name for n in control.pending_nodes()] == ["fake"]
     assert control.status("beta/db")[0] == "pending"
-    assert control.nodes() == [] and control.addresses == {}  # no traffic, no logs there
+    # shown as it waits, with no traffic and no log reads there
+    assert [(n.name, n.state) for n in control.nodes()] == [("fake", "pending")]
+    assert control.addresses == {}
     assert [e.kind for e in control.store.events() if e.subject == "fake"] == ["node_pending"]
     # approved with 2 of the 64 it declared: what waited is placed there, on those 2 only
     control.approve("fake", 2)
@@ -139,3 +145,38 @@ def test_nodes_joined_before_the_upgrade_are_approved_on_upgrade(tmp_path: Path)
     assert control.credential_ok("old", "its-secret")
     assert not (tmp_path / "node-credentials.json").exists()
     control.close()
+
+
+def test_the_admin_approves_a_pending_node_from_the_cli_and_a_tenant_may_not(
+    plane: tuple[httpx.Client, ControlPlane, Clock],
+) -> None:
+    http, _, _ = plane
+    credential = join(http, "edge", 4).json()["credential"]
+    url = str(http.base_url).rstrip("/")
+    listed = cli_at(url, "nodes", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(r"edge\s+pending\s+4", listed.stdout), listed.stdout
+    assert "gpufrac nodes approve NAME" in listed.stdout
+    wrong = http.post("/api/v1/nodes/edge/deny", params={"gpus": 1})
+    assert wrong.status_code == 422 and "gpus" in wrong.text  # gpus goes with approve only
+    approved = cli_at(url, "nodes", "approve", "edge", "--gpus", "1", "--json")
+    assert approved.returncode == 0, approved.stderr
+    now = json.loads(approved.stdout)["now"]
+    assert (now["state"], now["gpus"], now["gpu_cap"]) == ("alive", 1, 1)
+    assert beat(http, "edge", credential).json()["status"] == "ok"
+    gone = cli_at(url, "nodes", "revoke", "edge")
+    assert gone.returncode == 0 and "revoked" in gone.stdout, gone.stderr
+    assert beat(http, "edge", credential).status_code == 401
+    unknown = cli_at(url, "nodes", "approve", "nobody")
+    assert unknown.returncode == 2 and "name" in unknown.stderr, unknown.stderr
+
+
+def cli_at(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GPUFRAC_SERVER": url, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "gpufrac.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )

@@ -194,6 +194,7 @@ def test_both_describe_the_same_api(agent_side: Server, control_side: Server) ->
         ("/api/v1/gpus/{gpu}/mig/pin", "delete"),
         ("/api/v1/workloads/{tenant}/{name}/keepalive", "post"),
         ("/api/v1/deployments", "get"),
+        ("/api/v1/nodes/{name}/{verdict}", "post"),
     ):
         answer = one["paths"][path][method]["responses"]["501"]
         assert set(answer["content"]) == {"application/problem+json"}
@@ -289,7 +290,10 @@ def test_a_gpu_is_cordoned_by_node_and_index_on_both(server: Server) -> None:
 
 def test_what_a_side_lacks_answers_501_and_the_rest_alike(server: Server) -> None:
     lacking = (
-        [("POST", "/api/v1/workloads/search/x/keepalive", "ray-leases")]
+        [
+            ("POST", "/api/v1/workloads/search/x/keepalive", "ray-leases"),
+            ("POST", f"/api/v1/nodes/{NODE}/approve", "node-admission"),
+        ]
         if server.side == "agent"
         else [
             ("POST", f"/api/v1/gpus/{NODE}/0/mig", "mig-layouts"),

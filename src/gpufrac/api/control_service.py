@@ -31,6 +31,7 @@ from gpufrac.planning.views import (
     NodeInfo,
     Role,
     ServiceHealth,
+    Verdict,
     WorkloadView,
 )
 from gpufrac.runtime.history import History
@@ -123,6 +124,12 @@ class ControlService(Protocol):
         ...
 
     def nodes(self) -> list[NodeInfo]: ...
+
+    def judge_node(self, name: str, verdict: Verdict, gpus: int | None) -> NodeInfo | None:
+        """An admin's verdict on a node (``node-admission``): approve it (with at most ``gpus``),
+        deny it, or revoke it (forgotten: None). ``InputError`` naming the field for a node that
+        is not there or a verdict it cannot take."""
+        ...
 
     # -- GPUs ------------------------------------------------------------------------------------
 

@@ -467,9 +467,11 @@ class NodeJson(Answer):
     """A node of the cluster; one machine's agent is its own node, always alive."""
 
     name: str
-    state: Literal["alive", "lost"]
+    state: Literal["alive", "lost", "pending", "denied"] = Field(
+        description="alive or lost; pending until an admin approves it (docs/cluster.md), denied"
+    )
     labels: dict[str, str]
-    gpus: int = Field(description="the GPUs it joined with")
+    gpus: int = Field(description="the GPUs it joined with (a pending node: it declares)")
     address: str | None = Field(
         description="where its agent serves the control plane (the admin's to see), else null"
     )
@@ -477,6 +479,9 @@ class NodeJson(Answer):
         description="seconds since its last heartbeat; null for one machine's agent"
     )
     version: str | None = Field(description="its gpufrac's version, where it said")
+    gpu_cap: int | None = Field(
+        None, description="the most of its GPUs an admin approved it for; null: as it declared"
+    )
 
 
 class NodeList(Answer):
@@ -488,6 +493,14 @@ class NodeDetail(NodeJson):
     events: list[EventJson] = Field(
         description="its own events (joined, lost, fenced, a GPU's): the admin's to see"
     )
+
+
+class NodeJudged(Answer):
+    """An admin's verdict on a node: what it is now (null once revoked: forgotten)."""
+
+    node: str
+    verdict: Literal["approve", "deny", "revoke"]
+    now: NodeJson | None
 
 
 class KeptAlive(Answer):

@@ -42,6 +42,7 @@ from gpufrac.api.schemas import (
     MigChanged,
     MigReleased,
     NodeDetail,
+    NodeJudged,
     NodeList,
     ScaleBody,
     Uncordoned,
@@ -64,7 +65,7 @@ from gpufrac.model.manifest import read_objects
 from gpufrac.model.mig import layout_from_json
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_to_json
 from gpufrac.planning.sched_decision import decision_to_json
-from gpufrac.planning.views import Capability, NodeInfo, WorkloadView
+from gpufrac.planning.views import Capability, NodeInfo, Verdict, WorkloadView
 from gpufrac.serving.deployments import gateway_path
 
 # what an operation may answer besides its own answer: every one but the health check needs a token,
@@ -82,6 +83,8 @@ MISSING: dict[Capability, str] = {
     "ray-leases": "Ray leases (gpufrac.ray) are kept by a cluster's control plane: this is one "
     "machine's agent (docs/cluster.md)",
     "deployments": NO_DEPLOYMENTS,
+    "node-admission": "one machine's agent admits no nodes: nodes join a cluster's control plane "
+    "(docs/cluster.md, Admission)",
 }
 
 
@@ -224,6 +227,7 @@ def user_api(
             if n.last_heartbeat_s is None
             else round(n.last_heartbeat_s, 3),
             "version": n.version,
+            "gpu_cap": n.gpu_cap,
         }
 
     # -- the server ------------------------------------------------------------------------------
@@ -451,6 +455,35 @@ def user_api(
         """The nodes (one machine's agent is its own), their state, labels and GPUs."""
         who = caller(request)
         return {"nodes": [node_shown(who, n) for n in service.nodes()]}
+
+    @api.post(
+        "/api/v1/nodes/{name}/{verdict}",
+        response_model=NodeJudged,
+        responses={**ADMIN_GPU, **errors(501)},
+    )
+    def judge_node(
+        request: Request,
+        name: str,
+        verdict: Verdict,
+        gpus: int | None = Query(None, ge=0, le=4096),
+    ) -> dict[str, Any]:
+        """An admin's word on a node that joined with the cluster token: ``approve`` it (with at
+        most ``gpus`` of the GPUs it declares), ``deny`` it, or ``revoke`` it (forgotten: it may
+        ask again). A pending node gets no work, secret or traffic until approved."""
+        who = caller(request)
+        if not who.admin:
+            raise HTTPException(403, "only the admin token may admit nodes")
+        need("node-admission")
+        if gpus is not None and verdict != "approve":
+            raise InputError(
+                f"gpus goes with approve, not {verdict}", field="gpus", fix="leave it out"
+            )
+        now = service.judge_node(name, verdict, gpus)
+        return {
+            "node": name,
+            "verdict": verdict,
+            "now": None if now is None else node_shown(who, now),
+        }
 
     @api.get("/api/v1/nodes/{name}", response_model=NodeDetail, responses={**ANY, **errors(404)})
     def get_node(request: Request, name: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from gpufrac.cli.common import (
 from gpufrac.cli.gpus import gpus_command, render_gpu
 from gpufrac.cli.mig import mig_app, profiles_table
 from gpufrac.cli.mig_plan import plan_gpu, render_plan
+from gpufrac.cli.nodes_cmds import nodes_app
 from gpufrac.cli.schedule import schedule_command, validate_command
 from gpufrac.cli.schema import schema_command
 from gpufrac.cli.serve_cmds import load_command
@@ -71,6 +72,7 @@ app.command("schema")(schema_command)
 app.command("control")(control_command)
 app.command("node")(node_command)
 app.add_typer(mig_app, name="mig")
+app.add_typer(nodes_app, name="nodes")
 
 
 def _version(value: bool) -> None:

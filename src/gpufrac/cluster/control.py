@@ -588,7 +588,7 @@ class ControlPlane:
     def nodes(self) -> list[NodeInfo]:
         with self.lock:
             now = self.clock()
-            return [
+            joined = [
                 NodeInfo(
                     name=n.name,
                     state=n.state,
@@ -597,10 +597,32 @@ class ControlPlane:
                     address=self.addresses.get(n.name),
                     last_heartbeat_s=now - n.renewed,
                     version=self.versions.get(n.name),
+                    gpu_cap=self.admissions[n.name].gpu_cap,
                 )
                 for n in sorted(self.core.nodes.values(), key=lambda n: n.name)
-                if n.name in self.admissions  # a pruned (or revoked) node is not shown
+                # a pruned (or revoked) node is not shown, nor one an admin took back
+                if n.name in self.admissions and self.admissions[n.name].state == "approved"
             ]
+            # those that wait for an admin's word, and those denied, as they asked
+            waiting = [
+                NodeInfo(
+                    name=a.name,
+                    state=a.state,
+                    labels=dict(a.labels),
+                    gpus=a.gpus,
+                    address=a.address,
+                    last_heartbeat_s=None
+                    if a.name not in self.pending_seen
+                    else now - self.pending_seen[a.name],
+                    gpu_cap=a.gpu_cap,
+                )
+                for a in self.admissions.values()
+                if a.state != "approved"
+            ]
+            shown = {n.name for n in joined}
+            return sorted(
+                [*joined, *(w for w in waiting if w.name not in shown)], key=lambda n: n.name
+            )
 
     def status(self, key: str) -> tuple[str, str, dict[str, Any]]:
         """A workload's phase and reason as the cluster sees it, and its node's last view of it

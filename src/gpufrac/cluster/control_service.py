@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, assert_never
 
 import httpx
 
@@ -30,6 +30,7 @@ from gpufrac.planning.views import (
     NodeInfo,
     Role,
     ServiceHealth,
+    Verdict,
     WorkloadView,
 )
 from gpufrac.runtime.caps import check_workload_caps
@@ -59,7 +60,7 @@ class ControlPlaneService:
         self.lock = control.lock
         self.history = history or History(ClusterSampler(control, serving).read)
         self.capabilities: frozenset[Capability] = frozenset(
-            {"ray-leases", *(("deployments",) if serving is not None else ())}
+            {"ray-leases", "node-admission", *(("deployments",) if serving is not None else ())}
         )
 
     def health(self) -> ServiceHealth:
@@ -211,6 +212,19 @@ class ControlPlaneService:
 
     def nodes(self) -> list[NodeInfo]:
         return self.control.nodes()
+
+    def judge_node(self, name: str, verdict: Verdict, gpus: int | None) -> NodeInfo | None:
+        match verdict:
+            case "approve":
+                self.control.approve(name, gpus)
+            case "deny":
+                self.control.deny(name)
+            case "revoke":
+                self.control.revoke(name)
+                return None
+            case _:
+                assert_never(verdict)
+        return next(n for n in self.control.nodes() if n.name == name)
 
     # -- GPUs ------------------------------------------------------------------------------------
 

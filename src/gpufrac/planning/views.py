@@ -12,8 +12,15 @@ from gpufrac.planning.sched_decision import StoredPlacement
 
 Role = Literal["agent", "control-plane"]
 # what one side of the API may lack: the route is there on both, and answers 501 where it is
-Capability = Literal["mig-layouts", "ray-leases", "deployments"]
-CAPABILITIES: tuple[Capability, ...] = ("mig-layouts", "ray-leases", "deployments")
+Capability = Literal["mig-layouts", "ray-leases", "deployments", "node-admission"]
+CAPABILITIES: tuple[Capability, ...] = (
+    "mig-layouts",
+    "ray-leases",
+    "deployments",
+    "node-admission",
+)
+# an admin's word on a node that joined with the cluster token (docs/cluster.md, Admission)
+Verdict = Literal["approve", "deny", "revoke"]
 HealthStatus = Literal["ok", "degraded"]
 ApplyResult = Literal["created", "replaced", "updated", "unchanged", "refused"]
 
@@ -50,12 +57,13 @@ class NodeInfo:
     """A node of the cluster (one machine's agent is its own, always alive)."""
 
     name: str
-    state: str  # alive | lost
+    state: str  # alive | lost; or, until an admin approves it, pending | denied
     labels: dict[str, str]
     gpus: int
     address: str | None = None  # where its agent serves the control plane (the admin's to see)
     last_heartbeat_s: float | None = None  # None: the agent itself
     version: str | None = None  # its gpufrac's, where it said
+    gpu_cap: int | None = None  # the most GPUs an admin approved it for (None: as it declared)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

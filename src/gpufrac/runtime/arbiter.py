@@ -11,8 +11,8 @@ is served now. A *member* is a workload in a domain; it is *cooperative* while i
 connected (they ask for turns and give them back), else *transparent* (a process group; not running
 means SIGSTOP). A transparent member wants the GPU only while the agent says it is *active* (its
 processes busy on the GPU by NVML's per-process reading, or requests in flight to it through the
-gateway), or always if it is guaranteed a min share: an idle service holds nothing, so it never
-stops a workload of a lower class.
+gateway), or while it is paused if it is guaranteed a min share: an idle service or job holds
+nothing, so it never stops a workload of a lower class.
 
 The rules (``docs/qos.md`` states them for users):
 
@@ -153,10 +153,11 @@ class Member:
     @property
     def wants(self) -> bool:
         """A cooperative member wants a turn while a client waits; a transparent one while it is
-        busy, or always when it is guaranteed a min share (a job, by default: it has work to do,
-        and while it is paused its processes cannot show that they are busy)."""
+        busy, or while it is paused if it is guaranteed a min share (a job, by default: paused,
+        its processes cannot show that they are busy). So an idle job holds nothing, and stops
+        no one of a lower class, whatever its min share."""
         if self.transparent:
-            return self.active or self.qos.min_share_milli > 0
+            return self.active or (self.qos.min_share_milli > 0 and self.paused)
         return bool(self.waiting)
 
     def paused_total(self, now: float) -> float:
@@ -549,8 +550,8 @@ class TurnPolicy:
         higher class took over, and transparent ones not paused that want the GPU."""
         out: list[Member] = []
         for m in self._in(d.name):
-            if m.transparent:
-                runs = not m.paused and m.wants
+            if m.transparent:  # busy, or let run beside the holder for its min share
+                runs = not m.paused and (m.wants or m.key in d.beside)
             else:
                 runs = d.holder == m.key or m.key in d.beside or bool(m.taken_over)
             if runs:

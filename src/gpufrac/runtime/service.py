@@ -28,6 +28,7 @@ from gpufrac.planning.views import (
     NodeInfo,
     Role,
     ServiceHealth,
+    Verdict,
     WorkloadView,
 )
 from gpufrac.runtime.agent import Agent, WorkloadState
@@ -248,6 +249,9 @@ class AgentService:
     def gpus(self, who: Caller) -> list[dict[str, Any]]:
         with self.lock:
             return read_fleet(self.agent, self.states, who)
+
+    def judge_node(self, name: str, verdict: Verdict, gpus: int | None) -> NodeInfo | None:
+        raise Unsupported("node-admission", "one machine's agent admits no nodes")
 
     def nodes(self) -> list[NodeInfo]:
         """This machine: the agent is its own node, alive while it answers."""

@@ -47,7 +47,7 @@ def test_work_applied_before_any_node_joins_waits_and_is_placed_when_one_that_fi
     tmp_path: Path,
 ) -> None:
     control = ControlPlane(tmp_path, clock=Clock())
-    result, decision = control.apply(w("early", memory_mib=20 * GIB))
+    result, decision = control.apply_workload(w("early", memory_mib=20 * GIB))
     assert result == "created"
     assert decision.outcome == "pending"
     phase, reason, _ = control.status("a/early")
@@ -57,7 +57,7 @@ def test_work_applied_before_any_node_joins_waits_and_is_placed_when_one_that_fi
     answer = control.heartbeat("n1", Report(), {})
     assert [a.workload for a in answer.run] == ["a/early"]
     # once nodes are there, what no GPU could ever hold is refused, as before
-    result, decision = control.apply(w("huge", memory_mib=4000 * GIB))
+    result, decision = control.apply_workload(w("huge", memory_mib=4000 * GIB))
     assert (result, decision.outcome) == ("refused", "refused")
 
 
@@ -66,7 +66,7 @@ def test_a_fencing_that_replaced_a_process_in_place_counts_as_a_restart(tmp_path
     was replaced where it ran, so RESTARTS counts it; a move elsewhere stays an eviction."""
     control = ControlPlane(tmp_path, clock=Clock())
     joined(control, "n1", 1)
-    control.apply(w("svc", memory_mib=GIB))
+    control.apply_workload(w("svc", memory_mib=GIB))
     epoch = control.heartbeat("n1", Report(), {}).run[0].epoch
     ran = {"phase": "running", "attempts": 2, "restarts": 1, "evictions": 0}
     control.heartbeat("n1", Report(running={"a/svc": epoch}), {"a/svc": ran})

@@ -350,6 +350,18 @@ def test_two_equal_jobs_never_stop_each_other_whatever_their_min_shares() -> Non
     assert p.share("a", 10.0) == pytest.approx(1.0) and p.share("b", 10.0) == pytest.approx(1.0)
 
 
+def test_an_idle_job_of_a_higher_class_stops_no_one_whatever_its_min_share() -> None:
+    p = TurnPolicy(quantum=10 * MS)
+    out = p.set_member("hi-job", "gpu", QosParams(10, 1, 100), 100, 0.0, active=False)
+    out += p.set_member("job", "gpu", QosParams(0, 1, 100), 200, 0.0)
+    out += tick_for(p, 0.0, 5.0)
+    assert not [a for a in out if isinstance(a, Pause)]  # it sleeps: the GPU is the other's
+    out = p.set_member("hi-job", "gpu", QosParams(10, 1, 100), 100, 5.0, active=True)
+    assert Pause("job", 200) in out  # busy now: the lower class waits (beside it, its share)
+    out = p.set_member("hi-job", "gpu", QosParams(10, 1, 100), 100, 6.0, active=False)
+    assert Resume("job", 200) in out and not p.members["job"].paused
+
+
 def test_a_cooperative_low_class_is_granted_beside_a_transparent_higher_class() -> None:
     p = TurnPolicy(quantum=10 * MS)
     p.set_member("svc", "gpu", QosParams(10), 100, 0.0)
