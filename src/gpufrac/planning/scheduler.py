@@ -28,6 +28,7 @@ from typing import assert_never
 from gpufrac.errors import InputError
 from gpufrac.model.advice import request_warnings
 from gpufrac.model.catalog import GpuModel
+from gpufrac.model.deployment import LABEL as DEPLOYMENT_LABEL
 from gpufrac.model.mig import MigPlacement, check_layout
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.units import format_mib
@@ -493,8 +494,13 @@ class Scheduler:
                     "it may evict only its own tenant's work (its tenant's preemption)",
                 )
         elif preempt and self.state.min_priority() < req.priority:
-            whose = "" if req.spec.preemption == "never" else "its tenant's "
-            reasons.add("preemption", f"it evicts no one ({whose}preemption: never)")
+            if req.spec.preemption != "never":
+                why = "its tenant's preemption: never"
+            elif DEPLOYMENT_LABEL in req.spec.labels:  # the autoscaler's extra replicas wait
+                why = "preemption: never, as a deployment's replicas beyond autoscale.min_replicas"
+            else:
+                why = "preemption: never"
+            reasons.add("preemption", f"it evicts no one ({why})")
         if req.kept_to:
             reasons.add("tenant_nodes", kept_to_reason(req))
         if req.selector:

@@ -84,3 +84,24 @@ def test_clauses_come_in_the_order_they_are_fixed_one_per_cause() -> None:
         "tenant a would use too much; GPU 1 is cordoned (1.0GiB free); node n2 is lost (no "
         "heartbeat for 7 s); timeslice: full, looked further; no free MIG instance fits"
     )
+
+
+def test_an_autoscaled_replica_waits_saying_why_it_evicts_no_one() -> None:
+    from dataclasses import replace
+
+    from gpufrac.model.deployment import LABEL
+
+    s = Scheduler(fleet(plain=1), OperatorSettings())
+    low = replace(w("low", tenant="search", count=1), priority=0)
+    assert s.submit(low)[0].outcome == "placed"
+    replica = replace(
+        w("summer-abc-2", tenant="search", count=1),
+        priority=100,
+        preemption="never",
+        labels={LABEL: "summer"},
+    )
+    d = s.submit(replica)[0]
+    assert d.outcome == "pending"
+    assert "beyond autoscale.min_replicas" in d.reason, d.reason
+    plain = replace(replica, name="plain", labels={})
+    assert "it evicts no one (preemption: never)" in s.submit(plain)[0].reason
