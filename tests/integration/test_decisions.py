@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -214,6 +215,13 @@ def test_mig_apply_through_the_agent_changes_only_what_differs_and_pins(
     assert [i["profile"] for i in mig_gpu(small_agent)["instances"]] == layout
     held = httpx.get(small_agent.url + "/api/v1/workloads/default/held", timeout=10).json()
     assert held["phase"] == "running" and held["attempts"] == 1
+    # done with --drain: the workload it displaced is printed with what became of it
+    drained = subprocess.run(
+        [*cli, "apply", "--plan", str(tmp_path / "plan.json"), "--drain"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert drained.returncode == 0, drained.stdout + drained.stderr
+    assert re.search(r"(evicted|moved|requeued) default/held: ", drained.stdout), drained.stdout
 
 
 def test_mig_endpoints_take_strict_bodies_and_change_nothing_on_bad_input(

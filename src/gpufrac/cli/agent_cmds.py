@@ -639,6 +639,8 @@ def drain_command(gpu: GpuArg, server: ServerOpt = None, json: JsonOpt = False) 
         return
     for d in r.decisions:
         console.print(f"{d.workload}: {d.outcome} {d.reason or ' '.join(d.gpus)}", highlight=False)
+    for x in r.displaced:  # what became of each workload it ran: moved, evicted, requeued
+        console.print(f"  [yellow]{x.action}[/] {x.workload}: {x.reason}", highlight=False)
     console.print(f"drained {r.drained}", highlight=False)
 
 

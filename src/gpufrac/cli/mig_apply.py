@@ -241,6 +241,8 @@ class GpuOutcome:
     reason: str = ""
     pinned: bool = False
     actions: tuple[MigAction, ...] = ()
+    # the workloads the change displaced, as the agent told them: {workload, action, reason}
+    displaced: tuple[dict[str, Any], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -283,7 +285,12 @@ def _through_agent(
         actions = tuple(
             MigAction(**{k: v for k, v in a.items() if k != "nvidia_smi"}) for a in got["actions"]
         )
-        out.append(GpuOutcome(t.uuid, where, got["result"], "", bool(got.get("pinned")), actions))
+        displaced = tuple(x for x in got.get("displaced") or [] if isinstance(x, dict))
+        out.append(
+            GpuOutcome(
+                t.uuid, where, got["result"], "", bool(got.get("pinned")), actions, displaced
+            )
+        )
     return out
 
 
@@ -301,6 +308,7 @@ def _report_per_gpu(outcomes: list[GpuOutcome], json: bool, *, dry: bool) -> Non
                         "reason": o.reason,
                         "pinned": o.pinned,
                         "actions": [a.to_json() for a in o.actions],
+                        "displaced": list(o.displaced),
                     }
                     for o in outcomes
                 ],
@@ -326,6 +334,11 @@ def _report_per_gpu(outcomes: list[GpuOutcome], json: bool, *, dry: bool) -> Non
             highlight=False,
         )
         print_actions(o.actions, dry=dry, commands=dry, indent="  ")
+        for x in o.displaced:
+            console.print(
+                f"  [yellow]{x.get('action')}[/] {x.get('workload')}: {x.get('reason')}",
+                highlight=False,
+            )
     if dry:
         refused = sum(1 for o in outcomes if not o.ok)
         console.print(
