@@ -53,6 +53,15 @@ def test_load_sends_its_token_counts_answers_by_status_and_stops_on_a_refused_on
     code, got, err = load(tenant_agent, "-H", bearer, "--clients", "1", "--step", "2")
     assert code == 1 and list(got["statuses"]) == ["403"], got
     assert "the token sent was refused" in err
+    # a URL with nothing there: every answer a 404; it stops in its first step and says so
+    env = {"GPUFRAC_TOKEN": TOKENS["research"], "COLUMNS": "200"}
+    nowhere = runner.invoke(
+        app,
+        ["load", tenant_agent.url + "/serve/nope", "--json", "--clients", "1,1", "--step", "2"],
+        env=env,
+    )
+    assert nowhere.exit_code == 1 and "404" in nowhere.stderr, nowhere.stderr
+    assert len(json.loads(nowhere.stdout)["steps"]) == 1
     bad = runner.invoke(app, ["load", tenant_agent.url, "-H", "no colon"])
     assert bad.exit_code == 2 and "-H 'Authorization: Bearer TOKEN'" in bad.stderr
     # (one agent for both halves: each start costs seconds)

@@ -326,10 +326,14 @@ def _headers(given: list[str], token: str | None) -> list[tuple[str, str]]:
     return out
 
 
+REFUSALS = (401, 403, 404)
+
+
 def _refused_for_token(latest: list[Record]) -> bool:
     """Every answer since the last look was a 401 or a 403 (the token, or its lack, is refused:
-    every request carries the same one): the load would measure only refusals."""
-    return bool(latest) and all(s in (401, 403) for _, _, s in latest)
+    every request carries the same one) or a 404 (no such deployment, or not this token's to
+    see): the load would measure only refusals."""
+    return bool(latest) and all(s in REFUSALS for _, _, s in latest)
 
 
 def load_command(
@@ -429,5 +433,12 @@ def load_command(
             "lists and that may use this deployment",
             highlight=False,
         )
-    if refused and refused == sum(total.values()):  # nothing but refusals: the load stopped
+    missing = total["404"]
+    if missing:
+        err_console.print(
+            f"[yellow]{missing} answer(s) were 404[/]: no deployment at {url} that this token may "
+            "use; gpufrac get deployments shows each one's URL",
+            highlight=False,
+        )
+    if refused + missing and refused + missing == sum(total.values()):  # the load stopped
         raise typer.Exit(1)
