@@ -200,8 +200,11 @@ class TurnPolicy:
         grace: float = 0.002,
         window: float = 2.0,
         preempt: str = "overlap",
+        yield_grace: float = 0.5,
     ) -> None:
         self.quantum, self.grace, self.window = quantum, grace, window
+        # how long an SDK workload asked to yield may run on before signals stop it
+        self.yield_grace = yield_grace
         self.preempt = (
             preempt  # overlap | drain: how a higher class takes over a cooperative holder
         )
@@ -448,6 +451,12 @@ class TurnPolicy:
         for d in self.domains.values():
             if d.reserved is not None:
                 times.append(max(now, d.reserved_until))
+            for m in self._in(d.name):  # a turn taken over: stopped by signals past its grace
+                times += [
+                    since + self.yield_grace
+                    for since in m.taken_over.values()
+                    if since + self.yield_grace > now
+                ]
             if d.beside or (
                 d.holder is not None
                 and any(m.wants and m.key != d.holder for m in self._in(d.name))
@@ -637,12 +646,13 @@ class TurnPolicy:
         out += self._give_beside(d, now)
         owner = self._owner(d, now)
         for m in self._in(d.name):
-            if not m.transparent or m.key == d.holder:
-                if m.transparent and m.paused and m.pgid is not None:  # the holder runs
+            if m.pgid is None:
+                continue
+            if m.key == d.holder or not self._by_signals(d, m, now):
+                if m.paused:  # the holder runs; so does an SDK workload that keeps to its turns
                     self._resumed(m, now)
                     out.append(Resume(m.key, m.pgid))
                 continue
-            assert m.pgid is not None
             # stopped only while a higher class holds the domain, and not while it runs beside
             # it for its min share; one of its own class never stops it
             blocked = owner is not None and owner.qos.rank > m.qos.rank
@@ -654,6 +664,18 @@ class TurnPolicy:
                 self._resumed(m, now)
                 out.append(Resume(m.key, m.pgid))
         return out
+
+    def _by_signals(self, d: Domain, m: Member, now: float) -> bool:
+        """Is ``m`` kept to its class by signals (paused while a higher class holds)? A member
+        without the SDK is; so is one with SDK clients that runs on the GPU without a turn: busy
+        by the agent's reading while it holds none (it said hello, then never asked), or still
+        busy ``yield_grace`` after a higher class took its turn over. An SDK workload that keeps
+        to its turns is never paused by signals."""
+        if m.transparent:
+            return True
+        if m.pgid is None or not m.active or d.holder == m.key or m.key in d.beside:
+            return False
+        return not any(now - since < self.yield_grace for since in m.taken_over.values())
 
     def _give_beside(self, d: Domain, now: float) -> list[Action]:
         """Members of a lower class than the holder's, below their min share, run beside it for

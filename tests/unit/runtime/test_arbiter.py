@@ -362,6 +362,36 @@ def test_an_idle_job_of_a_higher_class_stops_no_one_whatever_its_min_share() -> 
     assert Resume("job", 200) in out and not p.members["job"].paused
 
 
+def test_an_sdk_workload_that_runs_without_a_turn_is_stopped_by_signals_like_any() -> None:
+    p = TurnPolicy(quantum=10 * MS, yield_grace=0.5)
+    p.set_member("svc", "gpu", QosParams(10), 100, 0.0)  # busy, no SDK
+    p.set_member("evil", "gpu", QosParams(0), 200, 0.0, active=False)
+    out = p.connect(9, "evil", "gpu", QosParams(0), 0.1)  # says hello, never asks for a turn
+    assert Resume("evil", 200) in out  # cooperative now, and idle
+    out = p.set_member("evil", "gpu", QosParams(0), 200, 0.5, active=True)  # but is busy
+    assert Pause("evil", 200) in out
+    out = p.set_member("evil", "gpu", QosParams(0), 200, 1.0, active=False)
+    assert Resume("evil", 200) in out  # idle on the GPU: its clients wait for their turns
+    # one that keeps to its turns is never stopped: it waits, idle, for its turn
+    p.connect(11, "good", "gpu", QosParams(0), 1.0)
+    assert p.acquire(11, 1.0) == []
+    assert not [a for a in tick_for(p, 1.0, 2.0) if isinstance(a, Pause)]
+
+
+def test_a_turn_taken_over_and_not_given_back_is_stopped_after_its_grace() -> None:
+    p = TurnPolicy(quantum=10 * MS, yield_grace=0.5)
+    p.set_member("train", "gpu", QosParams(0), 200, 0.0)
+    p.connect(1, "train", "gpu", QosParams(0), 0.0)
+    assert grants(p.acquire(1, 0.0)) == [1]
+    p.set_member("train", "gpu", QosParams(0), 200, 0.0, active=True)
+    p.connect(2, "infer", "gpu", QosParams(10), 0.0)
+    assert p.acquire(2, 0.1) == [AskYield("train"), Grant(2)]  # overlap: taken over
+    assert Pause("train", 200) not in tick_for(p, 0.1, 0.55)  # it drains, within its grace
+    deadline = p.next_deadline(0.55)
+    assert deadline is not None and deadline <= 0.6 + 1e-9
+    assert Pause("train", 200) in tick_for(p, 0.55, 0.7)  # it ignored the flag: stopped
+
+
 def test_a_cooperative_low_class_is_granted_beside_a_transparent_higher_class() -> None:
     p = TurnPolicy(quantum=10 * MS)
     p.set_member("svc", "gpu", QosParams(10), 100, 0.0)
