@@ -30,7 +30,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gpufrac.errors import InputError
 from gpufrac.model.manifest_fields import DNS_LABEL_FIX, kind_of, read_dns_label
-from gpufrac.model.units import SIZE_FIX, SIZE_PATTERN, read_size
+from gpufrac.model.units import MAX_SIZE_MIB, MAX_SIZE_TEXT, SIZE_FIX, SIZE_PATTERN, read_size
 from gpufrac.model.workload import MAX_PRIORITY, MILLI, PRIORITY_NAMES
 
 T = TypeVar("T")
@@ -220,6 +220,8 @@ def _memory_mib(value: object, info: ValidationInfo | None) -> int:
         assert isinstance(value, int)
         if value < 1:
             raise problem(f"{value} MiB is not a positive size", SIZE_FIX)
+        if value > MAX_SIZE_MIB:  # as for a size written as text
+            raise problem(f"{value} MiB is too large", "give at most 1048576Ti")
         return value
     if isinstance(value, str):
         try:
@@ -238,8 +240,8 @@ MemoryMiB = Annotated[
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "integer", "minimum": 1},
-                {"type": "string", "pattern": SIZE_PATTERN},
+                {"type": "integer", "minimum": 1, "maximum": MAX_SIZE_MIB},
+                {"type": "string", "pattern": SIZE_PATTERN, "maxLength": MAX_SIZE_TEXT},
             ]
         }
     ),

@@ -65,6 +65,7 @@ _OLD = {
 }
 _BINARY_BEFORE = {"M": _MI, "G": _GI, "T": _TI}  # what a changed unit meant before
 MAX_SIZE_MIB = 2**40  # an exbibyte: far above any fleet, and every count stays a small integer
+MAX_SIZE_TEXT = 40  # "1048576Ti", "0.000001Gi", with room: no size needs more characters
 
 _NUMBER = r"[0-9]+(\.[0-9]+)?"
 _SIZE = re.compile(rf"^\s*(?P<n>{_NUMBER})\s*(?P<unit>[A-Za-z]+)?\s*$")
@@ -95,7 +96,14 @@ class Size:
 
 def read_size(text: str, *, field: str) -> Size:
     """``20Gi`` -> 20480 MiB; ``20G`` -> 19074 (decimal, with a warning for one release); a bare
-    number is MiB. Rounds up to whole MiB."""
+    number is MiB. Rounds up to whole MiB. Longer than ``MAX_SIZE_TEXT`` characters, it is refused
+    before it is read (a million digits would cost the parser seconds)."""
+    if len(text) > MAX_SIZE_TEXT:
+        raise InputError(
+            f"{text[:24]!r}... ({len(text):,} characters) is not a memory size",
+            field=field,
+            fix=f"{SIZE_FIX} (at most {MAX_SIZE_TEXT} characters)",
+        )
     m = _SIZE.match(text)
     if not m:
         raise InputError(f"{text!r} is not a memory size", field=field, fix=SIZE_FIX)

@@ -12,7 +12,7 @@ import pytest
 from gpufrac.errors import InputError
 from gpufrac.model.manifest import read_objects
 from gpufrac.model.settings import parse_settings
-from gpufrac.model.units import SIZE_PATTERN, read_size
+from gpufrac.model.units import MAX_SIZE_MIB, MAX_SIZE_TEXT, SIZE_PATTERN, read_size
 from gpufrac.planning.demand import parse_need_demand
 
 # text, MiB, a fragment of its warning (None: no warning)
@@ -118,3 +118,27 @@ def test_a_settings_files_and_a_need_demands_warnings_name_their_field() -> None
     assert parse_settings("tenants:\n  research: {gpu_memory: 50Gi}\n").warnings == ()
     (need,) = parse_need_demand("20gb=2")
     assert need.warning is not None and need.warning.startswith("--need: 20gb is decimal")
+
+
+def test_a_size_of_a_million_digits_is_refused_before_it_is_read() -> None:
+    """From the hostile review: a 900,000-digit size held the agent's CPU for ~24 s (and a
+    1,000,000-digit one was a 500); the text's length is checked first, and the error does not
+    repeat it."""
+    for text in ("9" * 1_000_000, "1" * 900_000 + "Gi", "0." + "0" * 50 + "1Gi"):
+        with pytest.raises(InputError) as exc:
+            read_size(text, field="spec.resources.gpu.memory")
+        assert "characters" in exc.value.message and len(exc.value.message) < 120
+    for text in ("1048576Ti", "0.000001Gi", "12Gi"):
+        assert read_size(text, field="f").mib >= 1
+    assert len("1048576Ti") <= MAX_SIZE_TEXT
+
+
+def test_a_bare_number_of_mib_has_the_same_bound_as_a_written_size() -> None:
+    from pydantic import TypeAdapter, ValidationError
+
+    from gpufrac.model.manifest_types import MemoryMiB
+
+    memory: TypeAdapter[int] = TypeAdapter(MemoryMiB)
+    assert memory.validate_python(MAX_SIZE_MIB) == MAX_SIZE_MIB
+    with pytest.raises(ValidationError, match="too large"):
+        memory.validate_python(10**400)
