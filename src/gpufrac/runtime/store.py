@@ -174,8 +174,8 @@ class Store:
         # told of each event once its transaction is committed (the agent's decision log)
         self.listeners: list[EventListener] = []
         self._untold: list[tuple[Event, Mapping[str, object]]] = []
+        self._since_prune = 0  # events written since the last prune
         self._migrate()
-        self._since_prune = 0
 
     def close(self) -> None:
         self.db.close()
@@ -210,6 +210,8 @@ class Store:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+        if self._since_prune >= PRUNE_EVERY:  # every event counts, however it was written
+            self.prune_events()
         if self._untold:
             told, self._untold = self._untold, []
             for event, details in told:
@@ -531,12 +533,10 @@ class Store:
         see."""
         with self.transaction() as db:
             self._event(db, kind, subject, message, details, cause=cause, mentions=mentions)
-        self._since_prune += 1
-        if self._since_prune >= PRUNE_EVERY:
-            self.prune_events()
 
-    def prune_events(self, keep: int = EVENTS_KEPT) -> int:
-        """Forget all but the newest ``keep`` events; returns how many went."""
+    def prune_events(self, keep: int | None = None) -> int:
+        """Forget all but the newest ``keep`` events (``EVENTS_KEPT``); returns how many went."""
+        keep = EVENTS_KEPT if keep is None else keep
         self._since_prune = 0
         with self.transaction() as db:
             return int(
@@ -557,6 +557,7 @@ class Store:
         mentions: tuple[str, ...] = (),
     ) -> None:
         at = time.time()
+        self._since_prune += 1
         row = db.execute(
             "INSERT INTO events (at, kind, subject, message, cause, mentions) "
             "VALUES (?, ?, ?, ?, ?, ?)",

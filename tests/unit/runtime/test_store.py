@@ -124,3 +124,18 @@ def test_events_are_pruned_to_the_newest(tmp_path: Path) -> None:
         store.record_event("x", "a/b", str(i))
     assert store.prune_events(keep=10) == 20
     assert [e.message for e in store.events(limit=100)] == [str(i) for i in range(20, 30)]
+
+
+def test_events_written_with_an_apply_count_toward_the_prune_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the hostile review: events written inside another write (an apply's ``applied``, a
+    delete's) never counted, so a flood of applies grew the table past any bound."""
+    from gpufrac.runtime import store as store_module
+
+    monkeypatch.setattr(store_module, "PRUNE_EVERY", 10)
+    monkeypatch.setattr(store_module, "EVENTS_KEPT", 5)
+    store = Store(tmp_path / "state.db")
+    for i in range(40):
+        store.put_workload("a", f"w{i}", {"name": f"w{i}"})  # each records an "applied" event
+    assert len(store.events(limit=1000)) <= 5 + 10
