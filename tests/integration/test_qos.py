@@ -315,6 +315,27 @@ def test_bad_lines_are_answered_and_workloads_cannot_give_agent_commands(link, s
         bg.wait(timeout=10)
 
 
+def test_one_process_cannot_use_up_the_arbiters_connections(link, spawn) -> None:  # type: ignore[no-untyped-def]
+    """From the hostile review: 20,000 connections from one process took every descriptor of
+    the arbiter, which then spun and refused every workload's client."""
+    from gpufrac.runtime.arbiter_server import MAX_CONNS_PER_GROUP
+
+    flood = [_raw(link) for _ in range(MAX_CONNS_PER_GROUP + 20)]
+    try:
+        refused = 0
+        for s in flood[MAX_CONNS_PER_GROUP:]:
+            s.settimeout(5)
+            got = s.recv(4096)
+            refused += got.startswith(b"E ") and b"too many connections" in got
+        assert refused == 20
+        assert link.stats() == {}  # the agent's own connection still answers
+        spawn("t/real", 0)  # and a workload's client (another process group) is still taken
+        wait_for(lambda: link.stats().get("t/real", {}).get("turns", 0) > 5, what="turns")
+    finally:
+        for s in flood:
+            s.close()
+
+
 def test_an_idle_arbiter_stops_at_once_on_sigterm(link) -> None:  # type: ignore[no-untyped-def]
     assert link.proc is not None
     started = time.monotonic()

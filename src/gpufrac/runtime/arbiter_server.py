@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import mmap
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -58,6 +60,8 @@ FLAGS = "arbiter.flags"
 SLOTS = 4096
 REAP_SECONDS = 0.25
 MAX_LINE = 64 * 1024  # the longest message line; a client sending more is cut off
+MAX_CONNS = 1024  # SDK clients at once, all workloads together (fewer if descriptors are fewer)
+MAX_CONNS_PER_GROUP = 64  # of one process group: one workload cannot take them all
 _UNIX_PATH_MAX = 100
 
 
@@ -74,10 +78,17 @@ def socket_path(directory: Path) -> tuple[str, int | None]:
 
 class _Conn:
     def __init__(
-        self, sock: socket.socket, cid: int, *, admin: bool = False, pid: int | None = None
+        self,
+        sock: socket.socket,
+        cid: int,
+        *,
+        admin: bool = False,
+        pid: int | None = None,
+        group: int | None = None,
     ) -> None:
         self.sock, self.cid, self.admin = sock, cid, admin
         self.pid = pid  # the peer's process, as the kernel reports it (SO_PEERCRED)
+        self.group = group  # its process group when it connected (a workload's)
         self.buf = b""
         self.member: str | None = None
 
@@ -113,6 +124,9 @@ class ArbiterServer:
         self.trace = open(trace, "a") if trace else None  # noqa: SIM115 - for the process's life
         self.running = True
         self.epoch = f"{os.getpid()}-{time.monotonic_ns()}"
+        self._listen_again: float | None = None  # out of descriptors: accept again from then
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.max_conns = max(16, min(MAX_CONNS, soft - 64))  # descriptors left for its own use
         self._next_reap = 0.0
         directory.mkdir(parents=True, exist_ok=True)
         flags = directory / FLAGS
@@ -157,7 +171,12 @@ class ArbiterServer:
                 now = time.monotonic()
                 if now >= self._next_reap:
                     self._reap(now)
+                if self._listen_again is not None and now >= self._listen_again:
+                    self._listen_again = None
+                    self.sel.register(self.listener, selectors.EVENT_READ, "listen")
                 deadline = self.policy.next_deadline(now)
+                if self._listen_again is not None:
+                    deadline = min(deadline or self._listen_again, self._listen_again)
                 if any(m.transparent for m in self.policy.members.values()):
                     deadline = min(deadline or self._next_reap, self._next_reap)
                 timeout = None if deadline is None else max(0.0, deadline - now)
@@ -199,10 +218,26 @@ class ArbiterServer:
     def _accept(self) -> None:
         try:
             sock, _ = self.listener.accept()
-        except OSError:  # nothing to accept after all, or out of descriptors: try again later
+        except OSError as e:  # nothing to accept after all, or out of descriptors
+            if e.errno in (errno.EMFILE, errno.ENFILE):  # not at once again: no busy loop
+                self.sel.unregister(self.listener)
+                self._listen_again = time.monotonic() + 0.5
+            return
+        pid = _peer_pid(sock)
+        try:
+            group = os.getpgid(pid) if pid is not None else None
+        except ProcessLookupError:
+            group = None
+        same = sum(1 for c in self.conns.values() if c.group == group)
+        if len(self.conns) >= self.max_conns or same >= MAX_CONNS_PER_GROUP:
+            # one process (or workload) cannot use up the arbiter's descriptors: refused, its SDK
+            # runs as without an arbiter and asks again a second later
+            with contextlib.suppress(OSError):
+                sock.sendall(b"E " + json.dumps({"error": "too many connections"}).encode() + b"\n")
+            sock.close()
             return
         sock.setblocking(False)
-        conn = _Conn(sock, self.next_cid, pid=_peer_pid(sock))
+        conn = _Conn(sock, self.next_cid, pid=pid, group=group)
         self.next_cid += 1
         self.conns[conn.cid] = conn
         self.sel.register(sock, selectors.EVENT_READ, conn)
