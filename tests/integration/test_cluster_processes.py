@@ -172,6 +172,14 @@ def test_a_cluster_of_processes_places_moves_and_survives_its_control_plane(
 ) -> None:
     cluster.start_node("n1")
     cluster.start_node("n2", "zone=eu")
+    # joined with the cluster token, each waits for the admin's approval (docs/cluster.md)
+    wait(
+        lambda: [n["state"] for n in cluster.get("/api/v1/nodes")["nodes"]] == ["pending"] * 2,
+        what=lambda: cluster.get("/api/v1/nodes"),
+    )
+    for name in ("n1", "n2"):
+        approved = cluster.cli("nodes", "approve", name)
+        assert approved.returncode == 0, approved.stdout + approved.stderr
     wait(
         lambda: [n["state"] for n in cluster.get("/api/v1/nodes")["nodes"]] == ["alive"] * 2,
         what=lambda: cluster.get("/api/v1/nodes"),

