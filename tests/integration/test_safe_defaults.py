@@ -1,6 +1,7 @@
 """Safe defaults through a real agent (real processes, simulated GPUs): nothing starves beside idle
-services, pauses and evictions are shown, a workload that says `preemption: never` evicts no one,
-and a deployment whose replicas cannot start answers within its timeout with their error on show."""
+services (a job paused beside a busy one, and its share: test_qos_priority.py), evictions are
+shown, a workload that says `preemption: never` evicts no one, and a deployment whose replicas
+cannot start answers within its timeout with their error on show."""
 
 from __future__ import annotations
 
@@ -64,30 +65,6 @@ def test_a_plain_job_beside_idle_services_is_never_paused(agent: RunningAgent) -
     assert "paused" not in seen, seen  # an idle service holds nothing
     events = httpx.get(agent.url + "/api/v1/workloads/default/batch", timeout=10).json()["events"]
     assert not [e for e in events if e["kind"] == "paused"]
-
-
-def test_beside_a_busy_higher_class_a_job_is_paused_visibly_and_still_finishes(
-    agent: RunningAgent,
-) -> None:
-    post(agent, doc("hot", "service", BUSY, "high"))
-    wait_for(agent, lambda ws: phase(ws, "hot") == "running")
-    post(agent, doc("batch", "job", JOB, "normal"))
-    reasons: list[str] = []
-
-    def paused(ws: list[dict[str, Any]]) -> bool:
-        w = next((w for w in ws if w["name"] == "batch"), None)
-        if w is not None and w["phase"] == "paused":
-            reasons.append(w["reason"])
-        return bool(reasons)
-
-    wait_for(agent, paused, timeout=30)
-    assert "default/hot" in reasons[0] and "higher class" in reasons[0]
-    # its default min share (10%) lets it go on: it finishes, it does not wait forever
-    wait_for(agent, lambda ws: phase(ws, "batch") == "succeeded", timeout=120)
-    # beside the busy service for its min share, its pauses are short (under a second: counted,
-    # not each an event)
-    qos = httpx.get(agent.url + "/api/v1/workloads/default/batch", timeout=10).json()["qos"]
-    assert qos["pauses"] >= 1 and qos["paused_total_s"] > 0
 
 
 def test_preemption_never_waits_instead_of_evicting(agent: RunningAgent) -> None:
