@@ -44,6 +44,7 @@ from gpufrac.api.schemas import (
     NodeDetail,
     NodeJudged,
     NodeList,
+    OutcomeCleared,
     ScaleBody,
     Uncordoned,
     WhoAmI,
@@ -85,6 +86,8 @@ MISSING: dict[Capability, str] = {
     "deployments": NO_DEPLOYMENTS,
     "node-admission": "one machine's agent admits no nodes: nodes join a cluster's control plane "
     "(docs/cluster.md, Admission)",
+    "clear-unknown": "a cluster's control plane does not hold the outcomes of runs: clear it on "
+    "the node's agent (gpufrac clear-unknown --server NODE_AGENT; docs/agent.md)",
 }
 
 
@@ -414,6 +417,28 @@ def user_api(
         if found is None:
             raise HTTPException(404, f"no workload {tenant}/{name}")
         return {"run": found[0], "lines": found[1]}
+
+    @api.post(
+        "/api/v1/workloads/{tenant}/{name}/clear-unknown",
+        response_model=OutcomeCleared,
+        responses={**ANY, **errors(403, 404, 409), **LACKING},
+    )
+    def clear_unknown(request: Request, tenant: str, name: str) -> dict[str, Any]:
+        """An admin's word on a workload whose last attempt's outcome is unknown (its shim died
+        without a record): it counts as a failed attempt, and its restart policy applies (until
+        then, a job or an ``on-failure`` workload is not run again: it may have exited 0)."""
+        if not caller(request).admin:
+            raise HTTPException(403, "only the admin token may clear an unknown outcome")
+        need("clear-unknown")
+        found = service.clear_unknown(tenant, name)
+        if found is None:
+            raise HTTPException(404, f"no workload {tenant}/{name}")
+        if not found:
+            raise HTTPException(
+                409, f"the outcome of {tenant}/{name}'s last attempt is not unknown"
+            )
+        service.wake()
+        return {"cleared": f"{tenant}/{name}"}
 
     @api.post(
         "/api/v1/workloads/{tenant}/{name}/keepalive",

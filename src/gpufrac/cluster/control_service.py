@@ -106,6 +106,12 @@ class ControlPlaneService:
     def delete_workload(self, tenant: str, name: str) -> bool:
         return self.control.delete(tenant, name)
 
+    def clear_unknown(self, tenant: str, name: str) -> bool | None:
+        raise Unsupported(
+            "clear-unknown",
+            "the control plane does not hold runs' outcomes: clear it on the node's agent",
+        )
+
     def keep_alive(self, tenant: str, name: str) -> bool:
         return self.control.keep_alive(tenant, name)
 

@@ -375,8 +375,11 @@ class NodeAgent:
             match s.phase:
                 case "succeeded" | "failed":
                     ended[s.key] = (epoch, s.phase)
-                case "pending" | "starting" | "running" | "paused" | "backoff":
+                # unknown: it keeps its place (not ended: placing it again could run it twice)
+                case "pending" | "starting" | "running" | "paused" | "backoff" | "unknown":
                     running[s.key] = epoch
+                case _:
+                    assert_never(s.phase)
         return Report(running=running, ended=ended)
 
     def views(self, states: list[WorkloadState]) -> Views:

@@ -209,7 +209,13 @@ class Store:
             self._untold.clear()
             self.db.execute("ROLLBACK")
             raise
-        self.db.execute("COMMIT")
+        try:
+            self.db.execute("COMMIT")
+        except BaseException:  # a full disk refuses the commit: nothing of it is told, or kept
+            self._untold.clear()
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
+            raise
         if self._untold:
             told, self._untold = self._untold, []
             for event, details in told:

@@ -142,6 +142,7 @@ def test_queries_are_bounded_and_what_is_not_here_says_so(client: Any) -> None:
         ("GET", "/api/v1/deployments", "deployments"),  # a control plane without serving
         ("POST", "/api/v1/gpus/n1/0/mig", "mig-layouts"),
         ("DELETE", "/api/v1/gpus/n1/0/mig/pin", "mig-layouts"),
+        ("POST", "/api/v1/workloads/default/w/clear-unknown", "clear-unknown"),
     ):
         r = http.request(method, path, json={})
         assert r.status_code == 501, (path, r.text)
