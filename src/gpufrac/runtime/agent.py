@@ -762,9 +762,7 @@ class Agent:
         ended = (
             str(killed.get("reason") or "")
             or status.error
-            or (
-                f"exited with {code}" if code is not None else f"exited with signal {status.signal}"
-            )
+            or (f"exited with {code}" if code is not None else f"ended by {status.ended_by()}")
         )
         if not restart or (limit is not None and attempts > limit):
             return Step(self._complete(s, "failed", code, ended))

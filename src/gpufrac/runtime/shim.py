@@ -62,6 +62,18 @@ class ShimStatus:
     def done(self) -> bool:
         return self.finished is not None
 
+    def ended_by(self) -> str:
+        """How the run ended, as a person reads it: ``exit 3``, ``signal SIGKILL (9)``, or, where
+        no exit status was recorded (its shim died), ``killed`` (with why, where known)."""
+        if self.exit_code is not None:
+            return f"exit {self.exit_code}"
+        if self.signal is not None:
+            try:
+                return f"signal {signal.Signals(self.signal).name} ({self.signal})"
+            except ValueError:
+                return f"signal {self.signal}"
+        return f"killed ({self.error})" if self.error else "killed"
+
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
