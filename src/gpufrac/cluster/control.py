@@ -70,6 +70,30 @@ ENDED = -1  # the epoch under which a node's view of a job that ended there is k
 MAX_PENDING = 100  # nodes waiting for an admin's approval at once; more joins are refused
 
 
+LEASE_TTL_DEFAULT_S = 30.0
+LEASE_TTL_MAX_S = 86_400.0
+
+
+def lease_ttl(labels: Mapping[str, str]) -> float:
+    """A lease's time to live in seconds from its label (30 without one): a finite number above 0
+    and at most a day; anything else (``nan``, ``inf``, ``-1``, a word) is an ``InputError``."""
+    text = labels.get(LEASE_TTL_LABEL)
+    if text is None or text == "":
+        return LEASE_TTL_DEFAULT_S
+    try:
+        ttl = float(text)
+    except ValueError:
+        ttl = float("nan")
+    if not (0 < ttl <= LEASE_TTL_MAX_S):  # NaN fails every comparison
+        raise InputError(
+            f"a lease's time to live must be a number of seconds above 0 and at most "
+            f"{LEASE_TTL_MAX_S:g}, not {text!r}",
+            field=f"metadata.labels.{LEASE_TTL_LABEL}",
+            fix="give seconds, such as '30' (or leave the label out: 30 s)",
+        )
+    return ttl
+
+
 class NodeRefused(Exception):
     """A join the control plane does not take (the name is a live node's)."""
 
@@ -542,9 +566,9 @@ class ControlPlane:
             if LEASE_LABEL not in labels:
                 continue
             try:
-                ttl = float(labels.get(LEASE_TTL_LABEL) or 30)
-            except ValueError:
-                ttl = 30.0
+                ttl = lease_ttl(labels)
+            except InputError:  # stored before the label was checked
+                ttl = LEASE_TTL_DEFAULT_S
             last = self.kept_alive.setdefault(w.key, now)  # after a restart: from now
             if now - last > ttl:
                 self.delete(w.tenant, w.name)
@@ -689,6 +713,7 @@ class ControlPlane:
 
     def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision]:
         key = workload_key(spec)
+        lease_ttl(spec.labels)  # a lease's time to live is checked before anything is stored
         with self.lock:
             raw = spec_to_json(spec)
             stored = self.store.workload(spec.tenant, spec.name)

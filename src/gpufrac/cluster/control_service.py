@@ -12,7 +12,7 @@ from typing import Any, assert_never
 
 import httpx
 
-from gpufrac.cluster.control import ControlPlane, static_qos
+from gpufrac.cluster.control import ControlPlane, lease_ttl, static_qos
 from gpufrac.cluster.history import ClusterSampler
 from gpufrac.cluster.metrics import ControlCollector
 from gpufrac.cluster.serving import ClusterServing
@@ -84,6 +84,8 @@ class ControlPlaneService:
         self, specs: Sequence[WorkloadSpec], deployments: Sequence[DeploymentSpec]
     ) -> None:
         check_workload_caps(self.control.store, self.control.settings, specs, deployments)
+        for spec in specs:  # every lease's time to live before anything of the manifest is stored
+            lease_ttl(spec.labels)
 
     def stored_spec(self, tenant: str, name: str) -> dict[str, Any] | None:
         stored = self.control.store.workload(tenant, name)

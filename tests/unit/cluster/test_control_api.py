@@ -196,6 +196,24 @@ def test_a_lease_nobody_keeps_alive_is_given_back(tmp_path: Path) -> None:
     control.close()
 
 
+@pytest.mark.parametrize("ttl", ["nan", "inf", "-1", "0", "soon", "1e9"])
+def test_a_lease_time_to_live_that_is_no_time_is_refused(client: Any, ttl: str) -> None:
+    http, control = client
+    lease = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: l, labels: {gpufrac.io/lease: "
+        f"ray, gpufrac.io/lease-ttl: '{ttl}'}}}}\nspec:\n  type: service\n  command: [sleep, '1']\n"
+        "  resources: {gpu: {count: 1}}\n"
+    )
+    plain = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: first}\nspec:\n  type: service\n"
+    )
+    plain += "  command: [sleep, '1']\n  resources: {gpu: {count: 1}}\n---\n"
+    r = http.post("/api/v1/workloads", content=plain + lease)
+    assert r.status_code == 422, r.text
+    assert "lease-ttl" in r.text and f"not '{ttl}'" in r.text, r.text
+    assert control.store.workloads() == []  # nothing stored, not even the document before it
+
+
 def test_metrics_say_what_the_control_plane_sees(client: Any) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
