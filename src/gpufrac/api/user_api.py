@@ -91,6 +91,21 @@ MISSING: dict[Capability, str] = {
 }
 
 
+def utf8_text(body: bytes) -> str:
+    """A manifest body as text; bytes that are not UTF-8 are an ``InputError`` naming the first
+    one's offset (never replaced: a name or a secret would change without a word)."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = body.count(b"\n", 0, e.start) + 1
+        raise InputError(
+            f"the manifest is not UTF-8: byte 0x{body[e.start]:02x} at offset {e.start} "
+            f"(line {line}) {e.reason}",
+            field="body",
+            fix="send the manifest encoded as UTF-8 (iconv -t UTF-8 FILE)",
+        ) from None
+
+
 def problem_answer(e: InputError) -> JSONResponse:
     """A 422 with one entry per problem (a manifest's are reported all at once)."""
     detail = []
@@ -290,7 +305,7 @@ def user_api(
     async def apply_manifest(request: Request) -> dict[str, Any]:
         who = caller(request)
         body = await request.body()  # already read and bounded by the guard
-        return await run_in_threadpool(apply_manifest_text, who, body.decode("utf-8", "replace"))
+        return await run_in_threadpool(apply_manifest_text, who, utf8_text(body))
 
     def apply_manifest_text(who: Caller, text: str) -> dict[str, Any]:
         """Parse (off the event loop: a manifest can be slow to read) and apply, all or nothing:

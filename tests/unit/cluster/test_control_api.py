@@ -474,3 +474,17 @@ def test_the_control_plane_tells_every_displacement_and_keeps_where_a_job_ran(
     assert ended["phase"] == "succeeded" and ended["node"] == "n1", ended
     assert ended["placement"]["where"]["gpus"] == ["n1/G1"], ended
     control.close()
+
+
+def test_a_manifest_that_is_not_utf8_is_refused_naming_the_offset(client: Any) -> None:
+    """Never replaced without a word: a name or a secret would change."""
+    http, control = client
+    doc = (
+        b"apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: w}\nspec:\n  type: service\n"
+        b"  command: [sleep, '1']\n  env: {SECRET: 'p\xe4ss'}\n  resources: {gpu: {count: 1}}\n"
+    )
+    r = http.post("/api/v1/workloads", content=doc)
+    assert r.status_code == 422, r.text
+    offset = doc.index(b"\xe4")
+    assert f"byte 0xe4 at offset {offset} (line 7)" in r.text and "UTF-8" in r.text, r.text
+    assert control.store.workloads() == []
