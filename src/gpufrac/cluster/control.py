@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import re
 import secrets
 import threading
 import time
@@ -68,6 +69,16 @@ ENDED = -1  # the epoch under which a node's view of a job that ended there is k
 
 
 MAX_PENDING = 100  # nodes waiting for an admin's approval at once; more joins are refused
+
+
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """A node's text as it is stored: control characters (terminal escapes, a carriage return
+    that rewrites a line, a newline that fakes one) as ``\\xNN``, so what a node says reaches
+    ``events`` and ``describe`` as text, never as a terminal's commands."""
+    return _CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 LEASE_TTL_DEFAULT_S = 30.0
@@ -536,7 +547,7 @@ class ControlPlane:
         for e in events[:room]:
             if e.kind in CONTROL_KINDS:  # the control plane's own: no node speaks for it
                 continue
-            key = e.subject
+            key, kind, message = e.subject, printable(e.kind), printable(e.message)
             a = self.core.assigned.get(key)
             ours = (
                 (a is not None and a.node == name)
@@ -544,10 +555,11 @@ class ControlPlane:
                 or name in self.core.revoked.get(key, {})
             )
             if ours:
-                self.store.record_event(e.kind, key, f"{e.message} (node {name})")
+                said = f"{message} (node {name})"
+                self.store.record_event(kind, key, said, relayed_by=name)
             elif "/" not in key:  # a GPU's, or the node's own
-                said = e.message if key == name else f"{key}: {e.message}"
-                self.store.record_event(e.kind, name, said)
+                said = message if key == name else f"{printable(key)}: {message}"
+                self.store.record_event(kind, name, said, relayed_by=name)
 
     def keep_alive(self, tenant: str, name: str) -> bool:
         """A lease's holder (a Ray driver) says it still uses it (False: no such lease)."""

@@ -166,7 +166,14 @@ class ControlPlaneService:
         tenant: str | None = None,
         after: int | None = None,
     ) -> list[Event]:
-        return self.control.store.events(subject, limit=limit, tenant=tenant, after=after)
+        # newest first: any one node's passed-on events fill at most half the view (a node that
+        # floods its workloads' events buries no one's own); following (after) misses none, and a
+        # node's own view (describe node) is all its own
+        own = subject is not None and "/" not in subject
+        share = None if after is not None or own else max(1, limit // 2)
+        return self.control.store.events(
+            subject, limit=limit, tenant=tenant, after=after, per_relayer=share
+        )
 
     def log_tail(self, tenant: str, name: str, tail: int) -> tuple[str | None, list[str]] | None:
         """Read from the node it runs (or ran) on, with that node's own credential."""

@@ -115,6 +115,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             since REAL NOT NULL           -- when it came to this state (wall clock)
         )""",
     ),
+    9: (
+        # the node that passed the event on (a cluster's control plane; NULL: its own): a view
+        # shows at most a share of any one node's, so no node buries the others' events
+        "ALTER TABLE events ADD COLUMN relayed_by TEXT",
+    ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 EVENTS_KEPT = 50_000  # the newest events kept; older ones are pruned as new ones come
@@ -530,13 +535,23 @@ class Store:
         *,
         cause: str | None = None,
         mentions: tuple[str, ...] = (),
+        relayed_by: str | None = None,
     ) -> None:
         """Store an event; ``details`` (where a workload runs, say) go to the listeners only.
         ``cause`` and ``mentions``: the workloads the message names besides its subject (the
         workload that caused it; others), kept so that each reader is shown only the names it may
-        see."""
+        see. ``relayed_by``: the node that passed it on (``events``' ``per_relayer``)."""
         with self.transaction() as db:
-            self._event(db, kind, subject, message, details, cause=cause, mentions=mentions)
+            self._event(
+                db,
+                kind,
+                subject,
+                message,
+                details,
+                cause=cause,
+                mentions=mentions,
+                relayed_by=relayed_by,
+            )
         self._since_prune += 1
         if self._since_prune >= PRUNE_EVERY:
             self.prune_events()
@@ -561,12 +576,14 @@ class Store:
         *,
         cause: str | None = None,
         mentions: tuple[str, ...] = (),
+        relayed_by: str | None = None,
     ) -> None:
         at = time.time()
+        named = json.dumps(list(mentions)) if mentions else None
         row = db.execute(
-            "INSERT INTO events (at, kind, subject, message, cause, mentions) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (at, kind, subject, message, cause, json.dumps(list(mentions)) if mentions else None),
+            "INSERT INTO events (at, kind, subject, message, cause, mentions, relayed_by) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (at, kind, subject, message, cause, named, relayed_by),
         )
         if self.listeners:
             event = Event(int(row.lastrowid or 0), at, kind, subject, message, cause, mentions)
@@ -579,10 +596,19 @@ class Store:
         limit: int = 100,
         tenant: str | None = None,
         after: int | None = None,
+        per_relayer: int | None = None,
     ) -> list[Event]:
         """The newest ``limit`` events (of one subject, or of one tenant's workloads), oldest first;
-        with ``after``, the oldest ``limit`` of those whose id is above it (to follow new ones)."""
+        with ``after``, the oldest ``limit`` of those whose id is above it (to follow new ones).
+        With ``per_relayer``, at most that many of those any one node passed on (the newest):
+        one node's flood does not bury the rest."""
         sql = "SELECT id, at, kind, subject, message, cause, mentions FROM events WHERE 1"
+        if per_relayer is not None:
+            sql = (
+                "SELECT id, at, kind, subject, message, cause, mentions FROM (SELECT *, "
+                "ROW_NUMBER() OVER (PARTITION BY relayed_by ORDER BY id "
+                f"{'ASC' if after is not None else 'DESC'}) AS nth FROM events WHERE 1"
+            )
         args: tuple[Any, ...] = ()
         if subject is not None:
             sql += " AND subject = ?"
@@ -591,8 +617,13 @@ class Store:
             sql += " AND subject LIKE ?"
             args = (f"{tenant}/%",)
         if after is not None:
-            sql += " AND id > ? ORDER BY id LIMIT ?"
-            rows = self.db.execute(sql, (*args, after, limit)).fetchall()
+            sql += " AND id > ?"
+            args = (*args, after)
+        if per_relayer is not None:
+            sql += ") WHERE relayed_by IS NULL OR nth <= ?"
+            args = (*args, per_relayer)
+        if after is not None:
+            rows = self.db.execute(sql + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
         else:
             rows = self.db.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
             rows.reverse()

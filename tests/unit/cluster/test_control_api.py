@@ -488,3 +488,35 @@ def test_a_manifest_that_is_not_utf8_is_refused_naming_the_offset(client: Any) -
     offset = doc.index(b"\xe4")
     assert f"byte 0xe4 at offset {offset} (line 7)" in r.text and "UTF-8" in r.text, r.text
     assert control.store.workloads() == []
+
+
+def test_what_a_node_says_is_stored_as_text_and_buries_no_one(tmp_path: Path) -> None:
+    """Terminal escapes in a node's events are stored escaped; one node's flood about a tenant's
+    workload fills at most half of that tenant's newest-100 view."""
+    from gpufrac.cluster.core import NodeEvent, Report
+
+    control = ControlPlane(tmp_path)
+    http = TestClient(create_control_app(control, cluster_token=TOKEN))
+    http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("G1")]}, headers=NODE)
+    control.approve("n1")
+    doc = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {}, tenant: a}}\nspec:\n"
+        "  command: [sleep, '60']\n  resources: {{gpu: {{fraction: 0.1}}}}\n"
+    )
+    assert http.post("/api/v1/workloads", content=doc.format("w")).status_code == 200
+    evil = "\x1b]0;pwned\x07\x1b[2J\rok\nfake line"
+    control.heartbeat("n1", Report(), {}, None, [NodeEvent("started", "a/w", evil)])
+    control.heartbeat("n1", Report(), {}, None, [NodeEvent("xid", "n1", evil)])
+    said = [e.message for e in control.store.events(limit=50) if e.kind in ("started", "xid")]
+    assert said and all("\x1b" not in m and "\r" not in m and "\n" not in m for m in said), said
+    assert "\\x1b]0;pwned\\x07" in said[0], said
+    shown = http.get("/api/v1/events").json()["events"]
+    assert not any("\x1b" in e["message"] for e in shown)
+    for name in ("x1", "x2", "x3"):  # the tenant's own events, from the control plane
+        assert http.post("/api/v1/workloads", content=doc.format(name)).status_code == 200
+    flood = [NodeEvent("started", "a/w", f"flood {i}") for i in range(150)]
+    control.heartbeat("n1", Report(), {}, None, flood)
+    view = http.get("/api/v1/events", params={"tenant": "a"}).json()["events"]
+    assert sum(1 for e in view if e["message"].startswith("flood")) <= 50
+    assert {"a/x1", "a/x2", "a/x3"} <= {e["subject"] for e in view if e["kind"] == "applied"}
+    control.close()
