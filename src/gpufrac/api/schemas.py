@@ -19,6 +19,7 @@ from gpufrac.model.gpu import Health, MigMode
 from gpufrac.model.migplan import MigActionKind
 from gpufrac.model.workload import Mode, QosMode
 from gpufrac.planning.sched_decision import ActionKind, DisplaceAction, EndPhase, Outcome
+from gpufrac.planning.views import Capability
 
 # JSON numbers as the agent computes them: an int stays an int, a float a float (not 5 -> 5.0)
 Number = int | float
@@ -515,13 +516,13 @@ class OutcomeCleared(Answer):
 
 class UnsupportedAnswer(Answer):
     """501, as ``application/problem+json`` (RFC 9457): what this server lacks (a cluster's
-    control plane sets no MIG layout, one machine keeps no Ray lease)."""
+    control plane sets no MIG layout, one machine keeps no Ray lease nor admits nodes)."""
 
     type: str
     title: str
     status: Literal[501]
     detail: str
-    capability: Literal["mig-layouts", "ray-leases", "deployments"]
+    capability: Capability  # the one closed set (planning.views): a new one is described too
 
 
 class HistoryTrack(Answer):
