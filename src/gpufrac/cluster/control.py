@@ -556,10 +556,10 @@ class ControlPlane:
             )
             if ours:
                 said = f"{message} (node {name})"
-                self.store.record_event(kind, key, said, relayed_by=name)
+                self.store.record_relayed(kind, key, said, name)
             elif "/" not in key:  # a GPU's, or the node's own
                 said = message if key == name else f"{printable(key)}: {message}"
-                self.store.record_event(kind, name, said, relayed_by=name)
+                self.store.record_relayed(kind, name, said, name)
 
     def keep_alive(self, tenant: str, name: str) -> bool:
         """A lease's holder (a Ray driver) says it still uses it (False: no such lease)."""

@@ -526,6 +526,17 @@ class Store:
 
     # -- events ---------------------------------------------------------------------------------
 
+    def record_relayed(self, kind: str, subject: str, message: str, node: str) -> None:
+        """Store an event a cluster's node passed on, with the node (``events``'
+        ``per_relayer``: no one node's events bury the others'); it counts toward the prune as
+        every event does."""
+        with self.transaction() as db:
+            self._event(db, kind, subject, message)
+            db.execute("UPDATE events SET relayed_by = ? WHERE id = last_insert_rowid()", (node,))
+        self._since_prune += 1
+        if self._since_prune >= PRUNE_EVERY:
+            self.prune_events()
+
     def record_event(
         self,
         kind: str,
@@ -535,23 +546,13 @@ class Store:
         *,
         cause: str | None = None,
         mentions: tuple[str, ...] = (),
-        relayed_by: str | None = None,
     ) -> None:
         """Store an event; ``details`` (where a workload runs, say) go to the listeners only.
         ``cause`` and ``mentions``: the workloads the message names besides its subject (the
         workload that caused it; others), kept so that each reader is shown only the names it may
-        see. ``relayed_by``: the node that passed it on (``events``' ``per_relayer``)."""
+        see."""
         with self.transaction() as db:
-            self._event(
-                db,
-                kind,
-                subject,
-                message,
-                details,
-                cause=cause,
-                mentions=mentions,
-                relayed_by=relayed_by,
-            )
+            self._event(db, kind, subject, message, details, cause=cause, mentions=mentions)
         self._since_prune += 1
         if self._since_prune >= PRUNE_EVERY:
             self.prune_events()
@@ -576,14 +577,12 @@ class Store:
         *,
         cause: str | None = None,
         mentions: tuple[str, ...] = (),
-        relayed_by: str | None = None,
     ) -> None:
         at = time.time()
-        named = json.dumps(list(mentions)) if mentions else None
         row = db.execute(
-            "INSERT INTO events (at, kind, subject, message, cause, mentions, relayed_by) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (at, kind, subject, message, cause, named, relayed_by),
+            "INSERT INTO events (at, kind, subject, message, cause, mentions) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (at, kind, subject, message, cause, json.dumps(list(mentions)) if mentions else None),
         )
         if self.listeners:
             event = Event(int(row.lastrowid or 0), at, kind, subject, message, cause, mentions)
