@@ -138,6 +138,8 @@ def test_the_cli_talks_to_the_agent(agent: RunningAgent, tmp_path: Path) -> None
     assert cli("logs", "cli").stdout.strip() == "done"
     assert cli("logs", "cli", "-f").stdout.strip() == "done"  # follows until the job is over
     assert "CUDA_VISIBLE_DEVICES" in cli("describe", "workload", "cli").stdout
+    known = cli("clear-unknown", "cli")  # its outcome is known (exit 0): nothing to clear
+    assert known.returncode != 0 and "is not unknown" in known.stdout + known.stderr, known
     assert cli("delete", "cli").returncode == 0
     assert cli("delete", "cli").returncode == 1
 

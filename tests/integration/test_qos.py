@@ -308,6 +308,10 @@ def test_bad_lines_are_answered_and_workloads_cannot_give_agent_commands(link, s
         # a process the agent did not start is no workload, whatever it claims to be
         s.sendall(b'H {"workload": "t/raw", "domain": "gpu-0", "qos": {"rank": 100}}\n')
         assert s.recv(4096).startswith(b"E ") and "t/raw" not in link.stats()
+        for line in (b"A", b"R"):  # and on a connection whose hello was refused, no turn at all
+            s.sendall(line + b"\n")
+            answer = s.recv(4096)
+            assert answer.startswith(b"E ") and b"hello was refused" in answer, (line, answer)
         spawn("t/real", 0)  # the arbiter survived all of it and still grants turns
         wait_for(lambda: link.stats().get("t/real", {}).get("turns", 0) > 5, what="turns")
     finally:

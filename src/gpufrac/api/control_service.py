@@ -94,6 +94,12 @@ class ControlService(Protocol):
 
     def delete_workload(self, tenant: str, name: str) -> bool: ...
 
+    def clear_unknown(self, tenant: str, name: str) -> bool | None:
+        """An admin's word on a workload whose last attempt's outcome is unknown
+        (``clear-unknown``): it counts as failed, and its restart policy applies. None: no such
+        workload; False: its outcome is not unknown."""
+        ...
+
     def keep_alive(self, tenant: str, name: str) -> bool:
         """A Ray lease's holder still uses it (``ray-leases``); False: no such lease."""
         ...

@@ -25,7 +25,9 @@ from gpufrac.planning.views import Capability
 Number = int | float
 # runtime.agent.Phase (not imported: the CLI reads answers without loading the agent; a test checks
 # that the two are the same)
-Phase = Literal["pending", "starting", "running", "paused", "backoff", "succeeded", "failed"]
+Phase = Literal[
+    "pending", "starting", "running", "paused", "backoff", "unknown", "succeeded", "failed"
+]
 ApplyResult = Literal["created", "replaced", "updated", "unchanged", "refused"]
 DeploymentApplyResult = Literal["created", "updated", "unchanged"]
 
@@ -506,6 +508,10 @@ class NodeJudged(Answer):
 
 class KeptAlive(Answer):
     kept: str
+
+
+class OutcomeCleared(Answer):
+    cleared: str  # TENANT/NAME: its unknown outcome now counts as a failed attempt
 
 
 class UnsupportedAnswer(Answer):

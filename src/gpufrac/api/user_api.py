@@ -44,6 +44,7 @@ from gpufrac.api.schemas import (
     NodeDetail,
     NodeJudged,
     NodeList,
+    OutcomeCleared,
     ScaleBody,
     Uncordoned,
     WhoAmI,
@@ -85,7 +86,24 @@ MISSING: dict[Capability, str] = {
     "deployments": NO_DEPLOYMENTS,
     "node-admission": "one machine's agent admits no nodes: nodes join a cluster's control plane "
     "(docs/cluster.md, Admission)",
+    "clear-unknown": "a cluster's control plane does not hold the outcomes of runs: clear it on "
+    "the node's agent (gpufrac clear-unknown --server NODE_AGENT; docs/agent.md)",
 }
+
+
+def utf8_text(body: bytes) -> str:
+    """A manifest body as text; bytes that are not UTF-8 are an ``InputError`` naming the first
+    one's offset (never replaced: a name or a secret would change without a word)."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = body.count(b"\n", 0, e.start) + 1
+        raise InputError(
+            f"the manifest is not UTF-8: byte 0x{body[e.start]:02x} at offset {e.start} "
+            f"(line {line}) {e.reason}",
+            field="body",
+            fix="send the manifest encoded as UTF-8 (iconv -t UTF-8 FILE)",
+        ) from None
 
 
 def problem_answer(e: InputError) -> JSONResponse:
@@ -287,7 +305,7 @@ def user_api(
     async def apply_manifest(request: Request) -> dict[str, Any]:
         who = caller(request)
         body = await request.body()  # already read and bounded by the guard
-        return await run_in_threadpool(apply_manifest_text, who, body.decode("utf-8", "replace"))
+        return await run_in_threadpool(apply_manifest_text, who, utf8_text(body))
 
     def apply_manifest_text(who: Caller, text: str) -> dict[str, Any]:
         """Parse (off the event loop: a manifest can be slow to read) and apply, all or nothing:
@@ -414,6 +432,28 @@ def user_api(
         if found is None:
             raise HTTPException(404, f"no workload {tenant}/{name}")
         return {"run": found[0], "lines": found[1]}
+
+    @api.post(
+        "/api/v1/workloads/{tenant}/{name}/clear-unknown",
+        response_model=OutcomeCleared,
+        responses={**ANY, **errors(403, 404, 409), **LACKING},
+    )
+    def clear_unknown(request: Request, tenant: str, name: str) -> dict[str, Any]:
+        """An admin's word on a workload whose last attempt's outcome is unknown (its shim died
+        without a record): it counts as a failed attempt, and its restart policy applies (until
+        then, a job or an ``on-failure`` workload is not run again: it may have exited 0)."""
+        if not caller(request).admin:
+            raise HTTPException(403, "only the admin token may clear an unknown outcome")
+        need("clear-unknown")
+        found = service.clear_unknown(tenant, name)
+        if found is None:
+            raise HTTPException(404, f"no workload {tenant}/{name}")
+        if not found:
+            raise HTTPException(
+                409, f"the outcome of {tenant}/{name}'s last attempt is not unknown"
+            )
+        service.wake()
+        return {"cleared": f"{tenant}/{name}"}
 
     @api.post(
         "/api/v1/workloads/{tenant}/{name}/keepalive",

@@ -475,6 +475,26 @@ def delete_command(
     console.print(f"{tenant_}/{name} deleted", highlight=False)
 
 
+def clear_unknown_command(
+    name: Annotated[str, typer.Argument(help="The workload's name (or TENANT/NAME).")],
+    tenant: TenantOpt = None,
+    server: ServerOpt = None,
+) -> None:
+    """Admin: let a workload whose last attempt's outcome is unknown (its shim died without a
+    record) count that attempt as failed, so its restart policy applies again (until then a job or
+    an on-failure workload is not run again: it may have exited 0)."""
+    tenant_, name = qualified(name, tenant, server)
+    r = request("POST", server, f"/api/v1/workloads/{tenant_}/{name}/clear-unknown")
+    if r.status_code == 404:
+        raise fail(
+            f"no workload {tenant_}/{name}", 1, _elsewhere(server, "workload", tenant_, name)
+        )
+    answer(r)
+    console.print(
+        f"{tenant_}/{name}: its unknown outcome counts as a failed attempt", highlight=False
+    )
+
+
 def logs_command(
     name: Annotated[str, typer.Argument(help="The workload's (or deployment's) name.")],
     tenant: TenantOpt = None,

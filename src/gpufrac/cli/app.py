@@ -15,6 +15,7 @@ from gpufrac.cli.actions import print_actions
 from gpufrac.cli.agent_cmds import (
     agent_command,
     apply_command,
+    clear_unknown_command,
     cordon_command,
     delete_command,
     describe_command,
@@ -58,6 +59,7 @@ app.command("apply")(apply_command)
 app.command("get")(get_command)
 app.command("describe")(describe_command)
 app.command("delete")(delete_command)
+app.command("clear-unknown")(clear_unknown_command)
 app.command("logs")(logs_command)
 app.command("events")(events_command)
 app.command("up")(up_command)

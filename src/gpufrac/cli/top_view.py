@@ -20,7 +20,7 @@ from gpufrac.runtime.agent import PHASES
 SortKey = Literal["name", "phase", "gpu", "memory", "restarts"]
 SORT_KEYS: tuple[SortKey, ...] = get_args(SortKey)
 PHASE_STYLE = {"running": "green", "succeeded": "green", "failed": "red", "backoff": "yellow"}
-PHASE_STYLE |= {"pending": "yellow", "paused": "magenta", "starting": "cyan"}
+PHASE_STYLE |= {"pending": "yellow", "paused": "magenta", "starting": "cyan", "unknown": "red"}
 BAR = 24  # cells of a memory bar
 GIB = 1024
 

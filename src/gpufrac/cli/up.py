@@ -253,6 +253,7 @@ def _view(
             "succeeded": "green",
             "failed": "red",
             "backoff": "yellow",
+            "unknown": "red",
             "pending": "yellow",
         }.get(st.phase if st else "", "")
         phase = f"[{style}]{st.phase}[/]" if st and style else (st.phase if st else "")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import re
 import secrets
 import threading
 import time
@@ -68,6 +69,40 @@ ENDED = -1  # the epoch under which a node's view of a job that ended there is k
 
 
 MAX_PENDING = 100  # nodes waiting for an admin's approval at once; more joins are refused
+
+
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """A node's text as it is stored: control characters (terminal escapes, a carriage return
+    that rewrites a line, a newline that fakes one) as ``\\xNN``, so what a node says reaches
+    ``events`` and ``describe`` as text, never as a terminal's commands."""
+    return _CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+LEASE_TTL_DEFAULT_S = 30.0
+LEASE_TTL_MAX_S = 86_400.0
+
+
+def lease_ttl(labels: Mapping[str, str]) -> float:
+    """A lease's time to live in seconds from its label (30 without one): a finite number above 0
+    and at most a day; anything else (``nan``, ``inf``, ``-1``, a word) is an ``InputError``."""
+    text = labels.get(LEASE_TTL_LABEL)
+    if text is None or text == "":
+        return LEASE_TTL_DEFAULT_S
+    try:
+        ttl = float(text)
+    except ValueError:
+        ttl = float("nan")
+    if not (0 < ttl <= LEASE_TTL_MAX_S):  # NaN fails every comparison
+        raise InputError(
+            f"a lease's time to live must be a number of seconds above 0 and at most "
+            f"{LEASE_TTL_MAX_S:g}, not {text!r}",
+            field=f"metadata.labels.{LEASE_TTL_LABEL}",
+            fix="give seconds, such as '30' (or leave the label out: 30 s)",
+        )
+    return ttl
 
 
 class NodeRefused(Exception):
@@ -512,7 +547,7 @@ class ControlPlane:
         for e in events[:room]:
             if e.kind in CONTROL_KINDS:  # the control plane's own: no node speaks for it
                 continue
-            key = e.subject
+            key, kind, message = e.subject, printable(e.kind), printable(e.message)
             a = self.core.assigned.get(key)
             ours = (
                 (a is not None and a.node == name)
@@ -520,10 +555,11 @@ class ControlPlane:
                 or name in self.core.revoked.get(key, {})
             )
             if ours:
-                self.store.record_event(e.kind, key, f"{e.message} (node {name})")
+                said = f"{message} (node {name})"
+                self.store.record_relayed(kind, key, said, name)
             elif "/" not in key:  # a GPU's, or the node's own
-                said = e.message if key == name else f"{key}: {e.message}"
-                self.store.record_event(e.kind, name, said)
+                said = message if key == name else f"{printable(key)}: {message}"
+                self.store.record_relayed(kind, name, said, name)
 
     def keep_alive(self, tenant: str, name: str) -> bool:
         """A lease's holder (a Ray driver) says it still uses it (False: no such lease)."""
@@ -542,9 +578,9 @@ class ControlPlane:
             if LEASE_LABEL not in labels:
                 continue
             try:
-                ttl = float(labels.get(LEASE_TTL_LABEL) or 30)
-            except ValueError:
-                ttl = 30.0
+                ttl = lease_ttl(labels)
+            except InputError:  # stored before the label was checked
+                ttl = LEASE_TTL_DEFAULT_S
             last = self.kept_alive.setdefault(w.key, now)  # after a restart: from now
             if now - last > ttl:
                 self.delete(w.tenant, w.name)
@@ -689,6 +725,7 @@ class ControlPlane:
 
     def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision]:
         key = workload_key(spec)
+        lease_ttl(spec.labels)  # a lease's time to live is checked before anything is stored
         with self.lock:
             raw = spec_to_json(spec)
             stored = self.store.workload(spec.tenant, spec.name)

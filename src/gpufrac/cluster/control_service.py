@@ -12,7 +12,7 @@ from typing import Any, assert_never
 
 import httpx
 
-from gpufrac.cluster.control import ControlPlane, static_qos
+from gpufrac.cluster.control import ControlPlane, lease_ttl, static_qos
 from gpufrac.cluster.history import ClusterSampler
 from gpufrac.cluster.metrics import ControlCollector
 from gpufrac.cluster.serving import ClusterServing
@@ -84,6 +84,8 @@ class ControlPlaneService:
         self, specs: Sequence[WorkloadSpec], deployments: Sequence[DeploymentSpec]
     ) -> None:
         check_workload_caps(self.control.store, self.control.settings, specs, deployments)
+        for spec in specs:  # every lease's time to live before anything of the manifest is stored
+            lease_ttl(spec.labels)
 
     def stored_spec(self, tenant: str, name: str) -> dict[str, Any] | None:
         stored = self.control.store.workload(tenant, name)
@@ -105,6 +107,12 @@ class ControlPlaneService:
 
     def delete_workload(self, tenant: str, name: str) -> bool:
         return self.control.delete(tenant, name)
+
+    def clear_unknown(self, tenant: str, name: str) -> bool | None:
+        raise Unsupported(
+            "clear-unknown",
+            "the control plane does not hold runs' outcomes: clear it on the node's agent",
+        )
 
     def keep_alive(self, tenant: str, name: str) -> bool:
         return self.control.keep_alive(tenant, name)
@@ -158,7 +166,14 @@ class ControlPlaneService:
         tenant: str | None = None,
         after: int | None = None,
     ) -> list[Event]:
-        return self.control.store.events(subject, limit=limit, tenant=tenant, after=after)
+        # newest first: any one node's passed-on events fill at most half the view (a node that
+        # floods its workloads' events buries no one's own); following (after) misses none, and a
+        # node's own view (describe node) is all its own
+        own = subject is not None and "/" not in subject
+        share = None if after is not None or own else max(1, limit // 2)
+        return self.control.store.events(
+            subject, limit=limit, tenant=tenant, after=after, per_relayer=share
+        )
 
     def log_tail(self, tenant: str, name: str, tail: int) -> tuple[str | None, list[str]] | None:
         """Read from the node it runs (or ran) on, with that node's own credential."""

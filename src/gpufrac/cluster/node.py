@@ -37,6 +37,7 @@ from gpufrac.cluster.wire import (
     report_to_wire,
 )
 from gpufrac.model.caller import ADMIN
+from gpufrac.model.event import Event
 from gpufrac.model.workload import spec_from_json
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
@@ -265,6 +266,7 @@ class NodeAgent:
         self.lease_file = agent.data_dir / LEASE_FILE
         agent.run_under_lease(self.lease_file)
         self.answered: float | None = None  # when the last answer's heartbeat was sent
+        self.stepped: float | None = None  # when the last step began (a gap: this node stopped)
         self.joined = False
         self.waiting_approval = False
         self.fenced = False
@@ -289,7 +291,11 @@ class NodeAgent:
 
     def step(self) -> list[WorkloadState]:
         """One reconcile pass and one heartbeat; returns the pass's workload states."""
-        self._fence_if_unanswered()  # before the pass, which would restart what shims stopped
+        now, before = self.clock(), self.stepped
+        self.stepped = now
+        stopped = None if before is None else now - before
+        self._fence_if_unanswered(stopped)  # before the pass, which would restart what shims
+        # stopped
         if not self.fenced and self._lease_ran_out() and self.agent.store.workloads():
             # started again after its lease ended (the shims stopped their workloads): nothing
             # here runs again before an answer gives it again
@@ -334,6 +340,7 @@ class NodeAgent:
                     )
                 self.waiting_approval = True
             case "lost":  # its work was placed elsewhere: stop everything, then join again
+                self._taken(batch)  # the control plane took them: never sent (stored) again
                 self.fence("the control plane held this node lost")
                 self.joined = False
                 return states
@@ -345,9 +352,7 @@ class NodeAgent:
         if self.unreachable:
             self.say("the control plane answers again")
         self.answered, self.fenced, self.unreachable = sent, False, False
-        if batch:  # taken: not sent again
-            self.relayed = batch[-1].id
-            self.relayed_file.write_text(f"{self.relayed}\n")
+        self._taken(batch)
         # well inside the control plane's lease, whatever it is: stopped before it ends
         self.fence_s = min(self.fence_at_most, answer.lease_s * FENCE_SHARE)
         write_lease(self.lease_file, sent_wall + self.fence_s, self.kill_grace_s)
@@ -358,11 +363,27 @@ class NodeAgent:
         lease = read_lease(self.lease_file)
         return lease is not None and time.time() > lease[0]
 
-    def _fence_if_unanswered(self) -> None:
+    def _taken(self, batch: Sequence[Event]) -> None:
+        """The control plane took these of this node's events: not sent again."""
+        if batch:
+            self.relayed = batch[-1].id
+            self.relayed_file.write_text(f"{self.relayed}\n")
+
+    def _fence_if_unanswered(self, stopped: float | None = None) -> None:
+        """Fence once nothing has been answered for ``fence_s``, saying what happened: this node
+        did not run for ``stopped`` seconds (frozen, stopped) while its lease ran out, or the
+        control plane did not answer it."""
         if self.answered is None:
             return
         silent = self.clock() - self.answered
-        if silent >= self.fence_s:
+        if silent < self.fence_s:
+            return
+        if stopped is not None and stopped >= self.fence_s:
+            self.fence(
+                f"this node was stopped (frozen?) for {stopped:.1f} s and its lease ran out "
+                "meanwhile"
+            )
+        else:
             self.fence(f"the control plane has not answered for {silent:.1f} s")
 
     def report(self, states: list[WorkloadState]) -> Report:
@@ -375,8 +396,11 @@ class NodeAgent:
             match s.phase:
                 case "succeeded" | "failed":
                     ended[s.key] = (epoch, s.phase)
-                case "pending" | "starting" | "running" | "paused" | "backoff":
+                # unknown: it keeps its place (not ended: placing it again could run it twice)
+                case "pending" | "starting" | "running" | "paused" | "backoff" | "unknown":
                     running[s.key] = epoch
+                case _:
+                    assert_never(s.phase)
         return Report(running=running, ended=ended)
 
     def views(self, states: list[WorkloadState]) -> Views:

@@ -85,6 +85,18 @@ class Mig(Strict):
     @model_validator(mode="after")
     def _profile_on_model(self) -> Self:
         gpu = catalog()[self.model] if self.model is not None else None
+        known = sorted({p.name for m in catalog().values() for p in m.profiles}, key=_profile_order)
+        if gpu is None and self.profile not in known:
+            report(
+                "Mig",
+                [
+                    (
+                        ("profile",),
+                        f"no GPU model gpufrac knows has the MIG profile {self.profile}",
+                        f"use one of: {', '.join(known)}",
+                    )
+                ],
+            )
         if gpu is not None and not gpu.has_profile(self.profile):
             report(
                 "Mig",
@@ -97,6 +109,13 @@ class Mig(Strict):
                 ],
             )
         return self
+
+
+def _profile_order(name: str) -> tuple[int, int, str]:
+    """Profiles by slices, then memory: 1g.5gb, 1g.10gb, ..., 7g.80gb."""
+    slices, _, rest = name.partition("g.")
+    memory = rest.split("gb", 1)[0]
+    return (int(slices), int(memory) if memory.isdigit() else 0, name)
 
 
 def _mig_short_form(value: object) -> object:

@@ -12,12 +12,13 @@ from gpufrac.planning.sched_decision import StoredPlacement
 
 Role = Literal["agent", "control-plane"]
 # what one side of the API may lack: the route is there on both, and answers 501 where it is
-Capability = Literal["mig-layouts", "ray-leases", "deployments", "node-admission"]
+Capability = Literal["mig-layouts", "ray-leases", "deployments", "node-admission", "clear-unknown"]
 CAPABILITIES: tuple[Capability, ...] = (
     "mig-layouts",
     "ray-leases",
     "deployments",
     "node-admission",
+    "clear-unknown",
 )
 # an admin's word on a node that joined with the cluster token (docs/cluster.md, Admission)
 Verdict = Literal["approve", "deny", "revoke"]

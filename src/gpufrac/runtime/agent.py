@@ -88,7 +88,9 @@ from gpufrac.runtime.shim import (
     LOG,
     ShimStatus,
     abandon,
+    clear_unknown,
     launching,
+    outcome_pending,
     read_status,
 )
 from gpufrac.runtime.store import Store, StoredWorkload
@@ -104,7 +106,11 @@ __all__ = [
 
 # Fields whose change applies to a running workload at once, without a restart (the QoS arbiter's).
 LIVE_FIELDS = frozenset({"priority", "qos", "weight", "min_share_milli", "preemption"})
-Phase = Literal["pending", "starting", "running", "paused", "backoff", "succeeded", "failed"]
+# ``unknown``: how its last attempt ended is not known (its shim cannot record it yet, or died
+# without a record); the restart policy waits where the outcome decides (``Agent.clear_unknown``)
+Phase = Literal[
+    "pending", "starting", "running", "paused", "backoff", "unknown", "succeeded", "failed"
+]
 PHASES: tuple[Phase, ...] = get_args(Phase)
 
 
@@ -411,6 +417,24 @@ class Agent:
             self.executor.record(self.scheduler.delete(tenant, name))
         return True
 
+    def clear_unknown(self, tenant: str, name: str, by: str = "cleared by an admin") -> bool | None:
+        """An admin's word on a workload whose last attempt's outcome is unknown: it counts as a
+        failed attempt from now on, and the restart policy applies. None if there is no such
+        workload; False if its outcome is not unknown."""
+        with self.lock:
+            stored = self.store.workload(tenant, name)
+            if stored is None:
+                return None
+            run = self.runs.latest(tenant, name, stored.generation)
+            if run is None or not clear_unknown(run, by):
+                return False
+            self.store.record_event(
+                "outcome_cleared",
+                f"{tenant}/{name}",
+                f"its unknown outcome counts as failed ({by})",
+            )
+            return True
+
     def _remove_runs(self, tenant: str, name: str) -> None:
         root = self.runs.of(tenant, name)
         self.runs.remove(tenant, name)
@@ -559,7 +583,9 @@ class Agent:
             ("stopping idle MPS daemons", self.gpu_care.stop_idle_mps),
             ("giving free memory back", self.native_memory.upkeep),
         ):
-            if self.failures.waiting("agent", what) is not None:
+            # writing the store is tried every pass (a small write): /health is ok again within
+            # one pass of the space coming back, not after the backoff
+            if what != "writing the store" and self.failures.waiting("agent", what) is not None:
                 continue
             try:
                 fn()
@@ -670,9 +696,17 @@ class Agent:
         if status is not None and not status.done:
             if status.shim_alive and status.child_pid is None:  # the shim is starting it
                 return Step(s.state("starting", "starting its process"))
+            assert s.latest is not None
+            if outcome_pending(s.latest, status):  # it ended; its shim cannot write how yet
+                return Step(
+                    s.state(
+                        "unknown",
+                        f"its process ended; its shim has not been able to record how yet "
+                        f"(cannot write {s.latest / 'exit.json'}: disk full?); it keeps trying",
+                    )
+                )
             if status.shim_alive:
                 return self._running(s, status)
-            assert s.latest is not None
             if launching(s.latest, status):
                 return Step(s.state("starting", "starting its process"))  # the shim is on its way
             if status.shim_pid is None:
@@ -680,9 +714,10 @@ class Agent:
                     f"its shim did not start within {LAUNCH_TIMEOUT_S:.0f}s (see "
                     f"{s.latest / 'shim.log'})"
                 )
-            else:  # killed, or the machine rebooted: its workload is stopped, and it is a failure
+                status = abandon(s.latest, why)
+            else:  # killed, or the machine rebooted: its workload is stopped; how it ended, unknown
                 why = "its shim died without a record; the workload was stopped"
-            status = abandon(s.latest, why)
+                status = abandon(s.latest, why, unknown=True)
         if status is None:
             return self._start_step(s)
         assert s.latest is not None
@@ -711,6 +746,13 @@ class Agent:
 
     def _after_exit(self, s: Seen, status: ShimStatus, killed: dict[str, object]) -> Step:
         spec, attempts = s.spec, len(s.attempts)
+        if status.unknown and (spec.type == "job" or spec.restart == "on-failure"):
+            # it may have exited 0: running it again could do its work twice
+            why = (
+                f"{status.error or 'how it ended is not known'}; how it ended is not known, so "
+                f"it is not run again until an admin clears it (gpufrac clear-unknown {s.key})"
+            )
+            return Step(s.state("unknown", why))
         ok = status.exit_code == 0
         if spec.type == "job" and ok:
             return Step(self._complete(s, "succeeded", 0))
@@ -720,9 +762,7 @@ class Agent:
         ended = (
             str(killed.get("reason") or "")
             or status.error
-            or (
-                f"exited with {code}" if code is not None else f"exited with signal {status.signal}"
-            )
+            or (f"exited with {code}" if code is not None else f"ended by {status.ended_by()}")
         )
         if not restart or (limit is not None and attempts > limit):
             return Step(self._complete(s, "failed", code, ended))

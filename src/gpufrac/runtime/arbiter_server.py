@@ -91,6 +91,7 @@ class _Conn:
         self.group = group  # its process group when it connected (a workload's)
         self.buf = b""
         self.member: str | None = None
+        self.refused: str | None = None  # why its hello was refused: no turn on it until one holds
 
 
 def _peer_pid(sock: socket.socket) -> int | None:
@@ -283,14 +284,21 @@ class ArbiterServer:
     def _handle(self, conn: _Conn, line: str) -> None:
         op, _, rest = line.partition(" ")
         now = time.monotonic()
+        if op in ("A", "R") and conn.refused is not None:
+            raise ValueError(f"this connection's hello was refused ({conn.refused}): no turn on it")
         if op == "A":
             self._apply(self.policy.acquire(conn.cid, now))
         elif op == "R":
             gpu = float(rest) if rest.strip() else None
             self._apply(self.policy.release(conn.cid, now, gpu))
         elif op == "H":
-            _mapping(rest)  # what the client says of itself is not believed: the kernel is
-            m = self._member_of_peer(conn)
+            try:
+                _mapping(rest)  # what the client says of itself is not believed: the kernel is
+                m = self._member_of_peer(conn)
+            except ValueError as e:
+                conn.refused = str(e)
+                raise
+            conn.refused = None
             self._apply(self.policy.connect(conn.cid, m.key, m.domain, m.qos, now))
             conn.member = key = m.key
             self._send(conn, "K " + json.dumps({"slot": self._slot(key), "flags": FLAGS}))

@@ -230,13 +230,7 @@ class Executor:
         else:
             last = read_status(attempts[-1])
             killed = read_json(attempts[-1] / "killed.json")
-            after = (
-                "eviction"
-                if killed.get(EVICTED)
-                else f"exit {last.exit_code}"
-                if last.exit_code is not None
-                else f"signal {last.signal}"
-            )
+            after = "eviction" if killed.get(EVICTED) else last.ended_by()
             self.store.record_event(
                 "restarted",
                 a.workload,

@@ -64,7 +64,7 @@ class AgentService:
 
     role: Role = "agent"
     # Ray leases are a cluster's (gpufrac.ray talks to a control plane)
-    capabilities: frozenset[Capability] = frozenset({"mig-layouts", "deployments"})
+    capabilities: frozenset[Capability] = frozenset({"mig-layouts", "deployments", "clear-unknown"})
 
     def __init__(self, agent: Agent, *, interval: float = RECONCILE_SECONDS) -> None:
         self.agent = agent
@@ -175,6 +175,9 @@ class AgentService:
     def delete_workload(self, tenant: str, name: str) -> bool:
         with self.lock:
             return self.agent.delete(tenant, name)
+
+    def clear_unknown(self, tenant: str, name: str) -> bool | None:
+        return self.agent.clear_unknown(tenant, name)
 
     def keep_alive(self, tenant: str, name: str) -> bool:
         raise Unsupported("ray-leases", "one machine's agent keeps no Ray lease")

@@ -7,7 +7,10 @@ the agent can be killed, even with ``kill -9``, without taking workloads with it
   shim stays outside it, so signalling the group never hits the shim), and writes ``child.json``;
 * copies the workload's output into ``output.log``, rotated by size (``output.log.1``, ...);
 * passes SIGTERM/SIGINT on to the workload's process group;
-* when the workload ends, writes ``exit.json`` (exit code or signal) atomically, then exits;
+* when the workload ends, writes ``exit.json`` (exit code or signal) atomically, then exits; where
+  it cannot (a full disk), it keeps the outcome in memory and tries again with backoff until the
+  write goes through, and does not exit before (``record_outcome``): meanwhile the agent reads the
+  run's outcome as ``unknown`` (its shim lives, its workload does not: ``outcome_pending``);
 * with a ``view`` (a workload run as a tenant's user, where the agent's Python is closed to it),
   starts the workload in its own mount namespace that shows it the agent's Python
   (``runtime/python_view.py``), made as root before the change of user;
@@ -52,10 +55,24 @@ class ShimStatus:
     finished: float | None
     shim_alive: bool
     error: str | None = None  # why the workload could not start at all
+    # how it ended is not known: its shim died without a record (``abandon``) and nobody cleared it
+    unknown: bool = False
 
     @property
     def done(self) -> bool:
         return self.finished is not None
+
+    def ended_by(self) -> str:
+        """How the run ended, as a person reads it: ``exit 3``, ``signal SIGKILL (9)``, or, where
+        no exit status was recorded (its shim died), ``killed`` (with why, where known)."""
+        if self.exit_code is not None:
+            return f"exit {self.exit_code}"
+        if self.signal is not None:
+            try:
+                return f"signal {signal.Signals(self.signal).name} ({self.signal})"
+            except ValueError:
+                return f"signal {self.signal}"
+        return f"killed ({self.error})" if self.error else "killed"
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
@@ -182,6 +199,7 @@ def read_status(run_dir: Path) -> ShimStatus:
         signal=done.get("signal"),
         finished=done.get("finished"),
         error=done.get("error") if isinstance(done.get("error"), str) else None,
+        unknown=done.get("unknown") is True,
         shim_alive=isinstance(pid, int) and _is_our_shim(pid, run_dir),
     )
 
@@ -195,19 +213,62 @@ def _is_our_shim(pid: int, run_dir: Path) -> bool:
     return b"gpufrac.runtime.shim" in cmdline and str(run_dir).encode() in cmdline
 
 
-def abandon(run_dir: Path, why: str) -> ShimStatus:
+def abandon(run_dir: Path, why: str, *, unknown: bool = False) -> ShimStatus:
     """A run whose shim is gone without a record (killed, or the machine rebooted): its workload's
     process group, if still there, is killed (no shim is left to watch it), and the run is recorded
-    as ended now with ``why``, once, so later passes read an ordinary failed attempt."""
+    as ended now with ``why``, once, so later passes read an ordinary failed attempt; with
+    ``unknown``, as ended with an outcome nobody knows (it may have exited 0), which the agent does
+    not restart on until an admin clears it (``clear_unknown``)."""
     child = _read_json(run_dir / "child.json")
     if child is not None and _group_is_this_runs(int(child["pgid"]), run_dir):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(int(child["pgid"]), signal.SIGKILL)
-    _write_json(
-        run_dir / "exit.json",
-        {"exit_code": None, "signal": None, "finished": time.time(), "error": why},
-    )
+    record: dict[str, Any] = {"exit_code": None, "signal": None, "finished": time.time()}
+    record.update(error=why, unknown=unknown)
+    _write_json(run_dir / "exit.json", record)
     return read_status(run_dir)
+
+
+def clear_unknown(run_dir: Path, by: str) -> bool:
+    """An admin's word that a run whose outcome is unknown may count as failed (and be restarted
+    as its policy says). False if the run's outcome is not unknown."""
+    done = _read_json(run_dir / "exit.json")
+    if done is None or done.get("unknown") is not True:
+        return False
+    done.update(unknown=False, error=f"{done.get('error') or 'its outcome was unknown'}; {by}")
+    _write_json(run_dir / "exit.json", done)
+    return True
+
+
+def outcome_pending(run_dir: Path, status: ShimStatus) -> bool:
+    """Its shim lives but its workload has ended: the shim holds the outcome and has not written
+    it yet (it cannot: a full disk), so how the run ended is not known yet."""
+    if status.done or not status.shim_alive or status.child_pid is None:
+        return False
+    child = _read_json(run_dir / "child.json")
+    return child is not None and not _group_is_this_runs(int(child["pgid"]), run_dir)
+
+
+def record_outcome(
+    run_dir: Path, outcome: dict[str, Any], *, first: float = 0.05, most: float = 2.0
+) -> int:
+    """Write ``exit.json``, trying again with backoff (``first`` doubling up to ``most`` seconds)
+    for as long as the write fails (a full disk): the outcome is held in memory meanwhile and the
+    shim does not exit before it is written, unless its run directory is gone (removed with its
+    workload, or its node's data: nobody is left to read it). Returns the failed tries."""
+    delay, failed = first, 0
+    while True:
+        try:
+            _write_json(run_dir / "exit.json", outcome)
+            return failed
+        except OSError:
+            failed += 1
+            if not run_dir.is_dir():
+                return failed
+            for tmp in run_dir.glob(".exit.json.*.tmp"):  # a half-written one holds space
+                tmp.unlink(missing_ok=True)
+            time.sleep(delay)
+            delay = min(most, delay * 2)
 
 
 def _group_is_this_runs(pgid: int, run_dir: Path) -> bool:
@@ -310,6 +371,7 @@ class _RotatingLog:
         self.path, self.max_bytes, self.backups = path, max_bytes, backups
         self.file = open(path, "ab")  # noqa: SIM115 - held for the shim's life
         self.size = self.file.tell()
+        self.lost = 0  # bytes of output that could not be written
 
     def write(self, data: bytes) -> None:
         if self.size + len(data) > self.max_bytes and self.size:
@@ -324,8 +386,15 @@ class _RotatingLog:
                 self.path.unlink(missing_ok=True)
             self.file = open(self.path, "ab")  # noqa: SIM115
             self.size = 0
-        self.file.write(data)
-        self.file.flush()
+        try:
+            self.file.write(data)
+            self.file.flush()
+        except OSError:  # a full disk: this output is lost, not the workload (its pipe drains)
+            self.lost += len(data)
+            with contextlib.suppress(OSError):
+                self.file.close()
+            self.file = open(self.path, "ab")  # noqa: SIM115 - a clean buffer
+            return
         self.size += len(data)
 
 
@@ -399,9 +468,8 @@ def _run(run_dir: Path) -> int:
     _become_subreaper()
     _write_json(run_dir / "shim.json", {"pid": os.getpid(), "started": time.time()})
     if stopping.is_set() or (run_dir / "stop.json").exists():  # stopped before it started
-        _write_json(
-            run_dir / "exit.json",
-            {"exit_code": None, "signal": signal.SIGTERM, "finished": time.time()},
+        record_outcome(
+            run_dir, {"exit_code": None, "signal": signal.SIGTERM, "finished": time.time()}
         )
         return 0
     log = _RotatingLog(run_dir / LOG, int(spec["log_max_bytes"]), int(spec["log_backups"]))
@@ -440,9 +508,8 @@ def _run(run_dir: Path) -> int:
             why = report.read().decode(errors="replace")
         error = f"cannot start {spec['command'][0]!r}: {why}" if why else _start_error(spec, e)
         log.write(f"gpufrac shim: {error}\n".encode())
-        _write_json(
-            run_dir / "exit.json",
-            {"exit_code": 127, "signal": None, "finished": time.time(), "error": error},
+        record_outcome(
+            run_dir, {"exit_code": 127, "signal": None, "finished": time.time(), "error": error}
         )
         return 0
     os.close(report_w)
@@ -456,7 +523,8 @@ def _run(run_dir: Path) -> int:
 
     def copy() -> None:
         for chunk in iter(lambda: out.read1(65536), b""):
-            log.write(chunk)
+            with contextlib.suppress(OSError):  # never stop draining the workload's output
+                log.write(chunk)
 
     reader = threading.Thread(target=copy, daemon=True)
     reader.start()
@@ -489,14 +557,14 @@ def _run(run_dir: Path) -> int:
     _kill_group(child.pid)
     _kill_descendants()
     reader.join(timeout=5.0)
-    _write_json(
-        run_dir / "exit.json",
-        {
-            "exit_code": code if code >= 0 else None,
-            "signal": -code if code < 0 else None,
-            "finished": time.time(),
-        },
-    )
+    outcome = {
+        "exit_code": code if code >= 0 else None,
+        "signal": -code if code < 0 else None,
+        "finished": time.time(),
+    }
+    if record_outcome(run_dir, outcome):
+        with contextlib.suppress(OSError, ValueError):
+            log.write(b"gpufrac shim: exit.json could be written only after retries (disk full?)\n")
     return 0
 
 

@@ -115,6 +115,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             since REAL NOT NULL           -- when it came to this state (wall clock)
         )""",
     ),
+    9: (
+        # the node that passed the event on (a cluster's control plane; NULL: its own): a view
+        # shows at most a share of any one node's, so no node buries the others' events
+        "ALTER TABLE events ADD COLUMN relayed_by TEXT",
+    ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 EVENTS_KEPT = 50_000  # the newest events kept; older ones are pruned as new ones come
@@ -209,7 +214,13 @@ class Store:
             self._untold.clear()
             self.db.execute("ROLLBACK")
             raise
-        self.db.execute("COMMIT")
+        try:
+            self.db.execute("COMMIT")
+        except BaseException:  # a full disk refuses the commit: nothing of it is told, or kept
+            self._untold.clear()
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
+            raise
         if self._since_prune >= PRUNE_EVERY:  # every event counts, however it was written
             self.prune_events()
         if self._untold:
@@ -517,6 +528,14 @@ class Store:
 
     # -- events ---------------------------------------------------------------------------------
 
+    def record_relayed(self, kind: str, subject: str, message: str, node: str) -> None:
+        """Store an event a cluster's node passed on, with the node (``events``'
+        ``per_relayer``: no one node's events bury the others'); it counts toward the prune as
+        every event does."""
+        with self.transaction() as db:
+            self._event(db, kind, subject, message)
+            db.execute("UPDATE events SET relayed_by = ? WHERE id = last_insert_rowid()", (node,))
+
     def record_event(
         self,
         kind: str,
@@ -574,10 +593,19 @@ class Store:
         limit: int = 100,
         tenant: str | None = None,
         after: int | None = None,
+        per_relayer: int | None = None,
     ) -> list[Event]:
         """The newest ``limit`` events (of one subject, or of one tenant's workloads), oldest first;
-        with ``after``, the oldest ``limit`` of those whose id is above it (to follow new ones)."""
+        with ``after``, the oldest ``limit`` of those whose id is above it (to follow new ones).
+        With ``per_relayer``, at most that many of those any one node passed on (the newest):
+        one node's flood does not bury the rest."""
         sql = "SELECT id, at, kind, subject, message, cause, mentions FROM events WHERE 1"
+        if per_relayer is not None:
+            sql = (
+                "SELECT id, at, kind, subject, message, cause, mentions FROM (SELECT *, "
+                "ROW_NUMBER() OVER (PARTITION BY relayed_by ORDER BY id "
+                f"{'ASC' if after is not None else 'DESC'}) AS nth FROM events WHERE 1"
+            )
         args: tuple[Any, ...] = ()
         if subject is not None:
             sql += " AND subject = ?"
@@ -586,8 +614,13 @@ class Store:
             sql += " AND subject LIKE ?"
             args = (f"{tenant}/%",)
         if after is not None:
-            sql += " AND id > ? ORDER BY id LIMIT ?"
-            rows = self.db.execute(sql, (*args, after, limit)).fetchall()
+            sql += " AND id > ?"
+            args = (*args, after)
+        if per_relayer is not None:
+            sql += ") WHERE relayed_by IS NULL OR nth <= ?"
+            args = (*args, per_relayer)
+        if after is not None:
+            rows = self.db.execute(sql + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
         else:
             rows = self.db.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
             rows.reverse()

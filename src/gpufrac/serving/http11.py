@@ -305,6 +305,14 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._head_done = True
+        if self.parser.get_http_version() not in ("1.0", "1.1"):
+            # llhttp reads "GET /a<LF>..." as an HTTP/0.9 line ended by the bare LF inside the
+            # target: never forwarded (what follows it would pass as headers)
+            raise HttpError(
+                400,
+                "the request line has no HTTP/1.x version (a bare LF or CR inside the request "
+                "target?): send METHOD TARGET HTTP/1.1 with the target percent-encoded",
+            )
         self._refused = self.admit(self._url, self._headers)
         self._arm(self.request_timeout, _Wait.WHOLE)
         te = 0

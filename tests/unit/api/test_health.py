@@ -5,6 +5,8 @@ itself once the store can be written again. In-process agent, real processes, si
 from __future__ import annotations
 
 import errno
+import os
+import signal
 import socket
 import sqlite3
 import sys
@@ -22,6 +24,7 @@ from gpufrac.api.app import create_app
 from gpufrac.devices import open_simulated
 from gpufrac.runtime.agent import Agent
 from gpufrac.runtime.service import AgentService
+from gpufrac.runtime.shim import read_status
 from tests.conftest import kill_leftover_runs
 from tests.prom import value
 
@@ -138,3 +141,32 @@ def test_a_data_directory_that_refuses_a_write_is_a_503_not_a_500(
     assert r.headers["retry-after"]
     monkeypatch.undo()
     assert c.delete("/api/v1/workloads/default/w").status_code == 200
+
+
+def test_a_job_whose_outcome_is_unknown_waits_for_an_admin_to_clear_it(
+    client: tuple[httpx.Client, FaultyDb],
+) -> None:
+    """Its shim killed, an on-failure job may have exited 0: it is not run again until the admin
+    clears it (POST .../clear-unknown), then it is, as a failed attempt."""
+    c, faulty = client
+    doc = manifest("j").replace("spec:\n", "spec:\n  type: job\n  restart: on-failure\n")
+    assert c.post("/api/v1/workloads", content=doc).status_code == 200
+    path = "/api/v1/workloads/default/j"
+    until(lambda: c.get(path).json()["phase"] == "running")
+    assert c.post(f"{path}/clear-unknown").status_code == 409  # its outcome is not unknown
+    assert faulty.agent is not None
+    run = faulty.agent.runs.attempts("default", "j", 1)[-1]
+    shim = read_status(run).shim_pid
+    assert shim is not None
+    os.kill(shim, signal.SIGKILL)
+    until(lambda: c.get(path).json()["phase"] == "unknown")
+    time.sleep(0.5)  # some passes on: still unknown, and not run again
+    seen = c.get(path).json()
+    assert seen["phase"] == "unknown" and seen["attempts"] == 1, seen
+    assert "gpufrac clear-unknown default/j" in seen["reason"], seen
+    assert c.post("/api/v1/workloads/default/nope/clear-unknown").status_code == 404
+    cleared = c.post(f"{path}/clear-unknown")
+    assert cleared.status_code == 200 and cleared.json() == {"cleared": "default/j"}, cleared.text
+    until(lambda: c.get(path).json()["attempts"] == 2)
+    kinds = [e["kind"] for e in c.get(f"{path}").json()["events"]]
+    assert "outcome_cleared" in kinds

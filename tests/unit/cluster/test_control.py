@@ -73,3 +73,41 @@ def test_a_fencing_that_replaced_a_process_in_place_counts_as_a_restart(tmp_path
     again = {"phase": "running", "attempts": 1, "restarts": 0, "evictions": 0}
     control.heartbeat("n1", Report(running={"a/svc": epoch}), {"a/svc": again})
     assert control.counts("a/svc", again) == (2, 0)  # its failure before, and the fencing
+
+
+def test_a_frozen_node_is_fenced_once_saying_it_was_stopped(tmp_path: Path) -> None:
+    """A node agent that did not run for longer than its fencing time (frozen) fences itself on
+    waking, saying so (not "the control plane has not answered"), and the control plane stores
+    that fencing once, however many heartbeats the node needs to get back (the lost answer took
+    its events: they are not sent again)."""
+    from gpufrac.cluster.node import NodeAgent, ServiceLink
+    from gpufrac.devices import open_simulated
+    from gpufrac.model.settings import OperatorSettings
+    from gpufrac.runtime.agent import Agent
+
+    control_clock, node_clock = Clock(), Clock()
+    control = ControlPlane(tmp_path / "control", clock=control_clock)
+    data = tmp_path / "n1"
+    data.mkdir()
+    settings = OperatorSettings(node_name="n1", workload_users="agent")
+    agent = Agent(data, open_simulated("h200:1", data), settings)
+    node = NodeAgent(agent, ServiceLink(control), fence_s=1.0, clock=node_clock)
+    try:
+        node.step()
+        assert control.core.nodes["n1"].state == "alive"
+        node_clock.now = 30.0  # frozen: no step, no heartbeat for 30 s
+        control_clock.now = control.core.lease_s + 30.0
+        control.tick()
+        assert control.core.nodes["n1"].state == "lost"
+        for _ in range(4):  # it wakes: fences, is told it was lost, joins again, goes on
+            node.step()
+            node_clock.now += 0.2
+            control_clock.now += 0.2
+        assert control.core.nodes["n1"].state == "alive"
+        fenced = [e for e in control.store.events(limit=1000) if e.kind == "fenced"]
+        assert len(fenced) == 1, [e.message for e in fenced]
+        assert "this node was stopped (frozen?) for 30.0 s" in fenced[0].message, fenced[0]
+        assert "has not answered" not in fenced[0].message
+    finally:
+        agent.close()
+        control.close()

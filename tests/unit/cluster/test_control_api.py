@@ -142,6 +142,7 @@ def test_queries_are_bounded_and_what_is_not_here_says_so(client: Any) -> None:
         ("GET", "/api/v1/deployments", "deployments"),  # a control plane without serving
         ("POST", "/api/v1/gpus/n1/0/mig", "mig-layouts"),
         ("DELETE", "/api/v1/gpus/n1/0/mig/pin", "mig-layouts"),
+        ("POST", "/api/v1/workloads/default/w/clear-unknown", "clear-unknown"),
     ):
         r = http.request(method, path, json={})
         assert r.status_code == 501, (path, r.text)
@@ -193,6 +194,24 @@ def test_a_lease_nobody_keeps_alive_is_given_back(tmp_path: Path) -> None:
     assert names == {"kept", "plain"}  # dropped: not kept alive for 10 s
     assert any(e.kind == "lease_expired" for e in control.store.events(limit=20))
     control.close()
+
+
+@pytest.mark.parametrize("ttl", ["nan", "inf", "-1", "0", "soon", "1e9"])
+def test_a_lease_time_to_live_that_is_no_time_is_refused(client: Any, ttl: str) -> None:
+    http, control = client
+    lease = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: l, labels: {gpufrac.io/lease: "
+        f"ray, gpufrac.io/lease-ttl: '{ttl}'}}}}\nspec:\n  type: service\n  command: [sleep, '1']\n"
+        "  resources: {gpu: {count: 1}}\n"
+    )
+    plain = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: first}\nspec:\n  type: service\n"
+    )
+    plain += "  command: [sleep, '1']\n  resources: {gpu: {count: 1}}\n---\n"
+    r = http.post("/api/v1/workloads", content=plain + lease)
+    assert r.status_code == 422, r.text
+    assert "lease-ttl" in r.text and f"not '{ttl}'" in r.text, r.text
+    assert control.store.workloads() == []  # nothing stored, not even the document before it
 
 
 def test_metrics_say_what_the_control_plane_sees(client: Any) -> None:
@@ -454,4 +473,50 @@ def test_the_control_plane_tells_every_displacement_and_keeps_where_a_job_ran(
     ]
     assert ended["phase"] == "succeeded" and ended["node"] == "n1", ended
     assert ended["placement"]["where"]["gpus"] == ["n1/G1"], ended
+    control.close()
+
+
+def test_a_manifest_that_is_not_utf8_is_refused_naming_the_offset(client: Any) -> None:
+    """Never replaced without a word: a name or a secret would change."""
+    http, control = client
+    doc = (
+        b"apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: w}\nspec:\n  type: service\n"
+        b"  command: [sleep, '1']\n  env: {SECRET: 'p\xe4ss'}\n  resources: {gpu: {count: 1}}\n"
+    )
+    r = http.post("/api/v1/workloads", content=doc)
+    assert r.status_code == 422, r.text
+    offset = doc.index(b"\xe4")
+    assert f"byte 0xe4 at offset {offset} (line 7)" in r.text and "UTF-8" in r.text, r.text
+    assert control.store.workloads() == []
+
+
+def test_what_a_node_says_is_stored_as_text_and_buries_no_one(tmp_path: Path) -> None:
+    """Terminal escapes in a node's events are stored escaped; one node's flood about a tenant's
+    workload fills at most half of that tenant's newest-100 view."""
+    from gpufrac.cluster.core import NodeEvent, Report
+
+    control = ControlPlane(tmp_path)
+    http = TestClient(create_control_app(control, cluster_token=TOKEN))
+    http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("G1")]}, headers=NODE)
+    control.approve("n1")
+    doc = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {}, tenant: a}}\nspec:\n"
+        "  command: [sleep, '60']\n  resources: {{gpu: {{fraction: 0.1}}}}\n"
+    )
+    assert http.post("/api/v1/workloads", content=doc.format("w")).status_code == 200
+    evil = "\x1b]0;pwned\x07\x1b[2J\rok\nfake line"
+    control.heartbeat("n1", Report(), {}, None, [NodeEvent("started", "a/w", evil)])
+    control.heartbeat("n1", Report(), {}, None, [NodeEvent("xid", "n1", evil)])
+    said = [e.message for e in control.store.events(limit=50) if e.kind in ("started", "xid")]
+    assert said and all("\x1b" not in m and "\r" not in m and "\n" not in m for m in said), said
+    assert "\\x1b]0;pwned\\x07" in said[0], said
+    shown = http.get("/api/v1/events").json()["events"]
+    assert not any("\x1b" in e["message"] for e in shown)
+    for name in ("x1", "x2", "x3"):  # the tenant's own events, from the control plane
+        assert http.post("/api/v1/workloads", content=doc.format(name)).status_code == 200
+    flood = [NodeEvent("started", "a/w", f"flood {i}") for i in range(150)]
+    control.heartbeat("n1", Report(), {}, None, flood)
+    view = http.get("/api/v1/events", params={"tenant": "a"}).json()["events"]
+    assert sum(1 for e in view if e["message"].startswith("flood")) <= 50
+    assert {"a/x1", "a/x2", "a/x3"} <= {e["subject"] for e in view if e["kind"] == "applied"}
     control.close()

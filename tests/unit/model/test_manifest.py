@@ -385,6 +385,8 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         (gpu(mig={"model": "h200"}), "spec.resources.gpu.mig.profile"),
         (gpu(mig={"profile": "1g.18gb", "count": 2}), "spec.resources.gpu.mig.count"),
         (gpu(mig={"profile": "bad"}), "spec.resources.gpu.mig.profile"),
+        (gpu(mig="9g.999gb"), "spec.resources.gpu.mig.profile"),  # no GPU model has it
+        (gpu(mig={"profile": "1g.1gb"}), "spec.resources.gpu.mig.profile"),
         (gpu(mig={"profile": 1}), "spec.resources.gpu.mig.profile"),
         (gpu(mig={"profile": "1g.18gb", "model": "A100-80GB"}), "spec.resources.gpu.mig.profile"),
         (gpu(mig={"profile": "1g.18gb", "model": "v100"}), "spec.resources.gpu.mig.model"),
@@ -406,6 +408,12 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
 def test_errors_name_their_field(changes: dict[str, Any], field: str) -> None:
     err = error_of(dump(doc(changes)))
     assert err.field == field
+
+
+def test_a_mig_profile_no_gpu_model_has_is_refused_naming_the_known_ones() -> None:
+    err = error_of(dump(doc(gpu(mig="9g.999gb"))))
+    assert "no GPU model gpufrac knows has the MIG profile 9g.999gb" in err.message
+    assert err.fix is not None and "1g.18gb" in err.fix and "7g.141gb" in err.fix
 
 
 @pytest.mark.parametrize(

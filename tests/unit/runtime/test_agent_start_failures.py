@@ -90,3 +90,18 @@ def test_a_killed_shim_stops_its_workload_and_counts_as_a_failed_attempt(agent: 
     # the old workload's process group is gone; the new attempt runs
     assert gone(status.child_pid), Path(f"/proc/{status.child_pid}/stat").read_text()
     assert "its shim died" in (read_status(run).error or "")
+    # its restart says what happened, not "after signal None"
+    said = [e.message for e in agent.store.events("default/svc") if e.kind == "restarted"]
+    assert said and "after killed (its shim died" in said[-1] and "None" not in said[-1], said
+
+
+def test_how_a_run_ended_names_the_signal() -> None:
+    from gpufrac.runtime.shim import ShimStatus
+
+    def ended(code: int | None, sig: int | None, error: str | None = None) -> str:
+        return ShimStatus(1, 2, 0.0, code, sig, 1.0, False, error).ended_by()
+
+    assert ended(3, None) == "exit 3"
+    assert ended(None, 9) == "signal SIGKILL (9)"
+    assert ended(None, 200) == "signal 200"
+    assert ended(None, None) == "killed"

@@ -60,3 +60,20 @@ def test_a_connection_that_never_asks_is_closed_after_the_head_timeout(
     with socket.create_connection(("127.0.0.1", port)) as again:  # its slot was given back
         again.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert read_all(again).endswith(b"ok")
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /v1/x\nHost: x\r\nConnection: close\r\n\r\n",  # a bare LF ends the target: HTTP/0.9
+        b"GET /v1/x\nX-Smuggled: b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    ],
+)
+def test_a_bare_lf_inside_the_request_target_is_refused_not_forwarded(
+    port: int, head: bytes
+) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(head)
+        got = read_all(s)
+    assert got.startswith(b"HTTP/1.1 400") and b"HTTP/1.x version" in got, got
+    assert not got.endswith(b"ok")  # never handled
