@@ -689,6 +689,12 @@ class Agent:
         killed = read_json(s.latest / "killed.json")
         if killed.get(EVICTED):  # it was stopped to make room: it starts again where it is now
             return self._start_step(s)
+        hit = read_json(s.latest / "limit.json")  # its shim stopped it for a host limit
+        if isinstance(hit.get("why"), str):
+            if not hit.get("reported"):  # said once, like a GPU memory limit
+                self.store.record_event("memory_limit", s.key, str(hit["why"]))
+                write_json(s.latest / "limit.json", {**hit, "reported": True})
+            killed = {"reason": hit["why"], **killed}
         return self._after_exit(s, status, killed)
 
     def _running(self, s: Seen, status: ShimStatus) -> Step:

@@ -43,6 +43,7 @@ from gpufrac.planning.sched_decision import (
     displacements,
 )
 from gpufrac.planning.scheduler import Scheduler
+from gpufrac.runtime.cgroups import HostLimits
 from gpufrac.runtime.failures import Failures
 from gpufrac.runtime.handover import Handover, base_env
 from gpufrac.runtime.mig_worker import MigWorker
@@ -219,6 +220,11 @@ class Executor:
             user=who.user,
             group=who.group,
             view=who.view,
+            limits=HostLimits(
+                memory_bytes=None if spec.host_memory_mib is None else spec.host_memory_mib * 2**20,
+                milli_cpus=spec.cpus_milli,
+                pids=spec.pids,
+            ),
         )
         if attempt == 1:
             self.store.record_event(

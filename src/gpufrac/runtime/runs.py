@@ -12,12 +12,14 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpufrac.model.deployment import REPLICA_KEY_ENV
+from gpufrac.runtime.cgroups import HostLimits, Layout, detect
 from gpufrac.runtime.python_view import PythonView
 from gpufrac.runtime.shim import launch, live, read_status, stop
 
@@ -25,10 +27,25 @@ GONE = ".gone"  # attempts of removed workloads that are still ending
 HANDED_OVER = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_", "GPUFRAC_")
 
 
+NO_CGROUPS = (
+    "gpufrac: warning: no cgroup hierarchy is writable here, so workloads run in their process "
+    "group only: a process that leaves its group (setsid) is not paused by QoS, not counted by "
+    "the memory watchdog and not stopped with the workload until it ends, and host limits "
+    "(host_memory, cpus, pids) are not applied (docs/agent.md, Cgroups)"
+)
+
+
 class Runs:
-    def __init__(self, root: Path, *, stop_grace: float = 10.0) -> None:
+    def __init__(
+        self, root: Path, *, stop_grace: float = 10.0, cgroups: Layout | None = None
+    ) -> None:
+        """``cgroups``: where workloads' cgroups live (default: what this machine offers the
+        agent, ``cgroups.detect``); a layout that is not ``usable`` runs them in process groups."""
         self.root = root
         self.stop_grace = stop_grace
+        self.cgroups = detect() if cgroups is None else cgroups
+        if not self.cgroups.usable and cgroups is None:
+            print(NO_CGROUPS, file=sys.stderr)
         # a cluster node's lease file (cluster/node.py): each run's shim stops its workload once
         # the lease in it has run out; None on a machine on its own
         self.lease_file: Path | None = None
@@ -64,6 +81,7 @@ class Runs:
         user: str | int | None,
         group: int | None = None,
         view: PythonView | None = None,
+        limits: HostLimits | None = None,
     ) -> Path:
         run_dir = self.of(tenant, name) / f"g{generation}-{attempt}"
         launch(
@@ -75,6 +93,8 @@ class Runs:
             group=group,
             view=view,
             lease=self.lease_file,
+            cgroups=self.cgroups,
+            limits=limits,
             wait=False,
         )
         return run_dir

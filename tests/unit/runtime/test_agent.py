@@ -17,7 +17,8 @@ from gpufrac.errors import InputError
 from gpufrac.model.settings import OperatorSettings, TenantQuota
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.runtime.agent import Agent, WorkloadState
-from gpufrac.runtime.shim import LOG, read_status
+from gpufrac.runtime.cgroups import detect
+from gpufrac.runtime.shim import LOG, cgroup_of, read_status
 from tests.conftest import kill_leftover_runs
 
 PY = sys.executable
@@ -130,13 +131,34 @@ def test_a_restarted_agent_reattaches_and_never_runs_a_workload_twice(
     )
     settle(first, "default/svc", {"running"})
     pid = read_status(data_dir / "runs/default/svc/g1-1").child_pid
+    cgroup = cgroup_of(data_dir / "runs/default/svc/g1-1")
+    assert (cgroup is not None and cgroup.pids() == {pid}) or not first.runs.cgroups.usable
     first.close()  # the agent goes away; the shim does not
     second = Agent(data_dir, open_simulated("h200:1:mig,h200:1", data_dir))
     state = settle(second, "default/svc", {"running"})
     assert state.attempts == 1 and read_status(data_dir / "runs/default/svc/g1-1").child_pid == pid
+    assert cgroup is None or cgroup.pids() == {pid}  # its cgroup too, as it was
     assert second.scheduler.allocations("default/svc")  # its placement was taken back, not re-made
     assert second.delete("default", "svc")
     assert not (data_dir / "runs/default/svc").exists()
+    assert second.runs.wait_stopped(10)
+    assert cgroup is None or not cgroup.exists()  # delete leaves no cgroup behind
+
+
+@pytest.mark.skipif(
+    "memory" not in detect().places, reason="no writable memory cgroup controller here"
+)
+def test_a_workload_over_its_host_memory_is_stopped_and_reported(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    agent = Agent(data_dir, dev)
+    hog = "b = []\nwhile True:\n    b.append(bytearray(8 * 2**20))\n"
+    agent.apply_workload(job("hog", hog, restart="never", host_memory_mib=64))
+    state = settle(agent, "default/hog", {"failed"})
+    assert "more host memory than its 64 MiB host_memory limit" in state.reason
+    for _ in range(3):
+        agent.reconcile()
+    assert [e.kind for e in agent.store.events("default/hog")].count("memory_limit") == 1
 
 
 def test_on_failure_still_applies_to_a_job_that_failed_while_the_agent_was_down(
