@@ -76,14 +76,15 @@ class ClearYield:
 
 @dataclass(frozen=True, slots=True)
 class Pause:
+    """Stop the member's processes (the arbiter process works out how: its cgroup or its
+    process group)."""
+
     member: str
-    pgid: int
 
 
 @dataclass(frozen=True, slots=True)
 class Resume:
     member: str
-    pgid: int
 
 
 Action = Grant | AskYield | ClearYield | Pause | Resume
@@ -242,14 +243,12 @@ class TurnPolicy:
                 m.clients.add(c)
                 self.client_member[c] = key
             if pgid is not None:
-                out.append(
-                    Resume(key, pgid)
-                )  # whatever paused it before (a crashed arbiter) is gone
+                out.append(Resume(key))  # whatever paused it before (a crashed arbiter) is gone
         else:
             d = self.domains[domain]
             self._account(d, now)
             if m.paused and m.pgid is not None and m.pgid != pgid:
-                out.append(Resume(key, m.pgid))
+                out.append(Resume(key))
                 self._resumed(m, now)
             m.qos, m.pgid = qos, pgid
         m.active = active
@@ -269,7 +268,7 @@ class TurnPolicy:
             self._account(d, now)
             out: list[Action] = []
             if m.paused and m.pgid is not None:
-                out.append(Resume(key, m.pgid))
+                out.append(Resume(key))
             self._resumed(m, now)
             m.pgid = None
             return out + self._schedule(d, now)
@@ -299,7 +298,7 @@ class TurnPolicy:
             d.reserved = None
         d.beside.pop(key, None)
         if m.paused and m.pgid is not None:
-            out.append(Resume(key, m.pgid))
+            out.append(Resume(key))
         self._resumed(m, now)
         for c in m.clients:
             self.client_member.pop(c, None)
@@ -326,7 +325,7 @@ class TurnPolicy:
                 d.holder, d.client = None, None
             d.beside.pop(key, None)
             if m.paused and m.pgid is not None:
-                out.append(Resume(key, m.pgid))
+                out.append(Resume(key))
                 self._resumed(m, now)
             out += self._schedule(d, now)
         return out
@@ -625,7 +624,7 @@ class TurnPolicy:
             d.client = None
             if m.paused and m.pgid is not None:
                 self._resumed(m, now)
-                out.append(Resume(m.key, m.pgid))
+                out.append(Resume(m.key))
         else:
             d.client = m.waiting.popleft()
             out.append(Grant(d.client))
@@ -640,7 +639,7 @@ class TurnPolicy:
             if not m.transparent or m.key == d.holder:
                 if m.transparent and m.paused and m.pgid is not None:  # the holder runs
                     self._resumed(m, now)
-                    out.append(Resume(m.key, m.pgid))
+                    out.append(Resume(m.key))
                 continue
             assert m.pgid is not None
             # stopped only while a higher class holds the domain, and not while it runs beside
@@ -649,10 +648,10 @@ class TurnPolicy:
             run = not blocked or m.key in d.beside
             if not run and not m.paused:
                 self._paused(m, now, owner.key if owner is not None else None)
-                out.append(Pause(m.key, m.pgid))
+                out.append(Pause(m.key))
             elif run and m.paused:
                 self._resumed(m, now)
-                out.append(Resume(m.key, m.pgid))
+                out.append(Resume(m.key))
         return out
 
     def _give_beside(self, d: Domain, now: float) -> list[Action]:

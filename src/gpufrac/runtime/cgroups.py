@@ -450,3 +450,20 @@ class WorkloadCgroup:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
+
+
+def process_frozen(pid: int, layout: Layout) -> bool:
+    """Whether process ``pid`` sits in a frozen cgroup of the hierarchy ``layout`` freezes in
+    (a frozen process is not in state ``T``: v1 shows ``D``, v2 ``S``)."""
+    place = layout.places.get("freeze")
+    if place is None:
+        return False
+    try:
+        own = read_own(Path(f"/proc/{pid}/cgroup").read_text())
+    except OSError:
+        return False
+    path = own.get("" if place.version == 2 else "freezer")
+    if path is None:
+        return False
+    cgroup = WorkloadCgroup({"freeze": place.mount / path.strip("/")}, {"freeze": place.version})
+    return cgroup.frozen() is True

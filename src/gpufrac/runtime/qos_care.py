@@ -28,7 +28,7 @@ from gpufrac.runtime.failures import Failures
 from gpufrac.runtime.handover import qos_domain
 from gpufrac.runtime.pauses import PauseBook, PauseEvent
 from gpufrac.runtime.runs import Runs, process_group, write_json
-from gpufrac.runtime.shim import read_status
+from gpufrac.runtime.shim import cgroup_of, read_status
 from gpufrac.runtime.store import Store
 
 ACTIVE_SM_PERCENT = 1  # a workload whose processes use at least this much of the SMs is busy
@@ -86,6 +86,7 @@ class QosCare:
                 qos_params(spec, self.job_min_share_milli),
                 status.child_pid,
                 self._active(st.key, d, status.child_pid, readings),
+                cgroup_of(run),
             )
             runs[st.key] = run
         try:
@@ -146,10 +147,14 @@ class QosCare:
         )
 
     def resume_all(self) -> None:
-        """SIGCONT every workload's process group (harmless for one that runs)."""
+        """Thaw every workload's cgroup and SIGCONT its process group (harmless for one that
+        runs)."""
         for w in self.store.workloads():
             for run in self.runs.attempts(w.tenant, w.name, w.generation):
                 status = read_status(run)
+                cgroup = cgroup_of(run)
+                if cgroup is not None and not status.done:
+                    cgroup.thaw()
                 if status.child_pid is not None and not status.done:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(status.child_pid, signal.SIGCONT)
