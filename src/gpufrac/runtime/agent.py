@@ -78,7 +78,6 @@ from gpufrac.runtime.runs import (
     handed_env,
     port_owners,
     probe,
-    process_group,
     read_json,
     write_json,
 )
@@ -462,7 +461,10 @@ class Agent:
             if state.group is None or d is None or not d.gpus:
                 return None
             uuid = d.gpus[0]
-            return self.memory.use(uuid, state.group, None if gpus is None else gpus.get(uuid))
+            run = self.runs.latest(tenant, name, state.generation)
+            if run is None:
+                return None
+            return self.memory.use(uuid, self._owner(run), None if gpus is None else gpus.get(uuid))
         stored = self.store.workload(tenant, name)
         placed = self.store.placement(tenant, name)
         if stored is None or placed is None:
@@ -475,10 +477,13 @@ class Agent:
             case _:
                 assert_never(placed.record)
         run = self.runs.latest(tenant, name, stored.generation)
-        child = read_status(run).child_pid if run else None
-        if child is None:
+        if run is None or read_status(run).child_pid is None:
             return None
-        return self.memory.use(uuid, child, None if gpus is None else gpus.get(uuid))
+        return self.memory.use(uuid, self._owner(run), None if gpus is None else gpus.get(uuid))
+
+    def _owner(self, run: Path) -> Callable[[int], bool]:
+        """Whether a process is the run's workload's (its runner tells)."""
+        return lambda pid: self.runs.owns(run, pid=pid)
 
     # -- GPUs (GpuCare does the work) -------------------------------------------------------------
 
@@ -701,7 +706,7 @@ class Agent:
         assert s.decision is not None and s.latest is not None and status.child_pid is not None
         alloc = self.scheduler.allocations(s.key)
         limit = alloc[0].memory_mib if alloc else None
-        over = self.memory.over_limit(s.decision, limit, s.latest, status.child_pid)
+        over = self.memory.over_limit(s.decision, limit, s.latest, self._owner(s.latest))
         if over:
             self.store.record_event("memory_limit", s.key, over)
             return Step(s.state("running", over), (SchedAction("stop", s.key, reason=over),))
@@ -785,14 +790,13 @@ class Agent:
     # -- readiness ------------------------------------------------------------------------------
 
     def _owns_port(self, spec: WorkloadSpec, run_dir: Path, status: ShimStatus, port: int) -> bool:
-        """Is what answered on ``port`` this workload (its process group), not another process
-        that took the port (another tenant's, say, before this one could bind it)? Where the
-        owner cannot be told, it is taken as the workload's."""
+        """Is what answered on ``port`` this workload (its runner tells: its cgroup or process
+        group), not another process that took the port (another tenant's, say, before this one
+        could bind it)? Where the owner cannot be told, it is taken as the workload's."""
         owners = port_owners(port)
-        group = process_group(status.child_pid) if status.child_pid else None
-        if not owners or group is None:
+        if not owners or status.child_pid is None:
             return True
-        if any(process_group(pid) == group for pid in owners):
+        if self.runs.owns(run_dir, port=port):
             return True
         if not (run_dir / "port-taken.json").exists():
             write_json(run_dir / "port-taken.json", {"owners": sorted(owners)})

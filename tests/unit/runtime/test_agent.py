@@ -223,6 +223,24 @@ def test_a_workload_over_its_memory_is_stopped_by_the_watchdog(
     assert settle(agent, "default/calm", {"succeeded"}).exit_code == 0
 
 
+@pytest.mark.skipif(not detect().usable, reason="no writable cgroup hierarchy here")
+def test_the_watchdog_counts_a_process_that_left_the_workloads_group(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    """The whole cgroup is counted: a child that called setsid is still the workload's."""
+    agent = Agent(data_dir, dev, stop_grace=2)
+    code = (
+        "import os, time\nfrom gpufrac import sdk\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    sdk.report_gpu_memory(sdk.memory_limit_mib() * 2)\n"
+        "time.sleep(60)\n"
+    )
+    agent.apply_workload(job("escapee", code, sharing="timeslice", restart="never"))
+    state = settle(agent, "default/escapee", {"failed"}, timeout=30)
+    assert "over its 4096 MiB limit" in state.reason and "8192 MiB" in state.reason
+
+
 def test_the_attempt_number_is_handed_over(data_dir: Path, dev: NvmlDevices) -> None:
     clock = Clock()
     agent = Agent(data_dir, dev, clock=clock)
