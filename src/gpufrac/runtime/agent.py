@@ -268,7 +268,10 @@ class Agent:
         )
         self.scheduler = Scheduler(gpus, settings, recut=recut)
         self.mps = MpsDaemons(
-            shared_dir(data_dir) / "mps", log_root=data_dir / "mps", enabled=not dev.simulated
+            shared_dir(data_dir) / "mps",
+            log_root=data_dir / "mps",
+            enabled=True,
+            tool_path=dev.tool_path,
         )
         self.memory = MemoryWatch(dev)
         self.handover = Handover(dev, self.mps, self.arbiter.address, settings.job_min_share_milli)

@@ -86,6 +86,20 @@ class Executor:
 
     # -- decisions ------------------------------------------------------------------------------
 
+    def _bound_mps(self, gpu_uuid: str) -> None:
+        """The GPU's MPS servers bounded to the largest limits among its MPS workloads, so none
+        lifts its limits (handed in its environment) past them (runtime/mps.py)."""
+        g = next((g for g in self.scheduler.state.gpus if g.uuid == gpu_uuid), None)
+        allocs = [a for a in g.allocs.values() if a.mode == "mps"] if g is not None else []
+        if not allocs:
+            return
+        pct = (
+            None
+            if any(a.compute_pct is None for a in allocs)
+            else max(a.compute_pct or 0 for a in allocs)
+        )
+        self.mps.bound(gpu_uuid, max(a.memory_mib for a in allocs), pct)
+
     def record(self, decisions: Sequence[Decision]) -> list[Displacement]:
         """Store each decision with its workload's generation, carry out its evictions now and
         queue its MIG changes at once: the scheduler counts on them from this moment, so they are
@@ -205,6 +219,8 @@ class Executor:
         spec = spec_from_json(stored.spec)
         if decision.mode == "mps" and decision.gpus and self.mps.ensure(decision.gpus[0]):
             self.store.record_event("mps_started", decision.gpus[0], "MPS control daemon started")
+        if decision.mode == "mps" and decision.gpus:
+            self._bound_mps(decision.gpus[0])
         attempt = len(attempts) + 1
         env = self.handover.env(spec, decision, self.scheduler.allocations(a.workload))
         env["GPUFRAC_ATTEMPT"] = str(attempt)

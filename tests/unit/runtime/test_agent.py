@@ -3,6 +3,7 @@ re-attachment after a restart, never running a workload twice."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -331,17 +332,47 @@ def test_mps_workloads_get_the_mps_environment(data_dir: Path, dev: NvmlDevices)
     assert Path(pipe).is_relative_to(shared_path(data_dir))
     # the daemon's log directory stays the agent's: it is not handed to workloads
     assert "CUDA_MPS_LOG_DIRECTORY" not in state_env(agent, "default/m")
-    assert not agent.mps.enabled  # simulated GPUs: no daemon is started for them
+    # simulated GPUs: the stand-in control daemon on the simulation's PATH was started
+    assert agent.mps.enabled and "mps_started" in [e.kind for e in agent.store.events()]
+
+
+def test_mps_servers_are_bounded_to_the_largest_limits_of_their_gpu(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    """The env's limits only lower the server's (NVIDIA's MPS docs): the daemon is told the
+    largest among the GPU's MPS workloads before each starts; the stand-in records it."""
+    agent = Agent(data_dir, dev)
+    sleep = "import time; time.sleep(60)"
+    for name, mib, pct in (("a", 4096, 20), ("b", 8192, 40)):
+        spec = job(name, sleep, gpu=GpuRequest(memory_mib=mib, compute_pct=pct), sharing="mps")
+        agent.apply_workload(spec)
+        settle(agent, f"default/{name}", {"running"})
+    log = Path(dev.tool_path or "") / "mps-control.log"
+    sent = [json.loads(line)["command"] for line in log.read_text().splitlines()]
+    assert sent[0] == "-d"
+    assert sent[-3:] == [
+        "get_server_list",
+        "set_default_active_thread_percentage 40",
+        "set_default_device_pinned_mem_limit 0 8192M",
+    ]
+    assert "set_default_device_pinned_mem_limit 0 4096M" in sent  # when only a ran
+    assert state_env(agent, "default/a")["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    assert agent.delete("default", "a") and agent.delete("default", "b")
 
 
 def test_mps_pipe_directories_are_reachable_by_every_uid_and_logs_by_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from gpufrac.devices.sim_tools import write_sim_tools
     from gpufrac.runtime import mps
 
-    daemons = mps.MpsDaemons(tmp_path / "shared/mps", log_root=tmp_path / "data/mps", enabled=True)
-    started: list[dict[str, str]] = []
-    daemons.enabled = True  # no MPS binary here: record the daemon's start instead of running it
+    daemons = mps.MpsDaemons(
+        tmp_path / "shared/mps",
+        log_root=tmp_path / "data/mps",
+        enabled=True,
+        tool_path=str(write_sim_tools(tmp_path / "bin")),
+    )
+    started: list[dict[str, str]] = []  # the daemon's start recorded instead of run
     monkeypatch.setattr(mps.subprocess, "run", lambda *a, **k: started.append(k["env"]))
     assert daemons.ensure("GPU-x")
     pipe = daemons.pipe_dir("GPU-x")
