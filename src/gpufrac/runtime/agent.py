@@ -64,6 +64,7 @@ from gpufrac.planning.sched_state import CORDONED, sched_gpus_from_states
 from gpufrac.planning.scheduler import Scheduler, workload_key
 from gpufrac.planning.views import ApplyResult
 from gpufrac.runtime.arbiter_link import ArbiterLink
+from gpufrac.runtime.cgroups import Layout
 from gpufrac.runtime.executor import EVICTED, Executor
 from gpufrac.runtime.failures import BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS, Failures
 from gpufrac.runtime.gpu_care import GpuCare
@@ -200,10 +201,13 @@ class Agent:
         stop_grace: float = 10.0,
         recut: RecutScope | None = None,
         tokens_in_use: bool = False,
+        cgroups: Layout | None = None,
     ) -> None:
         """``recut`` overrides how far the scheduler may re-cut MIG GPUs (default: the settings'
         ``mig_reconfigure``); ``bench/mig_demand.py`` uses it for its baselines. ``tokens_in_use``:
-        the API has tokens (several tenants), which ``workload_users: auto`` separates."""
+        the API has tokens (several tenants), which ``workload_users: auto`` separates. ``cgroups``:
+        where workloads' cgroups live (default: what the machine offers; ``bench/runner.py``
+        compares with none)."""
         self.data_dir = data_dir
         self.dev = dev
         self.clock = clock
@@ -223,7 +227,7 @@ class Agent:
         settings = settings or OperatorSettings()
         self.settings = settings
         self.store = Store(data_dir / "state.db")
-        self.runs = Runs(data_dir / "runs", stop_grace=stop_grace)
+        self.runs = Runs(data_dir / "runs", stop_grace=stop_grace, cgroups=cgroups)
         self.sandbox = Sandbox(
             separation(settings, tokens_in_use=tokens_in_use),
             settings,
