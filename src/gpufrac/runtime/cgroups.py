@@ -300,9 +300,12 @@ class WorkloadCgroup:
                 return False
         try:
             for name, text in files:
-                with contextlib.suppress(FileNotFoundError):  # memory.swap.max without swap
-                    (d / name).write_text(text)
-        except OSError:
+                if not (d / name).exists():  # the kernel makes a controller's files
+                    if name == "memory.swap.max":
+                        continue  # no swap accounting: memory.max bounds it all
+                    return False
+                (d / name).write_text(text)
+        except OSError:  # missing (a v2 controller not enabled for the agent's cgroup), refused
             return False
         return True
 

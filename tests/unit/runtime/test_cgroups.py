@@ -200,3 +200,14 @@ def test_a_process_over_its_host_memory_is_killed_and_counted() -> None:
         assert cg.oom_kills() >= 1
     finally:
         cg.remove()
+
+
+def test_a_limit_whose_file_is_missing_is_reported_not_dropped(tmp_path: Path) -> None:
+    """A v2 controller listed at the root but not enabled for the agent's cgroup has no files in
+    the workload's: the limit is said to be not applied."""
+    layout = choose_layout(
+        [Mount(2, tmp_path, frozenset({"memory", "pids", "cpu"}))], {}, {tmp_path: True}
+    )
+    cg = WorkloadCgroup.for_run(layout, "gpufrac-x")
+    missing = cg.create(HostLimits(memory_bytes=2**30, milli_cpus=500, pids=10))
+    assert [m.split(" ")[0] for m in missing] == ["host_memory", "pids", "cpus"]
