@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from gpufrac.config import shared_path
 from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.devices.simfleet import SimulatedFleet
-from gpufrac.runtime.shim import read_status
+from gpufrac.runtime.shim import cgroup_of, read_status
 
 DATA = Path(__file__).parent / "data"
 
@@ -55,6 +55,9 @@ def kill_leftover_runs(data_dir: Path) -> None:
                 os.kill(int(proc.name), signal.SIGKILL)
     for run in data_dir.glob("**/runs/*/*/*"):
         status = read_status(run)
+        cgroup = cgroup_of(run)
+        if cgroup is not None:  # its processes killed and the cgroup removed, ended or not
+            cgroup.remove()
         if status.child_pid and not status.done:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(status.child_pid, signal.SIGKILL)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from gpufrac.runtime.shim import read_status
+from gpufrac.runtime.cgroups import detect
+from gpufrac.runtime.shim import cgroup_of, read_status
 from tests.conftest import kill_leftover_runs
 from tests.integration.conftest import RunningAgent
 from tests.prom import samples, value
@@ -109,6 +110,9 @@ def test_kill_9_with_20_workloads_running_then_restart_accounts_for_all_20(
     runs = sorted((agent.data_dir / "runs" / "default").glob("*/g1-*"))
     pids = {r.parent.name: read_status(r).child_pid for r in runs}
     assert len(runs) == 20 and all(pids.values())
+    cgroups = {r.parent.name: cgroup_of(r) for r in runs}
+    if detect().usable:  # each in its own cgroup
+        assert all(cg is not None and cg.pids() == {pids[n]} for n, cg in cgroups.items())
     agent.kill9()
     agent.start()
     data = wait_for(
@@ -120,6 +124,10 @@ def test_kill_9_with_20_workloads_running_then_restart_accounts_for_all_20(
     for pid in pids.values():
         assert pid is not None
         os.kill(pid, 0)  # still the same processes, alive
+    for name, cg in cgroups.items():  # and their cgroups, as they were
+        assert cg is None or (
+            cg.pids() == {pids[name]} and cgroup_of(runs[0].parent.parent / name / "g1-1") == cg
+        )
 
 
 def test_the_cli_talks_to_the_agent(agent: RunningAgent, tmp_path: Path) -> None:

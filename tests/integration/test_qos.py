@@ -21,15 +21,19 @@ import pytest
 
 from gpufrac.model.qos import QosParams
 from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec
+from gpufrac.runtime.cgroups import HostLimits, WorkloadCgroup, detect, process_frozen
 from tests.integration.conftest import RunningAgent
 from tests.prom import value
 
 ROOT = Path(__file__).resolve().parents[2]
+CGROUPS = detect()
 
 
 def proc_state(pid: int) -> str:
-    """The kernel's state letter for ``pid`` (T: stopped)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    """The kernel's state letter for ``pid`` (T: stopped), and T too for a process whose cgroup
+    is frozen (the arbiter freezes the cgroup of a workload that has one)."""
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return "T" if process_frozen(pid, CGROUPS) else state
 
 
 def wait_for(check: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
@@ -175,6 +179,66 @@ def test_a_transparent_process_group_is_paused_for_a_higher_class_and_resumed(
         assert link.stats()["t/bg"]["mode"] == "transparent"
     finally:
         bg.kill()
+        bg.wait(timeout=10)
+
+
+COUNTER = """
+import os, sys, time
+out = sys.argv[1]
+if os.fork() == 0:
+    os.setsid()  # leaves the workload's process group
+    out += ".escaped"
+n = 0
+while True:
+    n += 1
+    with open(out + ".tmp", "w") as f:
+        f.write(str(n))
+    os.replace(out + ".tmp", out)
+    time.sleep(0.01)
+"""
+
+
+def _count(path: Path) -> int:
+    for _ in range(500):
+        try:
+            return int(path.read_text())
+        except (OSError, ValueError):
+            time.sleep(0.01)
+    raise AssertionError(f"{path} never written")
+
+
+@pytest.mark.skipif(not CGROUPS.usable, reason="no writable cgroup hierarchy here")
+def test_a_pause_freezes_the_whole_cgroup_even_a_child_that_left_its_group(
+    link, spawn, members, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    cgroup = WorkloadCgroup.for_run(CGROUPS, f"gpufrac-test-{os.getpid()}-qos")
+    cgroup.create(HostLimits())
+    out = tmp_path / "n"
+    bg = subprocess.Popen(
+        [sys.executable, "-c", COUNTER, str(out)],
+        preexec_fn=lambda: cgroup.enter(os.getpid()),
+        start_new_session=True,
+    )
+    escaped = Path(f"{out}.escaped")
+    try:
+        _count(out), _count(escaped)
+        members["t/bg"] = MemberSpec("gpu-0", QosParams(0), bg.pid, cgroup=cgroup)
+        link.sync(members)
+        holder = spawn("t/hi", 10, mode="hold")
+        assert holder.stdout is not None and holder.stdout.readline() == b"holding\n"
+        wait_for(lambda: cgroup.frozen() is True, what="bg's cgroup frozen")
+        events = "cgroup.events" if cgroup.versions["freeze"] == 2 else "freezer.state"
+        said = (cgroup.dirs["freeze"] / events).read_text()
+        assert "frozen 1" in said or "FROZEN" in said
+        before = (_count(out), _count(escaped))
+        time.sleep(0.3)
+        assert (_count(out), _count(escaped)) == before  # neither advanced: both frozen
+        assert link.stats()["t/bg"]["paused"]
+        holder.kill()
+        wait_for(lambda: cgroup.frozen() is False, what="bg's cgroup thawed")
+        wait_for(lambda: _count(escaped) > before[1], what="the escaped child running again")
+    finally:
+        cgroup.remove()
         bg.wait(timeout=10)
 
 

@@ -22,11 +22,13 @@ from typing import Any
 import httpx
 import pytest
 
+from gpufrac.runtime.cgroups import detect, process_frozen
 from tests.integration.conftest import RunningAgent, running_agent
 from tests.integration.test_agent_api import wait_for
 from tests.integration.test_cli_contract import cli
 
 PY = sys.executable
+CGROUPS = detect()
 BUSY_S, IDLE_S = 3.0, 2.0  # the service's cycle: busy on the GPU's SMs, then idle
 # a service whose processes (it and a child) keep the simulated GPU's SMs 90% busy for BUSY_S, then
 # idle for IDLE_S, as NVML's per-process reading would show; it writes its process group down
@@ -73,8 +75,9 @@ def traced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningA
     yield from running_agent(tmp_path)
 
 
-def proc_states() -> dict[int, list[str]]:
-    """The state letter of every live process, by process group."""
+def proc_states(groups: set[int]) -> dict[int, list[str]]:
+    """The state letter of every live process of ``groups``, by process group; T for one whose
+    cgroup is frozen too (paused by the arbiter)."""
     out: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -83,7 +86,9 @@ def proc_states() -> dict[int, list[str]]:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        out.setdefault(int(fields[2]), []).append(fields[0])
+        if int(fields[2]) in groups:
+            frozen = process_frozen(int(entry), CGROUPS)
+            out.setdefault(int(fields[2]), []).append("T" if frozen else fields[0])
     return out
 
 
@@ -147,7 +152,7 @@ def test_the_high_service_is_never_stopped_and_the_jobs_get_their_share(
             low_view = view(agent, "batch-low")
             if low_view["phase"] == "paused":
                 shown.append(low_view["reason"])
-        by_group = proc_states()
+        by_group = proc_states(set(pgids.values()))
         seen["chat"] += by_group.get(service_pgid, [])
         seen["batch-low"] += by_group.get(pgids["batch-low"], [])
         seen["eq"] += by_group.get(pgids["eq-a"], []) + by_group.get(pgids["eq-b"], [])

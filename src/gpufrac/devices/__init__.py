@@ -8,6 +8,7 @@ from pathlib import Path
 from gpufrac.devices.errors import DeviceError, DriverUnavailable
 from gpufrac.devices.fakenvml import FakeNvml
 from gpufrac.devices.nvml import NvmlDevices, open_real_nvml
+from gpufrac.devices.sim_tools import write_sim_tools
 from gpufrac.devices.simfleet import SimulatedFleet
 
 __all__ = ["DeviceError", "DriverUnavailable", "NvmlDevices", "open_devices", "open_simulated"]
@@ -21,6 +22,8 @@ def open_simulated(spec: str, data_dir: Path) -> NvmlDevices:
     # where a workload's gpufrac.sdk.report_gpu_use() reports (a drop box outside the data
     # directory)
     dev.sdk_env = {"GPUFRAC_GPU_REPORTS": str(fleet.open_reports())}
+    # the driver's tools the simulation stands in for (nvidia-cuda-mps-control), on its PATH
+    dev.tool_path = str(write_sim_tools(data_dir / "simulated" / "bin"))
     return dev
 
 

@@ -83,6 +83,9 @@ class NvmlDevices:
         self.lib = lib
         self.simulated = simulated
         self.sdk_env: dict[str, str] = {}  # handed to workloads (simulated GPUs: the SDK's channel)
+        # a directory searched before PATH for the driver's tools (nvidia-cuda-mps-control):
+        # simulated GPUs' stand-ins (devices/sim_tools.py); None on a real driver
+        self.tool_path: str | None = None
         if not initialized:
             self.call(lib.nvmlInit)
         self._models: dict[str, GpuModel] = {}

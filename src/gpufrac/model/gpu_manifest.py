@@ -20,6 +20,7 @@ from gpufrac.errors import InputError
 from gpufrac.model.catalog import catalog, lookup_model
 from gpufrac.model.manifest_fields import kind_of
 from gpufrac.model.manifest_types import (
+    CpusMilli,
     FractionMilli,
     Hint,
     MemoryMiB,
@@ -271,6 +272,21 @@ def _alias_note(first: str, second: str) -> str:
 class Resources(Strict):
     gpu: Annotated[Gpu, Hint(missing="write gpu: {count: 1}")] = Field(
         description="What it asks of a GPU."
+    )
+    host_memory: MemoryMiB | None = Field(
+        None,
+        description="Host memory all its processes may use together, as a Kubernetes quantity "
+        "(8Gi); over it the workload is stopped and reported. Applied through its cgroup "
+        "(docs/agent.md, Cgroups).",
+    )
+    cpus: CpusMilli | None = Field(
+        None,
+        description="Host CPUs its processes may use together (2, 0.5), through its cgroup's "
+        "CPU quota.",
+    )
+    pids: Annotated[int, Field(ge=1)] | None = Field(
+        None,
+        description="How many processes and threads it may have at once (its cgroup's pids.max).",
     )
 
 

@@ -335,6 +335,15 @@ GpusMilli = Annotated[
     int, PlainValidator(_gpus), WithJsonSchema({"type": "number", "exclusiveMinimum": 0})
 ]
 
+
+def _cpus(value: object) -> int:
+    return milli(value, maximum=None, fix="write a positive number of CPUs, like 2 or 0.5")
+
+
+CpusMilli = Annotated[
+    int, PlainValidator(_cpus), WithJsonSchema({"type": "number", "exclusiveMinimum": 0})
+]
+
 _PERCENT_DECIMAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 SHARE_PATTERN = r"^\s*(90(\.0+)?|[0-8]?[0-9](\.[0-9]+)?)\s*%\s*$"
 

@@ -92,6 +92,10 @@ class WorkloadSpec:
     # node labels the workload's node must have, all of them (a cluster's nodes: docs/cluster.md;
     # one machine is one node, labelled in gpufrac.yaml)
     node_selector: dict[str, str] = field(default_factory=dict)
+    # host limits, through the workload's cgroup (runtime/cgroups.py); None: not bounded
+    host_memory_mib: int | None = None
+    cpus_milli: int | None = None
+    pids: int | None = None
 
     def __hash__(self) -> int:
         return hash((self.tenant, self.name))
@@ -105,6 +109,9 @@ def spec_to_json(spec: WorkloadSpec) -> dict[str, Any]:
         # left out when empty: stored specs and deployment template hashes from before it existed
         # stay the same
         del raw["node_selector"]
+    for key in ("host_memory_mib", "cpus_milli", "pids"):
+        if raw[key] is None:
+            del raw[key]  # likewise: specs stored before host limits existed stay the same
     return raw
 
 

@@ -64,6 +64,7 @@ from gpufrac.planning.sched_state import CORDONED, sched_gpus_from_states
 from gpufrac.planning.scheduler import Scheduler, workload_key
 from gpufrac.planning.views import ApplyResult
 from gpufrac.runtime.arbiter_link import ArbiterLink
+from gpufrac.runtime.cgroups import Layout
 from gpufrac.runtime.executor import EVICTED, Executor
 from gpufrac.runtime.failures import BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS, Failures
 from gpufrac.runtime.gpu_care import GpuCare
@@ -78,7 +79,6 @@ from gpufrac.runtime.runs import (
     handed_env,
     port_owners,
     probe,
-    process_group,
     read_json,
     write_json,
 )
@@ -207,10 +207,13 @@ class Agent:
         stop_grace: float = 10.0,
         recut: RecutScope | None = None,
         tokens_in_use: bool = False,
+        cgroups: Layout | None = None,
     ) -> None:
         """``recut`` overrides how far the scheduler may re-cut MIG GPUs (default: the settings'
         ``mig_reconfigure``); ``bench/mig_demand.py`` uses it for its baselines. ``tokens_in_use``:
-        the API has tokens (several tenants), which ``workload_users: auto`` separates."""
+        the API has tokens (several tenants), which ``workload_users: auto`` separates. ``cgroups``:
+        where workloads' cgroups live (default: what the machine offers; ``bench/runner.py``
+        compares with none)."""
         self.data_dir = data_dir
         self.dev = dev
         self.clock = clock
@@ -230,7 +233,7 @@ class Agent:
         settings = settings or OperatorSettings()
         self.settings = settings
         self.store = Store(data_dir / "state.db")
-        self.runs = Runs(data_dir / "runs", stop_grace=stop_grace)
+        self.runs = Runs(data_dir / "runs", stop_grace=stop_grace, cgroups=cgroups)
         self.sandbox = Sandbox(
             separation(settings, tokens_in_use=tokens_in_use),
             settings,
@@ -275,7 +278,10 @@ class Agent:
         )
         self.scheduler = Scheduler(gpus, settings, recut=recut)
         self.mps = MpsDaemons(
-            shared_dir(data_dir) / "mps", log_root=data_dir / "mps", enabled=not dev.simulated
+            shared_dir(data_dir) / "mps",
+            log_root=data_dir / "mps",
+            enabled=True,
+            tool_path=dev.tool_path,
         )
         self.memory = MemoryWatch(dev)
         self.handover = Handover(dev, self.mps, self.arbiter.address, settings.job_min_share_milli)
@@ -486,7 +492,10 @@ class Agent:
             if state.group is None or d is None or not d.gpus:
                 return None
             uuid = d.gpus[0]
-            return self.memory.use(uuid, state.group, None if gpus is None else gpus.get(uuid))
+            run = self.runs.latest(tenant, name, state.generation)
+            if run is None:
+                return None
+            return self.memory.use(uuid, self._owner(run), None if gpus is None else gpus.get(uuid))
         stored = self.store.workload(tenant, name)
         placed = self.store.placement(tenant, name)
         if stored is None or placed is None:
@@ -499,10 +508,13 @@ class Agent:
             case _:
                 assert_never(placed.record)
         run = self.runs.latest(tenant, name, stored.generation)
-        child = read_status(run).child_pid if run else None
-        if child is None:
+        if run is None or read_status(run).child_pid is None:
             return None
-        return self.memory.use(uuid, child, None if gpus is None else gpus.get(uuid))
+        return self.memory.use(uuid, self._owner(run), None if gpus is None else gpus.get(uuid))
+
+    def _owner(self, run: Path) -> Callable[[int], bool]:
+        """Whether a process is the run's workload's (its runner tells)."""
+        return lambda pid: self.runs.owns(run, pid=pid)
 
     # -- GPUs (GpuCare does the work) -------------------------------------------------------------
 
@@ -724,13 +736,19 @@ class Agent:
         killed = read_json(s.latest / "killed.json")
         if killed.get(EVICTED):  # it was stopped to make room: it starts again where it is now
             return self._start_step(s)
+        hit = read_json(s.latest / "limit.json")  # its shim stopped it for a host limit
+        if isinstance(hit.get("why"), str):
+            if not hit.get("reported"):  # said once, like a GPU memory limit
+                self.store.record_event("memory_limit", s.key, str(hit["why"]))
+                write_json(s.latest / "limit.json", {**hit, "reported": True})
+            killed = {"reason": hit["why"], **killed}
         return self._after_exit(s, status, killed)
 
     def _running(self, s: Seen, status: ShimStatus) -> Step:
         assert s.decision is not None and s.latest is not None and status.child_pid is not None
         alloc = self.scheduler.allocations(s.key)
         limit = alloc[0].memory_mib if alloc else None
-        over = self.memory.over_limit(s.decision, limit, s.latest, status.child_pid)
+        over = self.memory.over_limit(s.decision, limit, s.latest, self._owner(s.latest))
         if over:
             self.store.record_event("memory_limit", s.key, over)
             return Step(s.state("running", over), (SchedAction("stop", s.key, reason=over),))
@@ -819,14 +837,13 @@ class Agent:
     # -- readiness ------------------------------------------------------------------------------
 
     def _owns_port(self, spec: WorkloadSpec, run_dir: Path, status: ShimStatus, port: int) -> bool:
-        """Is what answered on ``port`` this workload (its process group), not another process
-        that took the port (another tenant's, say, before this one could bind it)? Where the
-        owner cannot be told, it is taken as the workload's."""
+        """Is what answered on ``port`` this workload (its runner tells: its cgroup or process
+        group), not another process that took the port (another tenant's, say, before this one
+        could bind it)? Where the owner cannot be told, it is taken as the workload's."""
         owners = port_owners(port)
-        group = process_group(status.child_pid) if status.child_pid else None
-        if not owners or group is None:
+        if not owners or status.child_pid is None:
             return True
-        if any(process_group(pid) == group for pid in owners):
+        if self.runs.owns(run_dir, port=port):
             return True
         if not (run_dir / "port-taken.json").exists():
             write_json(run_dir / "port-taken.json", {"owners": sorted(owners)})

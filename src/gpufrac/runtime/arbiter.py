@@ -76,14 +76,15 @@ class ClearYield:
 
 @dataclass(frozen=True, slots=True)
 class Pause:
+    """Stop the member's processes (the arbiter process works out how: its cgroup or its
+    process group)."""
+
     member: str
-    pgid: int
 
 
 @dataclass(frozen=True, slots=True)
 class Resume:
     member: str
-    pgid: int
 
 
 Action = Grant | AskYield | ClearYield | Pause | Resume
@@ -245,14 +246,12 @@ class TurnPolicy:
                 m.clients.add(c)
                 self.client_member[c] = key
             if pgid is not None:
-                out.append(
-                    Resume(key, pgid)
-                )  # whatever paused it before (a crashed arbiter) is gone
+                out.append(Resume(key))  # whatever paused it before (a crashed arbiter) is gone
         else:
             d = self.domains[domain]
             self._account(d, now)
             if m.paused and m.pgid is not None and m.pgid != pgid:
-                out.append(Resume(key, m.pgid))
+                out.append(Resume(key))
                 self._resumed(m, now)
             m.qos, m.pgid = qos, pgid
         m.active = active
@@ -272,7 +271,7 @@ class TurnPolicy:
             self._account(d, now)
             out: list[Action] = []
             if m.paused and m.pgid is not None:
-                out.append(Resume(key, m.pgid))
+                out.append(Resume(key))
             self._resumed(m, now)
             m.pgid = None
             return out + self._schedule(d, now)
@@ -302,7 +301,7 @@ class TurnPolicy:
             d.reserved = None
         d.beside.pop(key, None)
         if m.paused and m.pgid is not None:
-            out.append(Resume(key, m.pgid))
+            out.append(Resume(key))
         self._resumed(m, now)
         for c in m.clients:
             self.client_member.pop(c, None)
@@ -329,7 +328,7 @@ class TurnPolicy:
                 d.holder, d.client = None, None
             d.beside.pop(key, None)
             if m.paused and m.pgid is not None:
-                out.append(Resume(key, m.pgid))
+                out.append(Resume(key))
                 self._resumed(m, now)
             out += self._schedule(d, now)
         return out
@@ -634,7 +633,7 @@ class TurnPolicy:
             d.client = None
             if m.paused and m.pgid is not None:
                 self._resumed(m, now)
-                out.append(Resume(m.key, m.pgid))
+                out.append(Resume(m.key))
         else:
             d.client = m.waiting.popleft()
             out.append(Grant(d.client))
@@ -651,7 +650,7 @@ class TurnPolicy:
             if m.key == d.holder or not self._by_signals(d, m, now):
                 if m.paused:  # the holder runs; so does an SDK workload that keeps to its turns
                     self._resumed(m, now)
-                    out.append(Resume(m.key, m.pgid))
+                    out.append(Resume(m.key))
                 continue
             # stopped only while a higher class holds the domain, and not while it runs beside
             # it for its min share; one of its own class never stops it
@@ -659,10 +658,10 @@ class TurnPolicy:
             run = not blocked or m.key in d.beside
             if not run and not m.paused:
                 self._paused(m, now, owner.key if owner is not None else None)
-                out.append(Pause(m.key, m.pgid))
+                out.append(Pause(m.key))
             elif run and m.paused:
                 self._resumed(m, now)
-                out.append(Resume(m.key, m.pgid))
+                out.append(Resume(m.key))
         return out
 
     def _by_signals(self, d: Domain, m: Member, now: float) -> bool:

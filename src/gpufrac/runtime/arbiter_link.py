@@ -23,6 +23,7 @@ from typing import Any
 
 from gpufrac.model.qos import QosParams
 from gpufrac.runtime.arbiter_server import SOCKET
+from gpufrac.runtime.cgroups import WorkloadCgroup
 from gpufrac.runtime.child_link import ChildLink
 
 
@@ -32,12 +33,15 @@ class MemberSpec:
     qos: QosParams
     pgid: int | None
     active: bool = True  # busy on the GPU now: a transparent member wants the GPU only then
+    cgroup: WorkloadCgroup | None = None  # where it has one, the arbiter freezes it instead
 
 
-def _resume(pgid: int | None) -> None:
-    if pgid is not None:
+def _resume(m: MemberSpec) -> None:
+    if m.cgroup is not None:
+        m.cgroup.thaw()
+    if m.pgid is not None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGCONT)
+            os.killpg(m.pgid, signal.SIGCONT)
 
 
 class ArbiterLink:
@@ -86,7 +90,7 @@ class ArbiterLink:
         if not self.running:
             # the arbiter is gone (killed, hung and killed, never started): what it paused must run
             for m in self._sent.values():
-                _resume(m.pgid)
+                _resume(m)
             self._sent = {}
             per_domain: dict[str, int] = {}
             for m in members.values():
@@ -105,6 +109,7 @@ class ArbiterLink:
                                 "domain": m.domain,
                                 "qos": m.qos.to_json(),
                                 "pgid": m.pgid,
+                                "cgroup": None if m.cgroup is None else m.cgroup.to_json(),
                                 "active": m.active,
                             }
                         )

@@ -1,5 +1,5 @@
-"""The arbiter process: one per node agent, carrying out ``TurnPolicy`` over a local socket and
-signals.
+"""The arbiter process: one per node agent, carrying out ``TurnPolicy`` over a local socket,
+cgroup freezing and signals.
 
 ``python -m gpufrac.runtime.arbiter_server --dir DIR [--admin-fd N] [--quantum-ms Q]`` listens on
 ``DIR/arbiter.sock`` (a Unix stream socket; see ``socket_path`` for long paths) and keeps one byte
@@ -8,20 +8,20 @@ yield point". So a trainer checks for contention with a memory read, and talks t
 to take and give back turns.
 
 Messages are lines. On the public socket, a client: ``H {json}`` (hello) answered ``K {slot}``:
-the client is the member whose process group its process is in (its pid from the kernel,
-``SO_PEERCRED``; the agent registered each member with the process group it started), with the
+the client is the member whose cgroup or process group its process is in (its pid from the kernel,
+``SO_PEERCRED``; the agent registered each member with the process group it started and its
+cgroup), with the
 class, weight and min share the agent gave that member; what the hello claims is ignored, and a
 process in no member's group is refused (``E``); ``A`` (acquire) answered ``G`` when the turn is
 granted; ``R [gpu_seconds]`` (release, no answer). Only the agent, on its own connection (one end of
 a socket pair handed over as ``--admin-fd``), may also send ``S {json}`` (set a member: key, domain,
-qos, pgid), ``D key`` (remove), ``T`` (stats), ``Q`` (quit), each answered ``K ...``: a workload
-cannot pause another's process group. A malformed line is answered ``E {error}`` and changes
-nothing.
+qos, pgid, cgroup), ``D key`` (remove), ``T`` (stats), ``Q`` (quit), each answered ``K ...``: a
+workload cannot pause another. A malformed line is answered ``E {error}`` and changes nothing.
 
 It runs in its own process, not a thread of the agent, so no other Python thread's GIL time delays a
 grant. When the agent goes away, even by ``kill -9``, its end of the pair closes; the arbiter then
-resumes every process group it paused and exits. A new arbiter resumes each member's group when it
-is registered, so a crash of the arbiter itself leaves nothing paused either.
+resumes every member it paused and exits. A new arbiter resumes each member when it is
+registered, so a crash of the arbiter itself leaves nothing paused either.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import socket
 import struct
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from gpufrac.runtime.arbiter import (
     Resume,
     TurnPolicy,
 )
+from gpufrac.runtime.cgroups import WorkloadCgroup
 
 SOCKET = "arbiter.sock"
 FLAGS = "arbiter.flags"
@@ -104,6 +106,41 @@ def _peer_pid(sock: socket.socket) -> int | None:
     return pid if pid > 0 else None
 
 
+@dataclass(frozen=True, slots=True)
+class PauseTarget:
+    """How one member's processes are paused: its cgroup frozen where it has one (every process
+    of the workload, also one that left its process group), else its process group stopped
+    (SIGSTOP; SIGCONT to resume)."""
+
+    pgid: int
+    cgroup: WorkloadCgroup | None = None
+
+    def pause(self) -> bool:
+        """True if there was something to pause."""
+        if self.cgroup is not None and self.cgroup.exists():
+            return self.cgroup.freeze()
+        return _signal(self.pgid, signal.SIGSTOP)
+
+    def resume(self) -> bool:
+        if self.cgroup is not None and self.cgroup.exists():
+            return self.cgroup.thaw()
+        return _signal(self.pgid, signal.SIGCONT)
+
+    def alive(self) -> bool:
+        if self.cgroup is not None and self.cgroup.exists():
+            return bool(self.cgroup.pids())
+        return _group_alive(self.pgid)
+
+    def holds(self, pid: int) -> bool:
+        """Whether process ``pid`` is one of the member's."""
+        if self.cgroup is not None and self.cgroup.owns(pid):
+            return True
+        try:
+            return os.getpgid(pid) == self.pgid
+        except ProcessLookupError:
+            return False
+
+
 class ArbiterServer:
     def __init__(
         self,
@@ -122,6 +159,7 @@ class ArbiterServer:
         self.conns: dict[int, _Conn] = {}
         self.next_cid = 1
         self.slots: dict[str, int] = {}
+        self.targets: dict[str, PauseTarget] = {}  # how each member with processes is paused
         self.trace = open(trace, "a") if trace else None  # noqa: SIM115 - for the process's life
         self.running = True
         self.epoch = f"{os.getpid()}-{time.monotonic_ns()}"
@@ -198,7 +236,8 @@ class ArbiterServer:
         socket closed), so no one waits for a process that will never give the GPU back."""
         self._next_reap = now + REAP_SECONDS
         for m in list(self.policy.members.values()):
-            if m.transparent and m.pgid is not None and not _group_alive(m.pgid):
+            target = self.targets.get(m.key)
+            if m.transparent and target is not None and not target.alive():
                 self._apply(self.policy.resume_gone(m.key, now))
 
     def _stop(self) -> None:
@@ -207,8 +246,9 @@ class ArbiterServer:
     def shutdown(self) -> None:
         """Resume everything paused and stop listening (also on the way out of a crash)."""
         for m in self.policy.members.values():
-            if m.paused and m.pgid is not None:
-                _signal(m.pgid, signal.SIGCONT)
+            target = self.targets.get(m.key)
+            if m.paused and target is not None:
+                target.resume()
         with contextlib.suppress(OSError):
             if os.stat(self.dir / SOCKET).st_ino == self._inode:  # not a newer arbiter's socket
                 (self.dir / SOCKET).unlink()
@@ -252,7 +292,8 @@ class ArbiterServer:
         self.conns.pop(conn.cid, None)
         self._apply(self.policy.disconnect(conn.cid, time.monotonic()))
         m = self.policy.members.get(conn.member or "")
-        if m is not None and m.pgid is not None and not m.clients and not _group_alive(m.pgid):
+        target = self.targets.get(m.key) if m is not None else None
+        if m is not None and target is not None and not m.clients and not target.alive():
             self._apply(self.policy.remove_member(m.key, time.monotonic()))  # its process is gone
 
     def _read(self, conn: _Conn) -> None:
@@ -312,6 +353,18 @@ class ArbiterServer:
             if pgid == os.getpgrp():  # pausing it would stop the arbiter (and its agent) too
                 raise ValueError(f"pgid {pgid} is the arbiter's own process group")
             key = str(raw["key"])
+            cgroup = (
+                WorkloadCgroup.from_json(raw["cgroup"])
+                if isinstance(raw.get("cgroup"), dict)
+                else None
+            )
+            if cgroup is not None and cgroup.owns(os.getpid()):
+                raise ValueError("that cgroup holds the arbiter itself")
+            old = self.targets.pop(key, None)
+            if pgid is not None:
+                self.targets[key] = PauseTarget(pgid, cgroup)
+            if old is not None and old != self.targets.get(key):
+                old.resume()  # no longer this member's: nothing of it stays paused
             active = raw.get("active", True) is not False
             before = self.policy.members.get(key)
             if self.trace is not None and (before is None or before.active != active):
@@ -340,14 +393,16 @@ class ArbiterServer:
             raise ValueError(f"unknown message {op!r}")
 
     def _member_of_peer(self, conn: _Conn) -> Member:
-        """The member whose process group the peer is in: only the agent registers members, with
-        the process group it started; an unknown peer is refused."""
-        try:
-            pgid = os.getpgid(conn.pid) if conn.pid is not None else None
-        except ProcessLookupError:
-            pgid = None
+        """The member whose cgroup or process group the peer is in: only the agent registers
+        members, with what it started; an unknown peer is refused."""
+        pid = conn.pid
         found = next(
-            (m for m in self.policy.members.values() if pgid is not None and m.pgid == pgid), None
+            (
+                m
+                for m in self.policy.members.values()
+                if pid is not None and m.key in self.targets and self.targets[m.key].holds(pid)
+            ),
+            None,
         )
         if found is None:
             raise ValueError(
@@ -377,16 +432,23 @@ class ArbiterServer:
             elif isinstance(a, ClearYield):
                 self.flags[self._slot(a.member)] = 0
             elif isinstance(a, Pause | Resume):
-                sig = signal.SIGSTOP if isinstance(a, Pause) else signal.SIGCONT
-                if not _signal(a.pgid, sig) and a.member in self.policy.members:
-                    gone.append(a.member)  # its process group is gone: so is the member
+                target = self.targets.get(a.member)
+                done = target is not None and (
+                    target.pause() if isinstance(a, Pause) else target.resume()
+                )
+                if not done and a.member in self.policy.members:
+                    gone.append(a.member)  # its processes are gone: so is the member
             if self.trace is not None:
                 self._trace(a)
         for key in [k for k in self.slots if k not in self.policy.members]:
             self.flags[self.slots.pop(key)] = 0
+        for key in [k for k, m in self.policy.members.items() if m.pgid is None]:
+            self.targets.pop(key, None)  # no longer paused by signals or freezing
+        for key in [k for k in self.targets if k not in self.policy.members]:
+            del self.targets[key]
         for key in gone:
-            m = self.policy.members.get(key)
-            if m is not None and m.pgid is not None and not _group_alive(m.pgid):
+            target = self.targets.get(key)
+            if key in self.policy.members and (target is None or not target.alive()):
                 self._apply(self.policy.resume_gone(key, time.monotonic()))
 
     def _trace(self, a: Action) -> None:

@@ -43,6 +43,7 @@ from gpufrac.planning.sched_decision import (
     displacements,
 )
 from gpufrac.planning.scheduler import Scheduler
+from gpufrac.runtime.cgroups import HostLimits
 from gpufrac.runtime.failures import Failures
 from gpufrac.runtime.handover import Handover, base_env
 from gpufrac.runtime.mig_worker import MigWorker
@@ -84,6 +85,20 @@ class Executor:
         self._listeners = DisplacementListeners()  # the open ``displacements`` blocks
 
     # -- decisions ------------------------------------------------------------------------------
+
+    def _bound_mps(self, gpu_uuid: str) -> None:
+        """The GPU's MPS servers bounded to the largest limits among its MPS workloads, so none
+        lifts its limits (handed in its environment) past them (runtime/mps.py)."""
+        g = next((g for g in self.scheduler.state.gpus if g.uuid == gpu_uuid), None)
+        allocs = [a for a in g.allocs.values() if a.mode == "mps"] if g is not None else []
+        if not allocs:
+            return
+        pct = (
+            None
+            if any(a.compute_pct is None for a in allocs)
+            else max(a.compute_pct or 0 for a in allocs)
+        )
+        self.mps.bound(gpu_uuid, max(a.memory_mib for a in allocs), pct)
 
     def record(self, decisions: Sequence[Decision]) -> list[Displacement]:
         """Store each decision with its workload's generation, carry out its evictions now and
@@ -204,6 +219,8 @@ class Executor:
         spec = spec_from_json(stored.spec)
         if decision.mode == "mps" and decision.gpus and self.mps.ensure(decision.gpus[0]):
             self.store.record_event("mps_started", decision.gpus[0], "MPS control daemon started")
+        if decision.mode == "mps" and decision.gpus:
+            self._bound_mps(decision.gpus[0])
         attempt = len(attempts) + 1
         env = self.handover.env(spec, decision, self.scheduler.allocations(a.workload))
         env["GPUFRAC_ATTEMPT"] = str(attempt)
@@ -219,6 +236,11 @@ class Executor:
             user=who.user,
             group=who.group,
             view=who.view,
+            limits=HostLimits(
+                memory_bytes=None if spec.host_memory_mib is None else spec.host_memory_mib * 2**20,
+                milli_cpus=spec.cpus_milli,
+                pids=spec.pids,
+            ),
         )
         if attempt == 1:
             self.store.record_event(

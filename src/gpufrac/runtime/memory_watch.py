@@ -1,20 +1,22 @@
 """GPU memory limits where nothing else enforces them, and what workloads use.
 
 On time-sliced and MPS GPUs (a MIG instance is a hard limit by itself) each reconcile pass sums the
-GPU memory NVML reports for the processes of a workload's process group, records the peak in the run
-(``usage.json``), and says when the workload is over its limit; the agent then stops it. ``use`` is
-the same reading for metrics and views.
+GPU memory NVML reports for the processes of a workload (its runner says which are: its cgroup and
+its process group, ``Runs.owns``), records the peak in the run (``usage.json``), and says when the
+workload is over its limit; the agent then stops it. ``use`` is the same reading for metrics and
+views.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.gpu import GpuState
 from gpufrac.planning.sched_decision import Decision
-from gpufrac.runtime.runs import process_group, read_json, write_json
+from gpufrac.runtime.runs import read_json, write_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,21 +29,27 @@ class MemoryWatch:
     def __init__(self, dev: NvmlDevices) -> None:
         self.dev = dev
 
-    def use(self, gpu_uuid: str, child_pid: int, gpu: GpuState | None = None) -> MemoryUse:
-        """GPU memory held now by the process group led by ``child_pid``, as NVML reports it
-        (``gpu``: the GPU as just read, where the caller has it)."""
+    def use(
+        self, gpu_uuid: str, owns: Callable[[int], bool], gpu: GpuState | None = None
+    ) -> MemoryUse:
+        """GPU memory held now by the workload's processes (``owns``: whether a pid is one of
+        them), as NVML reports it (``gpu``: the GPU as just read, where the caller has it)."""
         state = gpu if gpu is not None else self.dev.gpu(gpu_uuid)
-        procs = [p for p in state.processes if process_group(p.pid) == child_pid]
+        procs = [p for p in state.processes if owns(p.pid)]
         return MemoryUse(sum(p.used_memory_mib or 0 for p in procs), tuple(p.pid for p in procs))
 
     def over_limit(
-        self, decision: Decision, limit_mib: int | None, run_dir: Path, child_pid: int
+        self,
+        decision: Decision,
+        limit_mib: int | None,
+        run_dir: Path,
+        owns: Callable[[int], bool],
     ) -> str:
         """Why the workload must be stopped for its memory, or "" (also where nothing is enforced
         here: a MIG instance is a hard limit by itself). Keeps the peak in the run."""
         if decision.mode not in ("timeslice", "mps") or not decision.gpus or limit_mib is None:
             return ""
-        used = self.use(decision.gpus[0], child_pid).mib
+        used = self.use(decision.gpus[0], owns).mib
         usage = read_json(run_dir / "usage.json")
         if used > int(str(usage.get("peak_mib", 0))):
             write_json(run_dir / "usage.json", {"peak_mib": used, "limit_mib": limit_mib})

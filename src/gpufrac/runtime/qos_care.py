@@ -9,9 +9,6 @@ stays paused.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,8 +24,8 @@ from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec
 from gpufrac.runtime.failures import Failures
 from gpufrac.runtime.handover import qos_domain
 from gpufrac.runtime.pauses import PauseBook, PauseEvent
-from gpufrac.runtime.runs import Runs, process_group, write_json
-from gpufrac.runtime.shim import read_status
+from gpufrac.runtime.runs import Runs, write_json
+from gpufrac.runtime.shim import cgroup_of, read_status
 from gpufrac.runtime.store import Store
 
 ACTIVE_SM_PERCENT = 1  # a workload whose processes use at least this much of the SMs is busy
@@ -85,7 +82,8 @@ class QosCare:
                 qos_domain(d, st.env),
                 qos_params(spec, self.job_min_share_milli),
                 status.child_pid,
-                self._active(st.key, d, status.child_pid, readings),
+                self._active(st.key, d, run, readings),
+                cgroup_of(run),
             )
             runs[st.key] = run
         try:
@@ -124,7 +122,7 @@ class QosCare:
         )
 
     def _active(
-        self, key: str, d: Decision, pgid: int, readings: dict[str, dict[int, int] | None]
+        self, key: str, d: Decision, run: Path, readings: dict[str, dict[int, int] | None]
     ) -> bool:
         """Busy on the GPU now: requests in flight to it (the gateway says), or its processes use
         SMs (NVML's per-process reading, where the driver gives one). Without either, it is taken as
@@ -142,14 +140,12 @@ class QosCare:
                 readings[gpu] = None
         by_pid = readings[gpu] or {}
         return any(
-            sm >= ACTIVE_SM_PERCENT and process_group(pid) == pgid for pid, sm in by_pid.items()
+            sm >= ACTIVE_SM_PERCENT and self.runs.owns(run, pid=pid) for pid, sm in by_pid.items()
         )
 
     def resume_all(self) -> None:
-        """SIGCONT every workload's process group (harmless for one that runs)."""
+        """Resume every workload (its cgroup thawed, its process group SIGCONT: harmless for one
+        that runs)."""
         for w in self.store.workloads():
             for run in self.runs.attempts(w.tenant, w.name, w.generation):
-                status = read_status(run)
-                if status.child_pid is not None and not status.done:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(status.child_pid, signal.SIGCONT)
+                self.runs.runner.resume(self.runs.handle(run))

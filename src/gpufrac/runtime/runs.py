@@ -12,23 +12,46 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpufrac.model.deployment import REPLICA_KEY_ENV
+from gpufrac.runtime.cgroups import HostLimits, Layout
+from gpufrac.runtime.process_runner import ProcessRunner, port_owners, process_group
 from gpufrac.runtime.python_view import PythonView
-from gpufrac.runtime.shim import launch, live, read_status, stop
+from gpufrac.runtime.runner import Launch, RunHandle, Runner
+from gpufrac.runtime.shim import live, read_status
+
+__all__ = ["Runs", "port_owners", "probe", "process_group", "read_json", "write_json"]
 
 GONE = ".gone"  # attempts of removed workloads that are still ending
 HANDED_OVER = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_", "GPUFRAC_")
 
 
+NO_CGROUPS = (
+    "gpufrac: warning: no cgroup hierarchy is writable here, so workloads run in their process "
+    "group only: a process that leaves its group (setsid) is not paused by QoS, not counted by "
+    "the memory watchdog and not stopped with the workload until it ends, and host limits "
+    "(host_memory, cpus, pids) are not applied (docs/agent.md, Cgroups)"
+)
+
+
 class Runs:
-    def __init__(self, root: Path, *, stop_grace: float = 10.0) -> None:
+    def __init__(
+        self, root: Path, *, stop_grace: float = 10.0, cgroups: Layout | None = None
+    ) -> None:
+        """``cgroups``: where workloads' cgroups live (default: what this machine offers the
+        agent, ``cgroups.detect``); a layout that is not ``usable`` runs them in process groups."""
         self.root = root
         self.stop_grace = stop_grace
+        process = ProcessRunner(cgroups)
+        self.cgroups = process.cgroups
+        if not self.cgroups.usable and cgroups is None:
+            print(NO_CGROUPS, file=sys.stderr)
+        self.runner: Runner = process  # the one runner today (runtime/runner.py)
         # a cluster node's lease file (cluster/node.py): each run's shim stops its workload once
         # the lease in it has run out; None on a machine on its own
         self.lease_file: Path | None = None
@@ -64,20 +87,31 @@ class Runs:
         user: str | int | None,
         group: int | None = None,
         view: PythonView | None = None,
+        limits: HostLimits | None = None,
     ) -> Path:
         run_dir = self.of(tenant, name) / f"g{generation}-{attempt}"
-        launch(
-            run_dir,
-            command,
-            env=env,
-            workdir=workdir,
-            user=user,
-            group=group,
-            view=view,
-            lease=self.lease_file,
-            wait=False,
+        self.runner.start(
+            RunHandle(run_dir, self.runner.kind),
+            Launch(
+                command,
+                env,
+                workdir,
+                user,
+                group,
+                view,
+                limits or HostLimits(),
+                self.lease_file,
+            ),
         )
         return run_dir
+
+    def handle(self, run_dir: Path) -> RunHandle:
+        """The handle of a run (every run is the process runner's today)."""
+        return RunHandle(run_dir, self.runner.kind)
+
+    def owns(self, run_dir: Path, *, pid: int | None = None, port: int | None = None) -> bool:
+        """Whether process ``pid`` (or the listener on ``port``) is the run's workload's."""
+        return self.runner.owns(self.handle(run_dir), pid=pid, port=port)
 
     def stop_live(self, tenant: str, name: str, reason: str = "") -> bool:
         """Stop every attempt still running (SIGTERM, SIGKILL after the grace); ``reason`` is kept
@@ -90,7 +124,7 @@ class Runs:
             if run_dir.is_dir() and not read_status(run_dir).done:
                 if reason:
                     write_json(run_dir / "killed.json", {"reason": reason})
-                stop(run_dir, grace=self.stop_grace)
+                self.runner.stop(self.handle(run_dir), grace=self.stop_grace)
                 stopped = True
         return stopped
 
@@ -143,49 +177,6 @@ def probe(kind: str, port: int, path: str, host: str = "127.0.0.1") -> bool:
             return 200 <= int(r.status) < 400
     except (OSError, ValueError):
         return False
-
-
-def port_owners(port: int) -> set[int] | None:
-    """The processes holding a listening TCP socket on ``port`` (any address), from ``/proc``;
-    None where that cannot be told (no ``/proc``, or sockets of processes it may not read)."""
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f, None)
-                for line in f:
-                    cols = line.split()
-                    if (
-                        len(cols) > 9
-                        and cols[3] == "0A"
-                        and int(cols[1].rsplit(":", 1)[1], 16) == port
-                    ):
-                        inodes.add(cols[9])
-        except (OSError, ValueError, IndexError):
-            return None
-    if not inodes:
-        return set()
-    wanted = {f"socket:[{i}]" for i in inodes}
-    owners: set[int] = set()
-    for proc in os.listdir("/proc"):
-        if not proc.isdigit():
-            continue
-        try:
-            for fd in os.listdir(f"/proc/{proc}/fd"):
-                if os.readlink(f"/proc/{proc}/fd/{fd}") in wanted:
-                    owners.add(int(proc))
-                    break
-        except OSError:  # gone, or not ours to read
-            continue
-    return owners or None
-
-
-def process_group(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[-1].split()[2])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def read_json(path: Path) -> dict[str, object]:

@@ -5,6 +5,11 @@ the agent can be killed, even with ``kill -9``, without taking workloads with it
 
 * writes ``shim.json`` (its pid, start time) then starts the workload in its own process group (the
   shim stays outside it, so signalling the group never hits the shim), and writes ``child.json``;
+* where the agent found cgroups it may use (``runtime/cgroups.py``), makes the workload's cgroup
+  with its host limits (``cgroup.json`` says where), and the workload's process enters it before it
+  runs the workload: a stop signals every process of the cgroup, the kill after the grace kills the
+  cgroup, a process the kernel kills for the host memory limit stops the whole workload
+  (``limit.json``), and the cgroup is removed before ``exit.json`` is written;
 * copies the workload's output into ``output.log``, rotated by size (``output.log.1``, ...);
 * passes SIGTERM/SIGINT on to the workload's process group;
 * when the workload ends, writes ``exit.json`` (exit code or signal) atomically, then exits; where
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import io
 import json
 import os
@@ -40,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufrac.runtime.cgroups import HostLimits, Layout, WorkloadCgroup
 from gpufrac.runtime.python_view import PythonView, enter
 
 LOG = "output.log"
@@ -101,6 +108,8 @@ def launch(
     log_max_bytes: int = 10 * 2**20,
     log_backups: int = 3,
     lease: Path | None = None,
+    cgroups: Layout | None = None,
+    limits: HostLimits | None = None,
     timeout: float = 10.0,
     wait: bool = True,
 ) -> int | None:
@@ -108,7 +117,7 @@ def launch(
     workload; without, returns at once (None) and the shim reports in the run directory itself (the
     agent does not wait under its lock: ``launched_at`` says since when a run is on its way)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("shim.json", "child.json", "exit.json", "stop.json"):
+    for stale in ("shim.json", "child.json", "exit.json", "stop.json", "cgroup.json", "limit.json"):
         (run_dir / stale).unlink(missing_ok=True)
     _write_json(
         run_dir / "spec.json",
@@ -122,6 +131,8 @@ def launch(
             "log_max_bytes": log_max_bytes,
             "log_backups": log_backups,
             "lease": None if lease is None else str(lease),
+            "cgroups": cgroups.to_json() if cgroups is not None and cgroups.usable else None,
+            "limits": (limits or HostLimits()).to_json(),
         },
     )
     with open(run_dir / "shim.log", "ab") as shim_log:
@@ -213,13 +224,28 @@ def _is_our_shim(pid: int, run_dir: Path) -> bool:
     return b"gpufrac.runtime.shim" in cmdline and str(run_dir).encode() in cmdline
 
 
+def cgroup_name(run_dir: Path) -> str:
+    """The name of a run's cgroup in each hierarchy (unique to its run directory)."""
+    return "gpufrac-" + hashlib.sha1(str(run_dir.absolute()).encode()).hexdigest()[:16]
+
+
+def cgroup_of(run_dir: Path) -> WorkloadCgroup | None:
+    """The run's cgroup, as its shim recorded it (None: it runs in its process group only)."""
+    raw = _read_json(run_dir / "cgroup.json")
+    return None if raw is None else WorkloadCgroup.from_json(raw)
+
+
 def abandon(run_dir: Path, why: str, *, unknown: bool = False) -> ShimStatus:
     """A run whose shim is gone without a record (killed, or the machine rebooted): its workload's
-    process group, if still there, is killed (no shim is left to watch it), and the run is recorded
-    as ended now with ``why``, once, so later passes read an ordinary failed attempt; with
-    ``unknown``, as ended with an outcome nobody knows (it may have exited 0), which the agent does
-    not restart on until an admin clears it (``clear_unknown``)."""
+    cgroup or process group, if still there, is killed (no shim is left to watch it) and its
+    cgroup removed, and the run is recorded as ended now with ``why``, once, so later passes read
+    an ordinary failed attempt; with ``unknown``, as ended with an outcome nobody knows (it may
+    have exited 0), which the agent does not restart on until an admin clears it
+    (``clear_unknown``)."""
     child = _read_json(run_dir / "child.json")
+    cgroup = cgroup_of(run_dir)
+    if cgroup is not None:
+        cgroup.remove()
     if child is not None and _group_is_this_runs(int(child["pgid"]), run_dir):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(int(child["pgid"]), signal.SIGKILL)
@@ -310,8 +336,12 @@ def stop(run_dir: Path, *, grace: float = DEFAULT_GRACE_S, wait: float = 0.5) ->
     if status.shim_alive and status.shim_pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(status.shim_pid, signal.SIGTERM)
-    elif child is not None and _group_is_this_runs(int(child["pgid"]), run_dir):
-        _kill_group(int(child["pgid"]))  # no shim to pass it on: at once
+    else:  # no shim to pass it on: at once
+        cgroup = cgroup_of(run_dir)
+        if cgroup is not None:
+            cgroup.remove()
+        if child is not None and _group_is_this_runs(int(child["pgid"]), run_dir):
+            _kill_group(int(child["pgid"]))
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if (run_dir / "exit.json").exists():
@@ -436,6 +466,7 @@ def _run(run_dir: Path) -> int:
     stopping = threading.Event()
     started: list[subprocess.Popen[bytes]] = []
     killer: list[threading.Timer] = []
+    cgroups: list[WorkloadCgroup] = []  # the workload's cgroup, where it has one
 
     def forward(signum: int, _frame: object, grace_s: float | None = None) -> None:
         """Pass the signal to the workload's group; after a SIGTERM, SIGKILL it once the grace
@@ -448,12 +479,17 @@ def _run(run_dir: Path) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signum)
             os.killpg(pgid, signal.SIGCONT)  # one the QoS arbiter paused must run to handle it
+        for cgroup in cgroups:  # its processes outside the group too; thawed to handle it
+            cgroup.signal(signum)
+            cgroup.thaw()
         if signum == signal.SIGTERM and not killer:
             asked = _read_json(run_dir / "stop.json") or {}
             grace = asked.get("grace", DEFAULT_GRACE_S) if grace_s is None else grace_s
 
             def kill() -> None:
                 _kill_group(pgid)
+                for cgroup in cgroups:
+                    cgroup.kill()
                 _kill_descendants(reap=False)  # the main thread waits for its child itself
 
             timer = threading.Timer(
@@ -478,12 +514,23 @@ def _run(run_dir: Path) -> int:
     # (whose rights would let it start inside a directory it could never open itself)
     as_other = spec.get("user") is not None
     view = PythonView.from_json(spec.get("view")) if as_other else PythonView()
+    cgroup = _make_cgroup(run_dir, spec, log)
+    if cgroup is not None:
+        cgroups.append(cgroup)
     report_r, report_w = os.pipe()  # why the view could not be made, from the child
     try:
-        if view.covers:  # made as root: the user changes after it (by the child itself)
+        if view.covers or cgroup is not None:
+            # the cgroup entered and the view made as root: the user changes after them (by the
+            # child itself)
             user, group = spec.get("user"), spec.get("group")
-            uid = user if isinstance(user, int) else pwd.getpwnam(str(user)).pw_uid
-            start = _in_view(view, uid, group, workdir, report_w)
+            uid = (
+                None
+                if user is None
+                else user
+                if isinstance(user, int)
+                else pwd.getpwnam(str(user)).pw_uid
+            )
+            start = _prepare(cgroup, view, uid, group, workdir if as_other else None, report_w)
             who: dict[str, Any] = {"preexec_fn": start}
         else:
             who = {
@@ -508,6 +555,8 @@ def _run(run_dir: Path) -> int:
             why = report.read().decode(errors="replace")
         error = f"cannot start {spec['command'][0]!r}: {why}" if why else _start_error(spec, e)
         log.write(f"gpufrac shim: {error}\n".encode())
+        if cgroup is not None:
+            cgroup.remove()
         record_outcome(
             run_dir, {"exit_code": 127, "signal": None, "finished": time.time(), "error": error}
         )
@@ -551,12 +600,21 @@ def _run(run_dir: Path) -> int:
                 time.sleep(LEASE_CHECK_S)
 
         threading.Thread(target=watch_lease, daemon=True).start()
+    if cgroup is not None and "memory" in cgroup.dirs:
+        threading.Thread(
+            target=_watch_host_memory, args=(cgroup, run_dir, spec, log, child), daemon=True
+        ).start()
     code = child.wait()
     # what the workload left behind, in its group or not (a process that left it with setsid is
     # still this shim's descendant: the shim is their subreaper), ends with it
     _kill_group(child.pid)
+    if cgroup is not None:
+        _host_memory_hit(cgroup, run_dir, spec, log)
+        cgroup.kill()
     _kill_descendants()
     reader.join(timeout=5.0)
+    if cgroup is not None and not cgroup.remove():
+        log.write(b"gpufrac shim: its cgroup could not be removed (a process would not end)\n")
     outcome = {
         "exit_code": code if code >= 0 else None,
         "signal": -code if code < 0 else None,
@@ -568,23 +626,98 @@ def _run(run_dir: Path) -> int:
     return 0
 
 
-def _in_view(
-    view: PythonView, uid: int, group: int | None, workdir: str | None, report: int
+def _make_cgroup(run_dir: Path, spec: dict[str, Any], log: _RotatingLog) -> WorkloadCgroup | None:
+    """The workload's cgroup with its host limits, where the agent found cgroups to use; None
+    (and a line in the log) where it cannot be made: the workload then runs in its process group
+    only. ``cgroup.json`` is written first, so whoever cleans up after a crash finds it."""
+    raw = spec.get("cgroups")
+    if not isinstance(raw, dict):
+        return None
+    cgroup = WorkloadCgroup.for_run(Layout.from_json(raw), cgroup_name(run_dir))
+    _write_json(run_dir / "cgroup.json", cgroup.to_json())
+    try:
+        missing = cgroup.create(HostLimits.from_json(spec.get("limits")))
+    except OSError as e:
+        log.write(
+            f"gpufrac shim: cannot make the workload's cgroup ({e}): it runs in its process "
+            "group only (a process that leaves it is not paused, counted or bounded)\n".encode()
+        )
+        cgroup.remove()
+        (run_dir / "cgroup.json").unlink(missing_ok=True)
+        return None
+    for limit in missing:
+        log.write(f"gpufrac shim: host limit not applied: {limit}\n".encode())
+    return cgroup
+
+
+def _host_memory_hit(
+    cgroup: WorkloadCgroup, run_dir: Path, spec: dict[str, Any], log: _RotatingLog
+) -> bool:
+    """Whether the kernel killed a process of the workload for its host memory limit; the first
+    time, says so in the run (``limit.json``) and the log."""
+    kills = cgroup.oom_kills()
+    if not kills:
+        return False
+    if not (run_dir / "limit.json").exists():
+        limit = HostLimits.from_json(spec.get("limits")).memory_bytes
+        mib = None if limit is None else limit // 2**20
+        why = (
+            f"stopped: it used more host memory than its {mib} MiB host_memory limit "
+            f"(the kernel killed {kills} of its processes)"
+        )
+        _write_json(run_dir / "limit.json", {"limit": "host_memory", "limit_mib": mib, "why": why})
+        with contextlib.suppress(OSError, ValueError):
+            log.write(f"gpufrac shim: {why}\n".encode())
+    return True
+
+
+def _watch_host_memory(
+    cgroup: WorkloadCgroup,
+    run_dir: Path,
+    spec: dict[str, Any],
+    log: _RotatingLog,
+    child: subprocess.Popen[bytes],
+) -> None:
+    """Stop the whole workload once the kernel has killed one of its processes for its host
+    memory limit (what is left of it would run on crippled)."""
+    while child.poll() is None:
+        if _host_memory_hit(cgroup, run_dir, spec, log):
+            cgroup.kill()
+            return
+        time.sleep(LEASE_CHECK_S)
+
+
+def _prepare(
+    cgroup: WorkloadCgroup | None,
+    view: PythonView,
+    uid: int | None,
+    group: int | None,
+    workdir: str | None,
+    report: int,
 ) -> Callable[[], None]:
-    """What the workload's process does before it runs the workload, as root: enters its own
-    mount namespace with ``view`` in it, then becomes the workload's user (as Popen's ``user``,
-    ``group`` and ``extra_groups`` would), then enters its working directory as that user."""
+    """What the workload's process does before it runs the workload, as root: enters its
+    cgroup, enters its own mount namespace with ``view`` in it (where the view covers anything),
+    then becomes the workload's user (as Popen's ``user``, ``group`` and ``extra_groups`` would),
+    then enters its working directory as that user."""
 
     def start() -> None:
-        try:
-            enter(view)
-        except OSError as e:
-            os.write(report, f"cannot show it the agent's Python: {e.strerror}".encode())
-            raise
-        if group is not None:
-            os.setgroups([])
-            os.setgid(group)
-        os.setuid(uid)
+        if cgroup is not None:
+            try:
+                cgroup.enter(os.getpid())
+            except OSError as e:
+                os.write(report, f"cannot enter its cgroup: {e.strerror}".encode())
+                raise
+        if view.covers:
+            try:
+                enter(view)
+            except OSError as e:
+                os.write(report, f"cannot show it the agent's Python: {e.strerror}".encode())
+                raise
+        if uid is not None:
+            if group is not None:
+                os.setgroups([])
+                os.setgid(group)
+            os.setuid(uid)
         if workdir:
             os.chdir(workdir)
 

@@ -729,3 +729,25 @@ def test_a_nul_character_is_refused_where_it_is(text: str, field: str) -> None:
     with pytest.raises(InputError) as exc:
         load_documents(text, source="f")
     assert exc.value.field == field and "NUL" in exc.value.message
+
+
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        ({"host_memory": "256Mi", "cpus": 0.5, "pids": 64}, (256, 500, 64)),
+        ({"host_memory": "2Gi", "cpus": 2}, (2048, 2000, None)),
+        ({}, (None, None, None)),
+    ],
+)
+def test_host_limits(resources: dict[str, Any], expected: tuple[int | None, ...]) -> None:
+    changes = {f"spec.resources.{k}": v for k, v in resources.items()}
+    spec = parse_one(changes)
+    assert (spec.host_memory_mib, spec.cpus_milli, spec.pids) == expected
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("host_memory", "lots"), ("cpus", 0), ("cpus", "two"), ("pids", 0)]
+)
+def test_host_limit_errors_name_their_field(key: str, value: Any) -> None:
+    err = error_of(dump(doc({f"spec.resources.{key}": value})))
+    assert err.field == f"spec.resources.{key}"

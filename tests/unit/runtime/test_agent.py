@@ -3,6 +3,7 @@ re-attachment after a restart, never running a workload twice."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -17,7 +18,8 @@ from gpufrac.errors import InputError
 from gpufrac.model.settings import OperatorSettings, TenantQuota
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.runtime.agent import Agent, WorkloadState
-from gpufrac.runtime.shim import LOG, read_status
+from gpufrac.runtime.cgroups import detect
+from gpufrac.runtime.shim import LOG, cgroup_of, read_status
 from tests.conftest import kill_leftover_runs
 
 PY = sys.executable
@@ -130,13 +132,34 @@ def test_a_restarted_agent_reattaches_and_never_runs_a_workload_twice(
     )
     settle(first, "default/svc", {"running"})
     pid = read_status(data_dir / "runs/default/svc/g1-1").child_pid
+    cgroup = cgroup_of(data_dir / "runs/default/svc/g1-1")
+    assert (cgroup is not None and cgroup.pids() == {pid}) or not first.runs.cgroups.usable
     first.close()  # the agent goes away; the shim does not
     second = Agent(data_dir, open_simulated("h200:1:mig,h200:1", data_dir))
     state = settle(second, "default/svc", {"running"})
     assert state.attempts == 1 and read_status(data_dir / "runs/default/svc/g1-1").child_pid == pid
+    assert cgroup is None or cgroup.pids() == {pid}  # its cgroup too, as it was
     assert second.scheduler.allocations("default/svc")  # its placement was taken back, not re-made
     assert second.delete("default", "svc")
     assert not (data_dir / "runs/default/svc").exists()
+    assert second.runs.wait_stopped(10)
+    assert cgroup is None or not cgroup.exists()  # delete leaves no cgroup behind
+
+
+@pytest.mark.skipif(
+    "memory" not in detect().places, reason="no writable memory cgroup controller here"
+)
+def test_a_workload_over_its_host_memory_is_stopped_and_reported(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    agent = Agent(data_dir, dev)
+    hog = "b = []\nwhile True:\n    b.append(bytearray(8 * 2**20))\n"
+    agent.apply_workload(job("hog", hog, restart="never", host_memory_mib=64))
+    state = settle(agent, "default/hog", {"failed"})
+    assert "more host memory than its 64 MiB host_memory limit" in state.reason
+    for _ in range(3):
+        agent.reconcile()
+    assert [e.kind for e in agent.store.events("default/hog")].count("memory_limit") == 1
 
 
 def test_on_failure_still_applies_to_a_job_that_failed_while_the_agent_was_down(
@@ -199,6 +222,24 @@ def test_a_workload_over_its_memory_is_stopped_by_the_watchdog(
     )
     agent.apply_workload(calm)
     assert settle(agent, "default/calm", {"succeeded"}).exit_code == 0
+
+
+@pytest.mark.skipif(not detect().usable, reason="no writable cgroup hierarchy here")
+def test_the_watchdog_counts_a_process_that_left_the_workloads_group(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    """The whole cgroup is counted: a child that called setsid is still the workload's."""
+    agent = Agent(data_dir, dev, stop_grace=2)
+    code = (
+        "import os, time\nfrom gpufrac import sdk\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    sdk.report_gpu_memory(sdk.memory_limit_mib() * 2)\n"
+        "time.sleep(60)\n"
+    )
+    agent.apply_workload(job("escapee", code, sharing="timeslice", restart="never"))
+    state = settle(agent, "default/escapee", {"failed"}, timeout=30)
+    assert "over its 4096 MiB limit" in state.reason and "8192 MiB" in state.reason
 
 
 def test_the_attempt_number_is_handed_over(data_dir: Path, dev: NvmlDevices) -> None:
@@ -291,17 +332,47 @@ def test_mps_workloads_get_the_mps_environment(data_dir: Path, dev: NvmlDevices)
     assert Path(pipe).is_relative_to(shared_path(data_dir))
     # the daemon's log directory stays the agent's: it is not handed to workloads
     assert "CUDA_MPS_LOG_DIRECTORY" not in state_env(agent, "default/m")
-    assert not agent.mps.enabled  # simulated GPUs: no daemon is started for them
+    # simulated GPUs: the stand-in control daemon on the simulation's PATH was started
+    assert agent.mps.enabled and "mps_started" in [e.kind for e in agent.store.events()]
+
+
+def test_mps_servers_are_bounded_to_the_largest_limits_of_their_gpu(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    """The env's limits only lower the server's (NVIDIA's MPS docs): the daemon is told the
+    largest among the GPU's MPS workloads before each starts; the stand-in records it."""
+    agent = Agent(data_dir, dev)
+    sleep = "import time; time.sleep(60)"
+    for name, mib, pct in (("a", 4096, 20), ("b", 8192, 40)):
+        spec = job(name, sleep, gpu=GpuRequest(memory_mib=mib, compute_pct=pct), sharing="mps")
+        agent.apply_workload(spec)
+        settle(agent, f"default/{name}", {"running"})
+    log = Path(dev.tool_path or "") / "mps-control.log"
+    sent = [json.loads(line)["command"] for line in log.read_text().splitlines()]
+    assert sent[0] == "-d"
+    assert sent[-3:] == [
+        "get_server_list",
+        "set_default_active_thread_percentage 40",
+        "set_default_device_pinned_mem_limit 0 8192M",
+    ]
+    assert "set_default_device_pinned_mem_limit 0 4096M" in sent  # when only a ran
+    assert state_env(agent, "default/a")["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    assert agent.delete("default", "a") and agent.delete("default", "b")
 
 
 def test_mps_pipe_directories_are_reachable_by_every_uid_and_logs_by_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from gpufrac.devices.sim_tools import write_sim_tools
     from gpufrac.runtime import mps
 
-    daemons = mps.MpsDaemons(tmp_path / "shared/mps", log_root=tmp_path / "data/mps", enabled=True)
-    started: list[dict[str, str]] = []
-    daemons.enabled = True  # no MPS binary here: record the daemon's start instead of running it
+    daemons = mps.MpsDaemons(
+        tmp_path / "shared/mps",
+        log_root=tmp_path / "data/mps",
+        enabled=True,
+        tool_path=str(write_sim_tools(tmp_path / "bin")),
+    )
+    started: list[dict[str, str]] = []  # the daemon's start recorded instead of run
     monkeypatch.setattr(mps.subprocess, "run", lambda *a, **k: started.append(k["env"]))
     assert daemons.ensure("GPU-x")
     pipe = daemons.pipe_dir("GPU-x")

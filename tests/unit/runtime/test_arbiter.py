@@ -152,17 +152,17 @@ def test_transparent_members_share_their_class_natively_and_stop_for_a_higher_on
     p = TurnPolicy(quantum=10 * MS)
     out = p.set_member("a", "gpu", QosParams(0, 3), 111, 0.0)
     out += p.set_member("b", "gpu", QosParams(0, 1), 222, 0.0)
-    assert Resume("a", 111) in out and Resume("b", 222) in out  # a new arbiter resumes first
+    assert Resume("a") in out and Resume("b") in out  # a new arbiter resumes first
     assert not any(isinstance(a, Pause) for a in out + p.tick(0.5))  # same class: never paused
     out = p.set_member("hi", "gpu", QosParams(10), 333, 0.6)
-    assert Pause("a", 111) in out and Pause("b", 222) in out
+    assert Pause("a") in out and Pause("b") in out
     now = 0.6
     for _ in range(100):  # the higher class always wants: the lower one stays stopped
         now += 10 * MS
         assert not any(isinstance(a, Resume) for a in p.tick(now))
     assert p.members["a"].paused and p.members["b"].paused
     out = p.remove_member("hi", now)
-    assert Resume("a", 111) in out and Resume("b", 222) in out
+    assert Resume("a") in out and Resume("b") in out
 
 
 def test_a_transparent_low_class_is_paused_for_each_turn_of_a_cooperative_high_class() -> None:
@@ -171,8 +171,8 @@ def test_a_transparent_low_class_is_paused_for_each_turn_of_a_cooperative_high_c
     assert p.domains["gpu"].holder == "train"
     p.connect(7, "infer", "gpu", QosParams(10), 0.0)
     out = p.acquire(7, 0.01)
-    assert out == [Grant(7), Pause("train", 4242)]
-    assert p.release(7, 0.015) == [Resume("train", 4242)]
+    assert out == [Grant(7), Pause("train")]
+    assert p.release(7, 0.015) == [Resume("train")]
 
 
 def test_a_crashed_holder_releases_its_turn() -> None:
@@ -191,7 +191,7 @@ def test_removing_a_paused_member_resumes_it_and_hands_on_the_turn() -> None:
     p.set_member("b", "gpu", QosParams(5), 2, 0.0)
     assert p.members["a"].paused
     out = p.remove_member("a", 0.1)
-    assert out == [Resume("a", 1)]
+    assert out == [Resume("a")]
     assert p.remove_member("b", 0.2) == []
 
 
@@ -200,7 +200,7 @@ def test_connecting_makes_a_member_cooperative_and_resumes_it() -> None:
     p.set_member("a", "gpu", QosParams(0), 1, 0.0)
     p.set_member("b", "gpu", QosParams(5), 2, 0.0)
     assert p.members["a"].paused
-    assert Resume("a", 1) in p.connect(9, "a", "gpu", QosParams(0), 0.1)
+    assert Resume("a") in p.connect(9, "a", "gpu", QosParams(0), 0.1)
     assert not p.members["a"].transparent
 
 
@@ -290,7 +290,7 @@ def test_a_min_share_turn_beside_the_higher_class_lasts_a_quantum_at_least() -> 
         now += MS  # a tick every millisecond, ten per quantum
         out = p.tick(now)
         switches += sum(isinstance(a, Resume) for a in out)
-        assert Pause("hi", 1) not in out
+        assert Pause("hi") not in out
     assert switches <= 2.0 / (10 * MS) / 2  # far fewer than one a tick: a turn is a quantum
     assert p.share("lo", now) >= 0.09
 
@@ -357,9 +357,9 @@ def test_an_idle_job_of_a_higher_class_stops_no_one_whatever_its_min_share() -> 
     out += tick_for(p, 0.0, 5.0)
     assert not [a for a in out if isinstance(a, Pause)]  # it sleeps: the GPU is the other's
     out = p.set_member("hi-job", "gpu", QosParams(10, 1, 100), 100, 5.0, active=True)
-    assert Pause("job", 200) in out  # busy now: the lower class waits (beside it, its share)
+    assert Pause("job") in out  # busy now: the lower class waits (beside it, its share)
     out = p.set_member("hi-job", "gpu", QosParams(10, 1, 100), 100, 6.0, active=False)
-    assert Resume("job", 200) in out and not p.members["job"].paused
+    assert Resume("job") in out and not p.members["job"].paused
 
 
 def test_an_sdk_workload_that_runs_without_a_turn_is_stopped_by_signals_like_any() -> None:
@@ -367,11 +367,11 @@ def test_an_sdk_workload_that_runs_without_a_turn_is_stopped_by_signals_like_any
     p.set_member("svc", "gpu", QosParams(10), 100, 0.0)  # busy, no SDK
     p.set_member("evil", "gpu", QosParams(0), 200, 0.0, active=False)
     out = p.connect(9, "evil", "gpu", QosParams(0), 0.1)  # says hello, never asks for a turn
-    assert Resume("evil", 200) in out  # cooperative now, and idle
+    assert Resume("evil") in out  # cooperative now, and idle
     out = p.set_member("evil", "gpu", QosParams(0), 200, 0.5, active=True)  # but is busy
-    assert Pause("evil", 200) in out
+    assert Pause("evil") in out
     out = p.set_member("evil", "gpu", QosParams(0), 200, 1.0, active=False)
-    assert Resume("evil", 200) in out  # idle on the GPU: its clients wait for their turns
+    assert Resume("evil") in out  # idle on the GPU: its clients wait for their turns
     # one that keeps to its turns is never stopped: it waits, idle, for its turn
     p.connect(11, "good", "gpu", QosParams(0), 1.0)
     assert p.acquire(11, 1.0) == []
@@ -386,10 +386,10 @@ def test_a_turn_taken_over_and_not_given_back_is_stopped_after_its_grace() -> No
     p.set_member("train", "gpu", QosParams(0), 200, 0.0, active=True)
     p.connect(2, "infer", "gpu", QosParams(10), 0.0)
     assert p.acquire(2, 0.1) == [AskYield("train"), Grant(2)]  # overlap: taken over
-    assert Pause("train", 200) not in tick_for(p, 0.1, 0.55)  # it drains, within its grace
+    assert Pause("train") not in tick_for(p, 0.1, 0.55)  # it drains, within its grace
     deadline = p.next_deadline(0.55)
     assert deadline is not None and deadline <= 0.6 + 1e-9
-    assert Pause("train", 200) in tick_for(p, 0.55, 0.7)  # it ignored the flag: stopped
+    assert Pause("train") in tick_for(p, 0.55, 0.7)  # it ignored the flag: stopped
 
 
 def test_a_cooperative_low_class_is_granted_beside_a_transparent_higher_class() -> None:
@@ -412,7 +412,7 @@ def test_a_lower_class_holder_is_taken_over_at_once_and_keeps_its_min_share() ->
     out = p.set_member("svc", "gpu", QosParams(10), 100, 1.0)
     assert p.domains["gpu"].holder == "svc"
     out += tick_for(p, 1.0, 4.0)
-    assert Pause("job", 200) in out and Pause("svc", 100) not in out
+    assert Pause("job") in out and Pause("svc") not in out
     assert p.share("job", 4.0) >= 0.09
 
 

@@ -3,6 +3,7 @@ rotates logs, stops on request, and outlives the process that launched it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from gpufrac.runtime.shim import LOG, ShimStatus, launch, read_status, stop
+import pytest
+
+from gpufrac.runtime.cgroups import HostLimits, detect
+from gpufrac.runtime.shim import LOG, ShimStatus, cgroup_of, launch, read_status, stop
 
 PY = sys.executable
 
@@ -218,3 +222,61 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except (ProcessLookupError, FileNotFoundError):
         return False
+
+
+CGROUPS = detect()
+needs_cgroups = pytest.mark.skipif(not CGROUPS.usable, reason="no writable cgroup hierarchy here")
+ESCAPING = textwrap.dedent(
+    """
+    import os, sys, time
+    if os.fork() == 0:
+        os.setsid()  # leaves the workload's process group
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@needs_cgroups
+def test_a_workload_runs_in_its_cgroup_and_stop_kills_and_removes_it(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    launch(run, [PY, "-c", ESCAPING], cgroups=CGROUPS, limits=HostLimits(pids=50))
+    cgroup = cgroup_of(run)
+    assert cgroup is not None and cgroup.exists()
+    deadline = time.monotonic() + 10
+    while len((run / LOG).read_text().split()) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    pids = {int(p) for p in (run / LOG).read_text().split()}
+    assert cgroup.pids() == pids  # both, the one that left its group too; the shim is outside
+    assert read_status(run).shim_pid not in cgroup.pids()
+    if "pids" in cgroup.dirs:
+        assert (cgroup.dirs["pids"] / "pids.max").read_text().strip() == "50"
+    assert stop(run, grace=5.0, wait=10.0)
+    assert not cgroup.exists()  # removed before exit.json was written
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
+@needs_cgroups
+@pytest.mark.skipif("memory" not in CGROUPS.places, reason="no writable memory controller")
+def test_a_workload_over_its_host_memory_is_stopped_and_says_why(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    hog = textwrap.dedent(
+        """
+        import os, time
+        if os.fork() == 0:  # the child is the one over the limit; its parent would run on
+            b = []
+            while True:
+                b.append(bytearray(8 * 2**20))
+        time.sleep(60)
+        """
+    )
+    launch(run, [PY, "-c", hog], cgroups=CGROUPS, limits=HostLimits(memory_bytes=64 * 2**20))
+    status = wait_done(run)
+    assert status.signal == 9  # the whole workload, not only the process the kernel chose
+    limit = json.loads((run / "limit.json").read_text())
+    assert limit["limit"] == "host_memory" and "64 MiB host_memory limit" in limit["why"]
+    assert "host_memory limit" in (run / LOG).read_text()
+    cgroup = cgroup_of(run)
+    assert cgroup is not None and not cgroup.exists()

@@ -1,0 +1,126 @@
+"""The process runner: a workload as a host command under its shim (``runtime/shim.py``), in its
+own process group and, where the machine offers one, its own cgroup (``runtime/cgroups.py``)."""
+
+from __future__ import annotations
+
+import os
+import signal as signals
+
+from gpufrac.runtime.cgroups import Layout, detect
+from gpufrac.runtime.runner import Launch, RunHandle, RunnerKind, RunStatus
+from gpufrac.runtime.shim import cgroup_of, launch, read_status, stop
+
+
+class ProcessRunner:
+    kind: RunnerKind = "process"
+
+    def __init__(self, cgroups: Layout | None = None) -> None:
+        """``cgroups``: where workloads' cgroups live (default: what this machine offers); a
+        layout that is not ``usable`` runs them in their process groups only."""
+        self.cgroups = detect() if cgroups is None else cgroups
+
+    def start(self, handle: RunHandle, what: Launch) -> None:
+        launch(
+            handle.run_dir,
+            what.command,
+            env=what.env,
+            workdir=what.workdir,
+            user=what.user,
+            group=what.group,
+            view=what.view,
+            lease=what.lease,
+            cgroups=self.cgroups,
+            limits=what.limits,
+            wait=False,
+        )
+
+    def stop(self, handle: RunHandle, *, grace: float, wait: float = 0.5) -> bool:
+        return stop(handle.run_dir, grace=grace, wait=wait)
+
+    def signal(self, handle: RunHandle, sig: int) -> int:
+        cgroup = cgroup_of(handle.run_dir)
+        if cgroup is not None and cgroup.exists():
+            return cgroup.signal(sig)
+        pgid = self._group(handle)
+        if pgid is None:
+            return 0
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            return 0
+        return 1
+
+    def pause(self, handle: RunHandle) -> bool:
+        cgroup = cgroup_of(handle.run_dir)
+        if cgroup is not None and cgroup.exists():
+            return cgroup.freeze()
+        return self.signal(handle, signals.SIGSTOP) > 0
+
+    def resume(self, handle: RunHandle) -> bool:
+        cgroup = cgroup_of(handle.run_dir)
+        resumed = cgroup is not None and cgroup.exists() and cgroup.thaw()
+        return self.signal(handle, signals.SIGCONT) > 0 or resumed
+
+    def owns(self, handle: RunHandle, *, pid: int | None = None, port: int | None = None) -> bool:
+        if port is not None:
+            owners = port_owners(port)
+            if not owners:
+                return True  # cannot be told
+            return any(self.owns(handle, pid=p) for p in owners)
+        if pid is None:
+            return False
+        group = self._group(handle)
+        if group is not None and process_group(pid) == group:
+            return True
+        cgroup = cgroup_of(handle.run_dir)
+        return cgroup is not None and cgroup.owns(pid)
+
+    def status(self, handle: RunHandle) -> RunStatus:
+        return read_status(handle.run_dir)
+
+    def _group(self, handle: RunHandle) -> int | None:
+        status = read_status(handle.run_dir)
+        return None if status.done else status.child_pid
+
+
+def port_owners(port: int) -> set[int] | None:
+    """The processes holding a listening TCP socket on ``port`` (any address), from ``/proc``;
+    None where that cannot be told (no ``/proc``, or sockets of processes it may not read)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    if (
+                        len(cols) > 9
+                        and cols[3] == "0A"
+                        and int(cols[1].rsplit(":", 1)[1], 16) == port
+                    ):
+                        inodes.add(cols[9])
+        except (OSError, ValueError, IndexError):
+            return None
+    if not inodes:
+        return set()
+    wanted = {f"socket:[{i}]" for i in inodes}
+    owners: set[int] = set()
+    for proc in os.listdir("/proc"):
+        if not proc.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{proc}/fd"):
+                if os.readlink(f"/proc/{proc}/fd/{fd}") in wanted:
+                    owners.add(int(proc))
+                    break
+        except OSError:  # gone, or not ours to read
+            continue
+    return owners or None
+
+
+def process_group(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[-1].split()[2])
+    except (OSError, ValueError, IndexError):
+        return None

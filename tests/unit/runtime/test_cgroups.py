@@ -1,0 +1,213 @@
+"""A workload's cgroup: where each function lives (a table); real processes frozen and killed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufrac.runtime.cgroups import (
+    HostLimits,
+    Layout,
+    Mount,
+    Place,
+    WorkloadCgroup,
+    choose_layout,
+    detect,
+    read_mounts,
+    read_own,
+)
+
+V1 = ("freezer", "memory", "pids", "cpu")
+ROOT = Path("/sys/fs/cgroup")
+
+
+def v1(c: str) -> Mount:
+    return Mount(1, ROOT / c, frozenset({c, "rw"}))
+
+
+@pytest.mark.parametrize(
+    ("mounts", "writable", "expected"),
+    [
+        # this kind of machine: a v2 mount offering only hugetlb beside writable v1 controllers
+        (
+            [Mount(2, ROOT / "unified", frozenset({"hugetlb"})), *map(v1, V1)],
+            {ROOT / "unified", *(ROOT / c for c in V1)},
+            {"freeze": 2, "kill": 2, "memory": 1, "pids": 1, "cpu": 1},
+        ),
+        # pure v2 with the controllers
+        (
+            [Mount(2, ROOT, frozenset({"memory", "pids", "cpu"}))],
+            {ROOT},
+            {"freeze": 2, "kill": 2, "memory": 2, "pids": 2, "cpu": 2},
+        ),
+        # v2 not writable (a container): v1 where it is
+        (
+            [Mount(2, ROOT / "unified", frozenset()), v1("freezer"), v1("memory")],
+            {ROOT / "freezer", ROOT / "memory"},
+            {"freeze": 1, "kill": 1, "memory": 1},
+        ),
+        # nothing writable: no cgroups
+        ([Mount(2, ROOT, frozenset({"memory"})), *map(v1, V1)], set(), {}),
+    ],
+)
+def test_each_function_lives_where_it_is_offered_and_writable(
+    mounts: list[Mount], writable: set[Path], expected: dict[str, int]
+) -> None:
+    layout = choose_layout(mounts, {}, {p: True for p in writable})
+    assert {f: p.version for f, p in layout.places.items()} == expected
+    assert layout.usable == bool(expected)
+    assert Layout.from_json(layout.to_json()) == layout
+
+
+def test_the_agents_own_cgroup_is_the_parent() -> None:
+    own = read_own("4:memory:/svc/agent\n1:freezer:/\n0::/system.slice/a.service\n")
+    assert own == {"memory": "/svc/agent", "freezer": "/", "": "/system.slice/a.service"}
+    layout = choose_layout(
+        [Mount(2, ROOT, frozenset()), v1("memory")],
+        own,
+        {ROOT / "system.slice/a.service": True, ROOT / "memory/svc/agent": True},
+    )
+    cg = WorkloadCgroup.for_run(layout, "gpufrac-x")
+    assert cg.dirs["freeze"] == ROOT / "system.slice/a.service/gpufrac-x"
+    assert cg.dirs["memory"] == ROOT / "memory/svc/agent/gpufrac-x"
+
+
+def test_mountinfo_is_read() -> None:
+    text = (
+        "30 25 0:26 / /sys/fs/cgroup/unified rw,nosuid shared:9 - cgroup2 cgroup2 rw\n"
+        "31 25 0:27 / /sys/fs/cgroup/memory rw,nosuid shared:10 - cgroup cgroup rw,memory\n"
+        "32 25 0:28 / /proc rw - proc proc rw\n"
+    )
+    assert read_mounts(text) == [
+        Mount(2, Path("/sys/fs/cgroup/unified"), frozenset()),
+        Mount(1, Path("/sys/fs/cgroup/memory"), frozenset({"rw", "nosuid", "memory"})),
+    ]
+
+
+LAYOUT = detect()
+needs_cgroups = pytest.mark.skipif(not LAYOUT.usable, reason="no writable cgroup hierarchy here")
+_FREEZER = Path("/sys/fs/cgroup/freezer")
+V1_FREEZER = Layout(
+    {
+        f: Place(1, _FREEZER, read_own(Path("/proc/self/cgroup").read_text()).get("freezer", "/"))
+        for f in ("freeze", "kill")
+    }
+    if os.access(_FREEZER, os.W_OK)
+    else {}
+)
+
+# a workload that counts in a file, and a child that leaves its group (setsid) and counts too
+COUNTER = """
+import os, sys, time
+out = sys.argv[1]
+if os.fork() == 0:
+    os.setsid()
+    out += ".escaped"
+n = 0
+while True:
+    n += 1
+    with open(out + ".tmp", "w") as f:
+        f.write(str(n))
+    os.replace(out + ".tmp", out)
+    time.sleep(0.01)
+"""
+
+
+def _count(path: Path) -> int:
+    for _ in range(200):
+        try:
+            return int(path.read_text())
+        except (OSError, ValueError):
+            time.sleep(0.01)
+    raise AssertionError(f"{path} never written")
+
+
+def _until(check: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not callable(check) or not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("layout", [LAYOUT, V1_FREEZER], ids=["detected", "v1-freezer"])
+def test_freeze_stops_every_process_even_one_that_left_its_group(
+    tmp_path: Path, layout: Layout
+) -> None:
+    if not layout.usable:
+        pytest.skip("no writable hierarchy of this kind here")
+    cg = WorkloadCgroup.for_run(layout, f"gpufrac-test-{os.getpid()}-freeze")
+    assert cg.create(HostLimits()) == []
+    out = tmp_path / "n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", COUNTER, str(out)],
+        preexec_fn=lambda: cg.enter(os.getpid()),
+        start_new_session=True,
+    )
+    try:
+        escaped = Path(f"{out}.escaped")
+        _count(out), _count(escaped)
+        _until(lambda: len(cg.pids()) == 2)
+        assert cg.freeze()
+        _until(lambda: cg.frozen() is True)
+        events = "cgroup.events" if cg.versions["freeze"] == 2 else "freezer.state"
+        kernel_says = (cg.dirs["freeze"] / events).read_text()
+        assert "frozen 1" in kernel_says or "FROZEN" in kernel_says
+        before = (_count(out), _count(escaped))
+        time.sleep(0.2)
+        assert (_count(out), _count(escaped)) == before  # neither advanced
+        assert cg.thaw()
+        _until(lambda: _count(out) > before[0] and _count(escaped) > before[1])
+    finally:
+        cg.kill()
+        proc.wait(timeout=5)
+        assert cg.remove()
+    assert not cg.exists()
+    assert not any(d.exists() for d in cg.dirs.values())
+
+
+@needs_cgroups
+def test_kill_reaches_an_escaped_child_and_remove_leaves_nothing(tmp_path: Path) -> None:
+    cg = WorkloadCgroup.for_run(LAYOUT, f"gpufrac-test-{os.getpid()}-kill")
+    cg.create(HostLimits())
+    out = tmp_path / "n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", COUNTER, str(out)],
+        preexec_fn=lambda: cg.enter(os.getpid()),
+        start_new_session=True,
+    )
+    _count(Path(f"{out}.escaped"))
+    cg.kill()
+    proc.wait(timeout=5)
+    _until(lambda: not cg.pids())
+    assert cg.remove()
+    assert not cg.exists()
+
+
+@needs_cgroups
+@pytest.mark.skipif("memory" not in LAYOUT.places, reason="no writable memory controller here")
+def test_a_process_over_its_host_memory_is_killed_and_counted() -> None:
+    cg = WorkloadCgroup.for_run(LAYOUT, f"gpufrac-test-{os.getpid()}-mem")
+    cg.create(HostLimits(memory_bytes=64 * 2**20))
+    hog = "b = []\nwhile True:\n    b.append(bytearray(8 * 2**20))\n"
+    proc = subprocess.Popen([sys.executable, "-c", hog], preexec_fn=lambda: cg.enter(os.getpid()))
+    try:
+        assert proc.wait(timeout=20) == -9
+        assert cg.oom_kills() >= 1
+    finally:
+        cg.remove()
+
+
+def test_a_limit_whose_file_is_missing_is_reported_not_dropped(tmp_path: Path) -> None:
+    """A v2 controller listed at the root but not enabled for the agent's cgroup has no files in
+    the workload's: the limit is said to be not applied."""
+    layout = choose_layout(
+        [Mount(2, tmp_path, frozenset({"memory", "pids", "cpu"}))], {}, {tmp_path: True}
+    )
+    cg = WorkloadCgroup.for_run(layout, "gpufrac-x")
+    missing = cg.create(HostLimits(memory_bytes=2**30, milli_cpus=500, pids=10))
+    assert [m.split(" ")[0] for m in missing] == ["host_memory", "pids", "cpus"]
