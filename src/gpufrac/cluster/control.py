@@ -74,6 +74,47 @@ MAX_PENDING = 100  # nodes waiting for an admin's approval at once; more joins a
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
+_VIEW_COUNTS = ("attempts", "restarts", "evictions")
+MAX_VIEW_TEXT = 4096  # a reason is a sentence or a few
+
+
+def node_view(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """What a node shows of one workload, as the control plane keeps it: only the fields it reads,
+    each of its type (counts whole numbers from 0 to a million, text printable and bounded, the
+    QoS view only where it is the API's shape), the rest dropped. A node's word is not trusted:
+    a count of ``"lots"`` made every listing a 500, and escapes reached users' terminals."""
+    from pydantic import ValidationError
+
+    from gpufrac.api.schemas import QosJson
+
+    out: dict[str, Any] = {}
+    for key in _VIEW_COUNTS:
+        value = raw.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1_000_000:
+            out[key] = value
+    code = raw.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool) and -(2**31) <= code < 2**31:
+        out["exit_code"] = code
+    for key in ("phase", "reason"):
+        text = raw.get(key)
+        if isinstance(text, str):
+            out[key] = printable(text[:MAX_VIEW_TEXT])
+    env = raw.get("env")
+    if isinstance(env, dict):
+        out["env"] = {
+            str(k)[:256]: printable(str(v)[:MAX_VIEW_TEXT])
+            for k, v in list(env.items())[:256]
+            if isinstance(k, str) and isinstance(v, str)
+        }
+    qos = raw.get("qos")
+    if isinstance(qos, dict):
+        try:
+            out["qos"] = QosJson.model_validate(qos).model_dump(by_alias=True)
+        except ValidationError:
+            pass  # shown as the control plane knows it (static_qos)
+    return out
+
+
 def printable(text: str) -> str:
     """A node's text as it is stored: control characters (terminal escapes, a carriage return
     that rewrites a line, a newline that fakes one) as ``\\xNN``, so what a node says reaches
@@ -466,7 +507,8 @@ class ControlPlane:
             before = dict(self.core.assigned)
             ended = dict(self.core.ended)
             answer = self.core.heartbeat(name, report, self.clock())
-            for key, view in views.items():
+            for key, shown in views.items():
+                view = node_view(shown) if isinstance(shown, Mapping) else {}
                 a = self.core.assigned.get(key)
                 if a is not None and a.node == name:
                     before_view = self.views.get(key)

@@ -111,3 +111,26 @@ def test_a_frozen_node_is_fenced_once_saying_it_was_stopped(tmp_path: Path) -> N
     finally:
         agent.close()
         control.close()
+
+
+def test_a_nodes_view_of_a_workload_is_kept_only_as_the_control_plane_reads_it() -> None:
+    """From the hostile review: a node's ``restarts: "lots"`` made every listing a 500, its
+    escapes reached users' terminals, and a QoS view without a class broke describe."""
+    from gpufrac.cluster.control import node_view
+
+    kept = node_view(
+        {
+            "phase": "running",
+            "reason": "\x1b]0;owned\x07paused while beta/db uses the GPU",
+            "attempts": 2,
+            "restarts": "lots",
+            "evictions": -5,
+            "exit_code": None,
+            "env": {"A": "1", "B": 2},
+            "qos": {"pauses": 10**30},
+            "extra": {"anything": True},
+        }
+    )
+    assert kept["attempts"] == 2 and "restarts" not in kept and "evictions" not in kept
+    assert "\x1b" not in kept["reason"] and "\x07" not in kept["reason"]
+    assert kept["env"] == {"A": "1"} and "qos" not in kept and "extra" not in kept
