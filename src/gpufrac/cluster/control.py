@@ -107,11 +107,9 @@ def node_view(raw: Mapping[str, Any]) -> dict[str, Any]:
             if isinstance(k, str) and isinstance(v, str)
         }
     qos = raw.get("qos")
-    if isinstance(qos, dict):
-        try:
+    if isinstance(qos, dict):  # else shown as the control plane knows it (static_qos)
+        with contextlib.suppress(ValidationError):
             out["qos"] = QosJson.model_validate(qos).model_dump(by_alias=True)
-        except ValidationError:
-            pass  # shown as the control plane knows it (static_qos)
     return out
 
 
