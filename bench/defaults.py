@@ -10,8 +10,9 @@ arbiter process):
   per-process reading shows; here the simulated GPU's), with the default job_min_share (10%);
 * high-service-beside-low-job: a busy high service beside a low job that runs until stopped, 15 s,
   with the job's default min share and with ``min_share: 0`` (the baseline): how often the
-  service's processes are found stopped (``T`` in /proc/PID/stat, target 0) and the job's share of
-  the GPU's busy time by the arbiter's accounting (target: at least its min share).
+  service's processes are found stopped (``T`` in /proc/PID/stat, or in a frozen cgroup; target
+  0) and the job's share of the GPU's busy time by the arbiter's accounting (target: at least its
+  min share).
 
 Reported: the job's time to complete against solo, and the share of the GPU's turn time the arbiter
 gave it. The targets: beside idle services no more than 1.5x solo (an idle service holds nothing);
@@ -36,6 +37,7 @@ from gpufrac.devices import open_simulated
 from gpufrac.model.manifest import parse_objects
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.runtime.agent import Agent
+from gpufrac.runtime.cgroups import detect, process_frozen
 from gpufrac.runtime.service import AgentService
 from gpufrac.runtime.shim import read_status
 
@@ -114,8 +116,13 @@ def run(beside: list[WorkloadSpec]) -> dict[str, Any]:
         return {"seconds": took, "share": share, "paused": pauses, "phase": st.phase}
 
 
+CGROUPS = detect()
+
+
 def proc_states(pgid: int) -> list[str]:
-    """The state letter of every live process in the process group (``/proc/PID/stat``)."""
+    """The state letter of every live process in the process group (``/proc/PID/stat``), and T for
+    one whose cgroup is frozen (the arbiter pauses a workload by freezing its cgroup where it can:
+    a frozen process shows D or S, not T)."""
     out = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -124,7 +131,7 @@ def proc_states(pgid: int) -> list[str]:
             except (OSError, IndexError):
                 continue
             if int(fields[2]) == pgid:
-                out.append(fields[0])
+                out.append("T" if process_frozen(int(entry), CGROUPS) else fields[0])
     return out
 
 
