@@ -22,6 +22,7 @@ import pytest
 from gpufrac.model.qos import QosParams
 from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec
 from gpufrac.runtime.cgroups import HostLimits, WorkloadCgroup, detect, process_frozen
+from tests.counter import COUNTER, count
 from tests.integration.conftest import RunningAgent
 from tests.prom import value
 
@@ -182,31 +183,6 @@ def test_a_transparent_process_group_is_paused_for_a_higher_class_and_resumed(
         bg.wait(timeout=10)
 
 
-COUNTER = """
-import os, sys, time
-out = sys.argv[1]
-if os.fork() == 0:
-    os.setsid()  # leaves the workload's process group
-    out += ".escaped"
-n = 0
-while True:
-    n += 1
-    with open(out + ".tmp", "w") as f:
-        f.write(str(n))
-    os.replace(out + ".tmp", out)
-    time.sleep(0.01)
-"""
-
-
-def _count(path: Path) -> int:
-    for _ in range(500):
-        try:
-            return int(path.read_text())
-        except (OSError, ValueError):
-            time.sleep(0.01)
-    raise AssertionError(f"{path} never written")
-
-
 @pytest.mark.skipif(not CGROUPS.usable, reason="no writable cgroup hierarchy here")
 def test_a_pause_freezes_the_whole_cgroup_even_a_child_that_left_its_group(
     link, spawn, members, tmp_path
@@ -221,7 +197,7 @@ def test_a_pause_freezes_the_whole_cgroup_even_a_child_that_left_its_group(
     )
     escaped = Path(f"{out}.escaped")
     try:
-        _count(out), _count(escaped)
+        count(out), count(escaped)
         members["t/bg"] = MemberSpec("gpu-0", QosParams(0), bg.pid, cgroup=cgroup)
         link.sync(members)
         holder = spawn("t/hi", 10, mode="hold")
@@ -230,13 +206,13 @@ def test_a_pause_freezes_the_whole_cgroup_even_a_child_that_left_its_group(
         events = "cgroup.events" if cgroup.versions["freeze"] == 2 else "freezer.state"
         said = (cgroup.dirs["freeze"] / events).read_text()
         assert "frozen 1" in said or "FROZEN" in said
-        before = (_count(out), _count(escaped))
+        before = (count(out), count(escaped))
         time.sleep(0.3)
-        assert (_count(out), _count(escaped)) == before  # neither advanced: both frozen
+        assert (count(out), count(escaped)) == before  # neither advanced: both frozen
         assert link.stats()["t/bg"]["paused"]
         holder.kill()
         wait_for(lambda: cgroup.frozen() is False, what="bg's cgroup thawed")
-        wait_for(lambda: _count(escaped) > before[1], what="the escaped child running again")
+        wait_for(lambda: count(escaped) > before[1], what="the escaped child running again")
     finally:
         cgroup.remove()
         bg.wait(timeout=10)

@@ -21,6 +21,7 @@ from gpufrac.runtime.cgroups import (
     read_mounts,
     read_own,
 )
+from tests.counter import COUNTER, count
 
 V1 = ("freezer", "memory", "pids", "cpu")
 ROOT = Path("/sys/fs/cgroup")
@@ -101,32 +102,8 @@ V1_FREEZER = Layout(
     else {}
 )
 
+
 # a workload that counts in a file, and a child that leaves its group (setsid) and counts too
-COUNTER = """
-import os, sys, time
-out = sys.argv[1]
-if os.fork() == 0:
-    os.setsid()
-    out += ".escaped"
-n = 0
-while True:
-    n += 1
-    with open(out + ".tmp", "w") as f:
-        f.write(str(n))
-    os.replace(out + ".tmp", out)
-    time.sleep(0.01)
-"""
-
-
-def _count(path: Path) -> int:
-    for _ in range(200):
-        try:
-            return int(path.read_text())
-        except (OSError, ValueError):
-            time.sleep(0.01)
-    raise AssertionError(f"{path} never written")
-
-
 def _until(check: object, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not callable(check) or not check():
@@ -150,18 +127,18 @@ def test_freeze_stops_every_process_even_one_that_left_its_group(
     )
     try:
         escaped = Path(f"{out}.escaped")
-        _count(out), _count(escaped)
+        count(out), count(escaped)
         _until(lambda: len(cg.pids()) == 2)
         assert cg.freeze()
         _until(lambda: cg.frozen() is True)
         events = "cgroup.events" if cg.versions["freeze"] == 2 else "freezer.state"
         kernel_says = (cg.dirs["freeze"] / events).read_text()
         assert "frozen 1" in kernel_says or "FROZEN" in kernel_says
-        before = (_count(out), _count(escaped))
+        before = (count(out), count(escaped))
         time.sleep(0.2)
-        assert (_count(out), _count(escaped)) == before  # neither advanced
+        assert (count(out), count(escaped)) == before  # neither advanced
         assert cg.thaw()
-        _until(lambda: _count(out) > before[0] and _count(escaped) > before[1])
+        _until(lambda: count(out) > before[0] and count(escaped) > before[1])
     finally:
         cg.kill()
         proc.wait(timeout=5)
@@ -180,7 +157,7 @@ def test_kill_reaches_an_escaped_child_and_remove_leaves_nothing(tmp_path: Path)
         preexec_fn=lambda: cg.enter(os.getpid()),
         start_new_session=True,
     )
-    _count(Path(f"{out}.escaped"))
+    count(Path(f"{out}.escaped"))
     cg.kill()
     proc.wait(timeout=5)
     _until(lambda: not cg.pids())
