@@ -216,6 +216,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_pair() -> int:
+    """A free port whose next one is free too (a control plane's users' API and node listener)."""
+    while True:
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
 def fleet_spec(nodes: int, per_node: int) -> str:
     """``node_gpus``'s GPUs, in the same order, as one machine's ``--simulate`` spec."""
     flat = [g for grp in node_gpus(nodes, per_node) for g in grp]
@@ -284,10 +296,14 @@ def serve(kind: str, port: int, data: Path, fleet: str) -> None:
     stop = threading.Event()
     if kind == "control":
         from gpufrac.cluster.control import ControlPlane
-        from gpufrac.cluster.control_api import create_control_app
+        from gpufrac.cluster.control_api import create_control_app, create_node_listener_app
+        from gpufrac.cluster.node_api import serve_in_thread
 
         control = ControlPlane(data, OperatorSettings())
-        app = create_control_app(control, cluster_token=TOKEN)
+        app = create_control_app(control)
+        # the node listener, as gpufrac control serves it: at --port + 1 (Server picks a pair)
+        nodes_app = create_node_listener_app(control, cluster_token=TOKEN)
+        serve_in_thread(nodes_app, "127.0.0.1", port + 1)
 
         def ticks() -> None:
             while not stop.wait(0.5):
@@ -337,8 +353,9 @@ class Server:
     """A ``serve`` process, stopped (SIGTERM, as uvicorn expects) on leaving."""
 
     def __init__(self, kind: str, data: Path, fleet: str = "") -> None:
-        self.port = free_port()
+        self.port = free_port_pair()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.node_url = f"http://127.0.0.1:{self.port + 1}"  # a control plane's node listener
         self.data = data
         data.mkdir(parents=True, exist_ok=True)
         args = ["--serve", kind, "--port", str(self.port), "--data", str(data), "--fleet", fleet]
@@ -484,7 +501,7 @@ class FakeNode:
 
 
 async def cluster_acks(
-    url: str, nodes: int, per_node: int, requests: list[tuple[str, str]]
+    url: str, node_url: str, nodes: int, per_node: int, requests: list[tuple[str, str]]
 ) -> dict[str, Any]:
     """Join the nodes, have them call in every ``HEARTBEAT_S``, apply every request, and wait
     until each placed workload is acknowledged (a heartbeat carrying it under its epoch
@@ -505,7 +522,7 @@ async def cluster_acks(
 
         async def post(path: str, body: bytes, token: str) -> bytes:
             headers = {"authorization": f"Bearer {token}"}
-            async with session.post(url + path, data=body, headers=headers) as r:
+            async with session.post(node_url + path, data=body, headers=headers) as r:
                 raw = await r.read()
                 assert r.status == 200, raw[:300]
                 return raw
@@ -653,7 +670,7 @@ def through_api(nodes: int, per_node: int, n_apply: int, n_single: int) -> bool:
                             os.killpg(status.child_pid, signal.SIGKILL)
         with Server("control", root / "control") as server:
             mine, wall = os.times(), time.monotonic()
-            c = asyncio.run(cluster_acks(server.url, nodes, per_node, requests))
+            c = asyncio.run(cluster_acks(server.url, server.node_url, nodes, per_node, requests))
             control_cpu = server.cpu_s() - server.cpu0
             client_cpu = sum(os.times()[:2]) - sum(mine[:2])
             wall = time.monotonic() - wall

@@ -305,7 +305,8 @@ def test_a_cluster_control_planes_dashboard_shows_every_nodes_gpus_and_its_deplo
     proc = subprocess.Popen(
         [
             *(PY, "-m", "gpufrac.cli", "control", "--local", "3", "--port", str(port)),
-            *("--gateway-port", str(gateway), "--data-dir", str(data)),
+            *("--gateway-port", str(gateway), "--node-port", str(free_port())),
+            *("--data-dir", str(data)),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -38,7 +38,7 @@ NODES = {  # name: (simulated GPUs, as a Ray label value: dots for colons; kind)
     "n2": ("h200.1", "timeslice"),
 }
 LEASE_S = 8.0  # a restart of the control plane (with Ray to connect to) is quicker than its 2/3
-RAY_PORT, CONTROL_PORT, GATEWAY_PORT = 6391, 18479, 18489
+RAY_PORT, CONTROL_PORT, GATEWAY_PORT, NODE_PORT = 6391, 18479, 18489, 18499
 URL = f"http://127.0.0.1:{CONTROL_PORT}"
 SERVE = f"http://127.0.0.1:{GATEWAY_PORT}/serve/summer/predict"
 ROOT = Path(__file__).resolve().parents[2]  # the replicas import examples.serving.models from it
@@ -234,6 +234,7 @@ def main(out: Path) -> dict[str, Any]:
         control_args = [
             PY, "-m", "gpufrac.cli", "control", "--ray", f"127.0.0.1:{RAY_PORT}",
             "--port", str(CONTROL_PORT), "--gateway-port", str(GATEWAY_PORT),
+            "--node-port", str(NODE_PORT),
             "--lease", str(LEASE_S),
             "--data-dir", str(out / "control"), "--node-data-dir", str(out / "nodes"),
         ]  # fmt: skip

@@ -36,6 +36,7 @@ class Cluster:
     root: Path
     port: int
     gateway_port: int
+    node_port: int
     control: subprocess.Popen[bytes] | None = None
     nodes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -45,6 +46,7 @@ class Cluster:
                 *GPUFRAC,
                 *("control", "--port", str(self.port), "--lease", str(LEASE_S)),
                 *("--gateway-port", str(self.gateway_port)),
+                *("--node-port", str(self.node_port)),
                 *("--data-dir", str(self.root / "control")),
             ],
             stdout=subprocess.DEVNULL,
@@ -57,7 +59,8 @@ class Cluster:
         data.mkdir(exist_ok=True)
         shutil.copy(self.root / "control" / "cluster-token", data / "cluster-token")
         (data / "gpufrac.yaml").write_text("workload_users: agent\n")
-        args = [*GPUFRAC, "node", "--control", self.url, "--name", name, "--simulate", "h200:3"]
+        node_url = f"http://127.0.0.1:{self.node_port}"
+        args = [*GPUFRAC, "node", "--control", node_url, "--name", name, "--simulate", "h200:3"]
         for label in labels:
             args += ["--label", label]
         self.nodes[name] = subprocess.Popen(
@@ -100,7 +103,7 @@ def wait(
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     port = free_port()
-    c = Cluster(f"http://127.0.0.1:{port}", tmp_path, port, free_port())
+    c = Cluster(f"http://127.0.0.1:{port}", tmp_path, port, free_port(), free_port())
     c.start_control()
     try:
         yield c

@@ -18,10 +18,15 @@ import httpx
 import pytest
 
 from gpufrac.cluster.control import ControlPlane
-from gpufrac.cluster.control_api import create_control_app
+from gpufrac.cluster.control_api import (
+    NODE_PATHS,
+    create_control_app,
+    create_node_listener_app,
+)
 from gpufrac.cluster.node_api import serve_in_thread
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
+from tests.cluster_apps import Routed
 
 TOKEN = "cluster-secret"
 NODE = {"authorization": f"Bearer {TOKEN}"}
@@ -35,30 +40,38 @@ class Clock:
 
 
 @pytest.fixture
-def plane(tmp_path: Path) -> Iterator[tuple[httpx.Client, ControlPlane, Clock]]:
+def plane(tmp_path: Path) -> Iterator[tuple[Routed, ControlPlane, Clock]]:
     clock = Clock()
     control = ControlPlane(tmp_path, OperatorSettings(node_prune_after_s=100.0), clock=clock)
-    server, port = serve_in_thread(create_control_app(control, cluster_token=TOKEN), "127.0.0.1", 0)
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+    users, port = serve_in_thread(create_control_app(control), "127.0.0.1", 0)
+    nodes, node_port = serve_in_thread(
+        create_node_listener_app(control, cluster_token=TOKEN), "127.0.0.1", 0
+    )
+    with (
+        httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as user_http,
+        httpx.Client(base_url=f"http://127.0.0.1:{node_port}", timeout=10) as node_http,
+    ):
+        http = Routed(user_http, node_http)
         deadline = time.monotonic() + 10
-        while True:
-            try:
-                http.get("/api/v1/health")
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+        for path in ("/api/v1/health", NODE_PATHS):
+            while True:
+                try:
+                    http.get(path)
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
         yield http, control, clock
-    server.should_exit = True
+    users.should_exit = nodes.should_exit = True
     control.close()
 
 
-def join(http: httpx.Client, name: str, n: int, **more: Any) -> httpx.Response:
+def join(http: Routed, name: str, n: int, **more: Any) -> httpx.Response:
     gpus = [{"uuid": f"GPU-{name}-{i}", "model": "B200-180GB", "mig": False} for i in range(n)]
     return http.post(f"/cluster/v1/nodes/{name}/join", json={"gpus": gpus, **more}, headers=NODE)
 
 
-def beat(http: httpx.Client, name: str, credential: str) -> httpx.Response:
+def beat(http: Routed, name: str, credential: str) -> httpx.Response:
     headers = {"authorization": f"Bearer {credential}"}
     return http.post(f"/cluster/v1/nodes/{name}/heartbeat", json={}, headers=headers)
 
@@ -74,7 +87,7 @@ def secret_service() -> WorkloadSpec:
 
 
 def test_a_node_with_the_cluster_token_alone_gets_nothing_until_approved_then_its_cap(
-    plane: tuple[httpx.Client, ControlPlane, Clock],
+    plane: tuple[Routed, ControlPlane, Clock],
 ) -> None:
     http, control, _ = plane
     r = join(http, "fake", 64, labels={"zone": "eu"}, address="http://127.0.0.1:9")
@@ -110,7 +123,7 @@ def test_a_node_with_the_cluster_token_alone_gets_nothing_until_approved_then_it
 
 
 def test_deny_revoke_and_prune_take_the_credential_away(
-    plane: tuple[httpx.Client, ControlPlane, Clock],
+    plane: tuple[Routed, ControlPlane, Clock],
 ) -> None:
     http, control, clock = plane
     one = join(http, "one", 1).json()["credential"]
@@ -148,11 +161,11 @@ def test_nodes_joined_before_the_upgrade_are_approved_on_upgrade(tmp_path: Path)
 
 
 def test_the_admin_approves_a_pending_node_from_the_cli_and_a_tenant_may_not(
-    plane: tuple[httpx.Client, ControlPlane, Clock],
+    plane: tuple[Routed, ControlPlane, Clock],
 ) -> None:
     http, _, _ = plane
     credential = join(http, "edge", 4).json()["credential"]
-    url = str(http.base_url).rstrip("/")
+    url = str(http.users.base_url).rstrip("/")
     listed = cli_at(url, "nodes", "list")
     assert listed.returncode == 0, listed.stderr
     assert re.search(r"edge\s+pending\s+4", listed.stdout), listed.stdout

@@ -118,7 +118,8 @@ def start_control(root: Path) -> Server:
     (data / "tokens.yaml").chmod(0o600)  # tokens are the owner's alone (else refused)
     port = free_port()
     args = [PY, "-m", "gpufrac.cli", "control", "--local", "1", "--port", str(port)]
-    args += ["--gateway-port", str(free_port()), "--data-dir", str(data)]
+    args += ["--gateway-port", str(free_port()), "--node-port", str(free_port())]
+    args += ["--data-dir", str(data)]
     with open(root / "control.log", "ab") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=log)
     return Server("control", f"http://127.0.0.1:{port}", data, proc)

@@ -81,7 +81,17 @@ def control_command(
         str,
         typer.Option("--host", help="Address to listen on (beyond loopback only with API tokens)."),
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = CONTROL_PORT,
+    port: Annotated[
+        int, typer.Option("--port", help="Port of the users' API (the CLI's --server).")
+    ] = CONTROL_PORT,
+    node_port: Annotated[
+        int | None,
+        typer.Option(
+            "--node-port",
+            help="Port node agents call (joins, heartbeats; on --host), apart from the users' "
+            "API so no user request delays them. Default: --port + 1.",
+        ),
+    ] = None,
     gateway_port: Annotated[
         int,
         typer.Option(
@@ -105,8 +115,8 @@ def control_command(
         str | None,
         typer.Option(
             "--advertise",
-            help="The URL node agents reach this control plane at (default: http://HOST:PORT; "
-            "give it when listening on 0.0.0.0).",
+            help="The URL node agents reach this control plane's node port at (default: "
+            "http://HOST:NODE_PORT; give it when listening on 0.0.0.0).",
         ),
     ] = None,
     node_data_dir: Annotated[
@@ -133,8 +143,9 @@ def control_command(
     from gpufrac.api.tokens import load_tokens
     from gpufrac.cli.agent_cmds import _is_loopback
     from gpufrac.cluster.control import ControlPlane
-    from gpufrac.cluster.control_api import create_control_app
+    from gpufrac.cluster.control_api import create_control_app, create_node_listener_app
     from gpufrac.cluster.history import ClusterSampler
+    from gpufrac.cluster.node_api import serve_in_thread
     from gpufrac.cluster.serving import ClusterServing
     from gpufrac.model.settings import load_settings
     from gpufrac.runtime.history import History
@@ -152,6 +163,13 @@ def control_command(
                 f"refusing to listen on {host} without API tokens",
                 field="--host",
                 fix="put a tokens.yaml in the data directory, or listen on 127.0.0.1",
+            )
+        node_port = port + 1 if node_port is None else node_port
+        if node_port == port or not 0 < node_port < 65536:
+            raise InputError(
+                f"--node-port {node_port}",
+                field="--node-port",
+                fix=f"give a free port from 1 to 65535 other than --port {port}",
             )
         if not 0 <= local <= 16:
             raise InputError(f"--local {local}", field="--local", fix="give 0 to 16 nodes")
@@ -171,9 +189,24 @@ def control_command(
     history = History(ClusterSampler(control, serving).read)  # the dashboard's plots
     history.start()
     app = create_control_app(
-        control, cluster_token=token, tokens=tokens, serving=serving, history=history
+        control, tokens=tokens, serving=serving, history=history, node_port=node_port
     )
-    url = advertise or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    with handled_errors():
+        try:  # first: a restarted control plane answers its nodes before anything else
+            node_listener, _ = serve_in_thread(
+                create_node_listener_app(control, cluster_token=token),
+                host,
+                node_port,
+                name="gpufrac-node-listener",
+            )
+        except OSError as e:
+            raise InputError(
+                f"cannot listen on {host}:{node_port} for nodes ({e.strerror or e})",
+                field="--node-port",
+                fix="give a free port (--node-port N), or stop what holds it",
+            ) from None
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    url = advertise or f"http://{shown_host}:{node_port}"
     nodes = LocalNodes(data, token, url, local, control.bootstrap)
     stop = threading.Event()
 
@@ -226,7 +259,8 @@ def control_command(
 
         threading.Thread(target=ray_sync, daemon=True, name="gpufrac-ray-nodes").start()
     console.print(
-        f"gpufrac control plane on http://{host}:{port} (data: {data}, lease {lease:g} s)",
+        f"gpufrac control plane on http://{host}:{port} (data: {data}, lease {lease:g} s); "
+        f"nodes join at {url}",
         highlight=False,
     )
     for said in nodes.said:
@@ -235,6 +269,7 @@ def control_command(
         serve_http(app, host, port, name="gpufrac control")
     finally:
         stop.set()
+        node_listener.should_exit = True
         history.stop()
         serving.wake()
         with control.lock:
@@ -375,7 +410,11 @@ class LocalNodes:
 
 def node_command(
     control: Annotated[
-        str, typer.Option("--control", help="The control plane's URL (http://HOST:8470).")
+        str,
+        typer.Option(
+            "--control",
+            help="The control plane's node listener (http://HOST:8471, its --node-port).",
+        ),
     ],
     cluster_token: TokenOpt = None,
     name: Annotated[

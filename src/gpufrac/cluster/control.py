@@ -185,6 +185,9 @@ class ControlPlane:
         self.gpu_views: dict[str, list[dict[str, Any]]] = {}  # node -> its GPUs as it shows them
         self.lost_from: dict[str, str] = {}  # a workload waiting since its node was lost -> node
         self.kept_alive: dict[str, float] = {}  # a lease -> when its holder last said it lives
+        # node -> when its latest heartbeat was received (written by the node listener before it
+        # waits for the lock; a heartbeat heard renews the lease even while its answer waits)
+        self.heard_at: dict[str, float] = {}
         self.lost_count = 0  # nodes held lost, and workloads moved, since this start (/metrics)
         self.moved_count = 0
         self.started = clock()
@@ -484,6 +487,12 @@ class ControlPlane:
             )
             self._persist(before)
 
+    def heard(self, name: str) -> None:
+        """Node ``name``'s heartbeat has arrived (its credential checked): noted at once, without
+        the lock, so a node is never held lost for heartbeats that came while the control plane
+        was busy (``tick`` renews its lease from then)."""
+        self.heard_at[name] = self.clock()
+
     def heartbeat(
         self,
         name: str,
@@ -638,6 +647,8 @@ class ControlPlane:
             self._expire_leases(now)
             before = dict(self.core.assigned)
             ended = dict(self.core.ended)
+            for name, at in list(self.heard_at.items()):
+                self.core.heard(name, at)
             moved = self.core.tick(now)
             if self.awaiting and now - self.started > self.core.lease_s:
                 for node, held in self.awaiting.items():  # never came back after a restart

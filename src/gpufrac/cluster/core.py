@@ -220,6 +220,15 @@ class ClusterCore:
                 self._placed(self.scheduler.delete(tenant, wname))
         return self.answer(name)
 
+    def heard(self, name: str, at: float) -> None:
+        """A heartbeat of ``name`` was received at ``at`` and is still being worked out: the node
+        was alive then, so its lease runs from then at least (a control plane slow to answer never
+        holds lost a node it heard). Nothing else is taken from it until its ``heartbeat``. As
+        safe as a renewal: the node fences by the answers it gets, which come no sooner."""
+        node = self.nodes.get(name)
+        if node is not None and node.state == "alive" and at > node.renewed:
+            node.renewed = at
+
     def answer(self, name: str) -> Answer:
         """``name``'s desired state: what is assigned to it, less what another node still has."""
         run = tuple(

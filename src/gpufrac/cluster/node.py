@@ -192,6 +192,11 @@ class HttpLink:
                 f"{self.url} refused the cluster token: it is not this control plane's (copy its "
                 "cluster-token file, or give --cluster-token FILE)"
             )
+        if r.status_code == 404 and path.endswith("/join"):  # the users' API, or no gpufrac
+            raise Refused(
+                f"{self.url} is not a control plane's node listener (404: {r.text[:300]}): give "
+                "its node port (gpufrac control --node-port, default its --port + 1)"
+            )
         if r.status_code == 401:
             raise Unreachable(f"{self.url} refused this node's credential (401)")
         if r.status_code == 403 and path.endswith("/join"):  # denied by an admin

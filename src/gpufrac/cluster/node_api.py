@@ -38,17 +38,20 @@ def create_node_app(agent: Agent, credential: Callable[[], str | None]) -> FastA
     return app
 
 
-def serve_in_thread(app: FastAPI, host: str, port: int) -> tuple[uvicorn.Server, int]:
-    """Serve ``app`` on a daemon thread; returns the server and the port it listens on (``port``
-    0: a free one)."""
+def serve_in_thread(
+    app: FastAPI, host: str, port: int, *, name: str = "gpufrac-node-api"
+) -> tuple[uvicorn.Server, int]:
+    """Serve ``app`` on a daemon thread of its own (its own event loop), with the head timeout of
+    the users' API; returns the server and the port it listens on (``port`` 0: a free one). A port
+    that cannot be bound raises ``OSError`` here, in the caller."""
     import socket
+
+    from gpufrac.api.head_timeout import HeadTimeoutProtocol
 
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound = int(sock.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="gpufrac-node-api"
-    ).start()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=HeadTimeoutProtocol))
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=name).start()
     return server, bound

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from gpufrac.cluster.control import ControlPlane
-from gpufrac.cluster.control_api import create_control_app
+from tests.cluster_apps import control_client
 
 TOKEN = "cluster-token-0123456789"
 NODE = {"authorization": f"Bearer {TOKEN}"}
@@ -19,7 +18,7 @@ NODE = {"authorization": f"Bearer {TOKEN}"}
 @pytest.fixture
 def client(tmp_path: Path) -> Any:
     control = ControlPlane(tmp_path)
-    yield TestClient(create_control_app(control, cluster_token=TOKEN)), control
+    yield control_client(control, cluster_token=TOKEN), control
     control.close()
 
 
@@ -99,7 +98,7 @@ def test_node_calls_need_the_cluster_token_and_a_bad_gpu_view_is_refused(client:
 def test_each_node_speaks_only_for_itself_with_its_own_credential(tmp_path: Path) -> None:
     now = [0.0]
     control = ControlPlane(tmp_path, clock=lambda: now[0])
-    http = TestClient(create_control_app(control, cluster_token=TOKEN))
+    http = control_client(control, cluster_token=TOKEN)
 
     def join(name: str, credential: str | None = None) -> Any:
         extra = {} if credential is None else {"x-gpufrac-node-credential": credential}
@@ -156,7 +155,7 @@ def test_a_tenant_cannot_store_more_workloads_than_its_bound(tmp_path: Path) -> 
     from gpufrac.model.settings import OperatorSettings
 
     control = ControlPlane(tmp_path, OperatorSettings(max_workloads=2))
-    http = TestClient(create_control_app(control, cluster_token=TOKEN))
+    http = control_client(control, cluster_token=TOKEN)
     doc = (
         "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: w{}}}\nspec:\n"
         "  command: [sleep, '1']\n  resources: {{gpu: {{count: 1}}}}\n"
@@ -172,7 +171,7 @@ def test_a_tenant_cannot_store_more_workloads_than_its_bound(tmp_path: Path) -> 
 def test_a_lease_nobody_keeps_alive_is_given_back(tmp_path: Path) -> None:
     now = [0.0]
     control = ControlPlane(tmp_path, clock=lambda: now[0])
-    http = TestClient(create_control_app(control, cluster_token=TOKEN))
+    http = control_client(control, cluster_token=TOKEN)
     lease = (
         "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {{name: {}, labels: {{gpufrac.io/lease: "
         "ray, gpufrac.io/lease-ttl: '10'}}}}\nspec:\n  type: service\n  command: [sleep, '1']\n"
@@ -247,7 +246,7 @@ def test_only_the_admin_reads_the_metrics(tmp_path: Path) -> None:
 
     control = ControlPlane(tmp_path)
     tokens = {"t-token-0123456789": Caller("t"), "a-token-0123456789": Caller(None, admin=True)}
-    http = TestClient(create_control_app(control, cluster_token=TOKEN, tokens=tokens))
+    http = control_client(control, cluster_token=TOKEN, tokens=tokens)
     assert http.get("/metrics").status_code == 401
     tenant = {"authorization": "Bearer t-token-0123456789"}
     assert http.get("/metrics", headers=tenant).status_code == 403
@@ -264,7 +263,7 @@ def test_an_admin_cordons_and_drains_a_nodes_gpu_and_the_cordon_outlives_a_resta
     tokens = {"admin-token-0123456789": Caller(None, admin=True), "team-0123456789": Caller("a")}
     admin = {"authorization": "Bearer admin-token-0123456789"}
     control = ControlPlane(tmp_path)
-    http = TestClient(create_control_app(control, cluster_token=TOKEN, tokens=tokens))
+    http = control_client(control, cluster_token=TOKEN, tokens=tokens)
     own: dict[str, dict[str, str]] = {}
     for name in ("n1", "n2"):
         r = http.post(
@@ -302,7 +301,7 @@ def test_an_admin_cordons_and_drains_a_nodes_gpu_and_the_cordon_outlives_a_resta
     control.close()
     # a restart: the cordon holds once the node joins again
     control = ControlPlane(tmp_path)
-    http = TestClient(create_control_app(control, cluster_token=TOKEN, tokens=tokens))
+    http = control_client(control, cluster_token=TOKEN, tokens=tokens)
     cred = {"x-gpufrac-node-credential": own[home]["authorization"][7:]}
     r = http.post(
         f"/cluster/v1/nodes/{home}/join", json={"gpus": [gpu(f"G{home}")]}, headers={**NODE, **cred}
@@ -335,9 +334,7 @@ def test_hostile_calls_are_refused_whole_and_leave_nothing_behind(tmp_path: Path
     admin = {"authorization": "Bearer admin-token-0123456789"}
     bob = {"authorization": "Bearer bob-token-0123456789"}
     serving = ClusterServing(control, gateway_port=free_port())
-    http = TestClient(
-        create_control_app(control, cluster_token=TOKEN, tokens=tokens, serving=serving)
-    )
+    http = control_client(control, cluster_token=TOKEN, tokens=tokens, serving=serving)
     big = b"x" * (3 * 1024 * 1024)
     r = http.post("/cluster/v1/nodes/n1/heartbeat", content=big, headers=NODE)
     assert r.status_code == 401  # the cluster token is no node's credential: no body read
@@ -382,7 +379,7 @@ def test_a_node_passes_on_its_own_events_within_bounds(tmp_path: Path) -> None:
     from gpufrac.cluster.core import NodeEvent, Report
 
     control = ControlPlane(tmp_path)
-    http = TestClient(create_control_app(control, cluster_token=TOKEN))
+    http = control_client(control, cluster_token=TOKEN)
     for name in ("n1", "n2"):
         http.post(f"/cluster/v1/nodes/{name}/join", json={"gpus": [gpu(f"G{name}")]}, headers=NODE)
         control.approve(name)
@@ -428,7 +425,7 @@ def test_the_control_plane_tells_every_displacement_and_keeps_where_a_job_ran(
     settings = OperatorSettings(tenants={"search": TenantQuota(preemption="lower-priority")})
     control = ControlPlane(tmp_path, settings)
     tokens = {"r": Caller("research"), "s": Caller("search"), "x": Caller(None, admin=True)}
-    http = TestClient(create_control_app(control, cluster_token=TOKEN, tokens=tokens))
+    http = control_client(control, cluster_token=TOKEN, tokens=tokens)
     as_ = {k: {"authorization": f"Bearer {k}"} for k in tokens}
     http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("G1")]}, headers=NODE)
     control.approve("n1")
@@ -496,7 +493,7 @@ def test_what_a_node_says_is_stored_as_text_and_buries_no_one(tmp_path: Path) ->
     from gpufrac.cluster.core import NodeEvent, Report
 
     control = ControlPlane(tmp_path)
-    http = TestClient(create_control_app(control, cluster_token=TOKEN))
+    http = control_client(control, cluster_token=TOKEN)
     http.post("/cluster/v1/nodes/n1/join", json={"gpus": [gpu("G1")]}, headers=NODE)
     control.approve("n1")
     doc = (

@@ -10,13 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
 from gpufrac.api.tokens import Caller
 from gpufrac.cluster.control import ControlPlane
-from gpufrac.cluster.control_api import create_control_app
 from gpufrac.cluster.serving import ClusterServing
 from gpufrac.runtime.shim import lease_ended, read_lease, write_lease
+from tests.cluster_apps import Routed, control_client
 from tests.integration.conftest import free_port
 
 TOKEN = "cluster-token-0123456789"
@@ -35,7 +34,7 @@ def deployment(name: str, memory: str = "10GiB", tenant: str = "team") -> str:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[TestClient, ControlPlane, ClusterServing]]:
+def cluster(tmp_path: Path) -> Iterator[tuple[Routed, ControlPlane, ClusterServing]]:
     control = ControlPlane(tmp_path)
     tokens = {
         "admin-token-0123456789": Caller(None, admin=True),
@@ -47,8 +46,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[TestClient, ControlPlane, ClusterS
         gateway_port=free_port(),
         tokens={t: c.tenant for t, c in tokens.items()},
     )
-    app = create_control_app(control, cluster_token=TOKEN, tokens=tokens, serving=serving)
-    http = TestClient(app)
+    http = control_client(control, cluster_token=TOKEN, tokens=tokens, serving=serving)
     for name, address in (("n1", "http://10.0.0.1:7000"), ("n2", "http://10.0.0.2:7000")):
         gpus = [{"uuid": f"GPU-{name}", "model": "H200-141GB", "mig": False}]
         body = {"gpus": gpus, "address": address}
@@ -60,7 +58,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[TestClient, ControlPlane, ClusterS
 
 
 def test_a_deployments_replicas_spread_over_nodes_and_reach_the_gateway_at_their_nodes(
-    cluster: tuple[TestClient, ControlPlane, ClusterServing],
+    cluster: tuple[Routed, ControlPlane, ClusterServing],
 ) -> None:
     http, control, serving = cluster
     r = http.post("/api/v1/workloads", content=deployment("m"), headers=TEAM)
@@ -95,7 +93,7 @@ def test_a_deployments_replicas_spread_over_nodes_and_reach_the_gateway_at_their
 
 
 def test_a_replica_that_fits_on_no_node_is_said_and_tried_again_later(
-    cluster: tuple[TestClient, ControlPlane, ClusterServing],
+    cluster: tuple[Routed, ControlPlane, ClusterServing],
 ) -> None:
     http, control, serving = cluster
     r = http.post("/api/v1/workloads", content=deployment("big", "200GiB"), headers=TEAM)
@@ -108,7 +106,7 @@ def test_a_replica_that_fits_on_no_node_is_said_and_tried_again_later(
 
 def test_deployments_are_refused_by_a_control_plane_that_serves_none(tmp_path: Path) -> None:
     control = ControlPlane(tmp_path)
-    http = TestClient(create_control_app(control, cluster_token=TOKEN))
+    http = control_client(control, cluster_token=TOKEN)
     r = http.post("/api/v1/workloads", content=deployment("m"))
     assert r.status_code == 501 and r.json()["capability"] == "deployments", r.text
     assert "runs no deployments" in r.json()["detail"]
@@ -133,7 +131,7 @@ def test_a_deployment_makes_no_more_replicas_than_its_tenant_may_store(tmp_path:
 
     control = ControlPlane(tmp_path, OperatorSettings(max_workloads=3))
     serving = ClusterServing(control, gateway_port=free_port())
-    http = TestClient(create_control_app(control, cluster_token=TOKEN, serving=serving))
+    http = control_client(control, cluster_token=TOKEN, serving=serving)
     gpus = [{"uuid": "GPU-n1", "model": "H200-141GB", "mig": False}]
     http.post("/cluster/v1/nodes/n1/join", json={"gpus": gpus}, headers=NODE)
     control.approve("n1")
