@@ -58,6 +58,11 @@ class InputError(GpufracError, ValueError):
         return out
 
 
+class TooLarge(InputError):
+    """Input over a bound on its size or cost (bytes, values): refused before it is read further.
+    The API answers it 413."""
+
+
 class Problems:
     """Collects the ``InputError`` of each independent check, to report them all at once."""
 

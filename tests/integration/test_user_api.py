@@ -291,6 +291,27 @@ def test_a_gpu_is_cordoned_by_node_and_index_on_both(server: Server) -> None:
     wait("uncordoned", lambda: server.get("/api/v1/gpus")["gpus"][0]["cordoned"] is None)
 
 
+def test_manifests_over_the_bounds_are_refused_alike_and_one_within_is_read(
+    server: Server,
+) -> None:
+    """Bounded before parsing, on both sides (the operator's max_manifest_nodes: 20,000 values;
+    api_max_body and max_manifest_bytes: 1 MiB): a 600 KB flow list is 413 naming the setting,
+    a byte over 1 MiB is 413; a manifest of exactly 1 MiB with few values is applied."""
+    flow = "a: [" + ",".join(["1"] * 300_000) + "]\n"
+    r = server.call("POST", "/api/v1/workloads", "search", content=flow)
+    assert r.status_code == 413, (server.side, r.text)
+    assert "max_manifest_nodes" in r.json()["detail"] and "20,000" in r.json()["detail"]
+    text = manifest("onemib")
+    padded = text + "#" * ((1 << 20) - len(text.encode()) - 1) + "\n"
+    assert len(padded.encode()) == 1 << 20
+    r = server.call("POST", "/api/v1/workloads", "search", content=padded + "#")
+    assert r.status_code == 413, (server.side, r.text)
+    r = server.call("POST", "/api/v1/workloads", "search", content=padded)
+    assert r.status_code == 200, (server.side, r.text)
+    assert r.json()["results"][0]["workload"] == "search/onemib"
+    assert server.call("DELETE", "/api/v1/workloads/search/onemib").status_code == 200
+
+
 def test_what_a_side_lacks_answers_501_and_the_rest_alike(server: Server) -> None:
     lacking = (
         [

@@ -23,6 +23,7 @@ from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.event import Event
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
+from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.sched_decision import Decision, Displacement
 from gpufrac.planning.views import (
@@ -48,6 +49,11 @@ class ControlService(Protocol):
 
     @property
     def lock(self) -> AbstractContextManager[Any]: ...
+
+    @property
+    def settings(self) -> OperatorSettings:
+        """The operator's settings (``gpufrac.yaml``), as read at start."""
+        ...
 
     @property
     def history(self) -> History:

@@ -27,8 +27,12 @@ ERRORS = {
     403: "the token may not do this (another tenant's, or not the admin's)",
     404: "no such workload, deployment, node or GPU (another tenant's look like they do not exist)",
     409: "refused: nothing was changed",
-    413: "the body is over the limit (the operator's api_max_body setting)",
+    413: "the body or manifest is over a limit (the operator's api_max_body, max_manifest_bytes "
+    "or max_manifest_nodes setting): nothing was changed",
     422: "bad input: each problem's field path (loc), what is wrong (msg) and the fix",
+    429: "too many of this tenant's applies at once or a second (the operator's "
+    "max_concurrent_applies, apply_rate and apply_burst settings): nothing was changed; retry "
+    "after Retry-After seconds",
     501: "this server lacks the capability (named in the answer, application/problem+json)",
     503: "the server cannot write its store or data directory, or reach a node, now: nothing "
     "was changed; retry",

@@ -26,6 +26,7 @@ from gpufrac.api.bodies import read_body
 from gpufrac.api.control_service import ControlService
 from gpufrac.api.dashboard import add_dashboard_routes
 from gpufrac.api.deployments_api import NO_DEPLOYMENTS, DeploymentsService, add_deployment_routes
+from gpufrac.api.limits import ApplyLimits
 from gpufrac.api.metrics_serving import ServingCollector
 from gpufrac.api.openapi import describe_bodies, errors, json_body, json_errors, manifest_body
 from gpufrac.api.schemas import (
@@ -59,7 +60,7 @@ from gpufrac.api.seen_by import (
     shown_text,
 )
 from gpufrac.api.tokens import Caller, authenticate
-from gpufrac.errors import InputError, Refused, Unavailable, Unsupported
+from gpufrac.errors import InputError, Refused, TooLarge, Unavailable, Unsupported
 from gpufrac.model.caller import ADMIN
 from gpufrac.model.deployment import DeploymentSpec, shown_spec
 from gpufrac.model.manifest import read_objects
@@ -156,6 +157,9 @@ def add_user_api(
 ) -> None:
     """The user API on ``app``: its routes (``user_api``) and how its refusals are answered."""
     app.add_exception_handler(InputError, lambda _r, e: problem_answer(e))
+    app.add_exception_handler(  # as the guard answers a body over its bound
+        TooLarge, lambda _r, e: JSONResponse(status_code=413, content={"detail": str(e)})
+    )
     app.add_exception_handler(Unsupported, lambda _r, e: unsupported_answer(e))
     app.add_exception_handler(
         Refused, lambda _r, e: JSONResponse(status_code=409, content={"detail": str(e)})
@@ -185,6 +189,12 @@ def user_api(
 ) -> APIRouter:
     """``serving``: the server's deployments (None: it has none, and their routes answer 501)."""
     api = APIRouter()
+    settings = service.settings
+    limits = ApplyLimits(  # each tenant's applies: at once, and a second
+        concurrent=settings.max_concurrent_applies,
+        rate=settings.apply_rate,
+        burst=settings.apply_burst,
+    )
 
     def caller(request: Request) -> Caller:
         """Who calls: the token's tenant (or the admin); without tokens configured, the admin."""
@@ -286,7 +296,7 @@ def user_api(
 
     # -- desired state ---------------------------------------------------------------------------
 
-    applied = {**ANY, **BODY, **errors(403, 409), **LACKING}
+    applied = {**ANY, **BODY, **errors(403, 409, 429), **LACKING}
 
     @api.post(
         "/api/v1/workloads",
@@ -302,16 +312,44 @@ def user_api(
         openapi_extra=manifest_body(),
         operation_id="apply_api_v1_deployments_post",
     )
-    async def apply_manifest(request: Request) -> dict[str, Any]:
+    async def apply_manifest(request: Request) -> Any:
         who = caller(request)
         body = await request.body()  # already read and bounded by the guard
-        return await run_in_threadpool(apply_manifest_text, who, utf8_text(body))
+        settings = service.settings
+        if len(body) > settings.max_manifest_bytes:
+            raise TooLarge(
+                f"the manifest is {len(body):,} bytes, over the limit of "
+                f"{settings.max_manifest_bytes:,} (the operator's max_manifest_bytes in "
+                "gpufrac.yaml)",
+                field="body",
+                fix="split it into several manifests",
+            )
+        if who.admin:  # the operator's own applies are not limited
+            return await run_in_threadpool(apply_manifest_text, who, utf8_text(body))
+        tenant = who.tenant or ""
+        refused = limits.take(tenant)
+        if refused is not None:
+            return JSONResponse(
+                status_code=429,
+                content={"detail": f"not applied: {refused.reason}; try again"},
+                headers={"retry-after": str(refused.retry_after_s)},
+            )
+        try:
+            return await run_in_threadpool(apply_manifest_text, who, utf8_text(body))
+        finally:
+            limits.done(tenant)
 
     def apply_manifest_text(who: Caller, text: str) -> dict[str, Any]:
         """Parse (off the event loop: a manifest can be slow to read) and apply, all or nothing:
         every check of every document before anything is stored."""
         # nothing stored on an error; a document naming no tenant is the caller's tenant's
-        read = read_objects(text, source="body", default_tenant=who.tenant or "default")
+        read = read_objects(
+            text,
+            source="body",
+            default_tenant=who.tenant or "default",
+            max_values=service.settings.max_manifest_nodes,
+            bound="max_manifest_nodes",
+        )
         noted = {id(r.obj): list(r.warnings) for r in read}  # how each document is written
         objects = [r.obj for r in read]
         for o in objects:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from gpufrac.cli.common import fail
+from gpufrac.cli.common import err_console, fail
 from gpufrac.config import TOKEN_ENV
 from gpufrac.config import data_dir as resolve_data_dir
 
@@ -114,18 +114,40 @@ def agent_address(server: str | None) -> str:
     return _server(server)
 
 
+WAIT_429_S = 30.0  # the longest the CLI waits out a server's 429s (its Retry-After) in all
+
+
 def request(method: str, server: str | None, path: str, **kw: Any) -> httpx.Response:
-    """One call to the agent, with the caller's token; an agent that cannot be reached is exit 2."""
+    """One call to the agent, with the caller's token; an agent that cannot be reached is exit 2.
+    A 429 (too many of this tenant's calls: nothing was done) is waited out as its Retry-After
+    says, up to ``WAIT_429_S`` in all, saying so once; then it is the answer."""
+    import time
+
     import httpx
 
-    try:
-        return send(method, server, path, **kw)
-    except httpx.HTTPError as e:
-        raise fail(
-            f"cannot reach the agent at {_server(server)} ({e})",
-            2,
-            "start it with: gpufrac agent, or say where it is: --server URL or $GPUFRAC_SERVER",
-        ) from None
+    waited = 0.0
+    while True:
+        try:
+            r = send(method, server, path, **kw)
+        except httpx.HTTPError as e:
+            raise fail(
+                f"cannot reach the agent at {_server(server)} ({e})",
+                2,
+                "start it with: gpufrac agent, or say where it is: --server URL or $GPUFRAC_SERVER",
+            ) from None
+        after = r.headers.get("retry-after", "1")
+        pause = (
+            float(after) if r.status_code == 429 and after.isascii() and after.isdigit() else 1.0
+        )
+        if r.status_code != 429 or waited + pause > WAIT_429_S:
+            return r
+        if not waited:
+            err_console.print(
+                f"the server asks to wait ({_detail(r, '; ')}): trying again in {pause:g} s",
+                highlight=False,
+            )
+        time.sleep(pause)
+        waited += pause
 
 
 def token_hint(status: int) -> str | None:
@@ -187,6 +209,10 @@ def answer(r: httpx.Response) -> Any:
         raise fail(_detail(r, "; ") or "refused", 1, token_hint(r.status_code))
     if r.status_code == 404:
         raise fail(r.json().get("detail", "not found"), 1)
+    if r.status_code == 413:  # a body or manifest over the server's bounds: split it
+        raise fail(_detail(r, "; ") or "too large", 2)
+    if r.status_code == 429:  # still, after waiting as it said
+        raise fail(_detail(r, "; ") or "too many calls", 1, "try again later")
     if r.status_code == 501:  # what this server lacks (a cluster's control plane: MIG layouts)
         raise fail(_detail(r, "; ") or "not supported by this server", 1)
     if r.status_code >= 400:

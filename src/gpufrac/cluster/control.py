@@ -50,6 +50,7 @@ from gpufrac.planning.sched_state import SchedGpu
 from gpufrac.planning.scheduler import workload_key
 from gpufrac.planning.views import ApplyResult, NodeInfo
 from gpufrac.runtime.executor import record_displaced
+from gpufrac.runtime.native_memory import NativeMemory
 from gpufrac.runtime.store import AdmissionState, Store, StoredNode
 
 STORE_FILE = "control.db"
@@ -169,6 +170,9 @@ class ControlPlane:
         self.settings = settings or OperatorSettings()
         self.clock = clock
         self.lock = threading.RLock()
+        # glibc's arenas: two, trimmed every pass (at most every 30 s), as the agent's: memory a
+        # refused manifest or a burst of calls took comes back (runtime.native_memory)
+        self.native_memory = NativeMemory()
         self.store = Store(data_dir / STORE_FILE)
         self.core = ClusterCore(self.settings, lease_s=lease_s)
         self.views: dict[str, tuple[int, dict[str, Any]]] = {}  # workload -> (epoch, node's view)
@@ -643,6 +647,7 @@ class ControlPlane:
         leases nobody keeps alive."""
         with self.lock:
             now = self.clock()
+            self.native_memory.upkeep()
             self._prune(now)
             self._expire_leases(now)
             before = dict(self.core.assigned)

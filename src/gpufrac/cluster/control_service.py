@@ -58,6 +58,7 @@ class ControlPlaneService:
         self.control = control
         self.serving = serving
         self.lock = control.lock
+        self.settings = control.settings
         self.history = history or History(ClusterSampler(control, serving).read)
         self.capabilities: frozenset[Capability] = frozenset(
             {"ray-leases", "node-admission", *(("deployments",) if serving is not None else ())}

@@ -28,7 +28,13 @@ from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.deployment_manifest import DeploymentDocument
 from gpufrac.model.gpu_manifest import GPU_ALIASES, REQUEST_KINDS
 from gpufrac.model.manifest_errors import fields_of, input_error, noted
-from gpufrac.model.manifest_fields import join, kind_of, load_documents, read_text_file
+from gpufrac.model.manifest_fields import (
+    MAX_NODES,
+    join,
+    kind_of,
+    load_documents,
+    read_text_file,
+)
 from gpufrac.model.manifest_types import NOTES
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.model.workload_manifest import (
@@ -158,12 +164,19 @@ def parse_objects(
 
 
 def read_objects(
-    text: str, *, source: str = "manifest", default_tenant: str = "default"
+    text: str,
+    *,
+    source: str = "manifest",
+    default_tenant: str = "default",
+    max_values: int = MAX_NODES,
+    bound: str = "",
 ) -> list[Read]:
     """Every workload and deployment of a manifest text, in order, with its warnings; every problem
     raises ``InputError`` (so a text is accepted whole or not at all). A document that names no
-    tenant is ``default_tenant``'s (the caller's, for a tenant's API token)."""
-    documents = load_documents(text, source=source)
+    tenant is ``default_tenant``'s (the caller's, for a tenant's API token). A text of more than
+    ``max_values`` values is ``TooLarge`` before it is parsed (``bound``: the setting that says
+    so)."""
+    documents = load_documents(text, source=source, max_values=max_values, bound=bound)
     present = [(i, doc) for i, doc in enumerate(documents, start=1) if doc is not None]
     if not present:
         raise InputError(

@@ -60,6 +60,8 @@ TENANT_PREEMPTION: tuple[TenantPreemption, ...] = get_args(TenantPreemption)
 DEFAULT_TENANT_PREEMPTION: TenantPreemption = "own-tenant"
 DEFAULT_MAX_PRIORITY = 1000
 DEFAULT_NODE_PRUNE_AFTER_S = 24 * 3600.0
+DEFAULT_MAX_MANIFEST_BYTES = 1 << 20
+DEFAULT_MAX_MANIFEST_NODES = 20_000
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -88,6 +90,13 @@ class OperatorSettings:
     # the share of a shared GPU's busy time a job gets when it does not say (no job waits forever)
     job_min_share_milli: int = 100
     api_max_body_mib: int = 1  # the largest request body the control API reads
+    # what one manifest sent to the API may hold (bytes; values: scalars, lists, mappings), counted
+    # before it is parsed; and each tenant's applies at once and a second (bursts of apply_burst)
+    max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES
+    max_manifest_nodes: int = DEFAULT_MAX_MANIFEST_NODES
+    max_concurrent_applies: int = 2
+    apply_rate: float = 10.0
+    apply_burst: int = 20
     # the highest spec.priority of a tenant with no bound of its own
     max_priority: int = DEFAULT_MAX_PRIORITY
     max_workloads: int = DEFAULT_MAX_WORKLOADS  # of a tenant with no bound of its own
@@ -334,6 +343,25 @@ class SettingsDocument(Strict):
     api_max_body: BodyLimitMiB | None = Field(
         None, description="The largest request body the control API reads (1MiB to 1GiB)."
     )
+    max_manifest_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = Field(
+        DEFAULT_MAX_MANIFEST_BYTES,
+        description="The largest manifest the API reads, in bytes (1024 to 1073741824; a body is "
+        "bounded by api_max_body too).",
+    )
+    max_manifest_nodes: Annotated[int, Field(ge=100, le=1_000_000)] = Field(
+        DEFAULT_MAX_MANIFEST_NODES,
+        description="The most values (scalars, lists, mappings) one manifest sent to the API may "
+        "hold, counted as it is scanned, before it is parsed.",
+    )
+    max_concurrent_applies: Annotated[int, Field(ge=1, le=64)] = Field(
+        2, description="Applies one tenant may have in progress at once (more: 429)."
+    )
+    apply_rate: Annotated[float, Field(gt=0, le=10_000)] = Field(
+        10.0, description="Applies a second one tenant may make, on average (more: 429)."
+    )
+    apply_burst: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        20, description="Applies one tenant may make at once above apply_rate."
+    )
     max_priority: _PRIORITY = Field(
         DEFAULT_MAX_PRIORITY,
         description="The highest spec.priority of a tenant with no max_priority of its own.",
@@ -385,6 +413,11 @@ class SettingsDocument(Strict):
             mig_reconfigure=self.mig_reconfigure,
             job_min_share_milli=100 if self.job_min_share is None else self.job_min_share,
             api_max_body_mib=1 if self.api_max_body is None else self.api_max_body,
+            max_manifest_bytes=self.max_manifest_bytes,
+            max_manifest_nodes=self.max_manifest_nodes,
+            max_concurrent_applies=self.max_concurrent_applies,
+            apply_rate=self.apply_rate,
+            apply_burst=self.apply_burst,
             max_priority=self.max_priority,
             max_workloads=self.max_workloads,
             workload_users=self.workload_users,

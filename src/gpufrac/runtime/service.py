@@ -69,6 +69,7 @@ class AgentService:
     def __init__(self, agent: Agent, *, interval: float = RECONCILE_SECONDS) -> None:
         self.agent = agent
         self.lock = agent.lock  # the agent's own: its reconcile pass releases it for device calls
+        self.settings = agent.settings
         self.interval = interval
         self._stop = threading.Event()
         self._wake = threading.Event()

@@ -751,3 +751,43 @@ def test_host_limits(resources: dict[str, Any], expected: tuple[int | None, ...]
 def test_host_limit_errors_name_their_field(key: str, value: Any) -> None:
     err = error_of(dump(doc({f"spec.resources.{key}": value})))
     assert err.field == f"spec.resources.{key}"
+
+
+def _flow(values: int) -> str:
+    return "a: [" + ",".join(["1"] * (values - 3)) + "]\n"  # the mapping, its key, the list: +3
+
+
+def test_a_manifest_over_its_values_is_too_large_before_any_tree_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bound is checked as the text is scanned: the loader that builds the tree is never
+    asked for a node, nor is JSON read (a 600 KB flow list took 10 s to build before)."""
+    from gpufrac.errors import TooLarge
+    from gpufrac.model import manifest_fields
+
+    def built(*_args: object, **_kw: object) -> None:
+        raise AssertionError("a tree was built")
+
+    monkeypatch.setattr(manifest_fields.StrictYamlLoader, "check_node", built)
+    monkeypatch.setattr(manifest_fields.StrictYamlLoader, "get_node", built)
+    monkeypatch.setattr(manifest_fields.json, "loads", built)
+    with pytest.raises(TooLarge, match="more than 1,000 values") as e:
+        load_documents(_flow(1001), source="body", max_values=1000, bound="max_manifest_nodes")
+    assert e.value.field == "body" and "max_manifest_nodes" in e.value.message
+    with pytest.raises(TooLarge):
+        load_documents(_flow(300_000), source="body", max_values=20_000)
+    as_json = '{"a": [' + ",".join(["1"] * 1000) + "]}"
+    with pytest.raises(TooLarge):
+        load_documents(as_json, source="body", max_values=1000)
+    # commas, colons and brackets inside strings are not values
+    monkeypatch.undo()
+    text = '{"a": "' + ",:[{" * 5000 + '"}'
+    assert load_documents(text, source="body", max_values=100) == [{"a": ",:[{" * 5000}]
+
+
+def test_a_manifest_at_its_bound_of_values_is_read() -> None:
+    assert load_documents(_flow(1000), source="body", max_values=1000) == [{"a": [1] * 997}]
+    many = "---\n".join(f"k{i}: v\n" for i in range(300))  # 300 documents of 3 values
+    assert len(load_documents(many, source="body", max_values=900)) == 300
+    with pytest.raises(InputError, match="more than 899 values"):
+        load_documents(many, source="body", max_values=899)
