@@ -43,5 +43,10 @@ class NativeMemory:
         now = time.monotonic()
         if self._libc is None or now - self._last_trim < TRIM_EVERY_S:
             return
-        self._last_trim = now
-        self._libc.malloc_trim(0)
+        self.trim()
+
+    def trim(self) -> None:
+        """Give free memory back to the system now."""
+        self._last_trim = time.monotonic()
+        if self._libc is not None:
+            self._libc.malloc_trim(0)

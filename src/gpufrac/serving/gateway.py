@@ -62,6 +62,7 @@ from typing import Any, cast
 
 import httptools
 
+from gpufrac.runtime.native_memory import NativeMemory
 from gpufrac.serving.http11 import (
     KEY_HEADER,
     REASONS,
@@ -80,6 +81,8 @@ TOTAL_BODIES = 256 * 2**20  # request bodies held by all connections together
 DOWN_SECONDS = 1.0  # a replica that failed to answer is skipped this long
 CONNECT_SECONDS = 3.0  # a connection to a replica not made within this: another replica
 WINDOW_SECONDS = 10.0
+TRIM_AFTER = 16 * 2**20  # bytes of request bodies let go before free memory is handed back
+TRIM_CHECK_S = 1.0
 # hop-by-hop headers, and Expect (the gateway already holds the whole body)
 _HOP = (
     b"connection",
@@ -664,6 +667,10 @@ class _Upstream(asyncio.Protocol):
         self.close()
         with contextlib.suppress(ValueError):
             self.pool.remove(self)
+        # the parser holds this connection's methods: a cycle only the garbage collector breaks
+        self.parser = httptools.HttpResponseParser(None)
+        self.out.clear()
+        self.headers = []
 
     def _ended(self, clean: bool) -> None:
         """The replica closed its end (``clean``) or the connection broke."""
@@ -920,6 +927,20 @@ async def _admin(gateway: Gateway, fd: int, stop: asyncio.Event) -> None:
     stop.set()  # the agent is gone
 
 
+def _give_memory_back(
+    loop: asyncio.AbstractEventLoop, budget: BodyBudget, native: NativeMemory
+) -> None:
+    """Every ``TRIM_CHECK_S``: once ``TRIM_AFTER`` bytes of request bodies were let go since the
+    last time, hand the allocator's free pages back to the system (``malloc_trim``). Python frees a
+    body as soon as it is answered or its client goes away, but glibc keeps much of what it freed:
+    with bodies arriving on several connections at once the pages between them stayed resident
+    (bench/gateway.py, memory)."""
+    if budget.released >= TRIM_AFTER:
+        budget.released = 0
+        native.trim()
+    loop.call_later(TRIM_CHECK_S, _give_memory_back, loop, budget, native)
+
+
 async def run(
     host: str,
     port: int,
@@ -927,7 +948,7 @@ async def run(
     routes: list[dict[str, Any]],
     total_bodies: int = TOTAL_BODIES,
 ) -> None:
-    _Client.budget = BodyBudget(total_bodies)
+    _Client.budget = budget = BodyBudget(total_bodies)
     gateway = Gateway()
     gateway.settled = admin_fd is None  # commanded: not before the agent says so
     gateway.loop = asyncio.get_running_loop()
@@ -941,6 +962,7 @@ async def run(
     bound = server.sockets[0].getsockname()[1]
     print(f"ready {bound}", flush=True)
     admin = asyncio.ensure_future(_admin(gateway, admin_fd, stop)) if admin_fd is not None else None
+    _give_memory_back(loop, budget, NativeMemory())
     async with server:
         await stop.wait()
     if admin is not None:

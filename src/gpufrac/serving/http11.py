@@ -84,6 +84,7 @@ class BodyBudget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
+        self.released = 0  # bytes given back since the owner last reset it (to 0)
 
     def take(self, n: int) -> bool:
         if self.held + n > self.limit:
@@ -92,7 +93,9 @@ class BodyBudget:
         return True
 
     def give(self, n: int) -> None:
-        self.held = max(0, self.held - n)
+        n = min(n, self.held)
+        self.held -= n
+        self.released += n
 
 
 def response(
@@ -120,6 +123,12 @@ def json_response(status: int, value: Any, **kw: Any) -> bytes:
 
 def error_response(status: int, message: str, **kw: Any) -> bytes:
     return json_response(status, {"error": message}, **kw)
+
+
+def spent_parser() -> httptools.HttpRequestParser:
+    """A parser with no callbacks, for a connection that is gone: its own parser holds the
+    connection's methods (a cycle only the garbage collector would break), this one nothing."""
+    return httptools.HttpRequestParser(None)
 
 
 _tasks: set[asyncio.Future[None]] = set()
@@ -237,6 +246,13 @@ class HttpConnection(asyncio.Protocol):
         self.transport = None
         self._stop_timer()
         self._give_back()
+        # let go of the body being read and the requests not answered, and of the parser: it holds
+        # this connection's methods, a cycle that only the garbage collector would break, keeping
+        # up to a whole body of a client that went away alive until its next full collection
+        self._body = []
+        self._size = 0
+        self.queue.clear()
+        self.parser = spent_parser()
         self._writable.set()  # a writer waiting in drain() wakes up and finds the client gone
         if self._task is not None:
             self._task.cancel()  # the client went away: its slot and its replica are let go
@@ -349,6 +365,7 @@ class HttpConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self._deadline = math.inf  # answering: the handler has its own timeouts
         body = self._body
+        self._body = []  # the request holds the body now; the connection does not
         self.queue.append(
             Request(
                 self.parser.get_method().decode("latin-1"),
