@@ -139,16 +139,20 @@ class Record:
 
     def call(self, what: str, r: httpx.Response | None, ok: tuple[int, ...], t0: float) -> None:
         took = time.perf_counter() - t0
+        sent = time.time() - took  # a call counts where it began
         with self.lock:
             self.requests += 1
-            self.calls.append((time.time(), took, what.startswith("GET")))
+            self.calls.append((sent, took, what.startswith("GET")))
             if r is not None and r.status_code not in ok:
-                self.issues.append((time.time(), f"{what}: {r.status_code} {r.text[:120]}"))
+                self.issues.append((sent, f"{what}: {r.status_code} {r.text[:120]}"))
 
-    def failed(self, what: str, e: Exception) -> None:
+    def failed(self, what: str, e: Exception, t0: float) -> None:
+        took = time.perf_counter() - t0
+        sent = time.time() - took
         with self.lock:
             self.requests += 1
-            self.issues.append((time.time(), f"{what}: {type(e).__name__} {e}"))
+            self.calls.append((sent, took, what.startswith("GET")))
+            self.issues.append((sent, f"{what}: {type(e).__name__} {e}"))
 
 
 # -- the control plane and its nodes -------------------------------------------------------------
@@ -501,9 +505,7 @@ def tenant_traffic(
                 r = gw.post(f"{cluster.gateway}/serve/{other}.echo/predict", json={"inputs": [1]})
                 rec.call(what, r, (404, 503), t0)
         except httpx.HTTPError as e:
-            rec.failed(what, e)
-            with rec.lock:
-                rec.calls.append((time.time(), time.perf_counter() - t0, what.startswith("GET")))
+            rec.failed(what, e, t0)
         time.sleep(0.05)
 
 
