@@ -1,7 +1,9 @@
-"""Soak: mixed API and gateway traffic from several tenants against one agent, with faults injected.
+"""Soak: mixed API and gateway traffic from several tenants, with faults injected: against one
+agent (the agent phase, here), then against a cluster (the cluster phase: bench/soak_cluster.py,
+a control plane with three local nodes, a hostile tenant's bounded floods; see its docstring).
 
-A real agent (its own process, API tokens for two tenants and the admin, simulated GPUs) runs for
-``--minutes`` (10 by default). Meanwhile:
+The agent phase: a real agent (its own process, API tokens for two tenants and the admin,
+simulated GPUs) runs for ``--minutes`` (10 by default). Meanwhile:
 
 * each tenant applies, reads and deletes short jobs and services through the API (keeping at
   most ``KEEP`` applied, so the agent holds as much state at the end as after the first minute),
@@ -18,7 +20,8 @@ not stored at the end) or doubled (two live processes of one workload), the agen
 the start and the end, and the API's p50/p99 outside and during faults. Targets: 0 lost or doubled,
 memory growth under 10%. A benchmark, not part of ``make test``.
 
-Run: .venv/bin/python bench/soak.py [--minutes 10] [--fault-every 20]
+Run: .venv/bin/python bench/soak.py [--phase agent|cluster|both] [--minutes 10] [--fault-every 20]
+(``--minutes`` is each phase's; both phases by default).
 """
 
 from __future__ import annotations
@@ -191,9 +194,32 @@ def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--minutes", type=float, default=10.0)
-    p.add_argument("--fault-every", type=float, default=20.0)
+    p.add_argument("--phase", choices=("agent", "cluster", "both"), default="both")
+    p.add_argument("--minutes", type=float, default=10.0, help="of each phase")
+    p.add_argument("--fault-every", type=float, default=20.0, help="agent phase")
+    c = p.add_argument_group("cluster phase (bench/soak_cluster.py)")
+    c.add_argument("--lease", type=float, default=6.0, help="gpufrac control --lease")
+    c.add_argument("--warmup", type=float, default=20.0, help="calm seconds before each round")
+    c.add_argument("--flood-manifests", type=int, default=10, help="parallel big manifests")
+    c.add_argument("--manifest-kb", type=int, default=900, help="size of each big manifest")
+    c.add_argument("--flood-logs", type=int, default=45, help="parallel slow log reads")
+    c.add_argument("--trickle", type=int, default=20, help="seconds each slow log answer takes")
+    c.add_argument("--flood-bodies", type=int, default=20, help="aborted gateway bodies")
+    c.add_argument("--body-mib", type=int, default=20, help="size each of them announces")
     args = p.parse_args()
+    if args.phase in ("agent", "both"):
+        agent_phase(args)
+    if args.phase in ("cluster", "both"):
+        import soak_cluster  # beside this file
+
+        if args.phase == "both":
+            print()
+        soak_cluster.run_cluster_phase(args)
+    return 0
+
+
+def agent_phase(args: argparse.Namespace) -> bool:
+    """One agent, two tenants, faults: prints its table; whether its targets were met."""
     tmp = Path(tempfile.mkdtemp(prefix="gpufrac-soak-"))
     data = tmp / "data"
     data.mkdir()
@@ -367,7 +393,7 @@ def main() -> int:
         print("  lost:", lost[:10], "doubled:", doubled[:10])
     ok = not lost and not doubled and growth < 10
     print("targets:", "met" if ok else "MISSED")
-    return 0
+    return ok
 
 
 if __name__ == "__main__":
