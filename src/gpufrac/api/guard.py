@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from gpufrac.api.tokens import Caller, authenticate
+from gpufrac.model.numbers import is_digits
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -67,8 +68,8 @@ class Guard:
             await _answer(send, 401, "not a node of this cluster (its token or credential)")
             return
         length = headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            await _answer(send, 413 if length.isdigit() else 400, self._too_big(length))
+        if length is not None and (not is_digits(length) or int(length) > self.max_body):
+            await _answer(send, 413 if is_digits(length) else 400, self._too_big(length))
             return
         body = bytearray()
         more = True
@@ -93,7 +94,7 @@ class Guard:
         await self.app(scope, replay, send)
 
     def _too_big(self, length: str | None) -> str:
-        if length is not None and not length.isdigit():
+        if length is not None and not is_digits(length):  # '²'.isdigit() is true
             return f"Content-Length {length!r} is not a number of bytes"
         return (
             f"the body is over the limit of {self.max_body:,} bytes"

@@ -22,6 +22,7 @@ from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel, lookup_model
 from gpufrac.model.gpu import GpuState, MigInstanceState
 from gpufrac.model.mig import format_layout, layout_from_json
+from gpufrac.model.numbers import digits_note, is_digits, read_decimal
 
 if TYPE_CHECKING:  # the planner is imported by the commands that use it
     from gpufrac.model.migplan import MigPlan
@@ -154,9 +155,9 @@ def _paper_fleet(spec: str) -> list[PlanGpu]:
     fleet: list[PlanGpu] = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         name, _, count = part.partition(":")
-        if count and (not count.isdigit() or int(count) < 1):
+        if count and (not is_digits(count) or int(count) < 1):  # ASCII: '١'.isdigit() too
             raise InputError(
-                f"count {count!r} in {part!r} is not a positive number",
+                f"count {count!r} in {part!r} is not a positive number{digits_note(count)}",
                 field="--gpus",
                 fix="MODEL[:COUNT]",
             )
@@ -250,16 +251,14 @@ def _costs(text: str | None, models: list[GpuModel]) -> dict[str, float] | None:
         name, sep, value = part.partition("=")
         try:
             key = lookup_model(name).key
-            number = float(value)
         except InputError as e:
             raise e.at("--cost") from None
-        except ValueError:
-            raise InputError(
-                f"cost {value!r} in {part!r} is not a number",
-                field="--cost",
-                fix="MODEL=NUMBER,...",
-            ) from None
-        if not sep or number <= 0:
+        number = (
+            float(read_decimal(value, field="--cost", what="a cost", fix="MODEL=NUMBER,..."))
+            if sep
+            else 0.0
+        )
+        if number <= 0:
             raise InputError(
                 f"{part!r} needs a positive cost", field="--cost", fix="MODEL=NUMBER,..."
             )

@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from gpufrac.cli.common import JsonOpt, console, err_console, fail, print_json
 from gpufrac.config import TOKEN_ENV
+from gpufrac.model.numbers import digits_note, is_decimal, is_digits
 
 if TYPE_CHECKING:
     import asyncio
@@ -375,16 +377,16 @@ def load_command(
     every answer) stops the load at once, naming what to give, and exits 1."""
     spec = rate if rate is not None else clients
     option = "--rate" if rate is not None else "--clients"
-    try:
-        steps: list[float] = [float(c) for c in spec.split(",") if c.strip()]
-        if not steps or min(steps) < 0 or any(x != x or x == float("inf") for x in steps):
-            raise ValueError
-        if rate is None and any(x != int(x) for x in steps):
-            raise ValueError
-    except ValueError:
+    parts = [c.strip() for c in spec.split(",") if c.strip()]
+    number = is_decimal if rate is not None else is_digits  # ASCII digits: not '١٢', 'nan', '1e3'
+    if not parts or not all(number(c) for c in parts):
         example = "50,200,50" if rate is not None else "1,8,16,8,1"
-        console.print(f"[red]{option}: give numbers like {example}[/]", highlight=False)
-        raise typer.Exit(2) from None
+        console.print(
+            f"[red]{option}: give numbers like {example}{escape(digits_note(spec))}[/]",
+            highlight=False,
+        )
+        raise typer.Exit(2)
+    steps = [float(c) for c in parts]
     if step <= 0:
         raise fail("--step: give a number of seconds above 0", 2)
     sent = _headers(header or [], token)

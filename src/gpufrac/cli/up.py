@@ -28,6 +28,7 @@ from gpufrac.cli.common import (
 )
 from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
+from gpufrac.model.numbers import digits_note, is_digits
 
 if TYPE_CHECKING:
     from rich.console import Console, Group
@@ -196,15 +197,14 @@ def _load_steps(text: str | None, deployments: list[DeploymentSpec]) -> list[int
         return []
     if not deployments:
         raise InputError("there is no deployment to send traffic to", field="--load")
-    try:
-        steps = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        steps = []
-    if not steps or min(steps) < 0:
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts or not all(is_digits(x) for x in parts):  # ASCII: int() also reads '١٢'
         raise InputError(
-            f"{text!r} is not a list of client counts", field="--load", fix="like 1,12,1"
+            f"{text!r} is not a list of client counts{digits_note(text)}",
+            field="--load",
+            fix="like 1,12,1",
         )
-    return steps
+    return [int(x) for x in parts]
 
 
 def _done(specs: list[WorkloadSpec], states: dict[str, WorkloadState]) -> bool:

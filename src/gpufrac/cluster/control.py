@@ -35,6 +35,7 @@ from gpufrac.cluster.core import (
     Report,
 )
 from gpufrac.errors import InputError
+from gpufrac.model.numbers import digits_note, is_decimal
 from gpufrac.model.qos import min_share_of, qos_params
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec, spec_from_json, spec_to_json
@@ -126,19 +127,17 @@ LEASE_TTL_MAX_S = 86_400.0
 
 
 def lease_ttl(labels: Mapping[str, str]) -> float:
-    """A lease's time to live in seconds from its label (30 without one): a finite number above 0
-    and at most a day; anything else (``nan``, ``inf``, ``-1``, a word) is an ``InputError``."""
+    """A lease's time to live in seconds from its label (30 without one): ASCII digits with an
+    optional fraction, above 0 and at most a day; anything else (``nan``, ``inf``, ``-1``,
+    ``1e3``, a word, another script's digits such as ``١٠``) is an ``InputError``."""
     text = labels.get(LEASE_TTL_LABEL)
     if text is None or text == "":
         return LEASE_TTL_DEFAULT_S
-    try:
-        ttl = float(text)
-    except ValueError:
-        ttl = float("nan")
-    if not (0 < ttl <= LEASE_TTL_MAX_S):  # NaN fails every comparison
+    ttl = float(text) if is_decimal(text) else 0.0  # float() would read '١٠', 'inf' and '1_0'
+    if not (0 < ttl <= LEASE_TTL_MAX_S):
         raise InputError(
             f"a lease's time to live must be a number of seconds above 0 and at most "
-            f"{LEASE_TTL_MAX_S:g}, not {text!r}",
+            f"{LEASE_TTL_MAX_S:g}, not {text!r}{digits_note(text)}",
             field=f"metadata.labels.{LEASE_TTL_LABEL}",
             fix="give seconds, such as '30' (or leave the label out: 30 s)",
         )

@@ -38,6 +38,7 @@ from gpufrac.cluster.wire import (
 )
 from gpufrac.model.caller import ADMIN
 from gpufrac.model.event import Event
+from gpufrac.model.numbers import digits_or_none
 from gpufrac.model.workload import spec_from_json
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
@@ -489,7 +490,7 @@ class NodeAgent:
         if stored is None:
             return None
         value = (stored.spec.get("labels") or {}).get(EPOCH_LABEL)
-        return int(value) if isinstance(value, str) and value.isdigit() else None
+        return digits_or_none(value)  # ASCII digits: '²'.isdigit() is true, int('²') raises
 
 
 def die_with_parent() -> None:

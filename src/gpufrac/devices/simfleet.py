@@ -25,6 +25,7 @@ from typing import Any
 
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel, lookup_model
+from gpufrac.model.numbers import digits_note, is_digits
 
 _NAMESPACE = uuidlib.UUID("6f1c2b7e-3a55-4c1e-9d7a-7c0f1a2b9e40")
 
@@ -52,11 +53,11 @@ def parse_simulate_spec(text: str, *, field: str = "--simulate") -> tuple[Simula
         for extra in bits[1:]:
             if extra.lower() == "mig":
                 mig = True
-            elif extra.isdigit() and int(extra) >= 1:
+            elif is_digits(extra) and int(extra) >= 1:  # ASCII: '²'.isdigit() is true
                 count = int(extra)
             else:
                 raise InputError(
-                    f"{extra!r} in {part!r} is neither a count nor 'mig'",
+                    f"{extra!r} in {part!r} is neither a count nor 'mig'{digits_note(extra)}",
                     field=field,
                     fix="write MODEL[:COUNT][:mig], e.g. h200:2:mig",
                 )
@@ -147,7 +148,7 @@ class SimulatedFleet:
             return out
         for entry in entries:
             stem = entry.name.removesuffix(".json")
-            if not stem.isdigit() or not entry.name.endswith(".json"):
+            if not is_digits(stem) or not entry.name.endswith(".json"):  # a workload names it
                 continue
             pid = int(stem)
             if not pid_alive(pid):
@@ -173,8 +174,8 @@ class SimulatedFleet:
                     "gpu": gpu,
                     "pid": pid,
                     "used_mib": mib,
-                    "gi_id": int(gi) if gi.isdigit() else None,
-                    "ci_id": 0 if gi.isdigit() else None,
+                    "gi_id": int(gi) if is_digits(gi) else None,
+                    "ci_id": 0 if is_digits(gi) else None,
                     "mps": False,
                     "sm_util": max(0, min(100, sm)),
                 }

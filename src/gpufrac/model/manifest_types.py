@@ -30,6 +30,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gpufrac.errors import InputError
 from gpufrac.model.manifest_fields import DNS_LABEL_FIX, kind_of, read_dns_label
+from gpufrac.model.numbers import DECIMAL, SPACE, WHOLE, digits_note
 from gpufrac.model.units import MAX_SIZE_MIB, MAX_SIZE_TEXT, SIZE_FIX, SIZE_PATTERN, read_size
 from gpufrac.model.workload import MAX_PRIORITY, MILLI, PRIORITY_NAMES
 
@@ -268,16 +269,16 @@ BodyLimitMiB = Annotated[
     ),
 ]
 
-_PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")
-PERCENT_PATTERN = r"^\s*(100|[1-9][0-9]?)\s*%\s*$"
+_PERCENT = re.compile(rf"{SPACE}*({WHOLE}){SPACE}*%{SPACE}*")  # ASCII digits only (not \d)
+PERCENT_PATTERN = rf"^{SPACE}*(100|[1-9][0-9]?){SPACE}*%{SPACE}*$"
 
 
 def _percent(value: object) -> int:
     """``30%`` or ``30``: a whole percentage from 1 to 100."""
     fix = "write it like 30% or 30, from 1 to 100"
-    match = _PERCENT.match(value) if isinstance(value, str) else None
+    match = _PERCENT.fullmatch(value) if isinstance(value, str) else None
     if isinstance(value, str) and not match:
-        raise problem(f"{kind_of(value)} is not a percentage", fix)
+        raise problem(f"{kind_of(value)} is not a percentage{digits_note(value)}", fix)
     if match:
         value = int(match.group(1))
     if not is_int(value):
@@ -344,17 +345,19 @@ CpusMilli = Annotated[
     int, PlainValidator(_cpus), WithJsonSchema({"type": "number", "exclusiveMinimum": 0})
 ]
 
-_PERCENT_DECIMAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
-SHARE_PATTERN = r"^\s*(90(\.0+)?|[0-8]?[0-9](\.[0-9]+)?)\s*%\s*$"
+_PERCENT_DECIMAL = re.compile(rf"{SPACE}*({DECIMAL}){SPACE}*%{SPACE}*")
+SHARE_PATTERN = rf"^{SPACE}*(90(\.0+)?|[0-8]?[0-9](\.[0-9]+)?){SPACE}*%{SPACE}*$"
 
 
 def _share(value: object) -> int:
     """``10%`` or ``0.1`` to thousandths of a GPU's busy time (at most 90%)."""
     fix = "write a percentage like 10%, or a number between 0 and 0.9"
-    match = _PERCENT_DECIMAL.match(value) if isinstance(value, str) else None
+    match = _PERCENT_DECIMAL.fullmatch(value) if isinstance(value, str) else None
     if match:
         value = float(match.group(1)) / 100
-    elif isinstance(value, str | bool):
+    elif isinstance(value, str):
+        raise problem(f"{kind_of(value)} is not a share{digits_note(value)}", fix)
+    elif isinstance(value, bool):
         raise problem(f"{kind_of(value)} is not a share", fix)
     if isinstance(value, int | float) and value == 0:
         return 0

@@ -14,8 +14,12 @@ from typing import Any, Literal
 
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel
+from gpufrac.model.numbers import digits_note, is_digits
 
-_NAME = re.compile(r"^(?:(?P<ci>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?P<attrs>(?:\+[a-z]+)*)$")
+# ASCII digits ([0-9], not \d: that is every script's)
+_NAME = re.compile(
+    r"(?:(?P<ci>[0-9]+)c\.)?(?P<g>[0-9]+)g\.(?P<gb>[0-9]+)gb(?P<attrs>(?:\+[a-z]+)*)"
+)
 KNOWN_ATTRIBUTES = ("me",)
 
 
@@ -48,10 +52,10 @@ def parse_profile_name(text: str, *, field: str = "profile") -> MigProfileName:
     raw = text.strip().lower()
     if raw.startswith("mig "):
         raw = raw[4:]  # the driver's spelling: "MIG 1g.18gb"
-    m = _NAME.match(raw)
+    m = _NAME.fullmatch(raw)
     if not m:
         raise InputError(
-            f"{text!r} is not a MIG profile name",
+            f"{text!r} is not a MIG profile name{digits_note(text)}",
             field=field,
             fix="write it like 1g.18gb, 1g.18gb+me or 1c.3g.71gb",
         )
@@ -100,9 +104,9 @@ def parse_layout(text: str, *, field: str = "--layout") -> tuple[MigPlacement, .
                 )
             continue
         profile, sep, start = part.partition("@")
-        if not sep or not start.strip().isdigit():
+        if not sep or not is_digits(start.strip()):
             raise InputError(
-                f"entry {part!r} has no start slot",
+                f"entry {part!r} has no start slot{digits_note(start)}",
                 field=field,
                 fix="write each instance as PROFILE@START, for example 3g.71gb@0",
             )

@@ -34,6 +34,7 @@ from gpufrac.model.manifest_types import (
     problem,
     report,
 )
+from gpufrac.model.numbers import digits_note, is_digits
 from gpufrac.model.workload import MAX_PRIORITY
 
 SETTINGS_FILE = "gpufrac.yaml"
@@ -241,10 +242,10 @@ def _duration_s(value: object) -> object:
         return value
     if isinstance(value, str):
         number, unit = value.strip()[:-1], value.strip()[-1:]
-        if unit in DURATION_UNITS and number.isdigit():
+        if unit in DURATION_UNITS and is_digits(number):  # ASCII: "١٢h".isdigit() is true
             return int(number) * DURATION_UNITS[unit]
     raise problem(
-        f"{value!r} is not a duration"
+        f"{value!r} is not a duration{digits_note(value)}"
         if isinstance(value, str)
         else f"must be a duration, not {kind_of(value)}",
         "write a whole number with s, m, h or d after it, like 24h",

@@ -1,14 +1,16 @@
 """Units users write: memory sizes (``12Gi``) and percentages (``30%``), to fixed-point
 integers.
 
-A size is read as a Kubernetes quantity, case-sensitive: ``Ki Mi Gi Ti`` are binary (powers of
-1024), ``k M G T`` decimal (powers of 1000); ``KiB MiB GiB TiB`` are binary too; a bare number is
-MiB (HAMi's ``gpumem`` and every manifest before this release use MiB). Lower-case ``m`` is milli
-in Kubernetes, which means nothing for memory: it is refused, with the fix. The spellings of
-earlier releases are still read as they were, each with a warning naming the Kubernetes form:
-``MB GB TB`` (decimal), and the old case-insensitive ones (``g``, ``gb``, ``gib``...). ``M G T``
-alone meant MiB, GiB, TiB before and are decimal now, as in Kubernetes: they warn on every use for
-one release.
+A size is read as a Kubernetes quantity, case-sensitive: ``Ki Mi Gi Ti Pi Ei`` are binary (powers
+of 1024), ``k M G T P E`` decimal (powers of 1000); ``KiB ... EiB`` are binary too; a bare number
+is MiB (HAMi's ``gpumem`` and every manifest before this release use MiB). The suffixes below a
+byte (``m`` milli, ``u`` micro, ``n`` nano) mean nothing for memory, and a decimal exponent
+(``129e6``) is a count of bytes in Kubernetes while a bare number here is MiB: each is refused with
+the reason and the fix. A size above ``MAX_SIZE_MIB`` (one exbibyte, ``1Ei``) is refused as too
+large, whatever its unit. Digits are ASCII (``model.numbers``). The spellings of earlier releases
+are still read as they were, each with a warning naming the Kubernetes form: ``MB GB TB``
+(decimal), and the old case-insensitive ones (``g``, ``gb``, ``gib``...). ``M G T`` alone meant
+MiB, GiB, TiB before and are decimal now, as in Kubernetes: they warn on every use for one release.
 
 ``SIZE_UNITS`` is the table; ``SIZE_PATTERN`` (the JSON Schema's) accepts exactly what
 ``read_size`` reads.
@@ -22,6 +24,7 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Literal
 
 from gpufrac.errors import InputError
+from gpufrac.model.numbers import SPACE, digits_note
 
 Spelling = Literal["kubernetes", "iec", "changed", "deprecated"]
 """How a unit is taken: a Kubernetes quantity; an IEC name (``GiB``), kept; one whose meaning
@@ -36,22 +39,30 @@ class SizeUnit:
     kubernetes: str  # the Kubernetes form of the same amount (what a warning tells to write)
 
 
-_K, _M, _G, _T = 10**3, 10**6, 10**9, 10**12
-_KI, _MI, _GI, _TI = 2**10, 2**20, 2**30, 2**40
+_K, _M, _G, _T, _P, _E = 10**3, 10**6, 10**9, 10**12, 10**15, 10**18
+_KI, _MI, _GI, _TI, _PI, _EI = 2**10, 2**20, 2**30, 2**40, 2**50, 2**60
 SIZE_UNITS: dict[str, SizeUnit] = {
     "Ki": SizeUnit(_KI, "kubernetes", "Ki"),
     "Mi": SizeUnit(_MI, "kubernetes", "Mi"),
     "Gi": SizeUnit(_GI, "kubernetes", "Gi"),
     "Ti": SizeUnit(_TI, "kubernetes", "Ti"),
+    "Pi": SizeUnit(_PI, "kubernetes", "Pi"),
+    "Ei": SizeUnit(_EI, "kubernetes", "Ei"),
     "k": SizeUnit(_K, "kubernetes", "k"),
     "M": SizeUnit(_M, "changed", "M"),
     "G": SizeUnit(_G, "changed", "G"),
     "T": SizeUnit(_T, "changed", "T"),
+    "P": SizeUnit(_P, "kubernetes", "P"),
+    "E": SizeUnit(_E, "kubernetes", "E"),
     "KiB": SizeUnit(_KI, "iec", "Ki"),
     "MiB": SizeUnit(_MI, "iec", "Mi"),
     "GiB": SizeUnit(_GI, "iec", "Gi"),
     "TiB": SizeUnit(_TI, "iec", "Ti"),
+    "PiB": SizeUnit(_PI, "iec", "Pi"),
+    "EiB": SizeUnit(_EI, "iec", "Ei"),
 }
+# Kubernetes' suffixes below a byte: a quantity of them is a fraction of a byte, not a memory size
+_BELOW_A_BYTE = {"m": "milli", "u": "micro", "n": "nano"}
 # the spellings of earlier releases, in any case (``Gb``, ``gib``, ``GIB``): read as before
 _OLD = {
     "mb": SizeUnit(_M, "deprecated", "M"),
@@ -64,11 +75,15 @@ _OLD = {
     "t": SizeUnit(_TI, "deprecated", "Ti"),
 }
 _BINARY_BEFORE = {"M": _MI, "G": _GI, "T": _TI}  # what a changed unit meant before
-MAX_SIZE_MIB = 2**40  # an exbibyte: far above any fleet, and every count stays a small integer
+MAX_SIZE_MIB = 2**40  # an exbibyte (1Ei): far above any fleet, and every count stays small
 MAX_SIZE_TEXT = 40  # "1048576Ti", "0.000001Gi", with room: no size needs more characters
 
-_NUMBER = r"[0-9]+(\.[0-9]+)?"
-_SIZE = re.compile(rf"^\s*(?P<n>{_NUMBER})\s*(?P<unit>[A-Za-z]+)?\s*$")
+# a Kubernetes quantity's number: 12, 1.5, 1. or .5, ASCII digits only (model.numbers)
+_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+_SIZE = re.compile(
+    rf"{SPACE}*(?P<sign>[+-])?(?P<n>{_NUMBER})(?P<exp>[eE][+-]?[0-9]+)?"
+    rf"{SPACE}*(?P<unit>[A-Za-z]+)?{SPACE}*"
+)
 
 
 def _any_case(word: str) -> str:
@@ -76,9 +91,9 @@ def _any_case(word: str) -> str:
 
 
 SIZE_PATTERN = (
-    rf"^\s*{_NUMBER}\s*("
+    rf"^{SPACE}*\+?{_NUMBER}{SPACE}*("
     + "|".join([*SIZE_UNITS, *(_any_case(w) for w in _OLD if len(w) > 1), "g", "t"])
-    + r")?\s*$"
+    + rf")?{SPACE}*$"
 )  # a JSON Schema pattern for what ``read_size`` reads
 SIZE_FIX = (
     "write a Kubernetes quantity like 12Gi or 512Mi (binary), 12G (decimal), or MiB as a number"
@@ -104,15 +119,28 @@ def read_size(text: str, *, field: str) -> Size:
             field=field,
             fix=f"{SIZE_FIX} (at most {MAX_SIZE_TEXT} characters)",
         )
-    m = _SIZE.match(text)
+    m = _SIZE.fullmatch(text)
     if not m:
-        raise InputError(f"{text!r} is not a memory size", field=field, fix=SIZE_FIX)
-    number, written = m.group("n"), m.group("unit")
+        raise InputError(
+            f"{text!r} is not a memory size{digits_note(text)}", field=field, fix=SIZE_FIX
+        )
+    number, written, exponent = m.group("n"), m.group("unit"), m.group("exp")
+    if exponent is not None:
+        if written is not None:  # no Kubernetes quantity has both
+            raise InputError(f"{text!r} is not a memory size", field=field, fix=SIZE_FIX)
+        raise InputError(
+            f"{text!r} has a decimal exponent ({exponent}): in Kubernetes that is a number of "
+            "bytes, while a bare number here is MiB",
+            field=field,
+            fix="write it with a unit instead, like 129M or 123Mi",
+        )
     if written is None:
         unit = SizeUnit(_MI, "kubernetes", "Mi")
-    elif written == "m":
+    elif written in _BELOW_A_BYTE:
+        prefix = _BELOW_A_BYTE[written]
         raise InputError(
-            f"{text!r} is {number} milli-bytes: lower-case m is milli in Kubernetes quantities",
+            f"{text!r} is {number} {prefix}-bytes: lower-case {written} is {prefix} in "
+            "Kubernetes quantities",
             field=field,
             fix=f"write {number}Mi for MiB (or {number}: a bare number is MiB)",
         )
@@ -125,10 +153,14 @@ def read_size(text: str, *, field: str) -> Size:
             f"{text!r} is not a memory size: {written!r} is not a unit", field=field, fix=SIZE_FIX
         )
     mib = _to_mib(number, unit.bytes)
-    if mib <= 0:
+    if mib <= 0 or m.group("sign") == "-":
         raise InputError(f"{text!r} is not a positive size", field=field, fix=SIZE_FIX)
     if mib > MAX_SIZE_MIB:
-        raise InputError(f"{text!r} is too large", field=field, fix="give at most 1048576Ti")
+        raise InputError(
+            f"{text!r} is too large: {mib:,} MiB, above the bound of {MAX_SIZE_MIB:,} MiB (1Ei)",
+            field=field,
+            fix="give at most 1Ei (1048576Ti)",
+        )
     return Size(mib, _warning(number, written or "", unit, mib))
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel, MigProfile, lookup_model
 from gpufrac.model.mig import parse_profile_name
+from gpufrac.model.numbers import digits_note, is_digits
 from gpufrac.model.units import read_size
 
 __all__ = [
@@ -59,17 +60,18 @@ def _split_items(text: str, field: str) -> list[tuple[str, int]]:
             raise InputError(
                 f"{part!r} has no count", field=field, fix="write each item as WHAT=COUNT"
             )
-        try:
-            n = int(count.strip())
-        except ValueError:
-            raise InputError(
-                f"count {count!r} in {part!r} is not a whole number", field=field
-            ) from None
-        if n < 0:
+        digits = count.strip()
+        if digits.startswith("-") and is_digits(digits[1:]):
             raise InputError(
                 f"negative count in {part!r}", field=field, fix="counts are whole numbers >= 0"
             )
-        items.append((key.strip(), n))
+        if not is_digits(digits):  # ASCII only: int() also reads '١٢' and '1_2'
+            raise InputError(
+                f"count {count!r} in {part!r} is not a whole number{digits_note(count)}",
+                field=field,
+                fix="write each item as WHAT=COUNT, the count in digits 0-9",
+            )
+        items.append((key.strip(), int(digits)))
     if not items:
         raise InputError("nothing asked for", field=field, fix="write WHAT=COUNT,...")
     return items
@@ -105,9 +107,11 @@ def parse_need_demand(text: str, *, field: str = "--need") -> list[DemandClass]:
         slices = None
         if sep:
             c = compute.strip().lower().removesuffix("c")
-            if not c.isdigit() or int(c) < 1:
+            if not is_digits(c) or int(c) < 1:
                 raise InputError(
-                    f"{compute!r} is not a compute need", field=field, fix="write it like 60GiB/3c"
+                    f"{compute!r} is not a compute need{digits_note(compute)}",
+                    field=field,
+                    fix="write it like 60GiB/3c",
                 )
             slices = int(c)
         read = read_size(size, field=field)

@@ -36,13 +36,18 @@ __all__ = [
 
 def memory_limit_mib() -> int | None:
     value = os.environ.get("GPUFRAC_GPU_MEMORY_LIMIT_MIB", "")
-    return int(value) if value.isdigit() else None
+    return int(value) if _digits(value) else None
 
 
 def attempt() -> int:
     """Which attempt of this workload this is (1 for the first run, 2 after one restart, ...)."""
     value = os.environ.get("GPUFRAC_ATTEMPT", "1")
-    return int(value) if value.isdigit() else 1
+    return int(value) if _digits(value) else 1
+
+
+def _digits(value: str) -> bool:
+    """ASCII digits only: ``"²".isdigit()`` is true, and ``int("²")`` raises."""
+    return value.isascii() and value.isdigit()
 
 
 def cap_torch_memory(device: int = 0) -> bool:

@@ -66,7 +66,7 @@ class TurnClient:
         qos = {
             k: int(env[f"GPUFRAC_QOS_{k.upper()}"])
             for k in ("rank", "weight", "min_share_milli")
-            if env.get(f"GPUFRAC_QOS_{k.upper()}", "").lstrip("-").isdigit()
+            if _integer(env.get(f"GPUFRAC_QOS_{k.upper()}", ""))
         }
         return cls(
             env.get("GPUFRAC_ARBITER") or None,
@@ -162,6 +162,13 @@ class TurnClient:
             return flags is not None and flags[self._slot] == 1
         except (ValueError, IndexError):  # closed by another thread meanwhile
             return False
+
+
+def _integer(text: str) -> bool:
+    """An integer in ASCII digits, with an optional minus (``"²".isdigit()`` is true, and
+    ``int("²")`` raises; ``int("١٢")`` is 12)."""
+    digits = text.removeprefix("-")
+    return digits.isascii() and digits.isdigit()
 
 
 def _read_line(sock: socket.socket) -> bytes:
@@ -272,7 +279,7 @@ def gpu_turn(
     global _current, _holders
     if max_in_flight is None:
         env = os.environ.get("GPUFRAC_QOS_MAX_IN_FLIGHT", "")
-        max_in_flight = int(env) if env.isdigit() else 2
+        max_in_flight = int(env) if _integer(env) and not env.startswith("-") else 2
     with _turn_lock:  # the turn is the process's: another thread (or a nested block) joins it
         if _current is None:
             turn = Turn(client or default_client(), max_in_flight=max_in_flight)

@@ -33,6 +33,7 @@ from gpufrac.model.deployment import (
     deployment_from_json,
     deployment_to_json,
 )
+from gpufrac.model.numbers import digits_or_none
 from gpufrac.model.workload import WorkloadSpec, spec_from_json
 from gpufrac.runtime.child_link import ChildLink, ChildRefused
 from gpufrac.runtime.history import Reading, deployment_readings
@@ -438,9 +439,9 @@ class Deployments:
         index: dict[tuple[str, str], list[WorkloadSpec]] = {}
         ports: set[int] = set()
         for w in self.runner.store.workloads():
-            port = (w.spec.get("env") or {}).get("PORT")
-            if isinstance(port, str) and port.isdigit():
-                ports.add(int(port))
+            port = digits_or_none((w.spec.get("env") or {}).get("PORT"))  # a user's: '²' too
+            if port is not None:
+                ports.add(port)
             group = (w.spec.get("labels") or {}).get(LABEL)
             if group is not None:
                 index.setdefault((w.tenant, group), []).append(spec_from_json(w.spec))

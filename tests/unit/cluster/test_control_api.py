@@ -195,7 +195,7 @@ def test_a_lease_nobody_keeps_alive_is_given_back(tmp_path: Path) -> None:
     control.close()
 
 
-@pytest.mark.parametrize("ttl", ["nan", "inf", "-1", "0", "soon", "1e9"])
+@pytest.mark.parametrize("ttl", ["nan", "inf", "-1", "0", "soon", "1e9", "١٠", "１０", "1_0"])
 def test_a_lease_time_to_live_that_is_no_time_is_refused(client: Any, ttl: str) -> None:
     http, control = client
     lease = (

@@ -56,6 +56,14 @@ TABLE = [
     ("12gib", 12288, "write 12Gi"),
     ("12GIB", 12288, "write 12Gi"),
     ("12mib", 12, "write 12Mi"),
+    ("12Pi", 12 * 2**30, None),  # under the bound (1Ei): read, as every Kubernetes suffix is
+    ("1Ei", 2**40, None),  # the bound itself
+    ("12P", 11444091797, None),  # decimal, new in this release: nothing to warn about
+    ("1E", 953674316407, None),
+    ("2PiB", 2 * 2**30, None),
+    ("+12Gi", 12288, None),  # Kubernetes numbers: a sign, "1." and ".5"
+    (".5Gi", 512, None),
+    ("1.Gi", 1024, None),
 ]
 
 REFUSED = [
@@ -64,7 +72,18 @@ REFUSED = [
     ("12kB", "'kB' is not a unit", "12Gi"),
     ("12XB", "not a memory size", "12Gi"),
     ("12 parsecs", "not a memory size", "12Gi"),
-    ("1e9", "not a memory size", "12Gi"),
+    ("1e9", "decimal exponent (e9): in Kubernetes that is a number of bytes", "123Mi"),
+    ("129E6", "decimal exponent (E6)", "129M"),
+    ("1e3Gi", "not a memory size", "12Gi"),
+    ("12u", "12 micro-bytes", "write 12Mi"),
+    ("12n", "12 nano-bytes", "write 12Mi"),
+    ("-1Gi", "not a positive size", "12Gi"),
+    ("12Ei", "too large: 13,194,139,533,312 MiB, above the bound", "at most 1Ei"),
+    ("2E", "too large", "at most 1Ei"),
+    ("1.5EiB", "too large", "at most 1Ei"),
+    ("١٢Gi", "'١' (ARABIC-INDIC DIGIT ONE) is not an ASCII digit", "12Gi"),
+    ("１２Gi", "'１' (FULLWIDTH DIGIT ONE) is not an ASCII digit", "12Gi"),
+    ("12\u00a0Gi", "not a memory size", "12Gi"),  # ASCII whitespace only, as in the schema
     ("0Gi", "not a positive size", "12Gi"),
     ("", "not a memory size", "12Gi"),
     ("9" * 30 + "Ti", "too large", "at most"),
@@ -88,8 +107,37 @@ def test_refused_sizes_say_what_to_write(text: str, message: str, fix: str) -> N
         read_size(text, field="spec.resources.gpu.memory")
     assert message in exc.value.message and fix in (exc.value.fix or "")
     assert exc.value.field == "spec.resources.gpu.memory"
-    if message != "not a positive size" and message != "too large":
+    if not message.startswith(("not a positive size", "too large")):
         assert not re.match(SIZE_PATTERN, text)  # the schema refuses it too
+
+
+# every suffix a Kubernetes quantity may have (k8s.io/apimachinery resource.Quantity): binary SI,
+# decimal SI (with the sub-byte n, u, m), and the decimal exponents
+KUBERNETES_SUFFIXES = [
+    *("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"),
+    *("n", "u", "m", "", "k", "M", "G", "T", "P", "E"),
+    *("e3", "E3", "e+3", "E-3"),
+]
+
+
+@pytest.mark.parametrize("suffix", KUBERNETES_SUFFIXES)
+def test_every_kubernetes_suffix_is_read_or_refused_for_its_own_reason(suffix: str) -> None:
+    """From the hostile review: ``12Pi`` was "not a unit". Each suffix Kubernetes knows is read
+    (then bounded: ``12Ei`` is too large, as a size is whatever its unit), or refused for what it
+    means here (a fraction of a byte; bytes by exponent, while a bare number is MiB), never as an
+    unknown unit; and the schema takes exactly the ones read."""
+    for number in ("12", "2048"):
+        text = number + suffix
+        try:
+            size = read_size(text, field="spec.resources.gpu.memory")
+        except InputError as e:
+            assert "not a unit" not in e.message and "not a memory size" not in e.message, e
+            assert e.field == "spec.resources.gpu.memory" and e.fix
+            assert any(w in e.message for w in ("-bytes", "exponent", "too large")), e
+            assert re.match(SIZE_PATTERN, text) is None or "too large" in e.message
+        else:
+            assert 1 <= size.mib <= MAX_SIZE_MIB
+            assert re.match(SIZE_PATTERN, text)
 
 
 def test_a_manifests_warnings_name_the_document_and_field() -> None:
