@@ -45,7 +45,7 @@ class DeploymentMetadata(Metadata):
 
 
 def _model_ref(model: str) -> str:
-    if not _MODEL_REF.match(model):
+    if not _MODEL_REF.fullmatch(model):
         raise problem(
             f"{model!r} is not package.module:factory",
             "write it like my_models.text:make (a function that returns the model)",

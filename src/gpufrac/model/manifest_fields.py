@@ -304,7 +304,7 @@ def _count_values(text: str, most: int, source: str, bound: str) -> None:
 def join(where: str, key: object) -> str:
     """The path of ``key`` inside ``where``: ``spec.env``; ``metadata.labels['app.io/name']`` for a
     key that is not a plain word (empty, not a string, or holding dots or spaces)."""
-    if isinstance(key, str) and _PLAIN_KEY.match(key):
+    if isinstance(key, str) and _PLAIN_KEY.fullmatch(key):
         return f"{where}.{key}" if where else key
     return f"{where}[{key!r}]"
 
@@ -402,6 +402,6 @@ def read_dns_label(value: object, field: str) -> str:
     text = read_str(value, field, fix=DNS_LABEL_FIX)
     if len(text) > 63:
         raise InputError(f"{text!r} is longer than 63 characters", field=field, fix=DNS_LABEL_FIX)
-    if not _DNS_LABEL.match(text):
+    if not _DNS_LABEL.fullmatch(text):  # match() and $ take a trailing newline
         raise InputError(f"{text!r} is not a DNS label", field=field, fix=DNS_LABEL_FIX)
     return text

@@ -125,7 +125,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _env_name(value: str) -> str:
-    if not _ENV_NAME.match(value):
+    if not _ENV_NAME.fullmatch(value):  # match() and $ take a trailing newline
         raise problem(f"{value!r} is not a valid name", f"names must match {_ENV_NAME.pattern}")
     return value
 

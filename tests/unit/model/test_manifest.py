@@ -462,6 +462,11 @@ def test_plain_string_command_fix_says_to_write_a_list() -> None:
     assert err.fix is not None and "list" in err.fix
 
 
+def test_an_env_name_with_a_trailing_newline_is_refused() -> None:
+    """``re.match`` with ``$`` takes a trailing newline: ``"A\\n"`` was a valid variable name."""
+    assert error_of(dump(doc({"spec.env": {"A\n": "x"}}))).field == "spec.env['A\\n']"
+
+
 def test_number_in_env_fix_says_to_quote_it() -> None:
     err = error_of(dump(doc({"spec.env": {"PORT": 8000}})))
     assert err.fix is not None and "quote" in err.fix
@@ -482,8 +487,8 @@ def test_valid_dns_labels(where: str, label: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "label", ["", "A", "Web", "-a", "a-", "a_b", "a.b", "a b", "é", "a" * 64, " a"]
-)
+    "label", ["", "A", "Web", "-a", "a-", "a_b", "a.b", "a b", "é", "a" * 64, " a", "web\n"]
+)  # "web\n": re.match with $ takes a trailing newline (it was a workload's name)
 @pytest.mark.parametrize("where", ["name", "tenant"])
 def test_invalid_dns_labels(where: str, label: str) -> None:
     assert error_of(dump(doc({f"metadata.{where}": label}))).field == f"metadata.{where}"
