@@ -100,3 +100,24 @@ class Unsupported(GpufracError):
         self.capability = capability
         self.detail = detail
         super().__init__(detail)
+
+
+class Busy(GpufracError):
+    """Too many requests of one kind are under way at once (a tenant's log reads, or those from
+    one node): this one was not started; try again in ``retry_after_s``. The API answers 429
+    (``application/problem+json``, with ``Retry-After``)."""
+
+    def __init__(self, detail: str, *, retry_after_s: int) -> None:
+        self.detail = detail
+        self.retry_after_s = retry_after_s
+        super().__init__(detail)
+
+
+class TimedOut(GpufracError):
+    """What a request waited for did not come within its deadline (a node that did not send a
+    workload's logs in time): nothing was changed; try again. The API answers 504
+    (``application/problem+json``)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)

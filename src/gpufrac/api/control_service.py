@@ -29,6 +29,7 @@ from gpufrac.planning.sched_decision import Decision, Displacement
 from gpufrac.planning.views import (
     ApplyResult,
     Capability,
+    LogTail,
     NodeInfo,
     Role,
     ServiceHealth,
@@ -127,9 +128,14 @@ class ControlService(Protocol):
         after: int | None = None,
     ) -> list[Event]: ...
 
-    def log_tail(self, tenant: str, name: str, tail: int) -> tuple[str | None, list[str]] | None:
-        """(its newest run's name, its last ``tail`` lines; 0: all), or None for no such
-        workload; ``errors.Unavailable`` where its node does not answer."""
+    async def log_tail(self, tenant: str, name: str, tail: int) -> LogTail | None:
+        """Its newest run's last ``tail`` lines (0: all) that fit the operator's cap
+        (``log_relay_max``), or None for no such workload. Awaited on the event loop: it blocks
+        no thread of the API's pool. ``errors.Busy`` at once where too many reads of its tenant
+        or from its node are under way; ``errors.TimedOut`` where its node did not send them
+        within ``log_relay_deadline``; ``errors.Unavailable`` where its node does not answer, or
+        sends more than asked for."""
+        ...
 
     def gpus(self, who: Caller) -> list[dict[str, Any]]:
         """Every GPU with what is placed on it, as ``who`` may see it (``GpuJson``)."""

@@ -15,7 +15,13 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from gpufrac.api.schemas import ErrorAnswer, ProblemsAnswer, UnsupportedAnswer
+from gpufrac.api.schemas import (
+    BusyAnswer,
+    ErrorAnswer,
+    ProblemsAnswer,
+    TimedOutAnswer,
+    UnsupportedAnswer,
+)
 from gpufrac.model.schema import manifest_json_schema
 
 REF = "#/components/schemas/"
@@ -30,20 +36,41 @@ ERRORS = {
     413: "the body or manifest is over a limit (the operator's api_max_body, max_manifest_bytes "
     "or max_manifest_nodes setting): nothing was changed",
     422: "bad input: each problem's field path (loc), what is wrong (msg) and the fix",
-    429: "too many of this tenant's applies at once or a second (the operator's "
-    "max_concurrent_applies, apply_rate and apply_burst settings): nothing was changed; retry "
+    429: "too many such calls at once or a second (a tenant's applies: the operator's "
+    "max_concurrent_applies, apply_rate and apply_burst; log reads: log_relay_*; "
+    "application/problem+json): nothing was changed; try again "
     "after Retry-After seconds",
     501: "this server lacks the capability (named in the answer, application/problem+json)",
     503: "the server cannot write its store or data directory, or reach a node, now: nothing "
     "was changed; retry",
+    504: "what the call waited for (a node) did not answer within its deadline "
+    "(application/problem+json): nothing was changed; retry",
+}
+# the answers written as RFC 9457 problems, and their models
+PROBLEMS: dict[int, type[BaseModel]] = {
+    429: BusyAnswer,
+    501: UnsupportedAnswer,
+    504: TimedOutAnswer,
 }
 PROBLEM_TYPE = "application/problem+json"
 
 
 def _answer_of(code: int) -> dict[str, Any]:
-    if code == 501:
-        ref = REF + UnsupportedAnswer.__name__
-        return {"description": ERRORS[code], "content": {PROBLEM_TYPE: {"schema": {"$ref": ref}}}}
+    if code in PROBLEMS:
+        ref = REF + PROBLEMS[code].__name__
+        answer: dict[str, Any] = {
+            "description": ERRORS[code],
+            "content": {PROBLEM_TYPE: {"schema": {"$ref": ref}}},
+        }
+        if code == 429:
+            answer["headers"] = {
+                "Retry-After": {
+                    "description": "seconds after which a call may find room",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 1},
+                }
+            }
+        return answer
     return {"model": ProblemsAnswer if code == 422 else ErrorAnswer, "description": ERRORS[code]}
 
 
@@ -125,7 +152,7 @@ def describe_bodies(app: FastAPI, models: Iterable[type[BaseModel]]) -> None:
     """Add the schemas of ``models`` (bodies the handlers read themselves) to the app's OpenAPI
     components, where ``json_body`` points."""
     generate = app.openapi
-    models = (*models, UnsupportedAnswer)  # the 501s' problem+json, which errors() points at
+    models = (*models, *PROBLEMS.values())  # the problems (501, 429, 504) errors() points at
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:

@@ -254,6 +254,11 @@ class EventList(Answer):
 class LogsAnswer(Answer):
     run: str | None = Field(description="the newest attempt's run directory, null before one")
     lines: list[str]
+    truncated: bool = Field(
+        False,
+        description="older lines asked for were left out: the answer holds the newest that fit "
+        "the operator's log_relay_max",
+    )
 
 
 class Deleted(Answer):
@@ -523,6 +528,28 @@ class UnsupportedAnswer(Answer):
     status: Literal[501]
     detail: str
     capability: Capability  # the one closed set (planning.views): a new one is described too
+
+
+class BusyAnswer(Answer):
+    """429, as ``application/problem+json`` (RFC 9457), with ``Retry-After``: too many calls of
+    one kind are under way at once (a tenant's log reads, or those from one node); this one was
+    not started."""
+
+    type: str
+    title: str
+    status: Literal[429]
+    detail: str
+    retry_after_s: int
+
+
+class TimedOutAnswer(Answer):
+    """504, as ``application/problem+json`` (RFC 9457): what the call waited for did not come
+    within its deadline (a node that did not send a workload's logs in time)."""
+
+    type: str
+    title: str
+    status: Literal[504]
+    detail: str
 
 
 class HistoryTrack(Answer):

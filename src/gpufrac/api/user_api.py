@@ -12,6 +12,7 @@ takes the server's lock, run off the event loop.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from typing import Any
@@ -61,14 +62,22 @@ from gpufrac.api.seen_by import (
     shown_text,
 )
 from gpufrac.api.tokens import Caller, authenticate
-from gpufrac.errors import InputError, Refused, TooLarge, Unavailable, Unsupported
+from gpufrac.errors import (
+    Busy,
+    InputError,
+    Refused,
+    TimedOut,
+    TooLarge,
+    Unavailable,
+    Unsupported,
+)
 from gpufrac.model.caller import ADMIN
 from gpufrac.model.deployment import DeploymentSpec, shown_spec
 from gpufrac.model.manifest import read_objects
 from gpufrac.model.mig import layout_from_json
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_to_json
 from gpufrac.planning.sched_decision import decision_to_json
-from gpufrac.planning.views import Capability, NodeInfo, Verdict, WorkloadView
+from gpufrac.planning.views import Capability, LogTail, NodeInfo, Verdict, WorkloadView
 from gpufrac.serving.deployments import gateway_path
 
 # what an operation may answer besides its own answer: every one but the health check needs a token,
@@ -139,6 +148,56 @@ def unsupported_answer(e: Unsupported) -> JSONResponse:
     )
 
 
+def busy_answer(e: Busy) -> JSONResponse:
+    """A 429 in RFC 9457's shape, with ``Retry-After``."""
+    return JSONResponse(
+        status_code=429,
+        media_type="application/problem+json",
+        headers={"retry-after": str(e.retry_after_s)},
+        content={
+            "type": "urn:gpufrac:busy",
+            "title": "too many such calls at once or a second",
+            "status": 429,
+            "detail": e.detail,
+            "retry_after_s": e.retry_after_s,
+        },
+    )
+
+
+def timed_out_answer(e: TimedOut) -> JSONResponse:
+    """A 504 in RFC 9457's shape."""
+    return JSONResponse(
+        status_code=504,
+        media_type="application/problem+json",
+        content={
+            "type": "urn:gpufrac:timed-out",
+            "title": "what the call waited for did not come in time",
+            "status": 504,
+            "detail": e.detail,
+        },
+    )
+
+
+# coroutines, answered on the event loop: Starlette runs a plain function's handler in the thread
+# pool, which a flood of refused log reads would then fill
+async def _busy(_request: Request, e: Exception) -> Response:
+    assert isinstance(e, Busy)
+    return busy_answer(e)
+
+
+async def _timed_out(_request: Request, e: Exception) -> Response:
+    assert isinstance(e, TimedOut)
+    return timed_out_answer(e)
+
+
+def logs_answer(found: LogTail) -> Response:
+    """``LogsAnswer``'s JSON, written at once: a log answer can hold megabytes of lines, which are
+    not copied again to be validated against the model they were made to."""
+    body = {"run": found.run, "lines": found.lines, "truncated": found.truncated}
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return Response(text.encode(), media_type="application/json")
+
+
 def _unavailable(what: str, e: Exception) -> JSONResponse:
     """The store or data directory refused a write (disk full, I/O error), or a node did not
     answer: nothing was changed; try again later."""
@@ -162,6 +221,8 @@ def add_user_api(
         TooLarge, lambda _r, e: JSONResponse(status_code=413, content={"detail": str(e)})
     )
     app.add_exception_handler(Unsupported, lambda _r, e: unsupported_answer(e))
+    app.add_exception_handler(Busy, _busy)
+    app.add_exception_handler(TimedOut, _timed_out)
     app.add_exception_handler(
         Refused, lambda _r, e: JSONResponse(status_code=409, content={"detail": str(e)})
     )
@@ -331,10 +392,9 @@ def user_api(
         tenant = who.tenant or ""
         refused = limits.take(tenant)
         if refused is not None:
-            return JSONResponse(
-                status_code=429,
-                content={"detail": f"not applied: {refused.reason}; try again"},
-                headers={"retry-after": str(refused.retry_after_s)},
+            raise Busy(
+                f"not applied: {refused.reason}; try again",
+                retry_after_s=refused.retry_after_s,
             )
         try:
             return await run_in_threadpool(apply_manifest_text, who, utf8_text(body))
@@ -468,17 +528,21 @@ def user_api(
     @api.get(
         "/api/v1/workloads/{tenant}/{name}/logs",
         response_model=LogsAnswer,
-        responses={**ANY, **errors(404)},
+        responses={**ANY, **errors(404, 429, 504)},
     )
-    def logs(
+    async def logs(
         request: Request, tenant: str, name: str, tail: int = Query(200, ge=0, le=10**7)
-    ) -> dict[str, Any]:
-        """The workload's output (on a cluster, read from the node it runs or ran on)."""
+    ) -> Response:
+        """The workload's output (on a cluster, relayed from the node it runs or ran on): its
+        last ``tail`` lines (0: all) that fit the operator's ``log_relay_max``, ``truncated``
+        where older ones were left out. Awaited on the event loop, never in the pool the other
+        routes use; 429 (with Retry-After) over the reads under way per tenant or per node, 504
+        where its node did not send them within ``log_relay_deadline`` (docs/cluster.md)."""
         own(request, tenant, name)
-        found = service.log_tail(tenant, name, tail)
+        found = await service.log_tail(tenant, name, tail)
         if found is None:
             raise HTTPException(404, f"no workload {tenant}/{name}")
-        return {"run": found[0], "lines": found[1]}
+        return logs_answer(found)
 
     @api.post(
         "/api/v1/workloads/{tenant}/{name}/clear-unknown",

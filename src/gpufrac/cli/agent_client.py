@@ -200,7 +200,8 @@ def call(method: str, server: str | None, path: str, **kw: Any) -> Any:
 
 
 def answer(r: httpx.Response) -> Any:
-    """The agent's JSON answer, or exit: 2 for bad input (422), 1 for a refusal or not found."""
+    """The agent's JSON answer, or exit: 2 for bad input (422), 1 for a refusal, not found, too
+    busy (429: its detail, and when to try again) or a node that did not answer (503, 504)."""
     if r.status_code == 422:
         raise fail(answer_detail(r, sep="\n") or r.text, 2)
     if r.status_code == 409:
@@ -215,6 +216,12 @@ def answer(r: httpx.Response) -> Any:
         raise fail(_detail(r, "; ") or "too many calls", 1, "try again later")
     if r.status_code == 501:  # what this server lacks (a cluster's control plane: MIG layouts)
         raise fail(_detail(r, "; ") or "not supported by this server", 1)
+    if r.status_code == 429:  # too many such calls under way (a tenant's log reads): not started
+        after = r.headers.get("retry-after", "a few")
+        said = _detail(r, "; ") or f"the server is busy; try again in {after} s"
+        raise fail(said, 1, f"the server said to try again after {after} s (Retry-After)")
+    if r.status_code in (503, 504):  # a node that did not answer, or not in time; a full disk
+        raise fail(_detail(r, "; ") or f"the server could not answer now ({r.status_code})", 1)
     if r.status_code >= 400:
         raise fail(f"the agent answered {r.status_code}: {r.text}", 1)
     return r.json()

@@ -24,6 +24,7 @@ from gpufrac.cli.agent_client import (
     DEFAULT_PORT,
     ServerOpt,
     answer,
+    answer_detail,
     call,
     call_as,
     read_as,
@@ -48,6 +49,7 @@ from gpufrac.config import data_dir as resolve_data_dir
 from gpufrac.errors import InputError
 
 if TYPE_CHECKING:
+    import httpx
     from pydantic import BaseModel
 
     from gpufrac.api.schemas import DeploymentResult, WorkloadResult
@@ -559,12 +561,23 @@ def _follow_logs(
         LogsAnswer, "GET", server, path + "/logs", params={"tail": 0 if follow else tail}
     )
     lines = data.lines
+    if data.truncated:
+        err_console.print(
+            f"{prefix}(older output left out: the server answers the newest lines that fit its "
+            "log_relay_max)",
+            highlight=False,
+            markup=False,
+        )
     for line in lines[-tail:] if tail > 0 else lines:
         typer.echo(prefix + show(line))
     run, seen = data.run, len(lines)
     while follow:
         time.sleep(0.5)
-        latest = call_as(LogsAnswer, "GET", server, path + "/logs", params={"tail": 0})
+        r = request("GET", server, path + "/logs", params={"tail": 0})
+        if r.status_code in (429, 503, 504):  # busy, or its node slow: followed on after a wait
+            time.sleep(_retry_after(r))
+            continue
+        latest = read_as(LogsAnswer, answer(r))
         lines = latest.lines
         if latest.run != run:  # a new attempt
             typer.echo(f"{prefix}--- {latest.run} ---")
@@ -576,6 +589,12 @@ def _follow_logs(
         seen = len(lines)
         if call_as(WorkloadDetail, "GET", server, path).phase in ("succeeded", "failed"):
             break
+
+
+def _retry_after(r: httpx.Response) -> float:
+    """How long to wait before calling again: the answer's Retry-After (seconds), at most 5."""
+    after = r.headers.get("retry-after", "")
+    return min(5.0, float(after)) if after.isdigit() else 1.0
 
 
 def _deployment_logs(
@@ -605,6 +624,10 @@ def _deployment_logs(
                 r = request(
                     "GET", server, f"/api/v1/workloads/{tenant}/{replica}/logs", params={"tail": 0}
                 )
+                if r.status_code in (429, 503, 504):  # busy, or its node slow: said, not fatal
+                    said = f"[{replica}] {answer_detail(r)}"
+                    err_console.print(said, highlight=False, markup=False)
+                    continue
                 if r.status_code != 200:
                     continue  # it went away meanwhile
                 data = read_as(LogsAnswer, r.json())

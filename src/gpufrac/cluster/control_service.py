@@ -1,8 +1,8 @@
 """A cluster's control plane as the user API serves it (``api.control_service.ControlService``):
 the views and calls of the API answered from the control plane (its store, its core, what each node
 last showed), the same routes and shapes as one machine's agent. What a control plane does not do
-(set a GPU's MIG layout) is said so (501); a workload's output is read from the node it runs, or
-ran, on."""
+(set a GPU's MIG layout) is said so (501); a workload's output is relayed from the node it runs,
+or ran, on (``cluster.log_relay``, bounded)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, assert_never
 
-import httpx
-
 from gpufrac.cluster.control import ControlPlane, lease_ttl, static_qos
 from gpufrac.cluster.history import ClusterSampler
+from gpufrac.cluster.log_relay import LogRelay
 from gpufrac.cluster.metrics import ControlCollector
 from gpufrac.cluster.serving import ClusterServing
-from gpufrac.errors import Unavailable, Unsupported
+from gpufrac.errors import Unsupported
 from gpufrac.model.caller import Caller
 from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.event import Event
@@ -27,6 +26,7 @@ from gpufrac.planning.sched_decision import Decision, Displacement, StoredPlacem
 from gpufrac.planning.views import (
     ApplyResult,
     Capability,
+    LogTail,
     NodeInfo,
     Role,
     ServiceHealth,
@@ -63,6 +63,7 @@ class ControlPlaneService:
         self.capabilities: frozenset[Capability] = frozenset(
             {"ray-leases", "node-admission", *(("deployments",) if serving is not None else ())}
         )
+        self.logs = LogRelay(control)  # workloads' logs, from their nodes
 
     def health(self) -> ServiceHealth:
         nodes = self.control.nodes()
@@ -176,40 +177,10 @@ class ControlPlaneService:
             subject, limit=limit, tenant=tenant, after=after, per_relayer=share
         )
 
-    def log_tail(self, tenant: str, name: str, tail: int) -> tuple[str | None, list[str]] | None:
-        """Read from the node it runs (or ran) on, with that node's own credential."""
-        control = self.control
-        key = f"{tenant}/{name}"
-        with control.lock:
-            if control.store.workload(tenant, name) is None:
-                return None
-            a = control.core.assigned.get(key)
-            node = a.node if a is not None else control.core.ended_on.get(key)
-            address = control.addresses.get(node) if node else None
-            credential = control.credentials.get(node) if node else None
-        if node is None:
-            return None, []
-        if address is None or credential is None:
-            raise Unavailable(f"node {node} has given no address to read logs from")
-        try:
-            r = httpx.get(
-                f"{address}/cluster/v1/logs/{tenant}/{name}",
-                params={"tail": tail},
-                headers={"authorization": f"Bearer {credential}"},  # the node's own
-                timeout=5.0,
-            )
-        except httpx.HTTPError as e:
-            raise Unavailable(f"node {node} does not answer ({e}); try again") from None
-        if r.status_code != 200:
-            raise Unavailable(f"node {node} answered {r.status_code}; try again")
-        try:
-            found = r.json()
-            run, lines = found["run"], found["lines"]
-        except (ValueError, KeyError, TypeError):
-            raise Unavailable(f"node {node} answered what is not its logs; try again") from None
-        if not (run is None or isinstance(run, str)) or not isinstance(lines, list):
-            raise Unavailable(f"node {node} answered what is not its logs; try again")
-        return run, [str(line) for line in lines]
+    async def log_tail(self, tenant: str, name: str, tail: int) -> LogTail | None:
+        """Relayed from the node it runs (or ran) on, with that node's own credential, bounded
+        (``cluster.log_relay``)."""
+        return await self.logs.read(tenant, name, tail)
 
     def gpus(self, who: Caller) -> list[dict[str, Any]]:
         """Every node's GPUs as their node agents showed them, known here (as in decisions) by

@@ -1,6 +1,15 @@
 """A node agent's own small API, for the control plane only (with this node's own credential,
 which only the control plane and this node hold): the output of the workloads it runs, which the
-control plane relays to ``gpufrac logs``."""
+control plane relays to ``gpufrac logs``.
+
+``GET /cluster/v1/logs/TENANT/NAME?tail=N&max_bytes=B`` answers the end of the workload's newest
+log as it is written (``text/plain``), read from the end of the file: at most ``B`` bytes and at
+most this node's own ``log_relay_max``, starting where a line starts, holding its last ``N`` lines
+(0: all; maybe a few more), with ``X-Gpufrac-Run`` (its run's name; absent before a first run) and
+``X-Gpufrac-Truncated`` (``true``: the cap left out lines that were asked for). Raw bytes, not
+JSON: what the control plane reads is the log's size, never more, so it can refuse a node that
+sends more than it asked for.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +18,29 @@ import threading
 from collections.abc import Callable
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import FastAPI, HTTPException, Query, Request, Response
 
 from gpufrac.runtime.agent import Agent
+from gpufrac.runtime.log_tail import MIB, read_window
+
+RUN_HEADER = "x-gpufrac-run"
+TRUNCATED_HEADER = "x-gpufrac-truncated"
+LOG_TYPE = "text/plain; charset=utf-8"
 
 
 def create_node_app(agent: Agent, credential: Callable[[], str | None]) -> FastAPI:
     """``credential``: this node's own, as its last join left it (None before its first)."""
     app = FastAPI(title="gpufrac node", version="1", openapi_url=None, docs_url=None)
+    own_cap = agent.settings.log_relay_max_mib * MIB
 
     @app.get("/cluster/v1/logs/{tenant}/{name}")
     def logs(
-        request: Request, tenant: str, name: str, tail: int = Query(200, ge=0, le=10**7)
-    ) -> dict[str, object]:
+        request: Request,
+        tenant: str,
+        name: str,
+        tail: int = Query(200, ge=0, le=10**7),
+        max_bytes: int | None = Query(None, ge=1, le=2**40),
+    ) -> Response:
         held = credential()
         scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
         if (
@@ -30,10 +49,18 @@ def create_node_app(agent: Agent, credential: Callable[[], str | None]) -> FastA
             or not hmac.compare_digest(given.strip().encode(), held.encode())
         ):
             raise HTTPException(401, "only the control plane reads this node's logs")
-        with agent.lock:
-            found = agent.log_tail(tenant, name, tail)
-        run, lines = found if found is not None else (None, [])
-        return {"run": run, "lines": lines}
+        with agent.lock:  # where the log is; read without the lock
+            found = agent.newest_log(tenant, name)
+        run, path = found if found is not None else (None, None)
+        window, truncated = (
+            (b"", False)
+            if path is None
+            else read_window(path, tail=tail, max_bytes=min(max_bytes or own_cap, own_cap))
+        )
+        headers = {TRUNCATED_HEADER: "true" if truncated else "false"}
+        if run is not None:
+            headers[RUN_HEADER] = run
+        return Response(window, media_type=LOG_TYPE, headers=headers)
 
     return app
 

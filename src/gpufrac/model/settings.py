@@ -64,6 +64,10 @@ DEFAULT_NODE_PRUNE_AFTER_S = 24 * 3600.0
 DEFAULT_MAX_MANIFEST_BYTES = 1 << 20
 DEFAULT_MAX_MANIFEST_NODES = 20_000
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+DEFAULT_LOG_RELAY_DEADLINE_S = 10.0
+DEFAULT_LOG_RELAY_MAX_MIB = 16
+DEFAULT_LOG_RELAY_PER_TENANT = 4
+DEFAULT_LOG_RELAY_PER_NODE = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,13 @@ class OperatorSettings:
     # how the file is written that deserves a word (``PATH: warning``: an old unit spelling); what
     # reads the file for a user (the agent, the control plane, gpufrac schedule) shows them
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    # a workload's logs read through the user API (on a cluster relayed from its node), bounded:
+    # the whole of one relay, the most output one answer holds (its newest lines that fit), and
+    # the reads under way at once per tenant and per node (one more is answered 429)
+    log_relay_deadline_s: float = DEFAULT_LOG_RELAY_DEADLINE_S
+    log_relay_max_mib: int = DEFAULT_LOG_RELAY_MAX_MIB
+    log_relay_per_tenant: int = DEFAULT_LOG_RELAY_PER_TENANT
+    log_relay_per_node: int = DEFAULT_LOG_RELAY_PER_NODE
 
     def check_user(self, tenant: str, user: str | None) -> None:
         """Refuse a ``spec.user`` its tenant may not ask for."""
@@ -260,6 +271,15 @@ _PRUNE_AFTER = Annotated[
 ]
 
 
+_RELAY_DEADLINE = Annotated[
+    int,
+    BeforeValidator(_duration_s),
+    Field(ge=1, le=600),
+    WithJsonSchema({"type": ["string", "integer"], "pattern": "^[0-9]+[smhd]$"}),
+]
+_RELAYS = Annotated[int, Field(ge=1, le=10_000)]
+
+
 class TenantFields(Strict):
     """One tenant's limits; a limit left out is no limit."""
 
@@ -386,6 +406,26 @@ class SettingsDocument(Strict):
         NodeFields.model_validate({}),
         description="This machine as a node: its name and labels.",
     )
+    log_relay_deadline: _RELAY_DEADLINE = Field(
+        int(DEFAULT_LOG_RELAY_DEADLINE_S),
+        description="How long the control plane relays one call for a workload's logs from its "
+        "node, all of it, before answering 504: 10s, 1m, or seconds (1 s to 10 min).",
+    )
+    log_relay_max: BodyLimitMiB = Field(
+        DEFAULT_LOG_RELAY_MAX_MIB,
+        description="The most output one call for a workload's logs answers (its newest lines "
+        "that fit; 1MiB to 1GiB): what a node is asked for, and the most it may send.",
+    )
+    log_relay_per_tenant: _RELAYS = Field(
+        DEFAULT_LOG_RELAY_PER_TENANT,
+        description="Calls for one tenant's workloads' logs under way at once; one more is "
+        "answered 429 with Retry-After.",
+    )
+    log_relay_per_node: _RELAYS = Field(
+        DEFAULT_LOG_RELAY_PER_NODE,
+        description="Calls for logs relayed from one node (on one machine: read by its agent) "
+        "under way at once; one more is answered 429 with Retry-After.",
+    )
 
     @model_validator(mode="after")
     def _uid_order(self) -> Self:
@@ -426,4 +466,8 @@ class SettingsDocument(Strict):
             tenant_uids=(first, last),
             node_name=self.node.name,
             node_labels=dict(self.node.labels),
+            log_relay_deadline_s=float(self.log_relay_deadline),
+            log_relay_max_mib=self.log_relay_max,
+            log_relay_per_tenant=self.log_relay_per_tenant,
+            log_relay_per_node=self.log_relay_per_node,
         )

@@ -54,6 +54,17 @@ class WorkloadView:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LogTail:
+    """A workload's newest output, as much as one read answers: ``run`` is its newest attempt's
+    run (None before its first); ``truncated``, that older lines asked for were left out to keep
+    the answer within its byte cap (the operator's ``log_relay_max``)."""
+
+    run: str | None
+    lines: list[str] = field(default_factory=list)
+    truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeInfo:
     """A node of the cluster (one machine's agent is its own, always alive)."""
 

@@ -462,20 +462,17 @@ class Agent:
         """The run directory of the newest attempt (its output.log is the workload's log)."""
         return self.runs.latest(tenant, name, generation)
 
-    def log_tail(self, tenant: str, name: str, tail: int) -> tuple[str | None, list[str]] | None:
-        """(the newest attempt's run name, its last ``tail`` output lines; 0: all), or None for
-        a workload this agent does not have. Call with the lock held."""
+    def newest_log(self, tenant: str, name: str) -> tuple[str | None, Path | None] | None:
+        """(the newest attempt's run name, its output log), (None, None) before a first attempt,
+        or None for a workload this agent does not have. Call with the lock held; read the file
+        after (``runtime.log_tail.read_tail``, bounded), without it."""
         stored = self.store.workload(tenant, name)
         if stored is None:
             return None
         run = self.runs.latest(tenant, name, stored.generation)
         if run is None:
-            return None, []
-        try:
-            lines = (run / LOG).read_text(errors="replace").splitlines()
-        except OSError:
-            lines = []
-        return run.name, lines[-tail:] if tail > 0 else lines
+            return None, None
+        return run.name, run / LOG
 
     def memory_use(
         self,

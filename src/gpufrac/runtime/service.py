@@ -13,6 +13,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
+import anyio
+
 from gpufrac import __version__
 from gpufrac.errors import Refused, Unsupported
 from gpufrac.model.caller import Caller
@@ -25,6 +27,7 @@ from gpufrac.planning.sched_decision import Decision, Displacement, StoredPlacem
 from gpufrac.planning.views import (
     ApplyResult,
     Capability,
+    LogTail,
     NodeInfo,
     Role,
     ServiceHealth,
@@ -35,6 +38,7 @@ from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.caps import check_workload_caps
 from gpufrac.runtime.fleet_view import read_fleet
 from gpufrac.runtime.history import AgentSampler, History, Reading
+from gpufrac.runtime.log_tail import LogReads, read_tail
 from gpufrac.runtime.metrics import AgentCollector
 from gpufrac.runtime.mig_apply import ApplyRefused
 from gpufrac.runtime.qos_view import Readings, workload_qos
@@ -44,6 +48,7 @@ from gpufrac.runtime.store import StoredWorkload
 RECONCILE_SECONDS = 0.5
 STALLED_SECONDS = 30.0  # no pass finished for this long: the agent says it is degraded
 MIN_GAP_SECONDS = 0.1  # a burst of API calls wakes one pass, not one per call
+LAST_LINE_BYTES = 64 * 1024  # how much of a log's end is read for its last line
 
 
 class PassFollower(Protocol):
@@ -78,6 +83,8 @@ class AgentService:
         self.followers: list[PassFollower] = []
         self.last_pass = time.monotonic()  # when a reconcile pass last finished
         agent.mig.notify = self.wake  # a MIG instance made: the workload waiting for it starts now
+        self.log_reads = LogReads(agent.settings)  # the bounds on reading workloads' logs
+        self._log_threads = anyio.CapacityLimiter(agent.settings.log_relay_per_node)
         # the last 15 minutes for the dashboard's plots (GET /api/v1/history)
         self.history = History(AgentSampler(agent, lambda: self.states, self._samples).read)
 
@@ -240,9 +247,27 @@ class AgentService:
         with self.lock:
             return self.agent.store.events(subject, limit=limit, tenant=tenant, after=after)
 
-    def log_tail(self, tenant: str, name: str, tail: int) -> tuple[str | None, list[str]] | None:
+    async def log_tail(self, tenant: str, name: str, tail: int) -> LogTail | None:
+        """Read in a thread of its own (at most ``log_relay_per_node`` of them, never the API's
+        pool): the lock to find the newest run, then its log from the end, at most
+        ``log_relay_max`` of it. Over ``log_relay_per_tenant`` or ``log_relay_per_node`` reads
+        under way: ``Busy``, at once."""
+        bounds = self.log_reads
+        with bounds.per_tenant.taken(tenant), bounds.per_node.taken(self.agent.node):
+            return await anyio.to_thread.run_sync(
+                self._read_log, tenant, name, tail, limiter=self._log_threads
+            )
+
+    def _read_log(self, tenant: str, name: str, tail: int) -> LogTail | None:
         with self.lock:
-            return self.agent.log_tail(tenant, name, tail)
+            found = self.agent.newest_log(tenant, name)
+        if found is None:
+            return None
+        run, path = found
+        if path is None:
+            return LogTail(run=None)
+        lines, truncated = read_tail(path, tail=tail, max_bytes=self.log_reads.max_bytes)
+        return LogTail(run=run, lines=lines, truncated=truncated)
 
     def last_line(self, tenant: str, name: str) -> str | None:
         """The last line a workload's newest run wrote (its traceback's last line, say)."""
@@ -329,9 +354,6 @@ class AgentService:
 
 
 def _last_line(run: Path | None) -> str | None:
-    try:
-        lines = (run / LOG).read_text(errors="replace").splitlines() if run else []
-    except OSError:
-        return None
+    lines = read_tail(run / LOG, tail=0, max_bytes=LAST_LINE_BYTES)[0] if run else []
     last = next((line.strip() for line in reversed(lines) if line.strip()), None)
     return None if last is None else last[-300:]
