@@ -117,10 +117,13 @@ def agent_address(server: str | None) -> str:
 WAIT_429_S = 30.0  # the longest the CLI waits out a server's 429s (its Retry-After) in all
 
 
-def request(method: str, server: str | None, path: str, **kw: Any) -> httpx.Response:
+def request(
+    method: str, server: str | None, path: str, *, wait_busy: bool = False, **kw: Any
+) -> httpx.Response:
     """One call to the agent, with the caller's token; an agent that cannot be reached is exit 2.
-    A 429 (too many of this tenant's calls: nothing was done) is waited out as its Retry-After
-    says, up to ``WAIT_429_S`` in all, saying so once; then it is the answer."""
+    With ``wait_busy`` (an apply), a 429 (too many of this tenant's calls: nothing was done) is
+    waited out as its Retry-After says, up to ``WAIT_429_S`` in all, saying so once; then it is
+    the answer."""
     import time
 
     import httpx
@@ -139,7 +142,7 @@ def request(method: str, server: str | None, path: str, **kw: Any) -> httpx.Resp
         pause = (
             float(after) if r.status_code == 429 and after.isascii() and after.isdigit() else 1.0
         )
-        if r.status_code != 429 or waited + pause > WAIT_429_S:
+        if not wait_busy or r.status_code != 429 or waited + pause > WAIT_429_S:
             return r
         if not waited:
             err_console.print(
@@ -212,8 +215,6 @@ def answer(r: httpx.Response) -> Any:
         raise fail(r.json().get("detail", "not found"), 1)
     if r.status_code == 413:  # a body or manifest over the server's bounds: split it
         raise fail(_detail(r, "; ") or "too large", 2)
-    if r.status_code == 429:  # still, after waiting as it said
-        raise fail(_detail(r, "; ") or "too many calls", 1, "try again later")
     if r.status_code == 501:  # what this server lacks (a cluster's control plane: MIG layouts)
         raise fail(_detail(r, "; ") or "not supported by this server", 1)
     if r.status_code == 429:  # too many such calls under way (a tenant's log reads): not started

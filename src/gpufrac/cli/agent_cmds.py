@@ -301,6 +301,7 @@ def apply_command(
             "/api/v1/workloads",
             content=text.encode(),
             headers={"content-type": "application/yaml"},
+            wait_busy=True,  # a tenant's applies are limited a second: wait as the server says
         )
         read += read_as(ApplyAnswer, got).results
         results += got["results"]
