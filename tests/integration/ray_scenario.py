@@ -342,12 +342,16 @@ def main(out: Path) -> dict[str, Any]:
         time.sleep(LEASE_S + 1)
         after = {n: (view(n)["placement"]["epoch"], view(n)["restarts"]) for n in before}
         seen["restart_kept"] = all(after[n] == (before[n], 0) for n in before)
+        seen["restart_epochs"] = {"before": before, "after": after}
 
         # a node agent frozen (SIGSTOP) past its lease: the shims stop its work, which runs once
         # elsewhere; woken, it stops what it had, is told it was lost, and joins again
         frozen = seen["nodes_of"]["mover"]
         old_pid = _live_pids(out / "nodes" / frozen, "mover")
-        agent_pid = _pids_matching(f"gpufrac.cli node .*--name {frozen} ")[0]
+        # (its data directory on the line too: another test's node may be called n1 as well)
+        agent_pid = _pids_matching(
+            f"gpufrac.cli node .*--name {frozen} .*--data-dir {re.escape(str(out / 'nodes'))}"
+        )[0]
         os.kill(agent_pid, signal.SIGSTOP)
         t = time.monotonic()
         elsewhere = wait(

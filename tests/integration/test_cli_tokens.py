@@ -51,7 +51,9 @@ def test_load_sends_its_token_counts_answers_by_status_and_stops_on_a_refused_on
     # curl's -H is sent as written: search's token may not apply research's manifest (403)
     bearer = f"Authorization: Bearer {TOKENS['search']}"
     code, got, err = load(tenant_agent, "-H", bearer, "--clients", "1", "--step", "2")
-    assert code == 1 and list(got["statuses"]) == ["403"], got
+    # (the agent holds a flood of applies off with 429s: those say nothing of the token)
+    assert code == 1 and len(got["steps"]) == 1, got
+    assert got["statuses"]["403"] > 0 and set(got["statuses"]) <= {"403", "429"}, got
     assert "the token sent was refused" in err
     # a URL with nothing there: every answer a 404; it stops in its first step and says so
     env = {"GPUFRAC_TOKEN": TOKENS["research"], "COLUMNS": "200"}

@@ -331,11 +331,15 @@ def _headers(given: list[str], token: str | None) -> list[tuple[str, str]]:
 REFUSALS = (401, 403, 404)
 
 
+HELD_OFF = 429  # the server's rate limit: says nothing of the token either way
+
+
 def _refused_for_token(latest: list[Record]) -> bool:
-    """Every answer since the last look was a 401 or a 403 (the token, or its lack, is refused:
-    every request carries the same one) or a 404 (no such deployment, or not this token's to
-    see): the load would measure only refusals."""
-    return bool(latest) and all(s in REFUSALS for _, _, s in latest)
+    """Every answer since the last look, but those the server held off (429), was a 401 or a 403
+    (the token, or its lack, is refused: every request carries the same one) or a 404 (no such
+    deployment, or not this token's to see): the load would measure only refusals."""
+    answered = [s for _, _, s in latest if s != HELD_OFF]
+    return bool(answered) and all(s in REFUSALS for s in answered)
 
 
 def load_command(
@@ -442,5 +446,6 @@ def load_command(
             "use; gpufrac get deployments shows each one's URL",
             highlight=False,
         )
-    if refused + missing and refused + missing == sum(total.values()):  # the load stopped
+    answered = sum(total.values()) - total[str(HELD_OFF)]
+    if refused + missing and refused + missing == answered:  # the load stopped
         raise typer.Exit(1)

@@ -207,6 +207,12 @@ def _json(text: str, source: str) -> Any:
         raise _located(exc, source, "JSON") from None
 
 
+def _too_deep(source: str) -> InputError:
+    return InputError(
+        f"is nested more than {MAX_DEPTH} levels deep", field=source, fix="flatten it"
+    )
+
+
 def _located(exc: Exception, source: str, language: str) -> InputError:
     """What went wrong reading a document, as an ``InputError`` located at ``source`` unless it
     already names its field: too deep for Python to follow, or an integer of more digits than it
@@ -214,9 +220,7 @@ def _located(exc: Exception, source: str, language: str) -> InputError:
     if isinstance(exc, InputError):
         return exc if exc.field else exc.at(source)
     if isinstance(exc, RecursionError):
-        return InputError(
-            f"is nested more than {MAX_DEPTH} levels deep", field=source, fix="flatten it"
-        )
+        return _too_deep(source)
     return InputError(
         f"not valid {language}: a number has too many digits",
         field=source,
@@ -265,31 +269,45 @@ def load_documents(
 
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _NODE_EVENTS = (yaml.ScalarEvent, yaml.SequenceStartEvent, yaml.MappingStartEvent, yaml.AliasEvent)
+_OPENING_EVENTS = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_CLOSING_EVENTS = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
 
 
 def _count_values(text: str, most: int, source: str, bound: str) -> None:
     """Refuse a text of more than ``most`` values before it is parsed into anything: YAML by its
-    parser's events, one at a time (stopping at the first beyond the bound), JSON by counting its
-    structure outside strings (a C-speed upper bound: each value but the first follows a ``,``,
-    ``:``, ``[`` or ``{``). A text that is not well formed is left to the parse that follows, which
-    says where."""
+    parser's events, one at a time (stopping at the first beyond the bound, or at the first list or
+    mapping nested more than ``MAX_DEPTH`` deep: libyaml's own limit, 1,000, would otherwise answer
+    first, in its words), JSON by counting its structure outside strings (a C-speed upper bound:
+    each value but the first follows a ``,``, ``:``, ``[`` or ``{``). A text that is not well
+    formed is left to the parse that follows, which says where."""
     if text.lstrip().startswith("{"):
         bare = _JSON_STRING.sub("", text)
         count = 1 + sum(bare.count(c) for c in ",:[{")
         if count <= most:
             return
     else:
-        count = 0
+        count = depth = 0
         loader = _BaseLoader(text)
         try:
             while loader.check_event():
-                if isinstance(loader.get_event(), _NODE_EVENTS):  # type: ignore[no-untyped-call]
+                event = loader.get_event()  # type: ignore[no-untyped-call]
+                if isinstance(event, _NODE_EVENTS):
                     count += 1
                     if count > most:
                         break
+                if isinstance(event, _OPENING_EVENTS):
+                    depth += 1
+                    if depth > MAX_DEPTH:
+                        raise _too_deep(source)
+                elif isinstance(event, _CLOSING_EVENTS):
+                    depth -= 1
             else:
                 return
-        except yaml.YAMLError:
+        except yaml.YAMLError as exc:
+            # libyaml's scanner reads a run of openings ahead of the first event (each may start a
+            # key) and stops at its own depth limit before the count above sees any of them
+            if "maximum nesting depth" in str(exc):
+                raise _too_deep(source) from None
             return
         finally:
             loader.dispose()

@@ -693,6 +693,9 @@ def test_docs_list_every_field_and_alias() -> None:
          "expands to more than 100,000 values"),
         ("s: &s " + "x" * 10_000 + "\nl: [" + ", ".join(["*s"] * 200) + "]", "characters"),
         ("[" * 100 + "]" * 100, "nested more than 64"),
+        ("[" * 3000 + "]" * 3000, "nested more than 64"),  # past libyaml's own limit (1,000)
+        ("a:\n" + "".join(f"{' ' * i}b{i}:\n" for i in range(1, 80)) + " " * 80 + "1",
+         "nested more than 64"),  # block style: the scan stops at 65, before any tree
         ('{"a": ' * 5000 + "1" + "}" * 5000, "nested more than 64"),
         ("x: .nan", "not a finite number"),
         ("x: -.inf", "not a finite number"),
