@@ -69,7 +69,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy src
 
 unit: $(STAMP) $(CHROMIUM_STAMP) $(TMUX_STAMP)
-	$(BIN)/pytest -q -m "not gpu" --durations=15
+	$(BIN)/pytest -q -m "not gpu" -n 2 --dist loadfile --durations=15
 
 bench: $(STAMP)
 	@for b in bench/*.py; do case $$b in bench/gpu_*) continue;; esac; echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -12,6 +12,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+# The CLI's consoles are made when gpufrac.cli.common is first imported, as a piped run gets them
+# (not wrapped at 80 columns): made here, before any test, so no test's COLUMNS (CliRunner's env)
+# or order of files (pytest-xdist) decides how every later test's output wraps
+os.environ.pop("COLUMNS", None)
+import gpufrac.cli.common  # noqa: F401
 from gpufrac.config import shared_path
 from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.devices.simfleet import SimulatedFleet
