@@ -201,3 +201,61 @@ def test_a_placement_that_does_not_fit_on_its_node_is_shown_not_dropped(
     assert [e.kind for e in node.agent.store.events(limit=50)].count("not_placed") == 1
     node.follow(Answer("n1", (), 2.0))  # taken away: forgotten
     assert node._refused_views() == {}
+
+
+def test_a_node_whose_passes_fail_keeps_its_lease_and_its_work_runs_on(
+    cluster: tuple[ClusterCore, InProcessLink, dict[str, NodeAgent]],
+) -> None:
+    """A full disk, say: every reconcile pass raises for three fencing times. The node still
+    heartbeats, with the last pass's states: it is not fenced, the control plane keeps it alive,
+    its workload runs on (the same process), and the failure is shown until a pass goes
+    through."""
+    core, link, nodes = cluster
+    with link.lock:
+        core.decide(SVC)
+        where = core.assigned["a/svc"].node
+    node = nodes[where]
+    deadline = time.monotonic() + 30
+    while {s.key: s.phase for s in node.step()}.get("a/svc") != "running":
+        for other in nodes.values():
+            if other is not node:
+                other.step()
+        with link.lock:
+            core.tick(link.clock())
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    pid = _pid(node)
+    assert pid is not None
+
+    def full(*_: object, **__: object) -> list[object]:
+        raise OSError(28, "No space left on device")
+
+    passes = node.agent.reconcile
+    node.agent.reconcile = full  # type: ignore[method-assign]
+    try:
+        until = time.monotonic() + 3 * FENCE_S
+        while time.monotonic() < until:
+            states = node.step()
+            with link.lock:
+                core.tick(link.clock())
+            assert [s.key for s in states] == ["a/svc"]  # the last pass's, sent on
+            time.sleep(0.1)
+        assert not node.fenced and core.nodes[where].state == "alive"
+        assert core.assigned["a/svc"].node == where
+        failing = node.agent.failures.latest("agent")
+        assert failing is not None and "No space left" in failing.reason(time.time())
+    finally:
+        node.agent.reconcile = passes  # type: ignore[method-assign]
+    node.step()
+    assert node.agent.failures.latest("agent") is None
+    assert _pid(node) == pid  # never stopped
+    events = [e.kind for e in node.agent.store.events(limit=100)]
+    assert "fenced" not in events
+
+
+def _pid(node: NodeAgent) -> int | None:
+    from gpufrac.runtime.shim import read_status
+
+    stored = node.agent.store.workload("a", "svc")
+    run = node.agent.runs.latest("a", "svc", stored.generation) if stored else None
+    return read_status(run).child_pid if run else None

@@ -490,10 +490,20 @@ def node_command(
         agent, link, say=lambda m: console.print(f"{agent.node}: {m}", highlight=False)
     )
     console.print(f"gpufrac node {agent.node} under {control} (data: {data})", highlight=False)
+    failing = ""  # the last step's failure, said once
     try:
         while True:
             started = time.monotonic()
-            node.step()
+            try:
+                node.step()
+                failing = ""
+            except (KeyboardInterrupt, Refused):
+                raise
+            except Exception as e:  # a full disk, say: one bad step must not end the node (its
+                # work would stop with its lease); said once, and the next step tried
+                if str(e) != failing:
+                    err_console.print(f"[yellow]warning:[/] node step: {e}", highlight=False)
+                failing = str(e)
             time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
     except KeyboardInterrupt:
         pass

@@ -17,6 +17,7 @@ and joins again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -273,6 +274,7 @@ class NodeAgent:
         agent.run_under_lease(self.lease_file)
         self.answered: float | None = None  # when the last answer's heartbeat was sent
         self.stepped: float | None = None  # when the last step began (a gap: this node stopped)
+        self.last_states: list[WorkloadState] = []  # of the last pass that went through
         self.joined = False
         self.waiting_approval = False
         self.fenced = False
@@ -306,7 +308,18 @@ class NodeAgent:
             # started again after its lease ended (the shims stopped their workloads): nothing
             # here runs again before an answer gives it again
             self.fence("this node's lease ran out while its agent was not running")
-        states = self.agent.reconcile()
+        try:
+            states = self.agent.reconcile()
+        except Exception as e:  # a full disk, say: the failure is shown (health, events) and the
+            # heartbeat still goes, with the last pass's states, so the node keeps its lease and
+            # its work runs on; as the single machine's loop does (runtime.service)
+            with contextlib.suppress(Exception):
+                self.agent.failures.failed("agent", "reconcile pass", e)
+            states = self.last_states
+        else:
+            with contextlib.suppress(Exception):
+                self.agent.failures.succeeded("agent", "reconcile pass")
+            self.last_states = states
         sent, sent_wall = self.clock(), time.time()
         batch = self.agent.store.events(after=self.relayed, limit=RELAY_AT_ONCE)
         events = [

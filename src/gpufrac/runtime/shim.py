@@ -431,10 +431,31 @@ class _RotatingLog:
 LEASE_CHECK_S = 0.25  # how often a shim reads its node's lease file
 
 
+LEASE_BYTES = 96  # the lease file's fixed size: renewed in place, it needs no new space
+
+
 def write_lease(path: Path, until: float, grace: float) -> None:
     """Renew a node's lease file: its workloads may run until ``until`` (wall clock), then get
-    SIGTERM and, ``grace`` seconds on, SIGKILL."""
-    _write_json(path, {"until": until, "grace": grace})
+    SIGTERM and, ``grace`` seconds on, SIGKILL.
+
+    The file is written once whole (a new file, renamed into place), then renewed in place: the
+    same ``LEASE_BYTES`` bytes over themselves, which a full disk does not refuse, so a node whose
+    disk fills up keeps its work running while the control plane answers it. A shim that reads
+    a renewal half written reads no lease and keeps the last one it read (``lease_ended``)."""
+    text = json.dumps({"until": until, "grace": grace}).encode().ljust(LEASE_BYTES)
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(text)
+        os.replace(tmp, path)
+        return
+    try:
+        os.pwrite(fd, text, 0)
+        if os.fstat(fd).st_size > len(text):  # written whole before, by an older version
+            os.ftruncate(fd, len(text))
+    finally:
+        os.close(fd)
 
 
 def read_lease(path: Path) -> tuple[float, float] | None:

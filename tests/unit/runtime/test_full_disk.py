@@ -142,3 +142,18 @@ def test_a_commit_the_disk_refused_is_not_logged(disk: Path) -> None:
         assert sorted(w.name for w in store.workloads()) == ["after", "kept"]
     finally:
         store.close()
+
+
+def test_a_lease_is_renewed_in_place_on_a_full_disk(disk: Path) -> None:
+    """A node's lease file is written whole once, then renewed over itself: a full disk refuses a
+    new file, never the renewal, so the shims read each new lease and stop nothing early."""
+    from gpufrac.runtime.shim import LEASE_BYTES, read_lease, write_lease
+
+    lease = disk / "lease.json"
+    write_lease(lease, 1000.0, 2.0)
+    assert lease.stat().st_size == LEASE_BYTES and read_lease(lease) == (1000.0, 2.0)
+    fill(disk)
+    with pytest.raises(OSError):
+        (disk / "new.json").write_text("{}")  # the disk is full indeed
+    write_lease(lease, 2000.5, 3.0)
+    assert read_lease(lease) == (2000.5, 3.0)
