@@ -965,11 +965,14 @@ def report(
             gets[windows.kind(at)].append(s)
     beats: dict[str, list[float]] = {"calm": [], "flood": [], "fault": []}
     missed, slow = Counter[str](), Counter[str]()
+    slow_in: list[str] = []  # each slow beat's window, as "0.80 s (slow log reads)"
     for at, s, status in rec.beats:
-        kind = windows.kind(at)
+        kind, label = windows.of(at)
         beats[kind].append(s)
         missed[kind] += status != 200
         slow[kind] += s >= 0.2
+        if s >= 0.2:
+            slow_in.append(f"{s:.2f} s ({label or kind})")
     unexpected = [(t, what) for t, what in rec.issues if windows.kind(t) != "fault"]
     fenced: dict[str, list[str]] = {"fault": [], "flood": []}
     for at, node, _line in rec.fenced:
@@ -1061,6 +1064,8 @@ def report(
         f" {slow['flood']} over 0.2 s, {missed['flood']} unanswered) | p99 < 0.2 "
         f"| {met('heartbeat')} |"
     )
+    if slow_in:
+        print(f"| slow heartbeat answers (window) | {'; '.join(slow_in)} | | |")
     print(
         f"| 1 MiB manifest answer s, calm / during floods (max) | "
         f"{pct(big_calm, 1.0, digits=2)} / {pct(big_flood, 1.0, digits=2)} "
