@@ -259,3 +259,37 @@ def _pid(node: NodeAgent) -> int | None:
     stored = node.agent.store.workload("a", "svc")
     run = node.agent.runs.latest("a", "svc", stored.generation) if stored else None
     return read_status(run).child_pid if run else None
+
+
+def test_a_heartbeat_alone_reaches_a_control_plane_that_is_back(
+    cluster: tuple[ClusterCore, InProcessLink, dict[str, NodeAgent]],
+) -> None:
+    """While the control plane cannot be reached, the node calls it again between passes
+    (``heartbeat`` alone, no reconcile pass): the first call after it is back is answered and
+    renews the lease, so a slow pass does not eat into the fencing time."""
+    _, link, nodes = cluster
+    node = nodes["n1"]
+    node.step()
+    assert node.answered is not None and not node.unreachable
+    link.cut.add("n1")
+    node.step()
+    assert node.unreachable
+    before = node.answered
+    passes = 0
+    reconcile = node.agent.reconcile
+
+    def counted() -> list[object]:
+        nonlocal passes
+        passes += 1
+        return reconcile()  # type: ignore[return-value]
+
+    node.agent.reconcile = counted  # type: ignore[method-assign,assignment]
+    try:
+        node.heartbeat(node.last_states)
+        assert node.unreachable and node.answered == before  # still cut
+        link.cut.discard("n1")
+        node.heartbeat(node.last_states)
+    finally:
+        node.agent.reconcile = reconcile  # type: ignore[method-assign]
+    assert not node.unreachable and node.answered is not None and node.answered > before
+    assert passes == 0

@@ -320,6 +320,13 @@ class NodeAgent:
             with contextlib.suppress(Exception):
                 self.agent.failures.succeeded("agent", "reconcile pass")
             self.last_states = states
+        self.heartbeat(states)
+        return states
+
+    def heartbeat(self, states: list[WorkloadState]) -> None:
+        """One heartbeat with ``states`` (a pass's), and what its answer says. Called by ``step``,
+        and on its own between steps while the control plane cannot be reached (``unreachable``),
+        so a restarted one is answered as soon as it listens, not a whole pass later."""
         sent, sent_wall = self.clock(), time.time()
         batch = self.agent.store.events(after=self.relayed, limit=RELAY_AT_ONCE)
         events = [
@@ -347,7 +354,7 @@ class NodeAgent:
                 self.say(f"cannot reach the control plane: {e} (retrying{stops})")
             self.unreachable = True
             self._fence_if_unanswered()
-            return states
+            return
         match answer.status:
             case "ok":
                 self.waiting_approval = False
@@ -362,10 +369,10 @@ class NodeAgent:
                 self._taken(batch)  # the control plane took them: never sent (stored) again
                 self.fence("the control plane held this node lost")
                 self.joined = False
-                return states
+                return
             case "join":  # still not known right after joining: try again next time
                 self.joined = False
-                return states
+                return
             case _:
                 assert_never(answer.status)
         if self.unreachable:
@@ -376,7 +383,6 @@ class NodeAgent:
         self.fence_s = min(self.fence_at_most, answer.lease_s * FENCE_SHARE)
         write_lease(self.lease_file, sent_wall + self.fence_s, self.kill_grace_s)
         self.follow(answer)
-        return states
 
     def _lease_ran_out(self) -> bool:
         lease = read_lease(self.lease_file)
