@@ -9,7 +9,8 @@ itself, and its request gateway) with API tokens for three tenants and the admin
   time-sliced; at most ``KEEP`` each applied), list workloads and events, read their own, and call
   their own deployment through the cluster's gateway (and now and then the other's: refused);
 * two fake nodes in this bench speak the real node protocol (join with the cluster token, approved
-  by the admin, a heartbeat a second): ``probe``, with no GPUs, times every heartbeat's answer;
+  by the admin, a heartbeat a second): ``probe``, with no GPUs, times every heartbeat's answer
+  (sent from a process of its own, as a real node's are);
   ``hostile``, labelled ``pool=hostile``, runs (says it runs) the hostile tenant's workload, and
   declares as its address a small server in this bench that trickles each log answer (a byte a
   second for ``--trickle`` seconds);
@@ -342,6 +343,65 @@ class FakeNode:
             case _:  # lost, join: what it had is gone; join again with its credential
                 self.running = {}
                 self.join()
+
+
+# The probe's heartbeats, sent from a process of their own (as a real node's are): the bench's own
+# threads (floods, traffic, the watch) would otherwise delay its answers in this process. One JSON
+# line per beat: [wall time sent, seconds to the answer, HTTP status or null, the answer's status];
+# it exits 3 where the control plane wants it to join again (the bench joins it and starts it anew).
+PROBE = """
+import json, sys, time
+import httpx
+url, name, credential = sys.argv[1:4]
+http = httpx.Client(timeout=10)
+while True:
+    began, at = time.perf_counter(), time.time()
+    try:
+        r = http.post(f"{url}/cluster/v1/nodes/{name}/heartbeat", json={"running": {}},
+                      headers={"authorization": f"Bearer {credential}"})
+        code, said = r.status_code, (r.json().get("status") if r.status_code == 200 else None)
+    except httpx.HTTPError:
+        code, said = None, None
+    print(json.dumps([at, time.perf_counter() - began, code, said]), flush=True)
+    if code == 401 or said in ("lost", "join", "pending"):
+        sys.exit(3)
+    time.sleep(max(0.0, 1.0 - (time.perf_counter() - began)))
+"""
+
+
+def probe_loop(node: FakeNode, stop: threading.Event) -> None:
+    """Run the probe's heartbeats in their own process (``PROBE``) until ``stop``; each beat
+    timed through ``node.timed``; joined again (and approved) where the answer asks."""
+    import json
+
+    assert node.timed is not None
+    while not stop.is_set():
+        if node.credential is None:
+            try:
+                node.join()
+            except httpx.HTTPError:
+                stop.wait(1.0)
+                continue
+        proc = subprocess.Popen(
+            [sys.executable, "-c", PROBE, node.cluster.node_url, node.name, str(node.credential)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                at, took, code, _ = json.loads(line)
+                node.timed(at, took, code)
+                if stop.is_set():
+                    break
+        finally:
+            proc.kill()
+            proc.wait()
+        if not stop.is_set():
+            try:
+                node.join()  # it asked to: a restarted control plane, or a lost node
+            except httpx.HTTPError:
+                stop.wait(1.0)
 
 
 class Trickle:
@@ -806,7 +866,8 @@ def run_cluster_phase(args: Any) -> bool:
         hostile = FakeNode(cluster, token, "hostile", 1, {"pool": "hostile"}, trickle.url)
         for node in (probe, hostile):
             node.join()
-            threads.append(threading.Thread(target=node.loop, args=(stop,), daemon=True))
+        threads.append(threading.Thread(target=probe_loop, args=(probe, stop), daemon=True))
+        threads.append(threading.Thread(target=hostile.loop, args=(stop,), daemon=True))
         for who, name in (("alpha", "echo"), ("beta", "echo"), (HOSTILE, "pub")):
             text = deployment(who, name, run, public=who == HOSTILE)
             r = httpx.post(
