@@ -47,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufrac.runtime.cgroups import HostLimits, Layout, WorkloadCgroup
+from gpufrac.runtime.lease import LEASE_CHECK_S, lease_ended, read_lease
+from gpufrac.runtime.lease import write_lease as write_lease
 from gpufrac.runtime.python_view import PythonView, enter
 
 LOG = "output.log"
@@ -426,36 +428,6 @@ class _RotatingLog:
             self.file = open(self.path, "ab")  # noqa: SIM115 - a clean buffer
             return
         self.size += len(data)
-
-
-LEASE_CHECK_S = 0.25  # how often a shim reads its node's lease file
-
-
-def write_lease(path: Path, until: float, grace: float) -> None:
-    """Renew a node's lease file: its workloads may run until ``until`` (wall clock), then get
-    SIGTERM and, ``grace`` seconds on, SIGKILL."""
-    _write_json(path, {"until": until, "grace": grace})
-
-
-def read_lease(path: Path) -> tuple[float, float] | None:
-    """(until, grace) from the lease file in ``path``, or None where it cannot be read."""
-    lease = _read_json(path)
-    if lease is None:
-        return None
-    until, grace = lease.get("until"), lease.get("grace", 1.0)
-    if not isinstance(until, int | float) or not isinstance(grace, int | float):
-        return None
-    return float(until), float(grace)
-
-
-def lease_ended(path: Path, last: tuple[float, float] | None = None) -> tuple[float, float] | None:
-    """(when it ended, the grace) if the lease in ``path`` has run out; None while it holds. A
-    file that cannot be read (removed with its node's data) counts as the ``last`` lease read: a
-    shim never stops a workload while a lease it saw holds, nor runs on past it unrenewed."""
-    lease = read_lease(path) or last
-    if lease is None:
-        return None
-    return lease if time.time() > lease[0] else None
 
 
 def _run(run_dir: Path) -> int:
