@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import signal as signals
+import sys
 
-from gpufrac.runtime.cgroups import Layout, detect
+from gpufrac.runtime.cgroups import Layout, detect, enable_controllers
 from gpufrac.runtime.runner import Launch, RunHandle, RunnerKind, RunStatus
 from gpufrac.runtime.shim import cgroup_of, launch, read_status, stop
 
@@ -16,8 +17,13 @@ class ProcessRunner:
 
     def __init__(self, cgroups: Layout | None = None) -> None:
         """``cgroups``: where workloads' cgroups live (default: what this machine offers); a
-        layout that is not ``usable`` runs them in their process groups only."""
+        layout that is not ``usable`` runs them in their process groups only. The cgroup v2
+        controllers the layout uses are enabled for the workloads' cgroups here, once
+        (``cgroups.enable_controllers``); what could not be is said on stderr."""
         self.cgroups = detect() if cgroups is None else cgroups
+        self.problems = enable_controllers(self.cgroups) if self.cgroups.usable else []
+        for problem in self.problems:
+            print(f"gpufrac: warning: {problem}", file=sys.stderr)
 
     def start(self, handle: RunHandle, what: Launch) -> None:
         launch(
