@@ -48,12 +48,11 @@ from gpufrac.runtime.failures import Failures
 from gpufrac.runtime.handover import Handover, base_env
 from gpufrac.runtime.mig_worker import MigWorker
 from gpufrac.runtime.mps import MpsDaemons
-from gpufrac.runtime.runs import Runs, read_json, write_json
+from gpufrac.runtime.runs import Runs, read_note, write_note
 from gpufrac.runtime.sandbox import Sandbox
-from gpufrac.runtime.shim import live, read_status
 from gpufrac.runtime.store import Store
 
-EVICTED = "evicted"  # the key in a run's killed.json that says it was stopped to make room
+EVICTED = "evicted"  # the key in a run's ``killed`` note that says it was stopped to make room
 
 
 class ActionRefused(Exception):
@@ -170,8 +169,8 @@ class Executor:
         if stored is None:
             return False
         for run in self.runs.attempts(tenant, name, stored.generation):
-            if not read_status(run).done:
-                write_json(run / "killed.json", {"reason": reason, EVICTED: True})
+            if not self.runs.status(run).done:
+                write_note(run, "killed", {"reason": reason, EVICTED: True})
         return self.runs.stop_live(tenant, name)
 
     def _stop(self, a: SchedAction) -> None:
@@ -208,7 +207,7 @@ class Executor:
         if decision.gpus[:1] != (a.gpu_uuid,) or decision.mig != a.mig:
             return  # placed elsewhere since
         attempts = self.runs.attempts(tenant, name, stored.generation)
-        if attempts and live(attempts[-1]):
+        if attempts and self.runs.live(attempts[-1]):
             return  # one runs already (or is on its way): never twice
         if decision.mig is not None:
             inst = self.dev.gpu(decision.gpus[0]).instance_at(decision.mig)
@@ -250,8 +249,8 @@ class Executor:
                 self.details(a.workload, decision),
             )
         else:
-            last = read_status(attempts[-1])
-            killed = read_json(attempts[-1] / "killed.json")
+            last = self.runs.status(attempts[-1])
+            killed = read_note(attempts[-1], "killed")
             after = "eviction" if killed.get(EVICTED) else last.ended_by()
             self.store.record_event(
                 "restarted",

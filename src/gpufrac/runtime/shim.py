@@ -42,7 +42,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,38 +49,12 @@ from gpufrac.runtime.cgroups import HostLimits, Layout, WorkloadCgroup
 from gpufrac.runtime.lease import LEASE_CHECK_S, lease_ended, read_lease
 from gpufrac.runtime.lease import write_lease as write_lease
 from gpufrac.runtime.python_view import PythonView, enter
+from gpufrac.runtime.runner import RunStatus
 
 LOG = "output.log"
 
 
-@dataclass(frozen=True, slots=True)
-class ShimStatus:
-    shim_pid: int | None
-    child_pid: int | None
-    started: float | None
-    exit_code: int | None  # None while running (or if it died by a signal)
-    signal: int | None
-    finished: float | None
-    shim_alive: bool
-    error: str | None = None  # why the workload could not start at all
-    # how it ended is not known: its shim died without a record (``abandon``) and nobody cleared it
-    unknown: bool = False
-
-    @property
-    def done(self) -> bool:
-        return self.finished is not None
-
-    def ended_by(self) -> str:
-        """How the run ended, as a person reads it: ``exit 3``, ``signal SIGKILL (9)``, or, where
-        no exit status was recorded (its shim died), ``killed`` (with why, where known)."""
-        if self.exit_code is not None:
-            return f"exit {self.exit_code}"
-        if self.signal is not None:
-            try:
-                return f"signal {signal.Signals(self.signal).name} ({self.signal})"
-            except ValueError:
-                return f"signal {self.signal}"
-        return f"killed ({self.error})" if self.error else "killed"
+ShimStatus = RunStatus  # how a run under its shim goes: the runner seam's status
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
@@ -275,6 +248,20 @@ def outcome_pending(run_dir: Path, status: ShimStatus) -> bool:
         return False
     child = _read_json(run_dir / "child.json")
     return child is not None and not _group_is_this_runs(int(child["pgid"]), run_dir)
+
+
+def limit_hit(run_dir: Path) -> str | None:
+    """Why the shim stopped the workload for a host limit (``limit.json``), or None."""
+    why = (_read_json(run_dir / "limit.json") or {}).get("why")
+    return why if isinstance(why, str) else None
+
+
+def launched_env(run_dir: Path) -> dict[str, str]:
+    """The environment the run was launched with (its ``spec.json``), or {} where unreadable."""
+    env = (_read_json(run_dir / "spec.json") or {}).get("env")
+    if not isinstance(env, dict):
+        return {}
+    return {str(k): str(v) for k, v in env.items()}
 
 
 def record_outcome(
