@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import assert_never
 
 from gpufrac.devices.nvml import NvmlDevices
@@ -221,8 +222,8 @@ class Executor:
         if decision.mode == "mps" and decision.gpus:
             self._bound_mps(decision.gpus[0])
         attempt = len(attempts) + 1
-        env = self.handover.env(spec, decision, self.scheduler.allocations(a.workload))
-        env["GPUFRAC_ATTEMPT"] = str(attempt)
+        handed = self.handover.grant(spec, decision, self.scheduler.allocations(a.workload))
+        grant = replace(handed, env={**handed.env, "GPUFRAC_ATTEMPT": str(attempt)})
         who = self.sandbox.identity(tenant, spec.user)
         self.runs.launch(
             tenant,
@@ -230,7 +231,7 @@ class Executor:
             stored.generation,
             attempt,
             spec.command,
-            env={**base_env(), **who.env, **spec.env, **env},
+            env={**base_env(), **who.env, **spec.env, **grant.env},
             workdir=spec.workdir or who.workdir,
             user=who.user,
             group=who.group,
@@ -240,6 +241,7 @@ class Executor:
                 milli_cpus=spec.cpus_milli,
                 pids=spec.pids,
             ),
+            grant=grant,
         )
         if attempt == 1:
             self.store.record_event(

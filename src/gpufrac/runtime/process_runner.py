@@ -45,6 +45,8 @@ class ProcessRunner:
             print(f"gpufrac: warning: {problem}", file=sys.stderr)
 
     def start(self, handle: RunHandle, what: Launch) -> None:
+        # a host process sees every device and file: it is held to its GPU by its environment
+        # (``what.grant.env``, in ``what.env``), so the grant's devices and mounts need nothing
         launch(
             handle.run_dir,
             what.command,

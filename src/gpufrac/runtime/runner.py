@@ -8,8 +8,8 @@ its shim, in its own process group and cgroup.
 Everything the rest of the agent asks of a run goes through here, never through a runner's files
 or a pid taken as the workload's identity:
 
-* starting and stopping: ``start`` (with a ``Launch``: the command, its environment, its user and
-  host limits), ``stop``, ``signal``, ``pause`` and ``resume``;
+* starting and stopping: ``start`` (with a ``Launch``: the command, its environment and the
+  ``Grant`` of devices and mounts it was handed), ``stop``, ``signal``, ``pause`` and ``resume``;
 * how it goes: ``status`` (a ``RunStatus``), ``launching`` (on its way), ``pending_outcome`` (its
   workload ended but how is not recorded yet), ``abandon`` (its supervisor is gone: record it as
   ended), ``clear_unknown`` (an admin's word on an unknown outcome), ``limit_hit`` (the runner
@@ -83,8 +83,32 @@ class RunHandle:
 
 
 @dataclass(frozen=True, slots=True)
+class BindMount:
+    """A path of this machine a workload must see at ``target`` (a container's bind mount)."""
+
+    source: Path
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a workload is handed of this machine (``runtime.handover.Handover.grant``): its
+    environment (GPU, limits, QoS, MPS: docs/design.md), the devices it may see (GPU or MIG
+    device UUIDs, as ``NVIDIA_VISIBLE_DEVICES`` names them) and the paths it must see (the MPS
+    pipe directory). A process sees every device and file of the host, and is held to its GPU by
+    its environment alone, so the process runner needs only ``env``; a container runner turns
+    ``devices`` into its devices (CDI names, ``--device``) and ``mounts`` into bind mounts."""
+
+    env: Mapping[str, str]
+    devices: tuple[str, ...] = ()
+    mounts: tuple[BindMount, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Launch:
-    """What a runner needs to start a workload."""
+    """What a runner needs to start a workload. ``env`` is its whole environment (what it starts
+    from, its manifest's ``env`` and ``grant.env``)."""
 
     command: Sequence[str]
     env: Mapping[str, str]
@@ -94,6 +118,7 @@ class Launch:
     view: PythonView | None = None
     limits: HostLimits = field(default_factory=HostLimits)
     lease: Path | None = None  # a cluster node's lease file: the run stops once it runs out
+    grant: Grant = field(default_factory=lambda: Grant({}))
 
 
 @dataclass(frozen=True, slots=True)

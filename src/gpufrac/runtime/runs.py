@@ -30,6 +30,7 @@ from gpufrac.runtime.process_runner import ProcessRunner, port_owners
 from gpufrac.runtime.python_view import PythonView
 from gpufrac.runtime.runner import (
     RUNNER_KINDS,
+    Grant,
     Launch,
     Pausable,
     RunHandle,
@@ -181,8 +182,10 @@ class Runs:
         group: int | None = None,
         view: PythonView | None = None,
         limits: HostLimits | None = None,
+        grant: Grant | None = None,
     ) -> Path:
-        """Start an attempt with the runner new runs start with."""
+        """Start an attempt with the runner new runs start with (``env``: its whole environment,
+        ``grant``'s included)."""
         run_dir = self.of(tenant, name) / f"g{generation}-{attempt}"
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / RUNNER_NOTE, {"kind": self.kind})
@@ -198,6 +201,7 @@ class Runs:
                 view,
                 limits or HostLimits(),
                 self.lease_file,
+                grant or Grant({}),
             ),
         )
         return run_dir

@@ -12,7 +12,7 @@ import pytest
 
 from gpufrac.model.deployment import REPLICA_KEY_ENV
 from gpufrac.runtime.cgroups import Layout
-from gpufrac.runtime.runner import RUNNER_KINDS, RunHandle, RunnerKind
+from gpufrac.runtime.runner import RUNNER_KINDS, Grant, RunHandle, RunnerKind
 from gpufrac.runtime.runs import NOTES, Runs, has_note, make_runner, read_note, write_note
 
 SLEEP = "import time\nprint('up', flush=True)\ntime.sleep(60)\n"
@@ -41,6 +41,7 @@ def test_a_run_is_asked_of_the_runner_that_started_it(tmp_path: Path) -> None:
         env=env,
         workdir=None,
         user=None,
+        grant=Grant({"CUDA_VISIBLE_DEVICES": "GPU-1"}, ("GPU-1",)),
     )
     try:
         assert json.loads((run / "runner.json").read_text()) == {"kind": "process"}
