@@ -275,7 +275,7 @@ def _summary(
     from rich.table import Table
 
     from gpufrac.planning.sched_decision import DISPLACE_ACTIONS
-    from gpufrac.runtime.runs import read_json
+    from gpufrac.runtime.runs import read_note
 
     if not specs:
         return  # deployments only: their own summary follows
@@ -308,9 +308,10 @@ def _summary(
         usage: dict[str, object] = {}
         run = None
         if stored is not None:
-            run = agent.latest_run(s.tenant, s.name, stored.generation)
-            for r in sorted(run.parent.glob(f"g{stored.generation}-*")) if run else []:
-                u = read_json(r / "usage.json")
+            attempts = agent.runs.attempts(s.tenant, s.name, stored.generation)
+            run = attempts[-1] if attempts else None
+            for r in attempts:
+                u = read_note(r, "usage")
                 if int(str(u.get("peak_mib", 0))) >= int(str(usage.get("peak_mib", 0))):
                     usage = u
         peak = (
@@ -319,7 +320,7 @@ def _summary(
             else "-"
         )
         limit = f"{usage.get('limit_mib')} MiB" if usage.get("limit_mib") else "-"
-        qos = read_json(run / "qos.json") if run is not None else {}
+        qos = read_note(run, "qos") if run is not None else {}
         turns = (
             f"{qos.get('mode')}, {float(str(qos.get('held_s', 0))):.1f}s in "
             f"{qos.get('turns')} turns"

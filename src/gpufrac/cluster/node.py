@@ -45,8 +45,8 @@ from gpufrac.planning.sched_decision import Decision
 from gpufrac.planning.sched_state import SchedGpu, sched_gpus_from_states
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.fleet_view import read_fleet
+from gpufrac.runtime.lease import read_lease, write_lease
 from gpufrac.runtime.qos_view import workload_qos
-from gpufrac.runtime.shim import read_lease, write_lease
 
 Views = dict[str, dict[str, Any]]
 EPOCH_LABEL = "gpufrac.io/epoch"  # the epoch a node runs a workload under, kept in its local spec

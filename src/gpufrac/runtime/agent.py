@@ -5,7 +5,9 @@ scheduler decide; ``reconcile`` makes the machine match. The agent is built from
 its state and
 given what it needs when it is made:
 
-* ``Runs``: the run directories, one per attempt, with the shim's record of how it went;
+* ``Runs``: the run directories, one per attempt, and the runners that run them: whatever the
+  agent asks of a run (how it goes, which processes are its, how it ended) its runner answers
+  (``runtime/runner.py``);
 * ``Executor``: carries out the closed set of actions (evict, destroy and create MIG instances,
   start, stop), and ``Failures``: a failed action recorded once per condition and retried with
   backoff;
@@ -22,8 +24,8 @@ once its instance is there. A step that raises is one workload's failure, shown 
 retried with backoff; the rest of the pass goes on.
 
 Every step reads the truth from disk: a workload's attempts are run directories
-``runs/<tenant>/<name>/g<generation>-<attempt>``, each with the shim's record of how it ended. So a
-restarted agent (even after ``kill -9``) re-attaches to the shims still running, counts the attempts
+``runs/<tenant>/<name>/g<generation>-<attempt>``, each with its runner's record of how it ended. So
+a restarted agent (even after ``kill -9``) re-attaches to the runs still going, counts the attempts
 already made, never starts a workload twice, and still applies ``on-failure`` to a workload that
 failed while it was down.
 """
@@ -35,7 +37,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -74,25 +76,16 @@ from gpufrac.runtime.mig_worker import MigWorker
 from gpufrac.runtime.mps import MpsDaemons
 from gpufrac.runtime.native_memory import NativeMemory
 from gpufrac.runtime.qos_care import QosCare, Running
+from gpufrac.runtime.runner import RunStatus
 from gpufrac.runtime.runs import (
     Runs,
-    handed_env,
+    has_note,
     port_owners,
     probe,
-    read_json,
-    write_json,
+    read_note,
+    write_note,
 )
 from gpufrac.runtime.sandbox import Sandbox, separation
-from gpufrac.runtime.shim import (
-    LAUNCH_TIMEOUT_S,
-    LOG,
-    ShimStatus,
-    abandon,
-    clear_unknown,
-    launching,
-    outcome_pending,
-    read_status,
-)
 from gpufrac.runtime.store import Store, StoredWorkload
 
 __all__ = [
@@ -130,7 +123,7 @@ class WorkloadState:
     evictions: int = 0
     exit_code: int | None = None
     env: dict[str, str] = field(default_factory=dict)
-    group: int | None = None  # the process group of its attempt still running, as the pass saw it
+    running: bool = False  # a process of its newest attempt runs, as the pass saw it
     cause: str | None = None  # the workload ``reason`` names (pending: it took its place; paused)
 
     def reason_for(self, tenant: str) -> str:
@@ -148,7 +141,8 @@ class Seen:
     decision: Decision | None  # its placement (None: not scheduled yet, or completed)
     completed: Completion | None  # how it ended, once it has
     attempts: list[Path]
-    status: ShimStatus | None  # of the newest attempt
+    status: RunStatus | None  # of the newest attempt
+    env: dict[str, str] = field(default_factory=dict)  # what its newest attempt was handed
     evicted: tuple[bool, ...] = ()  # per attempt: stopped to make room
 
     @property
@@ -181,10 +175,11 @@ class Seen:
             evictions=evictions,
             cause=self.decision.cause if self.decision is not None and phase == "pending" else None,
             exit_code=exit_code,
-            env=handed_env(self.latest) if placed or phase != "pending" else {},
-            group=None
-            if self.status is None or self.status.done or not placed
-            else self.status.child_pid,
+            env=self.env if placed or phase != "pending" else {},
+            running=self.status is not None
+            and not self.status.done
+            and placed
+            and self.status.child_pid is not None,
         )
 
 
@@ -432,7 +427,7 @@ class Agent:
             if stored is None:
                 return None
             run = self.runs.latest(tenant, name, stored.generation)
-            if run is None or not clear_unknown(run, by):
+            if run is None or not self.runs.clear_unknown(run, by):
                 return False
             self.store.record_event(
                 "outcome_cleared",
@@ -458,9 +453,10 @@ class Agent:
         """What ``apply`` says about a request that was probably not meant as written."""
         return self.scheduler.warnings(spec, decision)
 
-    def latest_run(self, tenant: str, name: str, generation: int) -> Path | None:
-        """The run directory of the newest attempt (its output.log is the workload's log)."""
-        return self.runs.latest(tenant, name, generation)
+    def latest_log(self, tenant: str, name: str, generation: int) -> Path | None:
+        """The newest attempt's output log (its runner says where it is), None before one."""
+        run = self.runs.latest(tenant, name, generation)
+        return None if run is None else self.runs.log(run)
 
     def newest_log(self, tenant: str, name: str) -> tuple[str | None, Path | None] | None:
         """(the newest attempt's run name, its output log), (None, None) before a first attempt,
@@ -472,7 +468,7 @@ class Agent:
         run = self.runs.latest(tenant, name, stored.generation)
         if run is None:
             return None, None
-        return run.name, run / LOG
+        return run.name, self.runs.log(run)
 
     def memory_use(
         self,
@@ -486,7 +482,7 @@ class Agent:
         the last pass saw it, which spares reading its run directory)."""
         if state is not None:
             d = state.decision
-            if state.group is None or d is None or not d.gpus:
+            if not state.running or d is None or not d.gpus:
                 return None
             uuid = d.gpus[0]
             run = self.runs.latest(tenant, name, state.generation)
@@ -505,13 +501,13 @@ class Agent:
             case _:
                 assert_never(placed.record)
         run = self.runs.latest(tenant, name, stored.generation)
-        if run is None or read_status(run).child_pid is None:
+        if run is None or self.runs.status(run).child_pid is None:
             return None
         return self.memory.use(uuid, self._owner(run), None if gpus is None else gpus.get(uuid))
 
-    def _owner(self, run: Path) -> Callable[[int], bool]:
-        """Whether a process is the run's workload's (its runner tells)."""
-        return lambda pid: self.runs.owns(run, pid=pid)
+    def _owner(self, run: Path) -> Callable[[Iterable[int]], frozenset[int]]:
+        """Which of some processes are the run's workload's (its runner tells)."""
+        return lambda pids: self.runs.members(run, pids)
 
     # -- GPUs (GpuCare does the work) -------------------------------------------------------------
 
@@ -636,7 +632,7 @@ class Agent:
                 self.failures.succeeded(st.key, what)
                 tenant, name = st.key.split("/", 1)
                 run = self.runs.latest(tenant, name, st.generation)
-                return replace(st, reason="", env=handed_env(run))
+                return replace(st, reason="", env=self.runs.handed_env(run))
         return st
 
     def _trouble(self, w: StoredWorkload, reason: str) -> WorkloadState:
@@ -659,9 +655,10 @@ class Agent:
         if completed is not None and completed.attempts is not None:  # all of it kept when done
             return Seen(w, spec_from_json(w.spec), None, completed, [], None)
         attempts = self.runs.attempts(w.tenant, w.name, w.generation)
-        status = read_status(attempts[-1]) if attempts else None
+        status = self.runs.status(attempts[-1]) if attempts else None
+        env = self.runs.handed_env(attempts[-1]) if attempts else {}
         evicted = self._evicted(attempts)
-        return Seen(w, spec_from_json(w.spec), decision, completed, attempts, status, evicted)
+        return Seen(w, spec_from_json(w.spec), decision, completed, attempts, status, env, evicted)
 
     def _evicted(self, attempts: list[Path]) -> tuple[bool, ...]:
         """Per attempt, whether it was stopped to make room; an attempt before the newest is done,
@@ -670,7 +667,7 @@ class Agent:
         for i, run in enumerate(attempts):
             known = self._evicted_runs.get(run)
             if known is None:
-                known = bool(read_json(run / "killed.json").get(EVICTED))
+                known = bool(read_note(run, "killed").get(EVICTED))
                 if i < len(attempts) - 1:
                     self._evicted_runs[run] = known
             flags.append(known)
@@ -706,42 +703,31 @@ class Agent:
             if status.shim_alive and status.child_pid is None:  # the shim is starting it
                 return Step(s.state("starting", "starting its process"))
             assert s.latest is not None
-            if outcome_pending(s.latest, status):  # it ended; its shim cannot write how yet
-                return Step(
-                    s.state(
-                        "unknown",
-                        f"its process ended; its shim has not been able to record how yet "
-                        f"(cannot write {s.latest / 'exit.json'}: disk full?); it keeps trying",
-                    )
-                )
+            pending = self.runs.pending_outcome(s.latest, status)
+            if pending is not None:  # it ended; its supervisor cannot record how yet
+                return Step(s.state("unknown", pending))
             if status.shim_alive:
                 return self._running(s, status)
-            if launching(s.latest, status):
-                return Step(s.state("starting", "starting its process"))  # the shim is on its way
-            if status.shim_pid is None:
-                why = (
-                    f"its shim did not start within {LAUNCH_TIMEOUT_S:.0f}s (see "
-                    f"{s.latest / 'shim.log'})"
-                )
-                status = abandon(s.latest, why)
-            else:  # killed, or the machine rebooted: its workload is stopped; how it ended, unknown
-                why = "its shim died without a record; the workload was stopped"
-                status = abandon(s.latest, why, unknown=True)
+            if self.runs.launching(s.latest, status):
+                return Step(s.state("starting", "starting its process"))  # on its way
+            # its supervisor never reported, or died (killed, the machine rebooted): its workload
+            # is stopped, and the run recorded as ended (how, unknown where it had started)
+            status = self.runs.abandon(s.latest, status)
         if status is None:
             return self._start_step(s)
         assert s.latest is not None
-        killed = read_json(s.latest / "killed.json")
+        killed = read_note(s.latest, "killed")
         if killed.get(EVICTED):  # it was stopped to make room: it starts again where it is now
             return self._start_step(s)
-        hit = read_json(s.latest / "limit.json")  # its shim stopped it for a host limit
-        if isinstance(hit.get("why"), str):
-            if not hit.get("reported"):  # said once, like a GPU memory limit
-                self.store.record_event("memory_limit", s.key, str(hit["why"]))
-                write_json(s.latest / "limit.json", {**hit, "reported": True})
-            killed = {"reason": hit["why"], **killed}
+        hit = self.runs.limit_hit(s.latest)  # its runner stopped it for a host limit
+        if hit is not None:
+            if not has_note(s.latest, "limit-told"):  # said once, like a GPU memory limit
+                self.store.record_event("memory_limit", s.key, hit)
+                write_note(s.latest, "limit-told", {"at": self.clock()})
+            killed = {"reason": hit, **killed}
         return self._after_exit(s, status, killed)
 
-    def _running(self, s: Seen, status: ShimStatus) -> Step:
+    def _running(self, s: Seen, status: RunStatus) -> Step:
         assert s.decision is not None and s.latest is not None and status.child_pid is not None
         alloc = self.scheduler.allocations(s.key)
         limit = alloc[0].memory_mib if alloc else None
@@ -751,7 +737,7 @@ class Agent:
             return Step(s.state("running", over), (SchedAction("stop", s.key, reason=over),))
         if not self._ready(s.spec, s.latest, status):
             return Step(s.state("starting", "waiting for its health check"))
-        first = read_status(s.attempts[0]).started or status.started or self.clock()
+        first = self.runs.status(s.attempts[0]).started or status.started or self.clock()
         deadline = s.spec.deadline_seconds
         if s.spec.type == "job" and deadline is not None and self.clock() > first + deadline:
             why = f"deadline of {deadline}s passed"
@@ -759,7 +745,7 @@ class Agent:
             return Step(self._complete(s, "failed", None, why), (stopping,))
         return Step(s.state("running"))
 
-    def _after_exit(self, s: Seen, status: ShimStatus, killed: dict[str, object]) -> Step:
+    def _after_exit(self, s: Seen, status: RunStatus, killed: dict[str, object]) -> Step:
         spec, attempts = s.spec, len(s.attempts)
         if status.unknown and (spec.type == "job" or spec.restart == "on-failure"):
             # it may have exited 0: running it again could do its work twice
@@ -833,7 +819,7 @@ class Agent:
 
     # -- readiness ------------------------------------------------------------------------------
 
-    def _owns_port(self, spec: WorkloadSpec, run_dir: Path, status: ShimStatus, port: int) -> bool:
+    def _owns_port(self, spec: WorkloadSpec, run_dir: Path, status: RunStatus, port: int) -> bool:
         """Is what answered on ``port`` this workload (its runner tells: its cgroup or process
         group), not another process that took the port (another tenant's, say, before this one
         could bind it)? Where the owner cannot be told, it is taken as the workload's."""
@@ -842,8 +828,8 @@ class Agent:
             return True
         if self.runs.owns(run_dir, port=port):
             return True
-        if not (run_dir / "port-taken.json").exists():
-            write_json(run_dir / "port-taken.json", {"owners": sorted(owners)})
+        if not has_note(run_dir, "port-taken"):
+            write_note(run_dir, "port-taken", {"owners": sorted(owners)})
             self.store.record_event(
                 "not_ready",
                 workload_key(spec),
@@ -852,22 +838,22 @@ class Agent:
             )
         return False
 
-    def _ready(self, spec: WorkloadSpec, run_dir: Path, status: ShimStatus) -> bool:
+    def _ready(self, spec: WorkloadSpec, run_dir: Path, status: RunStatus) -> bool:
         """A service with a health check is ready once the check passed (remembered in the run)."""
         check = spec.health
-        if check is None or (run_dir / "ready.json").exists():
+        if check is None or has_note(run_dir, "ready"):
             return True
         if status.started is None or self.clock() < status.started + check.initial_delay_seconds:
             return False
-        last = float(str(read_json(run_dir / "probe.json").get("at", 0)))
+        last = float(str(read_note(run_dir, "probe").get("at", 0)))
         if self.clock() < last + check.period_seconds:
             return False
-        write_json(run_dir / "probe.json", {"at": self.clock()})
+        write_note(run_dir, "probe", {"at": self.clock()})
         if not probe(check.kind, check.port, check.path, self.handover.listen_host):
             return False
         if not self._owns_port(spec, run_dir, status, check.port):
             return False
-        write_json(run_dir / "ready.json", {"at": self.clock()})
+        write_note(run_dir, "ready", {"at": self.clock()})
         self.store.record_event(
             "ready", workload_key(spec), f"{check.kind} check on port {check.port} passed"
         )

@@ -8,6 +8,10 @@ Each function is chosen on its own (``choose_layout``, pure; ``detect`` reads th
 * ``memory``, ``pids`` and ``cpu``: v2 only where the v2 root lists the controller in
   ``cgroup.controllers``, else that controller's v1 hierarchy (``/sys/fs/cgroup/<controller>``).
 
+On v2 a controller's files exist in a child cgroup only where its parent enables the controller in
+``cgroup.subtree_control``: ``enable_controllers`` does so for the workloads' parent (the process
+runner calls it once, before any workload's cgroup is made) and reports what it could not enable.
+
 A hierarchy is used only where the agent may write in it (it makes a directory there). A
 workload's cgroup is made beside the agent's own cgroup in each hierarchy it uses (``<mount><the
 agent's cgroup>/gpufrac-<id>``), so whatever bounds the agent also bounds its workloads. Where no
@@ -22,6 +26,7 @@ What a workload's cgroup is (its directories) is written in its run directory by
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -177,6 +182,55 @@ def detect(proc: Path = Path("/proc/self")) -> Layout:
         with_controllers.append(m)
     parents = {Place(m.version, m.path, _own_in(m, own)).parent() for m in with_controllers}
     return choose_layout(with_controllers, own, {p: _can_make_cgroup(p) for p in parents})
+
+
+Controller = Literal["memory", "pids", "cpu"]  # the functions a v2 controller offers
+CONTROLLERS: tuple[Controller, ...] = get_args(Controller)
+LIMIT_OF: dict[Controller, str] = {"memory": "host_memory", "pids": "pids", "cpu": "cpus"}
+
+
+def enable_controllers(layout: Layout) -> list[str]:
+    """On cgroup v2, a child cgroup has a controller's files (``memory.max``, ...) only where its
+    parent lists the controller in ``cgroup.subtree_control``: for each v2 parent the layout puts
+    ``memory``, ``pids`` or ``cpu`` in (it does so only where the v2 root offers the controller),
+    the missing ones are enabled there (``+memory +pids +cpu``), before any workload's cgroup is
+    made. Returns what could not be enabled, as sentences (nothing raises): the limits of that
+    controller are then not applied, and each workload's log says so when one asks for them."""
+    wanted: dict[Path, list[Controller]] = {}
+    for f in CONTROLLERS:
+        place = layout.places.get(f)
+        if place is not None and place.version == 2:
+            wanted.setdefault(place.parent(), []).append(f)
+    problems: list[str] = []
+    for parent, controllers in wanted.items():
+        control = parent / "cgroup.subtree_control"
+        try:
+            enabled = set(control.read_text().split())
+        except OSError:
+            enabled = set()
+        missing = [c for c in controllers if c not in enabled]
+        if not missing:
+            continue
+        try:
+            control.write_text(" ".join(f"+{c}" for c in missing))
+            continue
+        except OSError:
+            pass  # each on its own: one refused (not offered to the parent) must not stop another
+        for c in missing:
+            try:
+                control.write_text(f"+{c}")
+            except OSError as e:
+                hint = (
+                    " (the cgroup holds processes, the agent's own: run the agent in a cgroup of "
+                    "its own, below one it may write, such as a systemd unit with Delegate=yes)"
+                    if e.errno == errno.EBUSY
+                    else ""
+                )
+                problems.append(
+                    f"cannot enable the cgroup v2 {c} controller for workloads in {control}: "
+                    f"{e.strerror or e}{hint}; their {LIMIT_OF[c]} limits are not applied"
+                )
+    return problems
 
 
 def _own_in(m: Mount, own: Mapping[str, str]) -> str:

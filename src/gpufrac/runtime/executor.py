@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import assert_never
 
 from gpufrac.devices.nvml import NvmlDevices
@@ -48,12 +49,11 @@ from gpufrac.runtime.failures import Failures
 from gpufrac.runtime.handover import Handover, base_env
 from gpufrac.runtime.mig_worker import MigWorker
 from gpufrac.runtime.mps import MpsDaemons
-from gpufrac.runtime.runs import Runs, read_json, write_json
+from gpufrac.runtime.runs import Runs, read_note, write_note
 from gpufrac.runtime.sandbox import Sandbox
-from gpufrac.runtime.shim import live, read_status
 from gpufrac.runtime.store import Store
 
-EVICTED = "evicted"  # the key in a run's killed.json that says it was stopped to make room
+EVICTED = "evicted"  # the key in a run's ``killed`` note that says it was stopped to make room
 
 
 class ActionRefused(Exception):
@@ -170,8 +170,8 @@ class Executor:
         if stored is None:
             return False
         for run in self.runs.attempts(tenant, name, stored.generation):
-            if not read_status(run).done:
-                write_json(run / "killed.json", {"reason": reason, EVICTED: True})
+            if not self.runs.status(run).done:
+                write_note(run, "killed", {"reason": reason, EVICTED: True})
         return self.runs.stop_live(tenant, name)
 
     def _stop(self, a: SchedAction) -> None:
@@ -208,7 +208,7 @@ class Executor:
         if decision.gpus[:1] != (a.gpu_uuid,) or decision.mig != a.mig:
             return  # placed elsewhere since
         attempts = self.runs.attempts(tenant, name, stored.generation)
-        if attempts and live(attempts[-1]):
+        if attempts and self.runs.live(attempts[-1]):
             return  # one runs already (or is on its way): never twice
         if decision.mig is not None:
             inst = self.dev.gpu(decision.gpus[0]).instance_at(decision.mig)
@@ -222,8 +222,8 @@ class Executor:
         if decision.mode == "mps" and decision.gpus:
             self._bound_mps(decision.gpus[0])
         attempt = len(attempts) + 1
-        env = self.handover.env(spec, decision, self.scheduler.allocations(a.workload))
-        env["GPUFRAC_ATTEMPT"] = str(attempt)
+        handed = self.handover.grant(spec, decision, self.scheduler.allocations(a.workload))
+        grant = replace(handed, env={**handed.env, "GPUFRAC_ATTEMPT": str(attempt)})
         who = self.sandbox.identity(tenant, spec.user)
         self.runs.launch(
             tenant,
@@ -231,7 +231,7 @@ class Executor:
             stored.generation,
             attempt,
             spec.command,
-            env={**base_env(), **who.env, **spec.env, **env},
+            env={**base_env(), **who.env, **spec.env, **grant.env},
             workdir=spec.workdir or who.workdir,
             user=who.user,
             group=who.group,
@@ -241,6 +241,7 @@ class Executor:
                 milli_cpus=spec.cpus_milli,
                 pids=spec.pids,
             ),
+            grant=grant,
         )
         if attempt == 1:
             self.store.record_event(
@@ -250,8 +251,8 @@ class Executor:
                 self.details(a.workload, decision),
             )
         else:
-            last = read_status(attempts[-1])
-            killed = read_json(attempts[-1] / "killed.json")
+            last = self.runs.status(attempts[-1])
+            killed = read_note(attempts[-1], "killed")
             after = "eviction" if killed.get(EVICTED) else last.ended_by()
             self.store.record_event(
                 "restarted",

@@ -2,8 +2,9 @@
 shared view behind ``GET /api/v1/gpus``, ``gpufrac get gpus``, ``gpufrac top`` and the dashboard.
 
 ``fleet_view`` is a pure function from what was read (the GPUs as the driver reports them, the
-scheduler's allocations, each placed workload's process group and phase) to the JSON shape;
-``read_fleet`` reads those from a running agent (the caller holds the agent's lock) and calls it.
+scheduler's allocations, each placed workload's phase and which of the GPUs' processes are its, as
+its runner tells: ``holders``) to the JSON shape; ``read_fleet`` reads those from a running agent
+(the caller holds the agent's lock) and calls it.
 
 Per GPU, beside ``GpuState.to_json()``: ``node``, ``mig_layout_pinned``, ``cordoned``,
 ``allocations`` (one per workload placed there) and the totals ``reserved_memory_mib`` and
@@ -15,32 +16,50 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufrac.model.caller import Caller
 from gpufrac.model.gpu import GpuState
 from gpufrac.planning.sched_state import Allocation
-from gpufrac.runtime.runs import process_group
 
 if TYPE_CHECKING:
     from gpufrac.runtime.agent import Agent, WorkloadState
+    from gpufrac.runtime.runs import Runs
 
 
 @dataclass(frozen=True, slots=True)
 class Holder:
-    """A placed workload as the view shows it: its phase, the process group its processes run in
-    (None while none runs), and the GPU time the SDK timed for it (0-1, None without a reading)."""
+    """A placed workload as the view shows it: its phase, which of the processes on its GPUs are
+    its (None while none of it runs), and the GPU time the SDK timed for it (0-1, None without a
+    reading)."""
 
     phase: str
-    group: int | None = None
+    pids: frozenset[int] | None = None
     sdk_share: float | None = None
+
+
+def holder_pids(
+    runs: Runs,
+    run: Path | None,
+    gpus: Iterable[GpuState],
+    allocations: Mapping[str, Sequence[Allocation]],
+    workload: str,
+) -> frozenset[int] | None:
+    """Which processes on the GPUs ``workload`` has allocations on are its (``run``: its newest
+    attempt, as its runner tells: ``Runs.members``); None where no process of it was started."""
+    if run is None or runs.status(run).child_pid is None:
+        return None
+    on = {
+        uuid for uuid, allocs in allocations.items() if any(a.workload == workload for a in allocs)
+    }
+    return runs.members(run, {p.pid for g in gpus if g.uuid in on for p in g.processes})
 
 
 def fleet_view(
     gpus: Sequence[GpuState],
     allocations: Mapping[str, Sequence[Allocation]],
     holders: Mapping[str, Holder],
-    groups: Mapping[int, int | None],
     sm_by_pid: Mapping[str, Mapping[int, int] | None],
     *,
     cordons: Mapping[str, str],
@@ -49,15 +68,15 @@ def fleet_view(
     viewer: Caller,
 ) -> list[dict[str, Any]]:
     """``allocations``: per GPU UUID, the scheduler's allocations there; ``holders``: per workload
-    (tenant/name); ``groups``: the process group of each pid on the GPUs; ``sm_by_pid``: per GPU
-    UUID, NVML's SM utilization per pid (None where the driver gives none: MIG)."""
+    (tenant/name); ``sm_by_pid``: per GPU UUID, NVML's SM utilization per pid (None where the
+    driver gives none: MIG)."""
     pinned = set(pins)
     out = []
     for g in gpus:
         own: set[int] = set()
         entries = []
         for a in sorted(allocations.get(g.uuid, ()), key=_order):
-            entry, pids = _allocation(g, a, holders.get(a.workload), groups, sm_by_pid)
+            entry, pids = _allocation(g, a, holders.get(a.workload), sm_by_pid)
             if viewer.may_see(a.tenant):
                 own |= pids
             else:
@@ -94,14 +113,13 @@ def _allocation(
     g: GpuState,
     a: Allocation,
     holder: Holder | None,
-    groups: Mapping[int, int | None],
     sm_by_pid: Mapping[str, Mapping[int, int] | None],
 ) -> tuple[dict[str, Any], set[int]]:
     """One allocation's entry, and the pids of its processes on this GPU."""
     tenant, name = a.workload.split("/", 1)
-    group = holder.group if holder else None
-    procs = [p for p in g.processes if group is not None and groups.get(p.pid) == group]
-    used = None if group is None else sum(p.used_memory_mib or 0 for p in procs)
+    mine = holder.pids if holder else None
+    procs = [p for p in g.processes if mine is not None and p.pid in mine]
+    used = None if mine is None else sum(p.used_memory_mib or 0 for p in procs)
     sm: int | None = None
     by_pid = sm_by_pid.get(g.uuid)
     # MIG: NVML gives no per-process SM use; MPS: only the server's, not each client's
@@ -141,16 +159,17 @@ def read_fleet(
     holders: dict[str, Holder] = {}
     for key in {a.workload for allocs in allocations.values() for a in allocs}:
         st = states.get(key)
-        group = (
-            st.group if st is not None and st.phase in ("running", "paused", "starting") else None
-        )
+        pids = None
+        if st is not None and st.running and st.phase in ("running", "paused", "starting"):
+            tenant, name = key.split("/", 1)
+            run = agent.runs.latest(tenant, name, st.generation)
+            pids = holder_pids(agent.runs, run, gpus, allocations, key)
         share = (stats.get(key) or {}).get("gpu_share")
         holders[key] = Holder(
             phase=st.phase if st is not None else "starting",
-            group=group,
+            pids=pids,
             sdk_share=None if share is None else float(share),
         )
-    groups = {p.pid: process_group(p.pid) for g in gpus for p in g.processes}
     sm_by_pid = {
         g.uuid: agent.health.process_utilization(g.uuid)
         for g in gpus
@@ -160,7 +179,6 @@ def read_fleet(
         gpus,
         allocations,
         holders,
-        groups,
         sm_by_pid,
         cordons=agent.store.cordons(),
         pins=agent.store.mig_pins(),

@@ -1,9 +1,17 @@
-"""What a workload is handed in its environment: its GPU or MIG device, its limits, its QoS, MPS.
+"""What a workload is handed of this machine: its GPU or MIG device, its limits, its QoS, MPS.
 
-``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES`` name the GPU (or the MIG device, once its
-instance exists); ``GPUFRAC_*`` variables carry the memory limit and the QoS arbiter's address and
-class for the SDK; on MPS the ``CUDA_MPS_*`` variables carry the pipe directory, the pinned memory
-limit, the active-thread percentage and the client priority. docs/design.md lists them.
+``Handover.grant`` gives it as a ``runtime.runner.Grant``, which the runner's ``Launch`` carries:
+
+* ``env``: ``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES`` name the GPU (or the MIG device,
+  once its instance exists); ``GPUFRAC_*`` variables carry the memory limit and the QoS arbiter's
+  address and class for the SDK; on MPS the ``CUDA_MPS_*`` variables carry the pipe directory, the
+  pinned memory limit, the active-thread percentage and the client priority. docs/design.md lists
+  them.
+* ``devices``: the same GPU or MIG device UUIDs, for a runner that must make them visible itself
+  (a container's CDI names or ``--device``);
+* ``mounts``: on MPS, the pipe directory (a container must see it to reach the MPS server).
+
+A host process needs only the env (it sees every device and file already).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.planning.sched_state import Allocation
 from gpufrac.runtime.mps import MpsDaemons
+from gpufrac.runtime.runner import BindMount, Grant
 
 
 def qos_domain(d: Decision, env: dict[str, str]) -> str:
@@ -49,9 +58,8 @@ class Handover:
         # the gateway): this machine's loopback, or a cluster node's own address
         self.listen_host = "127.0.0.1"
 
-    def env(
-        self, spec: WorkloadSpec, decision: Decision, allocs: list[Allocation]
-    ) -> dict[str, str]:
+    def grant(self, spec: WorkloadSpec, decision: Decision, allocs: list[Allocation]) -> Grant:
+        """What the workload placed by ``decision`` (with its ``allocs``) is handed."""
         devices = list(decision.gpus)
         gi_id: int | None = None
         if decision.mig is not None and decision.gpus:
@@ -82,9 +90,12 @@ class Handover:
         )
         if gi_id is not None:
             env["GPUFRAC_GI_ID"] = str(gi_id)
+        mounts: tuple[BindMount, ...] = ()
         if decision.mode == "mps" and decision.gpus and allocs:
             env.update(
                 self.mps.client_env(decision.gpus[0], allocs[0].memory_mib, allocs[0].compute_pct)
             )
             env["CUDA_MPS_CLIENT_PRIORITY"] = str(mps_client_priority(spec.qos))
-        return env
+            pipe = self.mps.pipe_dir(decision.gpus[0])
+            mounts = (BindMount(pipe, str(pipe)),)
+        return Grant(env, tuple(devices), mounts)

@@ -30,9 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, assert_never
 from gpufrac.model.caller import ADMIN, Caller
 from gpufrac.model.catalog import GpuModel
 from gpufrac.planning.sched_state import Allocation
-from gpufrac.runtime.fleet_view import Holder, fleet_view
-from gpufrac.runtime.runs import process_group
-from gpufrac.runtime.shim import read_status
+from gpufrac.runtime.fleet_view import Holder, fleet_view, holder_pids
 
 if TYPE_CHECKING:
     from gpufrac.runtime.agent import Agent, WorkloadState
@@ -330,13 +328,12 @@ class AgentSampler:
         holders: dict[str, Holder] = {}
         for key, (phase, generation) in copied.placed.items():
             tenant, name = key.split("/", 1)
-            group = None
+            pids = None
             if phase in ("running", "paused", "starting"):
                 run = agent.runs.latest(tenant, name, generation)
-                group = read_status(run).child_pid if run is not None else None
+                pids = holder_pids(agent.runs, run, gpus, copied.allocations, key)
             share = (copied.qos.get(key) or {}).get("gpu_share")
-            holders[key] = Holder(phase, group, None if share is None else float(share))
-        groups = {p.pid: process_group(p.pid) for g in gpus for p in g.processes}
+            holders[key] = Holder(phase, pids, None if share is None else float(share))
         sm_by_pid = {
             g.uuid: agent.health.process_utilization(g.uuid)
             for g in gpus
@@ -346,7 +343,6 @@ class AgentSampler:
             gpus,
             copied.allocations,
             holders,
-            groups,
             sm_by_pid,
             cordons=copied.cordons,
             pins=copied.pins,

@@ -2,21 +2,24 @@
 
 On time-sliced and MPS GPUs (a MIG instance is a hard limit by itself) each reconcile pass sums the
 GPU memory NVML reports for the processes of a workload (its runner says which are: its cgroup and
-its process group, ``Runs.owns``), records the peak in the run (``usage.json``), and says when the
-workload is over its limit; the agent then stops it. ``use`` is the same reading for metrics and
-views.
+its process group, ``Runs.members``), records the peak with the run (its ``usage`` note), and says
+when the workload is over its limit; the agent then stops it. ``use`` is the same reading for
+metrics and views.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.gpu import GpuState
 from gpufrac.planning.sched_decision import Decision
-from gpufrac.runtime.runs import read_json, write_json
+from gpufrac.runtime.runs import read_note, write_note
+
+# of the pids given, those that are the workload's processes (its runner tells: ``Runs.members``)
+Members = Callable[[Iterable[int]], frozenset[int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,13 +32,12 @@ class MemoryWatch:
     def __init__(self, dev: NvmlDevices) -> None:
         self.dev = dev
 
-    def use(
-        self, gpu_uuid: str, owns: Callable[[int], bool], gpu: GpuState | None = None
-    ) -> MemoryUse:
-        """GPU memory held now by the workload's processes (``owns``: whether a pid is one of
-        them), as NVML reports it (``gpu``: the GPU as just read, where the caller has it)."""
+    def use(self, gpu_uuid: str, members: Members, gpu: GpuState | None = None) -> MemoryUse:
+        """GPU memory held now by the workload's processes (``members``: which of the GPU's are
+        its), as NVML reports it (``gpu``: the GPU as just read, where the caller has it)."""
         state = gpu if gpu is not None else self.dev.gpu(gpu_uuid)
-        procs = [p for p in state.processes if owns(p.pid)]
+        mine = members(p.pid for p in state.processes) if state.processes else frozenset()
+        procs = [p for p in state.processes if p.pid in mine]
         return MemoryUse(sum(p.used_memory_mib or 0 for p in procs), tuple(p.pid for p in procs))
 
     def over_limit(
@@ -43,16 +45,16 @@ class MemoryWatch:
         decision: Decision,
         limit_mib: int | None,
         run_dir: Path,
-        owns: Callable[[int], bool],
+        members: Members,
     ) -> str:
         """Why the workload must be stopped for its memory, or "" (also where nothing is enforced
         here: a MIG instance is a hard limit by itself). Keeps the peak in the run."""
         if decision.mode not in ("timeslice", "mps") or not decision.gpus or limit_mib is None:
             return ""
-        used = self.use(decision.gpus[0], owns).mib
-        usage = read_json(run_dir / "usage.json")
+        used = self.use(decision.gpus[0], members).mib
+        usage = read_note(run_dir, "usage")
         if used > int(str(usage.get("peak_mib", 0))):
-            write_json(run_dir / "usage.json", {"peak_mib": used, "limit_mib": limit_mib})
+            write_note(run_dir, "usage", {"peak_mib": used, "limit_mib": limit_mib})
         if used <= limit_mib:
             return ""
         return f"stopped: it used {used} MiB of GPU memory, over its {limit_mib} MiB limit"

@@ -1,14 +1,34 @@
 """The process runner: a workload as a host command under its shim (``runtime/shim.py``), in its
-own process group and, where the machine offers one, its own cgroup (``runtime/cgroups.py``)."""
+own process group and, where the machine offers one, its own cgroup (``runtime/cgroups.py``).
+
+The shim is the run's supervisor: ``RunStatus.shim_pid`` and ``shim_alive`` are its. Everything
+this runner knows of a run is in its run directory (the shim's files), so a restarted agent asks
+again and gets the same answers."""
 
 from __future__ import annotations
 
 import os
 import signal as signals
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
-from gpufrac.runtime.cgroups import Layout, detect
-from gpufrac.runtime.runner import Launch, RunHandle, RunnerKind, RunStatus
-from gpufrac.runtime.shim import cgroup_of, launch, read_status, stop
+from gpufrac.runtime.cgroups import Layout, detect, enable_controllers
+from gpufrac.runtime.runner import Launch, Pausable, RunHandle, RunnerKind, RunStatus
+from gpufrac.runtime.shim import (
+    LAUNCH_TIMEOUT_S,
+    LOG,
+    abandon,
+    cgroup_of,
+    clear_unknown,
+    launch,
+    launched_env,
+    launching,
+    limit_hit,
+    outcome_pending,
+    read_status,
+    stop,
+)
 
 
 class ProcessRunner:
@@ -16,10 +36,17 @@ class ProcessRunner:
 
     def __init__(self, cgroups: Layout | None = None) -> None:
         """``cgroups``: where workloads' cgroups live (default: what this machine offers); a
-        layout that is not ``usable`` runs them in their process groups only."""
+        layout that is not ``usable`` runs them in their process groups only. The cgroup v2
+        controllers the layout uses are enabled for the workloads' cgroups here, once
+        (``cgroups.enable_controllers``); what could not be is said on stderr."""
         self.cgroups = detect() if cgroups is None else cgroups
+        self.problems = enable_controllers(self.cgroups) if self.cgroups.usable else []
+        for problem in self.problems:
+            print(f"gpufrac: warning: {problem}", file=sys.stderr)
 
     def start(self, handle: RunHandle, what: Launch) -> None:
+        # a host process sees every device and file: it is held to its GPU by its environment
+        # (``what.grant.env``, in ``what.env``), so the grant's devices and mounts need nothing
         launch(
             handle.run_dir,
             what.command,
@@ -66,17 +93,66 @@ class ProcessRunner:
             owners = port_owners(port)
             if not owners:
                 return True  # cannot be told
-            return any(self.owns(handle, pid=p) for p in owners)
+            return bool(self.members(handle, owners))
         if pid is None:
             return False
+        return bool(self.members(handle, (pid,)))
+
+    def members(self, handle: RunHandle, pids: Iterable[int]) -> frozenset[int]:
+        """Its process group's (while its first process runs) and its cgroup's."""
+        wanted = set(pids)
+        if not wanted:
+            return frozenset()
         group = self._group(handle)
-        if group is not None and process_group(pid) == group:
-            return True
         cgroup = cgroup_of(handle.run_dir)
-        return cgroup is not None and cgroup.owns(pid)
+        in_cgroup = cgroup.pids() if cgroup is not None else set()
+        return frozenset(
+            p for p in wanted if p in in_cgroup or (group is not None and process_group(p) == group)
+        )
 
     def status(self, handle: RunHandle) -> RunStatus:
         return read_status(handle.run_dir)
+
+    def launching(self, handle: RunHandle, status: RunStatus) -> bool:
+        return launching(handle.run_dir, status)
+
+    def pending_outcome(self, handle: RunHandle, status: RunStatus) -> str | None:
+        if not outcome_pending(handle.run_dir, status):
+            return None
+        return (
+            f"its process ended; its shim has not been able to record how yet "
+            f"(cannot write {handle.run_dir / 'exit.json'}: disk full?); it keeps trying"
+        )
+
+    def abandon(self, handle: RunHandle, status: RunStatus) -> RunStatus:
+        if status.shim_pid is None:  # it never reported
+            why = (
+                f"its shim did not start within {LAUNCH_TIMEOUT_S:.0f}s (see "
+                f"{handle.run_dir / 'shim.log'})"
+            )
+            return abandon(handle.run_dir, why)
+        # killed, or the machine rebooted: its workload is stopped; how it ended, unknown
+        return abandon(
+            handle.run_dir, "its shim died without a record; the workload was stopped", unknown=True
+        )
+
+    def clear_unknown(self, handle: RunHandle, by: str) -> bool:
+        return clear_unknown(handle.run_dir, by)
+
+    def limit_hit(self, handle: RunHandle) -> str | None:
+        return limit_hit(handle.run_dir)
+
+    def pausable(self, handle: RunHandle) -> Pausable | None:
+        status = read_status(handle.run_dir)
+        if status.done or not status.shim_alive or status.child_pid is None:
+            return None
+        return Pausable(status.child_pid, cgroup_of(handle.run_dir))
+
+    def env(self, handle: RunHandle) -> Mapping[str, str]:
+        return launched_env(handle.run_dir)
+
+    def log(self, handle: RunHandle) -> Path:
+        return handle.run_dir / LOG
 
     def _group(self, handle: RunHandle) -> int | None:
         status = read_status(handle.run_dir)

@@ -2,9 +2,10 @@
 
 Each reconcile pass sends the arbiter (``runtime/arbiter_link.py``) the workloads running on each
 domain (a GPU, or a MIG instance) with their class, weight, min share and process group, and keeps
-what the arbiter gave each one in its run directory (``qos.json``, for summaries after the run). A
-starting agent resumes every workload's process group, so nothing a crashed agent's arbiter paused
-stays paused.
+what the arbiter gave each one with its run (its ``qos`` note, for summaries after the run). How the
+arbiter pauses a workload (its cgroup, its process group) is its runner's word (``Runs.pausable``).
+A starting agent resumes every workload (through its runner), so nothing a crashed agent's arbiter
+paused stays paused.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ from gpufrac.runtime.arbiter_link import ArbiterLink, MemberSpec
 from gpufrac.runtime.failures import Failures
 from gpufrac.runtime.handover import qos_domain
 from gpufrac.runtime.pauses import PauseBook, PauseEvent
-from gpufrac.runtime.runs import Runs, write_json
-from gpufrac.runtime.shim import cgroup_of, read_status
+from gpufrac.runtime.runs import Runs, write_note
 from gpufrac.runtime.store import Store
 
 ACTIVE_SM_PERCENT = 1  # a workload whose processes use at least this much of the SMs is busy
@@ -74,16 +74,16 @@ class QosCare:
             run = self.runs.latest(tenant, name, st.generation)
             if stored is None or run is None:
                 continue
-            status = read_status(run)
-            if status.done or not status.shim_alive or status.child_pid is None:
-                continue
+            pausable = self.runs.pausable(run)  # how the arbiter pauses it (its runner says)
+            if pausable is None:
+                continue  # nothing of it runs
             spec = spec_from_json(stored.spec)
             members[st.key] = MemberSpec(
                 qos_domain(d, st.env),
                 qos_params(spec, self.job_min_share_milli),
-                status.child_pid,
+                pausable.group,
                 self._active(st.key, d, run, readings),
-                cgroup_of(run),
+                pausable.cgroup,
             )
             runs[st.key] = run
         try:
@@ -103,7 +103,7 @@ class QosCare:
             self._record(event)
         for key, got in stats.items():  # kept with the run, for summaries after it
             if key in runs and written.get(key) != got:
-                write_json(runs[key] / "qos.json", got)
+                write_note(runs[key], "qos", got)
                 written[key] = got
         for key in [k for k in written if k not in runs]:
             del written[key]
@@ -139,13 +139,12 @@ class QosCare:
             except DeviceError:
                 readings[gpu] = None
         by_pid = readings[gpu] or {}
-        return any(
-            sm >= ACTIVE_SM_PERCENT and self.runs.owns(run, pid=pid) for pid, sm in by_pid.items()
-        )
+        busy = [pid for pid, sm in by_pid.items() if sm >= ACTIVE_SM_PERCENT]
+        return bool(busy) and bool(self.runs.members(run, busy))
 
     def resume_all(self) -> None:
         """Resume every workload (its cgroup thawed, its process group SIGCONT: harmless for one
         that runs)."""
         for w in self.store.workloads():
             for run in self.runs.attempts(w.tenant, w.name, w.generation):
-                self.runs.runner.resume(self.runs.handle(run))
+                self.runs.resume(run)

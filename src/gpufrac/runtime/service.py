@@ -42,7 +42,6 @@ from gpufrac.runtime.log_tail import LogReads, read_tail
 from gpufrac.runtime.metrics import AgentCollector
 from gpufrac.runtime.mig_apply import ApplyRefused
 from gpufrac.runtime.qos_view import Readings, workload_qos
-from gpufrac.runtime.shim import LOG
 from gpufrac.runtime.store import StoredWorkload
 
 RECONCILE_SECONDS = 0.5
@@ -272,8 +271,8 @@ class AgentService:
     def last_line(self, tenant: str, name: str) -> str | None:
         """The last line a workload's newest run wrote (its traceback's last line, say)."""
         stored = self.agent.store.workload(tenant, name)
-        run = self.agent.latest_run(tenant, name, stored.generation) if stored else None
-        return _last_line(run)
+        log = self.agent.latest_log(tenant, name, stored.generation) if stored else None
+        return _last_line(log)
 
     def gpus(self, who: Caller) -> list[dict[str, Any]]:
         with self.lock:
@@ -353,7 +352,7 @@ class AgentService:
             return self.agent.release_mig(uuid)
 
 
-def _last_line(run: Path | None) -> str | None:
-    lines = read_tail(run / LOG, tail=0, max_bytes=LAST_LINE_BYTES)[0] if run else []
+def _last_line(log: Path | None) -> str | None:
+    lines = read_tail(log, tail=0, max_bytes=LAST_LINE_BYTES)[0] if log else []
     last = next((line.strip() for line in reversed(lines) if line.strip()), None)
     return None if last is None else last[-300:]

@@ -42,44 +42,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpufrac.runtime.cgroups import HostLimits, Layout, WorkloadCgroup
+from gpufrac.runtime.lease import LEASE_CHECK_S, lease_ended, read_lease
+from gpufrac.runtime.lease import write_lease as write_lease
 from gpufrac.runtime.python_view import PythonView, enter
+from gpufrac.runtime.runner import RunStatus
 
 LOG = "output.log"
 
 
-@dataclass(frozen=True, slots=True)
-class ShimStatus:
-    shim_pid: int | None
-    child_pid: int | None
-    started: float | None
-    exit_code: int | None  # None while running (or if it died by a signal)
-    signal: int | None
-    finished: float | None
-    shim_alive: bool
-    error: str | None = None  # why the workload could not start at all
-    # how it ended is not known: its shim died without a record (``abandon``) and nobody cleared it
-    unknown: bool = False
-
-    @property
-    def done(self) -> bool:
-        return self.finished is not None
-
-    def ended_by(self) -> str:
-        """How the run ended, as a person reads it: ``exit 3``, ``signal SIGKILL (9)``, or, where
-        no exit status was recorded (its shim died), ``killed`` (with why, where known)."""
-        if self.exit_code is not None:
-            return f"exit {self.exit_code}"
-        if self.signal is not None:
-            try:
-                return f"signal {signal.Signals(self.signal).name} ({self.signal})"
-            except ValueError:
-                return f"signal {self.signal}"
-        return f"killed ({self.error})" if self.error else "killed"
+ShimStatus = RunStatus  # how a run under its shim goes: the runner seam's status
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
@@ -275,6 +250,20 @@ def outcome_pending(run_dir: Path, status: ShimStatus) -> bool:
     return child is not None and not _group_is_this_runs(int(child["pgid"]), run_dir)
 
 
+def limit_hit(run_dir: Path) -> str | None:
+    """Why the shim stopped the workload for a host limit (``limit.json``), or None."""
+    why = (_read_json(run_dir / "limit.json") or {}).get("why")
+    return why if isinstance(why, str) else None
+
+
+def launched_env(run_dir: Path) -> dict[str, str]:
+    """The environment the run was launched with (its ``spec.json``), or {} where unreadable."""
+    env = (_read_json(run_dir / "spec.json") or {}).get("env")
+    if not isinstance(env, dict):
+        return {}
+    return {str(k): str(v) for k, v in env.items()}
+
+
 def record_outcome(
     run_dir: Path, outcome: dict[str, Any], *, first: float = 0.05, most: float = 2.0
 ) -> int:
@@ -426,57 +415,6 @@ class _RotatingLog:
             self.file = open(self.path, "ab")  # noqa: SIM115 - a clean buffer
             return
         self.size += len(data)
-
-
-LEASE_CHECK_S = 0.25  # how often a shim reads its node's lease file
-
-
-LEASE_BYTES = 96  # the lease file's fixed size: renewed in place, it needs no new space
-
-
-def write_lease(path: Path, until: float, grace: float) -> None:
-    """Renew a node's lease file: its workloads may run until ``until`` (wall clock), then get
-    SIGTERM and, ``grace`` seconds on, SIGKILL.
-
-    The file is written once whole (a new file, renamed into place), then renewed in place: the
-    same ``LEASE_BYTES`` bytes over themselves, which a full disk does not refuse, so a node whose
-    disk fills up keeps its work running while the control plane answers it. A shim that reads
-    a renewal half written reads no lease and keeps the last one it read (``lease_ended``)."""
-    text = json.dumps({"until": until, "grace": grace}).encode().ljust(LEASE_BYTES)
-    try:
-        fd = os.open(path, os.O_WRONLY)
-    except FileNotFoundError:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(text)
-        os.replace(tmp, path)
-        return
-    try:
-        os.pwrite(fd, text, 0)
-        if os.fstat(fd).st_size > len(text):  # written whole before, by an older version
-            os.ftruncate(fd, len(text))
-    finally:
-        os.close(fd)
-
-
-def read_lease(path: Path) -> tuple[float, float] | None:
-    """(until, grace) from the lease file in ``path``, or None where it cannot be read."""
-    lease = _read_json(path)
-    if lease is None:
-        return None
-    until, grace = lease.get("until"), lease.get("grace", 1.0)
-    if not isinstance(until, int | float) or not isinstance(grace, int | float):
-        return None
-    return float(until), float(grace)
-
-
-def lease_ended(path: Path, last: tuple[float, float] | None = None) -> tuple[float, float] | None:
-    """(when it ended, the grace) if the lease in ``path`` has run out; None while it holds. A
-    file that cannot be read (removed with its node's data) counts as the ``last`` lease read: a
-    shim never stops a workload while a lease it saw holds, nor runs on past it unrenewed."""
-    lease = read_lease(path) or last
-    if lease is None:
-        return None
-    return lease if time.time() > lease[0] else None
 
 
 def _run(run_dir: Path) -> int:

@@ -242,6 +242,41 @@ def test_the_watchdog_counts_a_process_that_left_the_workloads_group(
     assert "over its 4096 MiB limit" in state.reason and "8192 MiB" in state.reason
 
 
+@pytest.mark.skipif(not detect().usable, reason="no writable cgroup hierarchy here")
+def test_the_views_count_a_process_that_left_the_workloads_group(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    """The fleet view and the memory reading ask the workload's runner which processes are its,
+    as the watchdog does: its setsid child's GPU memory is the workload's too."""
+    from gpufrac.model.caller import ADMIN
+    from gpufrac.runtime.fleet_view import read_fleet
+
+    agent = Agent(data_dir, dev, stop_grace=2)
+    code = (
+        "import os, time\nfrom gpufrac import sdk\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    sdk.report_gpu_memory(1000)\n"
+        "    time.sleep(60)\n"
+        "sdk.report_gpu_memory(500)\n"
+        "time.sleep(60)\n"
+    )
+    agent.apply_workload(job("svc", code, type="service", sharing="timeslice"))
+    deadline = time.monotonic() + 20
+    while True:
+        states = {s.key: s for s in agent.reconcile()}
+        use = agent.memory_use("default", "svc", state=states["default/svc"])
+        if use is not None and use.mib == 1500:
+            break
+        assert time.monotonic() < deadline, (use, states["default/svc"])
+        time.sleep(0.05)
+    assert len(use.pids) == 2
+    fleet = read_fleet(agent, states, ADMIN)
+    (entry,) = [a for g in fleet for a in g["allocations"] if a["name"] == "svc"]
+    assert entry["used_memory_mib"] == 1500
+    assert agent.delete("default", "svc")
+
+
 def test_the_attempt_number_is_handed_over(data_dir: Path, dev: NvmlDevices) -> None:
     clock = Clock()
     agent = Agent(data_dir, dev, clock=clock)

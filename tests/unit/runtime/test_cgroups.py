@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpufrac.runtime.cgroups import (
+    FUNCTIONS,
     HostLimits,
     Layout,
     Mount,
@@ -18,12 +19,14 @@ from gpufrac.runtime.cgroups import (
     WorkloadCgroup,
     choose_layout,
     detect,
+    enable_controllers,
     read_mounts,
     read_own,
 )
 from tests.counter import COUNTER, count
 
 V1 = ("freezer", "memory", "pids", "cpu")
+V1_MEMORY = frozenset({"memory", "rw"})
 ROOT = Path("/sys/fs/cgroup")
 
 
@@ -188,3 +191,71 @@ def test_a_limit_whose_file_is_missing_is_reported_not_dropped(tmp_path: Path) -
     cg = WorkloadCgroup.for_run(layout, "gpufrac-x")
     missing = cg.create(HostLimits(memory_bytes=2**30, milli_cpus=500, pids=10))
     assert [m.split(" ")[0] for m in missing] == ["host_memory", "pids", "cpus"]
+
+
+def _v2_tree(tmp_path: Path, enabled: str = "") -> tuple[Layout, Path]:
+    """A fake cgroup v2 tree: the root offers memory, pids and cpu; the agent's cgroup is
+    ``/agent``, with ``enabled`` in its ``cgroup.subtree_control``."""
+    parent = tmp_path / "agent"
+    parent.mkdir(parents=True)
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (parent / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (parent / "cgroup.subtree_control").write_text(enabled)
+    mount = Mount(2, tmp_path, frozenset({"cpuset", "cpu", "io", "memory", "pids"}))
+    layout = choose_layout([mount], {"": "/agent"}, {parent: True})
+    assert {f: p.version for f, p in layout.places.items()} == dict.fromkeys(FUNCTIONS, 2)
+    return layout, parent / "cgroup.subtree_control"
+
+
+@pytest.mark.parametrize(
+    ("enabled", "written"),
+    [
+        ("", "+memory +pids +cpu"),  # a pure v2 host where nobody enabled them for the agent's
+        ("memory\n", "+pids +cpu"),
+        ("cpu io memory pids\n", "cpu io memory pids\n"),  # all there: nothing written
+    ],
+)
+def test_the_controllers_workloads_need_are_enabled_in_the_parents_subtree_control(
+    tmp_path: Path, enabled: str, written: str
+) -> None:
+    layout, control = _v2_tree(tmp_path, enabled)
+    assert enable_controllers(layout) == []
+    assert control.read_text() == written
+
+
+def test_a_controller_that_cannot_be_enabled_is_reported_not_raised(tmp_path: Path) -> None:
+    layout, control = _v2_tree(tmp_path)
+    control.unlink()
+    control.mkdir()  # neither read nor written: each write fails
+    problems = enable_controllers(layout)
+    assert [p.split(" ")[5] for p in problems] == ["memory", "pids", "cpu"]
+    assert all(str(control) in p for p in problems)
+    assert "host_memory limits are not applied" in problems[0]
+    assert "cpus limits are not applied" in problems[2]
+
+
+def test_a_v1_controller_needs_no_subtree_control(tmp_path: Path) -> None:
+    (tmp_path / "memory").mkdir()
+    layout = choose_layout(
+        [Mount(2, tmp_path / "unified", frozenset()), Mount(1, tmp_path / "memory", V1_MEMORY)],
+        {},
+        {tmp_path / "unified": True, tmp_path / "memory": True},
+    )
+    assert layout.places["memory"].version == 1
+    assert enable_controllers(layout) == []
+    assert not list(tmp_path.rglob("cgroup.subtree_control"))
+
+
+def test_the_process_runner_enables_them_before_any_workload_and_says_what_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpufrac.runtime.process_runner import ProcessRunner
+
+    layout, control = _v2_tree(tmp_path / "ok")
+    assert ProcessRunner(layout).problems == []
+    assert control.read_text() == "+memory +pids +cpu"
+    layout, control = _v2_tree(tmp_path / "refused")
+    control.unlink()
+    control.mkdir()
+    assert len(ProcessRunner(layout).problems) == 3
+    assert capsys.readouterr().err.count("gpufrac: warning: cannot enable the cgroup v2") == 3

@@ -147,7 +147,7 @@ def test_a_commit_the_disk_refused_is_not_logged(disk: Path) -> None:
 def test_a_lease_is_renewed_in_place_on_a_full_disk(disk: Path) -> None:
     """A node's lease file is written whole once, then renewed over itself: a full disk refuses a
     new file, never the renewal, so the shims read each new lease and stop nothing early."""
-    from gpufrac.runtime.shim import LEASE_BYTES, read_lease, write_lease
+    from gpufrac.runtime.lease import LEASE_BYTES, read_lease, write_lease
 
     lease = disk / "lease.json"
     write_lease(lease, 1000.0, 2.0)

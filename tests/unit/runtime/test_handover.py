@@ -1,0 +1,75 @@
+"""What a workload is handed (``Handover.grant``): its environment, its devices, its mounts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufrac.devices import NvmlDevices, open_simulated
+from gpufrac.model.mig import MigPlacement
+from gpufrac.model.workload import GpuRequest, WorkloadSpec
+from gpufrac.planning.sched_decision import Decision
+from gpufrac.planning.sched_state import Allocation
+from gpufrac.runtime.handover import Handover
+from gpufrac.runtime.mps import MpsDaemons
+from gpufrac.runtime.runner import BindMount
+
+SPEC = WorkloadSpec(name="w", gpu=GpuRequest(memory_mib=4096), command=("true",))
+
+
+@pytest.fixture
+def dev(data_dir: Path) -> Iterator[NvmlDevices]:
+    yield open_simulated("h200:1:mig,h200:1", data_dir)
+
+
+def _handover(dev: NvmlDevices, tmp_path: Path) -> Handover:
+    return Handover(dev, MpsDaemons(tmp_path / "mps", enabled=False), "unix:/arbiter", 100)
+
+
+def _alloc(mode: str, compute_pct: int | None = None) -> Allocation:
+    return Allocation("default/w", "default", 0, 1, mode, 4096, 250, compute_pct)  # type: ignore[arg-type]
+
+
+def test_a_time_sliced_workload_is_handed_its_gpu_as_env_and_device(
+    dev: NvmlDevices, tmp_path: Path
+) -> None:
+    uuid = dev.gpus()[1].uuid
+    grant = _handover(dev, tmp_path).grant(
+        SPEC, Decision("default/w", "placed", mode="timeslice", gpus=(uuid,)), [_alloc("timeslice")]
+    )
+    assert grant.devices == (uuid,)
+    assert grant.env["CUDA_VISIBLE_DEVICES"] == grant.env["NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert grant.env["GPUFRAC_GPU_MEMORY_LIMIT_MIB"] == "4096"
+    assert grant.mounts == ()  # nothing to mount: no MPS
+    assert not any(k.startswith("CUDA_MPS_") for k in grant.env)
+
+
+def test_an_mps_workload_is_handed_the_pipe_directory_to_mount(
+    dev: NvmlDevices, tmp_path: Path
+) -> None:
+    uuid = dev.gpus()[1].uuid
+    grant = _handover(dev, tmp_path).grant(
+        SPEC, Decision("default/w", "placed", mode="mps", gpus=(uuid,)), [_alloc("mps", 30)]
+    )
+    pipe = tmp_path / "mps" / uuid / "pipe"
+    assert grant.mounts == (BindMount(pipe, str(pipe)),)
+    assert grant.env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+    assert grant.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert grant.devices == (uuid,)
+
+
+def test_a_mig_workload_is_handed_its_instance_once_it_exists(
+    dev: NvmlDevices, tmp_path: Path
+) -> None:
+    gpu = dev.gpus()[0]
+    mig = MigPlacement(0, "1g.18gb")
+    decision = Decision("default/w", "placed", mode="mig", gpus=(gpu.uuid,), mig=mig)
+    handover = _handover(dev, tmp_path)
+    before = handover.grant(SPEC, decision, [_alloc("mig")])
+    assert before.devices == () and before.env["CUDA_VISIBLE_DEVICES"] == ""
+    inst = dev.create_instance(gpu.uuid, "1g.18gb", 0)
+    after = handover.grant(SPEC, decision, [_alloc("mig")])
+    assert after.devices == (inst.uuid,) and after.env["CUDA_VISIBLE_DEVICES"] == inst.uuid
+    assert after.env["GPUFRAC_GI_ID"] == str(inst.gi_id)
