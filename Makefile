@@ -51,6 +51,19 @@ $(TMUX_STAMP): | $(STAMP)
 	  || { apt-get update -qq && apt-get install -y -qq --no-install-recommends tmux >/dev/null; }; }
 	@touch $@
 
+# tests/integration/test_container_runner.py runs real containers: Debian's podman with runc (its
+# default crun cannot run in cgroup v1/v2 hybrid mode), installed once per machine when missing (as
+# root, from Debian's package index). The test image is built by the tests themselves, once, from
+# an empty rootfs of mount points (podman import; the host's /usr is bind-mounted read-only).
+PODMAN_STAMP := $(VENV)/.podman
+$(PODMAN_STAMP): | $(STAMP)
+	@{ command -v podman >/dev/null && test -x /usr/sbin/runc; } || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "the container tests need podman: sudo apt-get install podman runc" >&2; exit 1; fi; \
+	  echo "installing podman and runc for the container tests (once)"; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq --no-install-recommends podman runc >/dev/null 2>&1 \
+	  || { apt-get update -qq && apt-get install -y -qq --no-install-recommends podman runc >/dev/null; }; }
+	@touch $@
+
 # The main job: small real workloads under the agent, on the local GPUs or (without a driver) the
 # simulated fleet; `python` in the manifests is this venv's. Then a model deployment under a burst
 # of traffic from the built-in load generator: replicas scale up, then down.
@@ -68,7 +81,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src
 
-unit: $(STAMP) $(CHROMIUM_STAMP) $(TMUX_STAMP)
+unit: $(STAMP) $(CHROMIUM_STAMP) $(TMUX_STAMP) $(PODMAN_STAMP)
 	$(BIN)/pytest -q -m "not gpu" -n 2 --dist loadfile --durations=15
 
 bench: $(STAMP)

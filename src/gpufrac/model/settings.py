@@ -13,7 +13,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Literal, Self, get_args
 
-from pydantic import BeforeValidator, Field, ValidationError, WithJsonSchema, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    StringConstraints,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
 
 from gpufrac.errors import InputError
 from gpufrac.model.manifest_errors import input_error, noted
@@ -35,7 +43,7 @@ from gpufrac.model.manifest_types import (
     report,
 )
 from gpufrac.model.numbers import digits_note, is_digits
-from gpufrac.model.workload import MAX_PRIORITY
+from gpufrac.model.workload import MAX_PRIORITY, VolumeMount
 
 SETTINGS_FILE = "gpufrac.yaml"
 QosPreempt = Literal["overlap", "drain"]  # how a higher QoS class takes the GPU over
@@ -84,6 +92,22 @@ class TenantQuota:
     nodes: tuple[tuple[str, str], ...] = ()
 
 
+ContainerEngine = Literal["auto", "podman", "docker"]
+DEFAULT_CDI_KIND = "gpufrac.io/gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSettings:
+    """How workloads with ``spec.image`` run: the engine (``auto``: podman, else docker, the
+    first that works), the host paths tenants may mount, and gpufrac's CDI specs (their kind
+    and the directory the engine reads them from)."""
+
+    engine: ContainerEngine = "auto"
+    allowed_mounts: tuple[str, ...] = ()
+    cdi_kind: str = DEFAULT_CDI_KIND
+    cdi_dir: str = "/etc/cdi"
+
+
 @dataclass(frozen=True, slots=True)
 class OperatorSettings:
     tenants: dict[str, TenantQuota] = field(default_factory=dict)
@@ -123,6 +147,21 @@ class OperatorSettings:
     log_relay_max_mib: int = DEFAULT_LOG_RELAY_MAX_MIB
     log_relay_per_tenant: int = DEFAULT_LOG_RELAY_PER_TENANT
     log_relay_per_node: int = DEFAULT_LOG_RELAY_PER_NODE
+    containers: ContainerSettings = field(default_factory=ContainerSettings)
+
+    def check_mounts(self, mounts: tuple[VolumeMount, ...]) -> None:
+        """Refuse a container mount outside the operator's ``containers.allowed_mounts``."""
+        allowed = self.containers.allowed_mounts
+        for i, m in enumerate(mounts):
+            source = m.source.rstrip("/") or "/"
+            if not any(source == a or source.startswith(a.rstrip("/") + "/") for a in allowed):
+                raise InputError(
+                    f"{m.source} is outside the paths the operator allows containers to mount"
+                    f" ({', '.join(allowed) or 'none'})",
+                    field=f"spec.mounts[{i}].source",
+                    fix="mount a path under one of them, or ask the operator to add it to "
+                    "containers.allowed_mounts in gpufrac.yaml",
+                )
 
     def check_user(self, tenant: str, user: str | None) -> None:
         """Refuse a ``spec.user`` its tenant may not ask for."""
@@ -336,6 +375,32 @@ class NodeFields(Strict):
     ] = Field({}, description="The node's labels, which workloads' spec.node_selector match.")
 
 
+def _allowed_mount(value: str) -> str:
+    if not value.startswith("/") or any(p == ".." for p in value.split("/")):
+        raise problem("is not an absolute path without ..", "write an absolute path: /data")
+    return value
+
+
+class ContainerFields(Strict):
+    engine: Annotated[ContainerEngine, Word] = Field(
+        "auto", description="podman, docker, or auto (podman, else docker: the first that runs)."
+    )
+    allowed_mounts: list[Annotated[str, AfterValidator(_allowed_mount)]] = Field(
+        [], description="Host paths (and what is below them) tenants' containers may mount."
+    )
+    cdi_kind: Annotated[str, StringConstraints(pattern=r"^[a-z0-9.-]+/[a-zA-Z0-9_.-]+$")] = Field(
+        DEFAULT_CDI_KIND, description="The kind (vendor/class) of gpufrac's CDI devices."
+    )
+    cdi_dir: Annotated[str, AfterValidator(_allowed_mount)] = Field(
+        "/etc/cdi", description="Where gpufrac writes its CDI spec (one the engine reads)."
+    )
+
+    def settings(self) -> ContainerSettings:
+        return ContainerSettings(
+            self.engine, tuple(self.allowed_mounts), self.cdi_kind, self.cdi_dir
+        )
+
+
 class SettingsDocument(Strict):
     """The operator's settings: gpufrac.yaml in the data directory."""
 
@@ -427,6 +492,11 @@ class SettingsDocument(Strict):
         "under way at once; one more is answered 429 with Retry-After.",
     )
 
+    containers: ContainerFields = Field(
+        ContainerFields.model_validate({}),
+        description="Workloads run as containers (spec.image): engine, mounts allowed, CDI.",
+    )
+
     @model_validator(mode="after")
     def _uid_order(self) -> Self:
         first, last = self.tenant_uids
@@ -470,4 +540,5 @@ class SettingsDocument(Strict):
             log_relay_max_mib=self.log_relay_max,
             log_relay_per_tenant=self.log_relay_per_tenant,
             log_relay_per_node=self.log_relay_per_node,
+            containers=self.containers.settings(),
         )

@@ -19,6 +19,10 @@ RestartPolicy = Literal["always", "on-failure", "never"]
 ProbeKind = Literal["http", "tcp"]
 QosMode = Literal["latency", "throughput"]
 RequestKind = Literal["count", "fraction", "mig", "memory"]
+# an inference engine or framework whose memory flags gpufrac sets from the workload's budget
+# (model/engines.py)
+Engine = Literal["vllm", "sglang", "tgi", "triton", "pytorch", "jax"]
+ENGINES: tuple[Engine, ...] = get_args(Engine)
 Preemption = Literal[
     "lower-priority", "never"
 ]  # may it evict others (Kubernetes' preemptionPolicy)
@@ -67,6 +71,16 @@ class HealthCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class VolumeMount:
+    """A host path a container workload sees at ``target`` (within the operator's allowed
+    paths: gpufrac.yaml ``containers.allowed_mounts``)."""
+
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadSpec:
     name: str
     gpu: GpuRequest
@@ -96,6 +110,11 @@ class WorkloadSpec:
     host_memory_mib: int | None = None
     cpus_milli: int | None = None
     pids: int | None = None
+    # a container image on this machine: the workload runs as an OCI container of it (its command
+    # the container's), by the operator's engine (runtime/container_runner.py); None: a process
+    image: str | None = None
+    engine: Engine | None = None  # which engine's memory flags to set (model/engines.py)
+    mounts: tuple[VolumeMount, ...] = ()  # a container's bind mounts
 
     def __hash__(self) -> int:
         return hash((self.tenant, self.name))
@@ -109,7 +128,11 @@ def spec_to_json(spec: WorkloadSpec) -> dict[str, Any]:
         # left out when empty: stored specs and deployment template hashes from before it existed
         # stay the same
         del raw["node_selector"]
-    for key in ("host_memory_mib", "cpus_milli", "pids"):
+    if not spec.mounts:
+        del raw["mounts"]
+    else:
+        raw["mounts"] = [asdict(m) for m in spec.mounts]
+    for key in ("host_memory_mib", "cpus_milli", "pids", "image", "engine"):
         if raw[key] is None:
             del raw[key]  # likewise: specs stored before host limits existed stay the same
     return raw
@@ -121,6 +144,7 @@ def spec_from_json(raw: dict[str, Any]) -> WorkloadSpec:
     fields["gpu"] = GpuRequest(**raw["gpu"])
     fields["health"] = None if raw.get("health") is None else HealthCheck(**raw["health"])
     fields["command"] = tuple(raw["command"])
+    fields["mounts"] = tuple(VolumeMount(**m) for m in raw.get("mounts", ()))
     return WorkloadSpec(**fields)
 
 

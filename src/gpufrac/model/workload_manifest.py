@@ -37,11 +37,13 @@ from gpufrac.model.manifest_types import (
 from gpufrac.model.qos import DEFAULT_QOS, MAX_WEIGHT
 from gpufrac.model.workload import (
     PRIORITY_NAMES,
+    Engine,
     HealthCheck,
     Preemption,
     QosMode,
     RestartPolicy,
     Sharing,
+    VolumeMount,
     WorkloadSpec,
     WorkloadType,
 )
@@ -126,6 +128,36 @@ Command = Annotated[
 ]
 
 
+_ABSOLUTE_FIX = "write an absolute path, such as /data/models"
+
+
+def _absolute(value: str) -> str:
+    if not value.startswith("/") or "\0" in value or any(p == ".." for p in value.split("/")):
+        raise problem("is not an absolute path without ..", _ABSOLUTE_FIX)
+    return value
+
+
+AbsolutePath = Annotated[Text, AfterValidator(_absolute), Hint(fix=_ABSOLUTE_FIX)]
+
+
+class MountField(Strict):
+    """A host path a container sees (within the operator's allowed paths)."""
+
+    source: AbsolutePath = Field(
+        description="The host path; it must lie within gpufrac.yaml's containers.allowed_mounts."
+    )
+    target: AbsolutePath = Field(description="Where the container sees it.")
+    read_only: bool = Field(True, description="Mounted read-only (the default).")
+
+
+_REFUSED = {
+    "privileged": "gpufrac never runs a tenant's container privileged (it gets no extra "
+    "capabilities and no-new-privileges); remove privileged",
+    "host_network": "a container gets its own network namespace, its port published on "
+    "127.0.0.1 by gpufrac; remove host_network",
+}
+
+
 class SpecFields(Strict):
     """The fields a workload and a deployment's replica template share."""
 
@@ -176,6 +208,36 @@ class SpecFields(Strict):
         "each machine); multi-GPU requests always stay on one node.",
     )
 
+    image: Text | None = Field(
+        None,
+        description="A container image on the node (podman or docker, the operator's): the "
+        "workload runs as a container of it, command being the container's command. It must "
+        "exist locally (no registry is pulled from).",
+    )
+    engine: Annotated[Engine, Word] | None = Field(
+        None,
+        description="The inference engine or framework command runs (vllm, sglang, tgi, triton, "
+        "pytorch, jax): gpufrac sets its GPU memory flags from the workload's budget.",
+    )
+    mounts: list[MountField] = Field(
+        [], description="Containers only: host paths it sees, within the operator's allowed ones."
+    )
+    privileged: bool = Field(False, description="Refused when true (never privileged).")
+    host_network: bool = Field(False, description="Refused when true (own network namespace).")
+
+    @model_validator(mode="after")
+    def _container_rules(self) -> Self:
+        broken: list[tuple[tuple[str | int, ...], str, str]] = []
+        for key, fix in _REFUSED.items():
+            if getattr(self, key):
+                broken.append(((key,), "is not allowed for a tenant's workload", fix))
+        if self.mounts and self.image is None:
+            broken.append(
+                (("mounts",), "is for containers only", "give spec.image, or remove mounts")
+            )
+        report("Spec", broken)
+        return self
+
     def to_spec(
         self, meta: Metadata, tenant: str, kind: WorkloadType, **fields: Any
     ) -> WorkloadSpec:
@@ -201,6 +263,9 @@ class SpecFields(Strict):
             weight=self.weight,
             min_share_milli=self.min_share,
             node_selector=dict(self.node_selector),
+            image=self.image,
+            engine=self.engine,
+            mounts=tuple(VolumeMount(m.source, m.target, m.read_only) for m in self.mounts),
             **fields,
         )
 

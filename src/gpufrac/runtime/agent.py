@@ -351,6 +351,15 @@ class Agent:
         key = workload_key(spec)
         self.settings.check_priority(spec.tenant, spec.priority)  # nothing stored above the bound
         self.settings.check_user(spec.tenant, spec.user)
+        self.settings.check_mounts(spec.mounts)
+        if spec.image is not None:
+            # the container runner exists behind the seam (runtime/container_runner.py); the
+            # executor does not start workloads with it yet: refused rather than run on the host
+            raise InputError(
+                "this agent does not start container workloads yet",
+                field="spec.image",
+                fix="leave spec.image out and run the command as a process (issue 29 continues)",
+            )
         stored = self.store.workload(spec.tenant, spec.name)
         raw = spec_to_json(spec)
         if stored is not None and stored.spec == raw:

@@ -379,14 +379,18 @@ class WorkloadCgroup:
     # -- using it -------------------------------------------------------------------------------
 
     def pids(self) -> set[int]:
-        """Every process in the cgroup (from its freezer's directory)."""
+        """Every process in the cgroup and the cgroups below it (a container engine makes its
+        container's and its monitor's there), from its freezer's directory."""
         d = self.dirs.get("freeze")
         if d is None:
             return set()
-        try:
-            return {int(x) for x in (d / "cgroup.procs").read_text().split()}
-        except (OSError, ValueError):
-            return set()
+        found: set[int] = set()
+        for sub in _tree(d):
+            try:
+                found |= {int(x) for x in (sub / "cgroup.procs").read_text().split()}
+            except (OSError, ValueError):
+                continue
+        return found
 
     def owns(self, pid: int) -> bool:
         return pid in self.pids()
@@ -478,14 +482,18 @@ class WorkloadCgroup:
         if d is None:
             return 0
         name = "memory.oom_control" if self.versions["memory"] == 1 else "memory.events"
-        try:
-            for line in (d / name).read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except (OSError, ValueError):
-            return 0
-        return 0
+        # v1 counts a kill only in the victim's own cgroup (a container's, below this one);
+        # v2's memory.events counts those below too
+        kills = 0
+        for sub in _tree(d) if self.versions["memory"] == 1 else [d]:
+            try:
+                for line in (sub / name).read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        kills += int(value)
+            except (OSError, ValueError):
+                continue
+        return kills
 
     def exists(self) -> bool:
         return any(d.exists() for d in self._distinct())
@@ -499,14 +507,44 @@ class WorkloadCgroup:
         self.kill()
         deadline = time.monotonic() + timeout
         while True:
-            for d in self._distinct():
-                with contextlib.suppress(OSError):  # gone, or busy: a process still leaving
-                    d.rmdir()
+            for top in self._distinct():
+                for d in reversed(_tree(top)):  # the cgroups below it first
+                    with contextlib.suppress(OSError):  # gone, or busy: a process still leaving
+                        d.rmdir()
             if not self.exists():
                 return True
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
+
+
+def _tree(top: Path) -> list[Path]:
+    """``top`` and every cgroup below it, each before those below it."""
+    found = [top]
+    for d in found:
+        try:
+            found += sorted(p for p in d.iterdir() if p.is_dir())
+        except OSError:
+            continue
+    return found
+
+
+def remove_tree(relative: str, mounts: Iterable[Mount] | None = None) -> None:
+    """Remove the cgroup ``relative`` (``/gpufrac-<id>``) and those below it from every
+    hierarchy (what a container engine made there beside the workload's own functions: cpuset,
+    devices, ...); those still holding processes stay."""
+    if mounts is None:
+        try:
+            mounts = read_mounts(Path("/proc/self/mountinfo").read_text())
+        except OSError:
+            return
+    for m in mounts:
+        top = m.path / relative.strip("/")
+        if not relative.strip("/") or not top.is_dir():
+            continue
+        for d in reversed(_tree(top)):
+            with contextlib.suppress(OSError):
+                d.rmdir()
 
 
 def process_frozen(pid: int, layout: Layout) -> bool:

@@ -36,7 +36,7 @@ from typing import Literal, Protocol, get_args
 from gpufrac.runtime.cgroups import HostLimits, WorkloadCgroup
 from gpufrac.runtime.python_view import PythonView
 
-RunnerKind = Literal["process"]
+RunnerKind = Literal["process", "container"]
 RUNNER_KINDS: tuple[RunnerKind, ...] = get_args(RunnerKind)
 
 
@@ -106,6 +106,18 @@ class Grant:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerLaunch:
+    """What a container runner needs beyond a process's: the image, the environment the container
+    gets (its manifest's ``env`` and the grant's: never the agent's own ``PATH`` or ``HOME``),
+    the tenant's bind mounts and the ports published on ``127.0.0.1``."""
+
+    image: str
+    env: Mapping[str, str]
+    mounts: tuple[BindMount, ...] = ()
+    ports: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Launch:
     """What a runner needs to start a workload. ``env`` is its whole environment (what it starts
     from, its manifest's ``env`` and ``grant.env``)."""
@@ -119,6 +131,7 @@ class Launch:
     limits: HostLimits = field(default_factory=HostLimits)
     lease: Path | None = None  # a cluster node's lease file: the run stops once it runs out
     grant: Grant = field(default_factory=lambda: Grant({}))
+    container: ContainerLaunch | None = None  # for the container runner
 
 
 @dataclass(frozen=True, slots=True)

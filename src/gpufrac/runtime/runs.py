@@ -25,11 +25,14 @@ from pathlib import Path
 from typing import Literal, assert_never, get_args
 
 from gpufrac.model.deployment import REPLICA_KEY_ENV
+from gpufrac.model.settings import ContainerSettings
 from gpufrac.runtime.cgroups import HostLimits, Layout, detect
+from gpufrac.runtime.container_runner import ContainerRunner
 from gpufrac.runtime.process_runner import ProcessRunner, port_owners
 from gpufrac.runtime.python_view import PythonView
 from gpufrac.runtime.runner import (
     RUNNER_KINDS,
+    ContainerLaunch,
     Grant,
     Launch,
     Pausable,
@@ -70,12 +73,17 @@ NO_CGROUPS = (
 )
 
 
-def make_runner(kind: RunnerKind, cgroups: Layout) -> Runner:
-    """The runner of ``kind`` (``cgroups``: where workloads' cgroups live on this machine). A new
-    runner is its module, its name in ``RunnerKind`` and its case here."""
+def make_runner(
+    kind: RunnerKind, cgroups: Layout, containers: ContainerSettings | None = None
+) -> Runner:
+    """The runner of ``kind`` (``cgroups``: where workloads' cgroups live on this machine;
+    ``containers``: the operator's container settings). A new runner is its module, its name in
+    ``RunnerKind`` and its case here."""
     match kind:
         case "process":
             return ProcessRunner(cgroups)
+        case "container":
+            return ContainerRunner(cgroups, containers)
         case _:
             assert_never(kind)
 
@@ -105,6 +113,7 @@ class Runs:
         stop_grace: float = 10.0,
         cgroups: Layout | None = None,
         runner: RunnerKind = "process",
+        containers: ContainerSettings | None = None,
     ) -> None:
         """``cgroups``: where workloads' cgroups live (default: what this machine offers the
         agent, ``cgroups.detect``); a layout that is not ``usable`` runs them in process groups.
@@ -115,7 +124,10 @@ class Runs:
         if not self.cgroups.usable and cgroups is None:
             print(NO_CGROUPS, file=sys.stderr)
         self.kind: RunnerKind = runner
-        self._runners: dict[RunnerKind, Runner] = {runner: make_runner(runner, self.cgroups)}
+        self.containers = containers or ContainerSettings()
+        self._runners: dict[RunnerKind, Runner] = {
+            runner: make_runner(runner, self.cgroups, self.containers)
+        }
         self._kinds: dict[Path, RunnerKind] = {}  # a run -> its runner (a run never changes it)
         # a cluster node's lease file (cluster/node.py): each run's shim stops its workload once
         # the lease in it has run out; None on a machine on its own
@@ -129,7 +141,7 @@ class Runs:
         """The runner of ``kind``, made the first time it is asked for."""
         found = self._runners.get(kind)
         if found is None:
-            found = self._runners[kind] = make_runner(kind, self.cgroups)
+            found = self._runners[kind] = make_runner(kind, self.cgroups, self.containers)
         return found
 
     def handle(self, run: Path) -> RunHandle:
@@ -183,15 +195,17 @@ class Runs:
         view: PythonView | None = None,
         limits: HostLimits | None = None,
         grant: Grant | None = None,
+        container: ContainerLaunch | None = None,
     ) -> Path:
-        """Start an attempt with the runner new runs start with (``env``: its whole environment,
-        ``grant``'s included)."""
+        """Start an attempt (``env``: its whole environment, ``grant``'s included): with the
+        container runner where ``container`` is given, else the runner new runs start with."""
+        kind: RunnerKind = "container" if container is not None else self.kind
         run_dir = self.of(tenant, name) / f"g{generation}-{attempt}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(run_dir / RUNNER_NOTE, {"kind": self.kind})
-        self._kinds[run_dir] = self.kind
-        self.runner(self.kind).start(
-            RunHandle(run_dir, self.kind),
+        write_json(run_dir / RUNNER_NOTE, {"kind": kind})
+        self._kinds[run_dir] = kind
+        self.runner(kind).start(
+            RunHandle(run_dir, kind),
             Launch(
                 command,
                 env,
@@ -202,6 +216,7 @@ class Runs:
                 limits or HostLimits(),
                 self.lease_file,
                 grant or Grant({}),
+                container,
             ),
         )
         return run_dir

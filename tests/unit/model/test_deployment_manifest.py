@@ -398,7 +398,7 @@ def test_example_json_round_trip() -> None:
         ({"spec.template.type": "service"}, "spec.template.type"),
         ({"spec.template.backoff_limit": 3}, "spec.template.backoff_limit"),
         ({"spec.template.deadline_seconds": 60}, "spec.template.deadline_seconds"),
-        ({"spec.template.image": "x"}, "spec.template.image"),
+        ({"spec.template.picture": "x"}, "spec.template.picture"),
         # workload errors inside the template are located under spec.template
         ({"spec.template.resources": DELETE}, "spec.template.resources"),
         ({"spec.template.resources.gpu": {"count": 0}}, "spec.template.resources.gpu.count"),

@@ -263,7 +263,7 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         ({"metadata.labels": {"a.b/c": 1}}, "metadata.labels['a.b/c']"),
         ({"spec.env": {"A B": "x"}}, "spec.env['A B']"),
         # spec
-        ({"spec.image": "x"}, "spec.image"),
+        ({"spec.picture": "x"}, "spec.picture"),
         ({"spec.type": "daemon"}, "spec.type"),
         ({"spec.type": True}, "spec.type"),
         ({"spec.command": DELETE}, "spec.command"),

@@ -102,7 +102,7 @@ def changed(base: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("base", "path", "value"),
     [
-        (WORKLOAD, "spec.image", "x"),  # an unknown field
+        (WORKLOAD, "spec.picture", "x"),  # an unknown field
         (WORKLOAD, "spec.resources.gpu.vram", 1),
         (WORKLOAD, "spec.resources.gpu.memory", "12 parsecs"),  # a bad unit
         (WORKLOAD, "spec.resources.gpu.memory", "12XB"),

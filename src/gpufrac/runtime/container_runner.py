@@ -1,0 +1,360 @@
+"""The container runner: a workload as an OCI container of a local image, run by a rootful podman
+(or Docker), supervised by the same shim as a process (``runtime/shim.py``).
+
+The shim runs the engine's client in the foreground (``podman run`` attached, whose exit status is
+the container's), so everything the shim does for a process holds for a container: its output in
+``output.log`` (rotated), its outcome in ``exit.json``, the lease's fencing, the stop (SIGTERM,
+then a kill after the grace) and re-attaching after the agent dies (the shim, the engine's monitor
+and the container outlive it).
+
+The container's cgroup is made *below* the workload's (``--cgroup-parent /gpufrac-<id>``), so
+freezing the workload's cgroup (QoS pauses) freezes the container, killing it kills the container,
+and its processes are the workload's members. An engine takes one cgroup parent for every
+hierarchy, so a container workload's cgroup sits at ``/gpufrac-<id>`` from each hierarchy's root
+(not below the agent's own, as a process's does). Host limits go to the container itself
+(``--memory``, ``--pids-limit``, ``--cpus``), so the engine's client and monitor do not count; a
+memory kill is read back from the engine (``OOMKilled``) and reported like the process runner's.
+
+The container process runs as the tenant's uid (``--user``), with no capabilities
+(``--cap-drop all``), ``no-new-privileges`` and its own network namespace; its ports are published
+on ``127.0.0.1``. Its GPU comes as CDI devices (``--device gpufrac.io/gpu=MIG-...``, the grant's
+devices: ``runtime/cdi.py``), MPS's pipe directory as a bind mount. When the run has ended, the
+container and what the engine left of its cgroups are removed (``_settle``), and gpufrac's CDI spec
+with the last container.
+"""
+
+from __future__ import annotations
+
+import json
+import pwd
+import resource
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import assert_never
+
+from gpufrac.errors import InputError
+from gpufrac.model.settings import ContainerEngine, ContainerSettings
+from gpufrac.runtime.cdi import CdiSpecs
+from gpufrac.runtime.cgroups import HostLimits, Layout, remove_tree
+from gpufrac.runtime.process_runner import ProcessRunner
+from gpufrac.runtime.runner import (
+    Launch,
+    Pausable,
+    RunHandle,
+    RunnerKind,
+    RunStatus,
+)
+from gpufrac.runtime.shim import cgroup_name
+
+LABEL = "gpufrac.run"
+CDI_LABEL = "gpufrac.cdi"  # the kind of the CDI spec its devices come from
+RECORD = "container.json"  # what the engine said of the ended container (written once)
+NAMED = "container-name.json"  # its container's and cgroup parent's names, as started
+RUNC = "/usr/sbin/runc"  # podman's default crun cannot run in cgroup v1/v2 hybrid mode
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """A container engine's client: its program and the options every call gets."""
+
+    name: ContainerEngine
+    argv: tuple[str, ...]
+
+    def run(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*self.argv, *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+
+def find_engine(choice: ContainerEngine) -> Engine | None:
+    """The engine the operator chose, or (``auto``) podman, else a docker whose daemon answers."""
+    match choice:
+        case "podman":
+            return _podman()
+        case "docker":
+            return Engine("docker", ("docker",)) if shutil.which("docker") else None
+        case "auto":
+            found = _podman()
+            if found is not None:
+                return found
+            docker = Engine("docker", ("docker",)) if shutil.which("docker") else None
+            if docker is not None and docker.run("info", timeout=10).returncode == 0:
+                return docker
+            return None
+        case _:
+            assert_never(choice)
+
+
+def _podman() -> Engine | None:
+    if shutil.which("podman") is None:
+        return None
+    runtime = ("--runtime", RUNC) if Path(RUNC).exists() else ()
+    return Engine("podman", ("podman", *runtime, "--cgroup-manager", "cgroupfs"))
+
+
+def container_name(run_dir: Path) -> str:
+    """The run's container (unique to its run directory, found again after a restart)."""
+    return cgroup_name(run_dir)
+
+
+def _root_layout(layout: Layout) -> Layout:
+    """The layout with every hierarchy's cgroups at its root (one cgroup parent for all)."""
+    return Layout({f: replace(p, own="/") for f, p in layout.places.items()})
+
+
+# podman lowers its own process limit to this, and runc cannot set a container's above it
+ENGINE_NPROC_MAX = 32768
+
+
+def _ulimit(name: str, which: int, most: int | None = None) -> list[str]:
+    """Our own limit, passed on (an engine's default above it is refused: setrlimit)."""
+    soft, hard = (
+        (most or 2**62) if v == resource.RLIM_INFINITY else min(v, most or v)
+        for v in resource.getrlimit(which)
+    )
+    return ["--ulimit", f"{name}={soft}:{hard}"]
+
+
+def _user(user: str | int | None, group: int | None) -> list[str]:
+    if user is None:
+        return []
+    uid = user if isinstance(user, int) else pwd.getpwnam(user).pw_uid
+    gid = group if group is not None else pwd.getpwuid(uid).pw_gid
+    return ["--user", f"{uid}:{gid}"]
+
+
+class ContainerRunner:
+    kind: RunnerKind = "container"
+
+    def __init__(self, cgroups: Layout, settings: ContainerSettings | None = None) -> None:
+        self.settings = settings or ContainerSettings()
+        self.layout = _root_layout(cgroups) if cgroups.usable else cgroups
+        self.processes = ProcessRunner(self.layout)
+        self.cdi = CdiSpecs(Path(self.settings.cdi_dir), self.settings.cdi_kind)
+        self._engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = find_engine(self.settings.engine)
+            if self._engine is None:
+                raise RuntimeError(
+                    f"no container engine ({self.settings.engine}) runs here: install podman "
+                    "(apt-get install podman runc) or set containers.engine in gpufrac.yaml"
+                )
+        return self._engine
+
+    def check_image(self, image: str) -> None:
+        """Refuse an image this machine does not have (nothing is pulled)."""
+        found = self.engine.run("image", "exists", image).returncode == 0
+        if self.engine.name == "docker":
+            found = self.engine.run("image", "inspect", image).returncode == 0
+        if not found:
+            raise InputError(
+                f"the image {image!r} is not on this machine (no registry is pulled from)",
+                field="spec.image",
+                fix=f"load it first ({self.engine.name} load -i IMAGE.tar, or "
+                f"{self.engine.name} build/import), or name one `{self.engine.name} images` lists",
+            )
+
+    def command(self, handle: RunHandle, what: Launch) -> list[str]:
+        """The engine's command line that runs the workload's container in the foreground."""
+        spec = what.container
+        assert spec is not None, "the container runner needs Launch.container"
+        name = container_name(handle.run_dir)
+        argv = [
+            *self.engine.argv,
+            "run",
+            "--name",
+            name,
+            "--label",
+            f"{LABEL}={handle.run_dir}",
+            "--label",
+            f"{CDI_LABEL}={self.cdi.kind}",
+            "--sig-proxy=true",
+            "--security-opt",
+            "no-new-privileges",
+            "--cap-drop",
+            "all",
+            "--log-driver",
+            "k8s-file",
+            "--log-opt",
+            f"path={handle.run_dir / 'container.log'}",
+            *_ulimit("nofile", resource.RLIMIT_NOFILE),
+            *_ulimit("nproc", resource.RLIMIT_NPROC, ENGINE_NPROC_MAX),
+            *_user(what.user, what.group),
+        ]
+        if self.layout.usable:
+            argv += ["--cgroup-parent", f"/{cgroup_name(handle.run_dir)}"]
+        limits = what.limits
+        if limits.memory_bytes is not None:
+            argv += [
+                "--memory",
+                str(limits.memory_bytes),
+                "--memory-swap",
+                str(limits.memory_bytes),
+            ]
+        if limits.pids is not None:
+            argv += ["--pids-limit", str(limits.pids)]
+        if limits.milli_cpus is not None:
+            argv += ["--cpus", f"{limits.milli_cpus / 1000:.3f}"]
+        for port in spec.ports:
+            argv += ["-p", f"127.0.0.1:{port}:{port}"]
+        for device in what.grant.devices:
+            argv += ["--device", self.cdi.qualified(device)]
+        for m in (*what.grant.mounts, *spec.mounts):
+            argv += ["-v", f"{m.source}:{m.target}:{'ro' if m.read_only else 'rw'}"]
+        if what.workdir:
+            argv += ["-w", what.workdir]
+        for key in sorted(spec.env):
+            argv += ["-e", key]  # its value from the client's environment: not on a command line
+        return [*argv, spec.image, *what.command]
+
+    # -- the seam -------------------------------------------------------------------------------
+
+    def start(self, handle: RunHandle, what: Launch) -> None:
+        spec = what.container
+        assert spec is not None, "the container runner needs Launch.container"
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+        env.update(spec.env)
+        # named once: a removed workload's run directory moves (``.gone``) but keeps its names
+        _write(
+            handle.run_dir / NAMED,
+            {"name": container_name(handle.run_dir), "cgroup": cgroup_name(handle.run_dir)},
+        )
+        client = Launch(
+            self.command(handle, what),
+            env,
+            None,
+            None,  # the engine runs rootful; the container as the tenant (--user)
+            None,
+            None,
+            HostLimits(),  # the container's own (--memory, ...), not its client's
+            what.lease,
+            what.grant,
+        )
+        self.processes.start(handle, client)
+
+    def stop(self, handle: RunHandle, *, grace: float, wait: float = 0.5) -> bool:
+        ended = self.processes.stop(handle, grace=grace, wait=wait)
+        if ended:
+            self._settle(handle)
+        return ended
+
+    def signal(self, handle: RunHandle, sig: int) -> int:
+        return self.processes.signal(handle, sig)
+
+    def pause(self, handle: RunHandle) -> bool:
+        return self.processes.pause(handle)
+
+    def resume(self, handle: RunHandle) -> bool:
+        return self.processes.resume(handle)
+
+    def owns(self, handle: RunHandle, *, pid: int | None = None, port: int | None = None) -> bool:
+        # a published port is held by the engine's monitor (conmon), a member of the workload
+        return self.processes.owns(handle, pid=pid, port=port)
+
+    def members(self, handle: RunHandle, pids: Iterable[int]) -> frozenset[int]:
+        return self.processes.members(handle, pids)
+
+    def status(self, handle: RunHandle) -> RunStatus:
+        status = self.processes.status(handle)
+        # ended, or its shim is gone (killed; or the run directory moved aside for a removed
+        # workload, which its shim no longer answers for): what is left of it goes now
+        if status.done or not (status.shim_alive or self.processes.launching(handle, status)):
+            self._settle(handle)
+        return status
+
+    def launching(self, handle: RunHandle, status: RunStatus) -> bool:
+        return self.processes.launching(handle, status)
+
+    def pending_outcome(self, handle: RunHandle, status: RunStatus) -> str | None:
+        return self.processes.pending_outcome(handle, status)
+
+    def abandon(self, handle: RunHandle, status: RunStatus) -> RunStatus:
+        after = self.processes.abandon(handle, status)
+        self._settle(handle)
+        return after
+
+    def clear_unknown(self, handle: RunHandle, by: str) -> bool:
+        return self.processes.clear_unknown(handle, by)
+
+    def limit_hit(self, handle: RunHandle) -> str | None:
+        # the shim saw the kernel kill a process below the workload's cgroup (the container's
+        # own, whose limit is --memory); the engine may say so too (OOMKilled)
+        shim_saw = self.processes.limit_hit(handle) is not None
+        record = _read(handle.run_dir / RECORD)
+        if shim_saw or record.get("oom_killed") is True:
+            mib = _limit_mib(_read(handle.run_dir / "spec.json").get("command"))
+            return (
+                f"stopped: it used more host memory than its {mib} MiB host_memory limit "
+                "(the kernel killed its container's process)"
+            )
+        return None
+
+    def pausable(self, handle: RunHandle) -> Pausable | None:
+        return self.processes.pausable(handle)
+
+    def env(self, handle: RunHandle) -> Mapping[str, str]:
+        return self.processes.env(handle)
+
+    def log(self, handle: RunHandle) -> Path:
+        return self.processes.log(handle)
+
+    # -- after the run --------------------------------------------------------------------------
+
+    def _settle(self, handle: RunHandle) -> None:
+        """Once: what the engine says of the ended container (a memory kill), then the container
+        and its cgroups removed; gpufrac's CDI spec too when no container of it is left."""
+        record = handle.run_dir / RECORD
+        if record.exists() or not handle.run_dir.exists():
+            return
+        named = _read(handle.run_dir / NAMED)
+        name = str(named.get("name") or container_name(handle.run_dir))
+        cgroup = str(named.get("cgroup") or cgroup_name(handle.run_dir))
+        engine = self.engine
+        seen = engine.run("inspect", "--format", "{{json .State}}", name)
+        state: dict[str, object] = {}
+        if seen.returncode == 0:
+            try:
+                raw = json.loads(seen.stdout.strip().splitlines()[0])
+                state = raw if isinstance(raw, dict) else {}
+            except (ValueError, IndexError):
+                state = {}
+        engine.run("rm", "--force", name)
+        remove_tree(f"/{cgroup}")
+        limit = _limit_mib(_read(handle.run_dir / "spec.json").get("command"))
+        _write(record, {"oom_killed": state.get("OOMKilled") is True, "limit_mib": limit})
+        left = engine.run(
+            "ps", "--all", "--quiet", "--filter", f"label={CDI_LABEL}={self.cdi.kind}"
+        )
+        if left.returncode == 0 and not left.stdout.strip():
+            self.cdi.remove()
+
+
+def _limit_mib(command: object) -> int | None:
+    """The ``--memory`` the run's engine command gave, in MiB."""
+    if not isinstance(command, list):
+        return None
+    args: Sequence[object] = command
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--memory" and isinstance(args[i + 1], str) and str(args[i + 1]).isdigit():
+            return int(str(args[i + 1])) // 2**20
+    return None
+
+
+def _read(path: Path) -> dict[str, object]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _write(path: Path, value: dict[str, object]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
