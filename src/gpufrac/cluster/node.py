@@ -259,7 +259,7 @@ class NodeAgent:
         agent: Agent,
         link: ControlLink,
         *,
-        fence_s: float = FENCE_S,
+        fence_s: float | None = None,
         kill_grace_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
         say: Callable[[str], None] = lambda _message: None,
@@ -267,7 +267,10 @@ class NodeAgent:
         self.agent = agent
         self.link = link
         self.name = agent.node
-        self.fence_s = self.fence_at_most = fence_s
+        # until the first answer, ``fence_s`` (FENCE_S); then two thirds of the lease each answer
+        # gives, at most ``fence_s`` where one was given (tests keep it short)
+        self.fence_s = FENCE_S if fence_s is None else fence_s
+        self.fence_at_most = fence_s
         self.kill_grace_s = kill_grace_s  # SIGTERM to SIGKILL, when a shim stops a fenced workload
         self.clock = clock
         self.lease_file = agent.data_dir / LEASE_FILE
@@ -380,7 +383,9 @@ class NodeAgent:
         self.answered, self.fenced, self.unreachable = sent, False, False
         self._taken(batch)
         # well inside the control plane's lease, whatever it is: stopped before it ends
-        self.fence_s = min(self.fence_at_most, answer.lease_s * FENCE_SHARE)
+        self.fence_s = answer.lease_s * FENCE_SHARE
+        if self.fence_at_most is not None:
+            self.fence_s = min(self.fence_at_most, self.fence_s)
         write_lease(self.lease_file, sent_wall + self.fence_s, self.kill_grace_s)
         self.follow(answer)
 
