@@ -2,8 +2,10 @@
 time (the API's ``/metrics`` route registers it, with the gateway's collector,
 ``api.metrics_serving``, in a registry of its own).
 
-Per GPU, the DCGM exporter's names and labels (``gpu``, ``UUID``, ``modelName``; ``GPU_I_ID`` and
-``GPU_I_PROFILE`` per MIG instance). Per workload, gpufrac's names, labelled ``tenant`` and
+Per GPU, the DCGM exporter's names and labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device``,
+``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``; ``GPU_I_ID`` and ``GPU_I_PROFILE`` per MIG
+instance). Every series carries ``Hostname`` (the agent's node name), so several machines' series
+stay apart on one dashboard. Per workload, gpufrac's names, labelled ``tenant`` and
 ``workload``; the series about its share of a GPU (memory used and given, SM use, QoS, and
 ``gpufrac_workload_gpu_info``) also carry the GPU's DCGM labels, so they join with the DCGM
 exporter's series. A value NVML does not give
@@ -54,7 +56,7 @@ class AgentCollector:
             "watching GPUs);"
             " above 0, /api/v1/health says degraded.",
         )
-        failing.add({}, len(agent.failures.of("agent")))
+        failing.add({"Hostname": agent.node}, len(agent.failures.of("agent")))
         yield failing.metric
 
 
@@ -199,7 +201,7 @@ def workload_families(
     now = time.time()
     for key, st in sorted(states.items()):
         tenant, name = key.split("/", 1)
-        lab = {"tenant": tenant, "workload": name}
+        lab = {"tenant": tenant, "workload": name, "Hostname": agent.node}
         f["restarts"].add(lab, st.restarts)
         f["evictions"].add(lab, st.evictions)
         f["state"].add({**lab, "phase": st.phase}, 1)
