@@ -64,6 +64,18 @@ $(PODMAN_STAMP): | $(STAMP)
 	  || { apt-get update -qq && apt-get install -y -qq --no-install-recommends podman runc >/dev/null; }; }
 	@touch $@
 
+# tests/integration/test_cluster_metrics.py runs the Grafana dashboards' queries through a real
+# Prometheus server (Debian's, with promtool): installed once per machine when missing (as root, from
+# Debian's package index; the index is updated only when the install needs it).
+PROMETHEUS_STAMP := $(VENV)/.prometheus
+$(PROMETHEUS_STAMP): | $(STAMP)
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "the metrics tests need Prometheus: sudo apt-get install prometheus" >&2; exit 1; fi; \
+	  echo "installing Prometheus for the metrics tests (once)"; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 \
+	  || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }; }
+	@touch $@
+
 # The main job: small real workloads under the agent, on the local GPUs or (without a driver) the
 # simulated fleet; `python` in the manifests is this venv's. Then a model deployment under a burst
 # of traffic from the built-in load generator: replicas scale up, then down.
@@ -81,7 +93,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src
 
-unit: $(STAMP) $(CHROMIUM_STAMP) $(TMUX_STAMP) $(PODMAN_STAMP)
+unit: $(STAMP) $(CHROMIUM_STAMP) $(TMUX_STAMP) $(PODMAN_STAMP) $(PROMETHEUS_STAMP)
 	$(BIN)/pytest -q -m "not gpu" -n 2 --dist loadfile --durations=15
 
 bench: $(STAMP)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -89,6 +90,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningAg
         wait_for(all_running, what="the workloads and the replica running")
         ready = f"{running.url}/api/v1/deployments/default/adder"
         wait_for(lambda: httpx.get(ready, timeout=10).json()["replicas_ready"] == 1, what="ready")
+        # refused by the gateway: counted apart from every deployment (no such name)
+        missing = httpx.post(f"{running.gateway}/serve/nothing/predict", content=b"{}", timeout=30)
+        assert missing.status_code == 404, missing.text
         for _ in range(REQUESTS):
             answer = httpx.post(
                 f"{running.gateway}/serve/adder/predict", content=b'{"inputs": [1, 2]}', timeout=30
@@ -132,6 +136,7 @@ def test_workload_series_carry_dcgm_gpu_and_mig_instance_labels(
         "UUID": gpu["uuid"],
         "GPU_I_ID": str(gi_id),
         "GPU_I_PROFILE": "1g.18gb",
+        "Hostname": socket.gethostname(),
         "source": "simulated",
     }
     # the same labels as the DCGM series of that MIG instance: the two join
@@ -144,6 +149,40 @@ def test_workload_series_carry_dcgm_gpu_and_mig_instance_labels(
     info = {s[0]["workload"]: s[0]["mode"] for s in samples(text, "gpufrac_workload_gpu_info")}
     assert info["mg"] == "mig" and info["ts"] == "timeslice"
     assert value(text, "gpufrac_workload_state", workload="ts", phase="running") == 1
+
+
+def test_dcgm_fields_with_the_dcgm_exporters_labels_and_nothing_made_up(
+    served: tuple[RunningAgent, str],
+) -> None:
+    """Per GPU DCGM's labels (gpu, UUID, pci_bus_id, device, modelName, Hostname, driver);
+    utilization, which NVML does not give in MIG mode, has no series for the MIG GPU (not a 0),
+    while GPM's engine activity is there per GPU and per MIG instance (an H200: Hopper)."""
+    agent, text = served
+    gpus = httpx.get(agent.url + "/api/v1/gpus", timeout=10).json()["gpus"]
+    mig = next(g for g in gpus if g["mig_mode"]["current"] == "enabled")
+    whole = next(g for g in gpus if g["mig_mode"]["current"] != "enabled")
+    ((labels, _),) = samples(text, "DCGM_FI_DEV_POWER_USAGE", UUID=mig["uuid"])
+    assert labels == {
+        "gpu": str(mig["index"]),
+        "UUID": mig["uuid"],
+        "pci_bus_id": mig["readings"]["pci_bus_id"],
+        "device": f"nvidia{mig['index']}",
+        "modelName": mig["name"],
+        "Hostname": socket.gethostname(),
+        "DCGM_FI_DRIVER_VERSION": "simulated",
+    }
+    assert re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.0", labels["pci_bus_id"])
+    for name in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL"):
+        assert samples(text, name, UUID=mig["uuid"]) == []  # not supported in MIG mode
+        assert value(text, name, UUID=whole["uuid"]) is not None
+    for name in ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE"):
+        assert value(text, name, UUID=whole["uuid"]) is not None
+    assert 0 <= (value(text, "DCGM_FI_DEV_POWER_USAGE", UUID=whole["uuid"]) or -1) <= 1000
+    # GPM: per GPU, and per MIG instance (GPU_I_ID) with nvmlGpmMigSampleGet
+    active = samples(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", UUID=mig["uuid"])
+    per_instance = {labels.get("GPU_I_ID") for labels, _ in active}
+    assert per_instance == {None, *(str(i["gi_id"]) for i in mig["instances"])}
+    assert all(0 <= v <= 1 for _, v in active)
 
 
 def test_gateway_series_per_deployment_and_replica(served: tuple[RunningAgent, str]) -> None:
@@ -163,6 +202,13 @@ def test_gateway_series_per_deployment_and_replica(served: tuple[RunningAgent, s
         assert value(text, f"gpufrac_gateway_{name}_total", **lab) == 0
     assert value(text, "gpufrac_deployment_replicas", **lab, state="ready") == 1
     assert value(text, "gpufrac_deployment_replicas", **lab, state="wanted") == 1
+    # the gateway's refusal of a name it has no deployment of: no deployment, no tenant
+    ((labels, n),) = [
+        (la, v)
+        for la, v in samples(text, "gpufrac_gateway_requests_total")
+        if "deployment" not in la
+    ]
+    assert (labels, n) == ({"code": "404"}, 1)
 
 
 def _names_in(expr: str) -> set[str]:

@@ -69,6 +69,11 @@ class ControlService(Protocol):
         """``/metrics``: read at scrape time, with ``lock`` held."""
         ...
 
+    def relayed(self) -> Collector | None:
+        """``/metrics``: what is read from elsewhere at scrape time (a cluster's nodes' series),
+        without ``lock`` (it takes it only for what it reads of this server); None: nothing."""
+        ...
+
     def wake(self) -> None:
         """Carry out what was just decided now, not at the next tick."""
 

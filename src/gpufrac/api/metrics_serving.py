@@ -5,14 +5,30 @@ the replicas wanted, ready and draining, and the autoscaler's decisions. Labels:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from gpufrac.runtime.metrics_family import Family
 from gpufrac.serving.deployments import Deployments, route_name
 from gpufrac.serving.routing import LATENCY_BUCKETS
+
+
+class LockedCollectors:
+    """``collectors`` read together with ``lock`` held (their families taken whole, then
+    served)."""
+
+    def __init__(self, lock: AbstractContextManager[Any], collectors: Sequence[Collector]) -> None:
+        self.lock = lock
+        self.collectors = collectors
+
+    def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            families = [m for c in self.collectors for m in c.collect()]
+        yield from families
 
 
 class ServingCollector:
@@ -31,7 +47,9 @@ def serving_families(deployments: Deployments) -> Iterator[Metric]:
             "gpufrac_gateway_requests",
             "counter",
             "Requests the gateway answered, by status code; replica is absent for answers the"
-            " gateway gave itself (429 queue full, 503 no replica in time).",
+            " gateway gave itself (401 no valid token, 404 no such deployment for the caller,"
+            " 429 queue full, 503 no replica in time), and deployment and tenant too for"
+            " refusals of a name the gateway has no deployment of.",
         ),
         "latency": Family(
             "gpufrac_gateway_request_duration_seconds",
@@ -112,4 +130,6 @@ def serving_families(deployments: Deployments) -> Iterator[Metric]:
             buckets = c.get("latency", [])
             if len(buckets) == len(LATENCY_BUCKETS) + 1:
                 f["latency"].add_histogram(at, LATENCY_BUCKETS, buckets, c.get("latency_sum", 0.0))
+    for code, n in sorted(deployments.refused.items()):
+        f["requests"].add({"code": code}, n)
     yield from (family.metric for family in f.values())

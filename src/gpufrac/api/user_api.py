@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client.registry import Collector, CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from gpufrac import __version__
@@ -29,7 +29,7 @@ from gpufrac.api.control_service import ControlService
 from gpufrac.api.dashboard import add_dashboard_routes
 from gpufrac.api.deployments_api import NO_DEPLOYMENTS, DeploymentsService, add_deployment_routes
 from gpufrac.api.limits import ApplyLimits, TenantOrder
-from gpufrac.api.metrics_serving import ServingCollector
+from gpufrac.api.metrics_serving import LockedCollectors, ServingCollector
 from gpufrac.api.openapi import describe_bodies, errors, json_body, json_errors, manifest_body
 from gpufrac.api.schemas import (
     ApplyAnswer,
@@ -323,19 +323,23 @@ def user_api(
 
     # -- the server ------------------------------------------------------------------------------
 
-    registry = CollectorRegistry(auto_describe=False)  # this app's own, read at scrape time
-    registry.register(service.collector())
+    # this app's own, read at scrape time: the server's series under its lock, then what it
+    # relays (a cluster's nodes'), read without it
+    registry = CollectorRegistry(auto_describe=False)
+    local: list[Collector] = [service.collector()]
     if serving is not None:
-        registry.register(ServingCollector(serving.deployments))
+        local.append(ServingCollector(serving.deployments))
+    registry.register(LockedCollectors(service.lock, local))
+    relayed = service.relayed()
+    if relayed is not None:
+        registry.register(relayed)
 
     @api.get("/metrics", response_class=PlainTextResponse, responses=json_errors(401, 403))
     def metrics(request: Request) -> Response:
         if not caller(request).admin:
             raise HTTPException(403, "only the admin token may read the metrics")
         encode, content_type = choose_encoder(request.headers.get("accept", ""))
-        with service.lock:
-            body = encode(registry)
-        return Response(body, media_type=content_type)
+        return Response(encode(registry), media_type=content_type)
 
     @api.get("/api/v1/whoami", response_model=WhoAmI, responses=errors(401))
     def whoami(request: Request) -> dict[str, Any]:

@@ -486,11 +486,12 @@ def node_command(
     link = HttpLink(control, token, data / CREDENTIAL_FILE)
     if listen not in ("0.0.0.0", "::"):  # where its deployments' replicas listen for the gateway
         agent.handover.listen_host = listen
-    server, port = serve_in_thread(create_node_app(agent, lambda: link.credential), listen, 0)
-    link.address = f"http://{listen}:{port}"
     node = NodeAgent(
         agent, link, say=lambda m: console.print(f"{agent.node}: {m}", highlight=False)
     )
+    app = create_node_app(agent, lambda: link.credential, lambda: node.last_states)
+    server, port = serve_in_thread(app, listen, 0)
+    link.address = f"http://{listen}:{port}"
     console.print(f"gpufrac node {agent.node} under {control} (data: {data})", highlight=False)
     failing = ""  # the last step's failure, said once
     try:

@@ -14,6 +14,7 @@ from gpufrac.cluster.control import ControlPlane, lease_ttl, static_qos
 from gpufrac.cluster.history import ClusterSampler
 from gpufrac.cluster.log_relay import LogRelay
 from gpufrac.cluster.metrics import ControlCollector
+from gpufrac.cluster.metrics_relay import NodeMetricsRelay
 from gpufrac.cluster.serving import ClusterServing
 from gpufrac.errors import Unsupported
 from gpufrac.model.caller import Caller
@@ -76,6 +77,9 @@ class ControlPlaneService:
 
     def collector(self) -> ControlCollector:
         return ControlCollector(self.control)
+
+    def relayed(self) -> NodeMetricsRelay:
+        return NodeMetricsRelay(self.control)
 
     def wake(self) -> None:
         """A node carries out what was decided at its next heartbeat; nothing to hurry here."""

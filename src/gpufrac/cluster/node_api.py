@@ -9,29 +9,60 @@ most this node's own ``log_relay_max``, starting where a line starts, holding it
 ``X-Gpufrac-Truncated`` (``true``: the cap left out lines that were asked for). Raw bytes, not
 JSON: what the control plane reads is the log's size, never more, so it can refuse a node that
 sends more than it asked for.
+
+``GET /cluster/v1/metrics`` answers this node's series (its GPUs with DCGM's names and labels,
+``Hostname`` its node name; its workloads), in Prometheus's text format, for the control plane to
+relay on its own ``/metrics`` with a ``node`` label (``cluster.metrics_relay``).
 """
 
 from __future__ import annotations
 
 import hmac
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request, Response
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
 
-from gpufrac.runtime.agent import Agent
+from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.log_tail import MIB, read_window
+from gpufrac.runtime.metrics import AgentCollector
 
 RUN_HEADER = "x-gpufrac-run"
 TRUNCATED_HEADER = "x-gpufrac-truncated"
 LOG_TYPE = "text/plain; charset=utf-8"
 
 
-def create_node_app(agent: Agent, credential: Callable[[], str | None]) -> FastAPI:
-    """``credential``: this node's own, as its last join left it (None before its first)."""
+def create_node_app(
+    agent: Agent,
+    credential: Callable[[], str | None],
+    states: Callable[[], Sequence[WorkloadState]] = lambda: (),
+) -> FastAPI:
+    """``credential``: this node's own, as its last join left it (None before its first);
+    ``states``: its workloads as its last reconcile pass saw them."""
     app = FastAPI(title="gpufrac node", version="1", openapi_url=None, docs_url=None)
     own_cap = agent.settings.log_relay_max_mib * MIB
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(agent, lambda: {s.key: s for s in states()}))
+
+    def check(request: Request, what: str) -> None:
+        held = credential()
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        if (
+            held is None
+            or scheme.lower() != "bearer"
+            or not hmac.compare_digest(given.strip().encode(), held.encode())
+        ):
+            raise HTTPException(401, f"only the control plane reads this node's {what}")
+
+    @app.get("/cluster/v1/metrics")
+    def metrics(request: Request) -> Response:
+        check(request, "metrics")
+        with agent.lock:
+            body = generate_latest(registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/cluster/v1/logs/{tenant}/{name}")
     def logs(
@@ -41,14 +72,7 @@ def create_node_app(agent: Agent, credential: Callable[[], str | None]) -> FastA
         tail: int = Query(200, ge=0, le=10**7),
         max_bytes: int | None = Query(None, ge=1, le=2**40),
     ) -> Response:
-        held = credential()
-        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
-        if (
-            held is None
-            or scheme.lower() != "bearer"
-            or not hmac.compare_digest(given.strip().encode(), held.encode())
-        ):
-            raise HTTPException(401, "only the control plane reads this node's logs")
+        check(request, "logs")
         with agent.lock:  # where the log is; read without the lock
             found = agent.newest_log(tenant, name)
         run, path = found if found is not None else (None, None)

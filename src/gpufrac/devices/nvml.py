@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from gpufrac.devices.errors import (
@@ -34,6 +36,7 @@ from gpufrac.model.gpu import (
     MIG_DISABLED,
     MIG_ENABLED,
     MIG_UNSUPPORTED,
+    GpuReadings,
     GpuState,
     MigInstanceState,
     MigMode,
@@ -89,8 +92,10 @@ class NvmlDevices:
         if not initialized:
             self.call(lib.nvmlInit)
         self._models: dict[str, GpuModel] = {}
+        self.gpm = GpmReader(self)
 
     def close(self) -> None:
+        self.gpm.clear()
         self.quiet(self.lib.nvmlShutdown)
 
     def __enter__(self) -> NvmlDevices:
@@ -119,6 +124,20 @@ class NvmlDevices:
             if e.value in (self.lib.NVML_ERROR_NOT_SUPPORTED, self.lib.NVML_ERROR_NOT_FOUND):
                 return None
             raise self.translate(e, fn.__name__) from None
+
+    def reading(self, name: str, *args: Any) -> Any:
+        """A reading for ``/metrics`` that a driver may lack altogether (an older one without the
+        function, a card or MIG device that does not support it): None then, never an error; a
+        GPU that fell off the bus still raises ``GpuLost``."""
+        fn = getattr(self.lib, name, None)
+        if fn is None:
+            return None
+        try:
+            return fn(*args)
+        except self.lib.NVMLError as e:
+            if e.value == self.lib.NVML_ERROR_GPU_IS_LOST:
+                raise self.translate(e, name) from None
+            return None
 
     def translate(self, e: Any, what: str) -> DeviceError:
         lib, code = self.lib, int(e.value)
@@ -276,6 +295,11 @@ class NvmlDevices:
             instances, mig_procs = self._read_instances(handle, uuid)
             for p in mig_procs:
                 processes[p.pid] = p
+            instances = tuple(
+                replace(i, gr_engine_active=self.gpm.engine_active(handle, uuid, i.gi_id))
+                for i in instances
+            )
+        self.gpm.keep(uuid, {i.gi_id for i in instances})
         known = model_for_product_name(name)
         warnings = tuple(self.catalog_differences(uuid)) if known is not None else ()
         return GpuState(
@@ -293,6 +317,24 @@ class NvmlDevices:
             processes=tuple(sorted(processes.values(), key=lambda p: p.pid)),
             simulated=self.simulated,
             warnings=warnings,
+            readings=self._readings(handle, uuid, util),
+        )
+
+    def _readings(self, handle: Any, uuid: str, util: Any) -> GpuReadings:
+        lib = self.lib
+        pci = self.reading("nvmlDeviceGetPciInfo", handle)
+        power = self.reading("nvmlDeviceGetPowerUsage", handle)
+        clock = self.reading("nvmlDeviceGetClockInfo", handle, getattr(lib, "NVML_CLOCK_SM", 1))
+        temp = self.reading("nvmlDeviceGetTemperature", handle, lib.NVML_TEMPERATURE_GPU)
+        minor = self.reading("nvmlDeviceGetMinorNumber", handle)
+        return GpuReadings(
+            pci_bus_id=None if pci is None else text(pci.busId),
+            minor_number=None if minor is None else int(minor),
+            power_w=None if power is None else int(power) / 1000,
+            sm_clock_mhz=None if clock is None else int(clock),
+            memory_util=None if util is None else int(util.memory),
+            temperature_c=None if temp is None else int(temp),
+            gr_engine_active=self.gpm.engine_active(handle, uuid, None),
         )
 
     def _pci_device_id(self, handle: Any) -> str:
@@ -499,6 +541,76 @@ class NvmlDevices:
         """Destroy a GPU instance: its compute instances first, then itself."""
         self.destroy_compute_instances(uuid, gi_id)
         self.destroy_gpu_instance(uuid, gi_id)
+
+
+class GpmReader:
+    """DCGM's ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` through NVML's GPM (Hopper and newer): the part of
+    the time the graphics/compute engine was busy between two samples of a GPU
+    (``nvmlGpmSampleGet``) or of one of its GPU instances (``nvmlGpmMigSampleGet``). Each device's
+    last sample is kept: a reading compares a new sample with it once at least ``MIN_INTERVAL_S``
+    has passed (else the last value stands), so the first reading of a device has no value yet
+    (None), as no rate has a first sample alone."""
+
+    MIN_INTERVAL_S = 0.5
+
+    def __init__(self, dev: NvmlDevices) -> None:
+        self.dev = dev
+        self._lock = threading.Lock()
+        self._supported: dict[str, bool] = {}
+        # (GPU UUID, GPU instance id or None) -> (sample, when taken, last value)
+        self._last: dict[tuple[str, int | None], tuple[Any, float, float | None]] = {}
+
+    def engine_active(self, handle: Any, uuid: str, gi_id: int | None) -> float | None:
+        lib = self.dev.lib
+        with self._lock:
+            if uuid not in self._supported:
+                support = self.dev.reading("nvmlGpmQueryDeviceSupport", handle)
+                self._supported[uuid] = bool(support is not None and support.isSupportedDevice)
+            if not self._supported[uuid]:
+                return None
+            sample = self.dev.reading("nvmlGpmSampleAlloc")
+            if sample is None:
+                return None
+            taken = (
+                self.dev.reading("nvmlGpmSampleGet", handle, sample)
+                if gi_id is None
+                else self.dev.reading("nvmlGpmMigSampleGet", handle, gi_id, sample)
+            )
+            now = time.monotonic()
+            key = (uuid, gi_id)
+            before = self._last.get(key)
+            if taken is None or (before is not None and now - before[1] < self.MIN_INTERVAL_S):
+                self.dev.quiet(lib.nvmlGpmSampleFree, sample)
+                return None if taken is None or before is None else before[2]
+            value = None if before is None else self._between(before[0], sample)
+            if before is not None:
+                self.dev.quiet(lib.nvmlGpmSampleFree, before[0])
+            self._last[key] = (sample, now, value)
+            return value
+
+    def _between(self, first: Any, second: Any) -> float | None:
+        lib = self.dev.lib
+        asked = lib.c_nvmlGpmMetricsGet_t()
+        asked.version = lib.NVML_GPM_METRICS_GET_VERSION
+        asked.numMetrics = 1
+        asked.sample1, asked.sample2 = first, second
+        asked.metrics[0].metricId = lib.NVML_GPM_METRIC_GRAPHICS_UTIL
+        got = self.dev.reading("nvmlGpmMetricsGet", asked)
+        if got is None or int(got.metrics[0].nvmlReturn) != lib.NVML_SUCCESS:
+            return None
+        return max(0.0, min(1.0, float(got.metrics[0].value) / 100))
+
+    def keep(self, uuid: str, gi_ids: set[int]) -> None:
+        """Forget the samples of GPU instances of ``uuid`` that are gone."""
+        with self._lock:
+            for key in [k for k in self._last if k[0] == uuid and k[1] not in (None, *gi_ids)]:
+                self.dev.quiet(self.dev.lib.nvmlGpmSampleFree, self._last.pop(key)[0])
+
+    def clear(self) -> None:
+        with self._lock:
+            for sample, _, _ in self._last.values():
+                self.dev.quiet(self.dev.lib.nvmlGpmSampleFree, sample)
+            self._last.clear()
 
 
 def _mode(value: Any) -> MigMode:

@@ -41,6 +41,9 @@ class MigInstanceState:
     busy: bool
     memory_mib: int | None = None
     ci_ids: tuple[int, ...] = ()
+    # part of the time its graphics/compute engine was busy (0-1), from NVML's GPM
+    # (nvmlGpmMigSampleGet: Hopper and newer); None where the driver cannot say
+    gr_engine_active: float | None = None
 
     @property
     def placement(self) -> MigPlacement:
@@ -55,6 +58,31 @@ class MigInstanceState:
             "uuid": self.uuid,
             "busy": self.busy,
             "memory_mib": self.memory_mib,
+            "gr_engine_active": self.gr_engine_active,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReadings:
+    """A GPU's readings beyond memory and utilization, each None where NVML does not give it."""
+
+    pci_bus_id: str | None = None  # 00000000:17:00.0, as nvidia-smi and DCGM write it
+    minor_number: int | None = None  # /dev/nvidiaN
+    power_w: float | None = None  # power draw now
+    sm_clock_mhz: int | None = None
+    memory_util: int | None = None  # % of time device memory was read or written
+    temperature_c: int | None = None
+    gr_engine_active: float | None = None  # 0-1, GPM (Hopper and newer)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pci_bus_id": self.pci_bus_id,
+            "minor_number": self.minor_number,
+            "power_w": self.power_w,
+            "sm_clock_mhz": self.sm_clock_mhz,
+            "memory_util": self.memory_util,
+            "temperature_c": self.temperature_c,
+            "gr_engine_active": self.gr_engine_active,
         }
 
 
@@ -77,6 +105,9 @@ class GpuState:
     simulated: bool = False
     health: Health = "ok"
     warnings: tuple[str, ...] = field(default=())
+    # what else NVML reads of the GPU, each None where the driver does not support it (on a
+    # MIG device, or before Hopper for GPM): DCGM's fields of the same meaning in ``/metrics``
+    readings: GpuReadings = field(default_factory=lambda: GpuReadings())
 
     @classmethod
     def lost(cls, index: int, *, simulated: bool = False) -> GpuState:
@@ -127,4 +158,5 @@ class GpuState:
             "simulated": self.simulated,
             "health": self.health,
             "warnings": list(self.warnings),
+            "readings": self.readings.to_json(),
         }

@@ -2,8 +2,10 @@
 time (the API's ``/metrics`` route registers it, with the gateway's collector,
 ``api.metrics_serving``, in a registry of its own).
 
-Per GPU, the DCGM exporter's names and labels (``gpu``, ``UUID``, ``modelName``; ``GPU_I_ID`` and
-``GPU_I_PROFILE`` per MIG instance). Per workload, gpufrac's names, labelled ``tenant`` and
+Per GPU, the DCGM exporter's names and labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device``,
+``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``; ``GPU_I_ID`` and ``GPU_I_PROFILE`` per MIG
+instance). Every series carries ``Hostname`` (the agent's node name), so several machines' series
+stay apart on one dashboard. Per workload, gpufrac's names, labelled ``tenant`` and
 ``workload``; the series about its share of a GPU (memory used and given, SM use, QoS, and
 ``gpufrac_workload_gpu_info``) also carry the GPU's DCGM labels, so they join with the DCGM
 exporter's series. A value NVML does not give
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.metrics_core import Metric
 
+from gpufrac.devices.nvml import text
 from gpufrac.model.gpu import GpuState
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.runtime.agent import Agent, WorkloadState
@@ -39,7 +42,12 @@ class AgentCollector:
     def collect(self) -> Iterator[Metric]:
         agent = self.agent
         gpus = {g.uuid: g for g in agent.dev.gpus()}
-        yield from gpu_families([g for g in gpus.values() if g.health == "ok"])
+        driver = agent.dev.reading("nvmlSystemGetDriverVersion")
+        yield from gpu_families(
+            [g for g in gpus.values() if g.health == "ok"],
+            agent.node,
+            None if driver is None else text(driver),
+        )
         yield from workload_families(agent, self.states(), gpus)
         failing = Family(
             "gpufrac_agent_failing_steps",
@@ -48,34 +56,68 @@ class AgentCollector:
             "watching GPUs);"
             " above 0, /api/v1/health says degraded.",
         )
-        failing.add({}, len(agent.failures.of("agent")))
+        failing.add({"Hostname": agent.node}, len(agent.failures.of("agent")))
         yield failing.metric
 
 
-def gpu_families(gpus: list[GpuState]) -> Iterator[Metric]:
-    util = Family("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (%).")
-    used = Family("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (MiB).")
-    free = Family("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (MiB).")
+def gpu_families(gpus: list[GpuState], host: str, driver: str | None) -> Iterator[Metric]:
+    """DCGM's fields, with the DCGM exporter's names, units and labels, for what NVML reads. A
+    reading the driver does not give (utilization on a GPU in MIG mode, GPM before Hopper) has no
+    series: never a made-up 0."""
+    f = {
+        "util": Family("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+        "copy": Family("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
+        "used": Family("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+        "free": Family("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+        "power": Family("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+        "clock": Family("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+        "temp": Family("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+        "active": Family(
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "gauge",
+            "Ratio of time the graphics engine is active (NVML's GPM: Hopper and newer).",
+        ),
+    }
     for g in gpus:
-        base = {"gpu": g.index, "UUID": g.uuid, "modelName": g.name}
-        if g.utilization_gpu is not None:
-            util.add(base, g.utilization_gpu)
-        used.add(base, g.memory_used_mib)
-        free.add(base, g.memory_total_mib - g.memory_used_mib)
+        r = g.readings
+        base = {
+            "gpu": g.index,
+            "UUID": g.uuid,
+            "pci_bus_id": r.pci_bus_id,
+            "device": None if r.minor_number is None else f"nvidia{r.minor_number}",
+            "modelName": g.name,
+            "Hostname": host,
+            "DCGM_FI_DRIVER_VERSION": driver,
+        }
+        for family, reading in (
+            ("util", g.utilization_gpu),
+            ("copy", r.memory_util),
+            ("power", r.power_w),
+            ("clock", r.sm_clock_mhz),
+            ("temp", r.temperature_c),
+            ("active", r.gr_engine_active),
+        ):
+            if reading is not None:
+                f[family].add(base, reading)
+        f["used"].add(base, g.memory_used_mib)
+        f["free"].add(base, g.memory_total_mib - g.memory_used_mib)
         for inst in g.instances:
-            mig = {**base, "GPU_I_ID": inst.gi_id, "GPU_I_PROFILE": inst.profile}
+            mig = {**base, "GPU_I_PROFILE": inst.profile, "GPU_I_ID": inst.gi_id}
             inst_used = sum(p.used_memory_mib or 0 for p in g.processes if p.gi_id == inst.gi_id)
-            used.add(mig, inst_used)
+            f["used"].add(mig, inst_used)
             if inst.memory_mib is not None:
-                free.add(mig, inst.memory_mib - inst_used)
-    yield from (util.metric, used.metric, free.metric)
+                f["free"].add(mig, inst.memory_mib - inst_used)
+            if inst.gr_engine_active is not None:
+                f["active"].add(mig, inst.gr_engine_active)
+    yield from (family.metric for family in f.values())
 
 
-def where(gpus: dict[str, GpuState], uuid: str, d: Decision | None) -> dict[str, object]:
+def where(gpus: dict[str, GpuState], uuid: str, d: Decision | None, host: str) -> dict[str, object]:
     """The DCGM labels of the GPU (and MIG instance) a workload holds: ``gpu``, ``UUID`` (the
-    GPU's, as DCGM gives it for MIG instances too), ``GPU_I_ID`` and ``GPU_I_PROFILE``."""
+    GPU's, as DCGM gives it for MIG instances too), ``Hostname``, ``GPU_I_ID`` and
+    ``GPU_I_PROFILE``."""
     g = gpus.get(uuid)
-    out: dict[str, object] = {"gpu": g.index if g else None, "UUID": uuid}
+    out: dict[str, object] = {"gpu": g.index if g else None, "UUID": uuid, "Hostname": host}
     if d is not None and d.mig is not None and d.gpus[:1] == (uuid,):
         inst = g.instance_at(d.mig) if g else None
         out.update(GPU_I_ID=inst.gi_id if inst else None, GPU_I_PROFILE=d.mig.profile)
@@ -159,7 +201,7 @@ def workload_families(
     now = time.time()
     for key, st in sorted(states.items()):
         tenant, name = key.split("/", 1)
-        lab = {"tenant": tenant, "workload": name}
+        lab = {"tenant": tenant, "workload": name, "Hostname": agent.node}
         f["restarts"].add(lab, st.restarts)
         f["evictions"].add(lab, st.evictions)
         f["state"].add({**lab, "phase": st.phase}, 1)
@@ -172,11 +214,13 @@ def workload_families(
                 f["pending"].add(lab, now - since)
         d = st.decision
         for alloc in agent.scheduler.allocations(key):
-            at = {**lab, **where(gpus, sched_gpus[alloc.gpu].uuid, d)}
+            at = {**lab, **where(gpus, sched_gpus[alloc.gpu].uuid, d, agent.node)}
             f["limit"].add(at, alloc.memory_mib * MIB)
             f["info"].add({**at, "mode": alloc.mode}, 1)
         placed = d is not None and bool(d.gpus)
-        first = {**lab, **where(gpus, d.gpus[0], d)} if d is not None and placed else lab
+        first = (
+            {**lab, **where(gpus, d.gpus[0], d, agent.node)} if d is not None and placed else lab
+        )
         member = qos.get(key)
         counted = agent.qos.pauses.counts.get(key)
         if counted is not None:

@@ -156,6 +156,9 @@ class AgentService:
     def collector(self) -> AgentCollector:
         return AgentCollector(self.agent, lambda: self.states)
 
+    def relayed(self) -> None:
+        return None  # one machine: its own series only
+
     # -- desired state ---------------------------------------------------------------------------
 
     def check_room(

@@ -180,6 +180,8 @@ class Deployments:
         self.scaling: dict[str, ScaleState] = {}
         self.draining: dict[str, float] = {}  # replica key -> since
         self.traffic: dict[str, Any] = {}  # the gateway's last reading, per deployment
+        # the gateway's refusals of requests that named none of its deployments, by status code
+        self.refused: dict[str, int] = {}
         # per deployment key, for /metrics: the autoscaler's decisions so far (up, down, boost,
         # unboost), and the replicas wanted, ready (serving) and draining after the last pass
         self.scale_counts: dict[str, dict[ScaleDirection, int]] = {}
@@ -290,6 +292,7 @@ class Deployments:
     ) -> None:
         self._ensure_gateway()
         self.traffic = self._stats()
+        self.refused = dict(self.traffic.pop("", {}).get("codes", {}))
         for spec, scaled in deployments:
             # one deployment that fails (a bound lowered since it was stored, say) is its own
             # failure, recorded once and retried with backoff; the others go on

@@ -139,6 +139,9 @@ class Gateway:
         # the loop it serves on, where known (asyncio.get_running_loop() costs a getpid() call on
         # Python 3.11)
         self.loop: asyncio.AbstractEventLoop | None = None
+        # refusals of requests that name no deployment the gateway has (404, 401 without a
+        # token, 503 while it starts), by status: counted here, not under a name a client chose
+        self.refused: dict[int, int] = {}
 
     def set_tokens(self, raw: dict[str, Any]) -> None:
         tokens = raw.get("tokens")
@@ -155,24 +158,32 @@ class Gateway:
 
     def refusal(self, target: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | None:
         """Why a request for ``target`` is not taken (status, why), or None: decided from its
-        head alone, so a refused request's body is never held."""
+        head alone, so a refused request's body is never held. Each refusal is counted once (a
+        request is refused either when its head is read or when it is started, not both): under
+        the deployment it names where the gateway has it, else in ``refused``."""
         if not target.startswith("/serve/"):
-            return 404, "not found: use /serve/{deployment}/..."
+            return self._refuse(None, 404, "not found: use /serve/{deployment}/...")
         if not self.settled:
-            return 503, "the gateway is starting: try again"
+            return self._refuse(None, 503, "the gateway is starting: try again")
         name = route_of(target)[0]
-        route = self.routes.get(name)
+        named = route = self.routes.get(name)
         if self.tokens is not None and (route is None or not route.public):
             # without a valid token every name that is not public answers the same 401, so none
             # tells whether a private deployment of that name exists
             who = self.caller(headers)
             if who is None:
-                return 401, "a valid API token is needed (Authorization: Bearer TOKEN)"
+                why = "a valid API token is needed (Authorization: Bearer TOKEN)"
+                return self._refuse(named, 401, why)
             if route is not None and who not in (ADMIN, route.tenant):
                 route = None  # another tenant's deployment looks like none at all
         if route is None:
-            return 404, f"no deployment {name!r}"
+            return self._refuse(named, 404, f"no deployment {name!r}")
         return None
+
+    def _refuse(self, route: Route | None, status: int, why: str) -> tuple[int, str]:
+        counts = self.refused if route is None else route.codes
+        counts[status] = counts.get(status, 0) + 1
+        return status, why
 
     # -- configuration (from the agent) ---------------------------------------------------------
 
@@ -263,6 +274,9 @@ class Gateway:
             }
             for rid in [k for k, r in route.retiring.items() if r.outstanding <= 0]:
                 del route.retiring[rid]
+        # "" is no deployment's name: what was refused before a deployment of the gateway's was
+        # named (404, 401 for a name it does not have, 503 while it starts)
+        out[""] = {"codes": {str(c): n for c, n in self.refused.items()}}
         return out
 
     # -- requests -------------------------------------------------------------------------------

@@ -227,3 +227,97 @@ def test_the_driver_table_wins_and_differences_are_warned(
     assert sim.model(uuid).profile("3g.71gb").memory_mib == 70000
     assert sim.catalog_differences(uuid) == ["3g.71gb.memory_mib: catalog 71424, driver 70000"]
     assert sim.gpu(uuid).warnings == ("3g.71gb.memory_mib: catalog 71424, driver 70000",)
+
+
+def test_dcgm_readings_are_given_where_nvml_gives_them_and_none_elsewhere(
+    sim: NvmlDevices, fleet: SimulatedFleet
+) -> None:
+    mig, plain = sim.gpus()
+    fleet.set_utilization(plain.uuid, 100)
+    mig, plain = sim.gpus()
+    assert plain.readings.pci_bus_id == "00000000:11:00.0"
+    assert plain.readings.minor_number == 1
+    assert plain.readings.power_w == 700.0  # a busy H200 at its limit
+    assert plain.readings.sm_clock_mhz == 1980
+    assert plain.readings.memory_util == 50
+    assert plain.readings.temperature_c == 72
+    # MIG mode: NVML gives no utilization rates; the GPU's power and clocks it does give
+    assert mig.readings.memory_util is None and mig.utilization_gpu is None
+    assert mig.readings.power_w == 70.0
+    # a MIG device's own handle answers NOT_SUPPORTED for the GPU's readings, as a driver does
+    inst = sim.create_instance(mig.uuid, "1g.18gb", 0)
+    lib = sim.lib
+    handle = lib.nvmlDeviceGetMigDeviceHandleByIndex(sim.handle(mig.uuid), 0)
+    assert inst.uuid == lib.nvmlDeviceGetUUID(handle)
+    for call in (lib.nvmlDeviceGetPowerUsage, lib.nvmlDeviceGetMinorNumber):
+        with pytest.raises(lib.NVMLError) as e:
+            call(handle)
+        assert e.value.value == lib.NVML_ERROR_NOT_SUPPORTED
+        assert sim.reading(call.__name__, handle) is None
+
+
+def test_gpm_engine_activity_between_two_samples_per_gpu_and_per_mig_instance(
+    sim: NvmlDevices, fleet: SimulatedFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("time.monotonic", lambda: clock[0])
+    mig, plain = sim.gpus()
+    inst = sim.create_instance(mig.uuid, "1g.18gb", 0)
+    fleet.attach_process(mig.uuid, os.getpid(), 100, gi_id=inst.gi_id, sm_util=40)
+    fleet.set_utilization(plain.uuid, 30)
+    first = {g.uuid: g for g in sim.gpus()}
+    # a first sample alone gives no rate: no value, never a 0
+    assert first[plain.uuid].readings.gr_engine_active is None
+    assert first[mig.uuid].instances[0].gr_engine_active is None
+    clock[0] += 2
+    second = {g.uuid: g for g in sim.gpus()}
+    assert second[plain.uuid].readings.gr_engine_active == pytest.approx(0.30)
+    assert second[mig.uuid].instances[0].gr_engine_active == pytest.approx(0.40)
+    # the whole GPU: its one busy 1-slice instance of 7
+    assert second[mig.uuid].readings.gr_engine_active == pytest.approx(0.40 / 7)
+    fleet.set_utilization(plain.uuid, 90)
+    clock[0] += 0.1  # too soon after the last sample: the last value stands
+    assert sim.gpu(plain.uuid).readings.gr_engine_active == pytest.approx(0.30)
+    # over the 2 s since the sample kept: 30% until the driver saw 90% (at the sample of 0.1 s,
+    # which it counted though the adapter dropped it), then 90%
+    clock[0] += 1.9
+    assert sim.gpu(plain.uuid).readings.gr_engine_active == pytest.approx(
+        (0.1 * 0.3 + 1.9 * 0.9) / 2
+    )
+
+
+def test_gpm_is_not_read_before_hopper(data_dir: Path) -> None:
+    dev = open_simulated("a100-40gb:1", data_dir)
+    lib = dev.lib
+    handle = dev.handle(dev.gpus()[0].uuid)
+    assert lib.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice == 0
+    with pytest.raises(lib.NVMLError) as e:
+        lib.nvmlGpmSampleGet(handle, lib.nvmlGpmSampleAlloc())
+    assert e.value.value == lib.NVML_ERROR_NOT_SUPPORTED
+    dev.gpus()
+    assert dev.gpus()[0].readings.gr_engine_active is None
+    dev.close()
+
+
+def test_gpm_metrics_get_checks_its_samples_as_nvml_does(sim: NvmlDevices) -> None:
+    lib = sim.lib
+    mig, plain = (sim.handle(g.uuid) for g in sim.gpus())
+    one, two = lib.nvmlGpmSampleAlloc(), lib.nvmlGpmSampleAlloc()
+    asked = lib.c_nvmlGpmMetricsGet_t()
+    asked.version, asked.numMetrics = lib.NVML_GPM_METRICS_GET_VERSION, 1
+    asked.sample1, asked.sample2 = one, two
+    asked.metrics[0].metricId = lib.NVML_GPM_METRIC_GRAPHICS_UTIL
+    with pytest.raises(lib.NVMLError):  # samples not taken yet
+        lib.nvmlGpmMetricsGet(asked)
+    lib.nvmlGpmSampleGet(mig, one)
+    lib.nvmlGpmSampleGet(plain, two)
+    with pytest.raises(lib.NVMLError) as e:  # two devices' samples
+        lib.nvmlGpmMetricsGet(asked)
+    assert e.value.value == lib.NVML_ERROR_INVALID_ARGUMENT
+    asked.version = 2
+    with pytest.raises(lib.NVMLError) as e:
+        lib.nvmlGpmMetricsGet(asked)
+    assert e.value.value == lib.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    lib.nvmlGpmSampleFree(one)
+    with pytest.raises(lib.NVMLError):
+        lib.nvmlGpmSampleFree(one)

@@ -4,6 +4,7 @@ configuration from the agent and the statistics the autoscaler reads."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import time
 from collections import Counter, deque
@@ -348,7 +349,7 @@ def test_remove_fails_the_waiters_and_drops_the_route() -> None:
         assert waiter.done()
         exc = waiter.exception()
         assert isinstance(exc, HttpError) and exc.status == 404
-        assert set(gw.stats()) == {"other"}
+        assert set(gw.stats()) == {"other", ""}  # "": refusals of no deployment
         gw.remove("m")  # again: nothing to do
         gw.remove("never-there")
 
@@ -414,6 +415,32 @@ def test_unknown_deployment_is_404(target: str) -> None:
     gw = Gateway()
     gw.configure({"name": "m", "replicas": []})
     assert status_of(serve(gw, target).sent) == 404
+
+
+def test_refusals_are_counted_once_under_the_deployment_they_name() -> None:
+    """401 and 404 by deployment where the gateway has it (whoever asked), else apart from every
+    deployment: a name a client made up is never a label."""
+    gw = Gateway()
+    tok = {"own": "t", "other": "u"}
+    gw.set_tokens({"tokens": {hashlib.sha256(k.encode()).hexdigest(): v for k, v in tok.items()}})
+    gw.configure({"name": "t.m", "tenant": "t", "replicas": []})
+
+    def ask(target: str, token: str | None) -> int:
+        headers = [] if token is None else [(b"authorization", f"Bearer {token}".encode())]
+        refused = gw.refusal(target, headers)
+        assert refused is not None
+        return refused[0]
+
+    assert ask("/serve/t.m/x", None) == 401
+    assert ask("/serve/t.m/x", "bad") == 401
+    assert ask("/serve/t.m/x", "other") == 404  # another tenant's: as if there were none
+    assert ask("/serve/made-up/x", None) == 401
+    assert ask("/serve/made-up/x", "own") == 404
+    assert ask("/elsewhere", "own") == 404
+    stats = gw.stats()
+    assert stats["t.m"]["codes"] == {"401": 2, "404": 1}
+    assert stats[""] == {"codes": {"401": 1, "404": 2}}
+    assert set(stats) == {"t.m", ""}
 
 
 def full_gateway(queue_limit: int) -> Gateway:

@@ -22,6 +22,7 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_IN_USE = 19
 NVML_ERROR_INSUFFICIENT_RESOURCES = 23
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 NVML_ERROR_UNKNOWN = 999
 
 NVML_DEVICE_MIG_DISABLE = 0
@@ -56,6 +57,17 @@ nvmlEventTypeXidCriticalError = 0x8
 
 NVML_VALUE_NOT_AVAILABLE_uint = 0xFFFFFFFF
 
+NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_GRAPHICS = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+
+NVML_GPM_METRIC_GRAPHICS_UTIL = 1  # % of time any compute/graphics app was active (0-100)
+NVML_GPM_METRIC_SM_UTIL = 2
+NVML_GPM_METRIC_MAX = 477
+NVML_GPM_METRICS_GET_VERSION = 1
+NVML_GPM_SUPPORT_VERSION = 1
+
 _ERROR_TEXT = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
     NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
@@ -69,6 +81,7 @@ _ERROR_TEXT = {
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
     NVML_ERROR_IN_USE: "In use by another client",
     NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient resources",
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "Version mismatch",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
 
@@ -114,6 +127,37 @@ class c_nvmlEventSet_t(ctypes.c_void_p):
     pass
 
 
+class c_nvmlGpmSample_t(ctypes.c_void_p):
+    """Opaque, as pynvml's pointer to a sample is."""
+
+
+class c_metricInfo_t(ctypes.Structure):
+    _fields_ = [
+        ("shortName", ctypes.c_char_p),
+        ("longName", ctypes.c_char_p),
+        ("unit", ctypes.c_char_p),
+    ]
+
+
+class c_nvmlGpmMetric_t(ctypes.Structure):
+    _fields_ = [
+        ("metricId", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", ctypes.c_double),
+        ("metricInfo", c_metricInfo_t),
+    ]
+
+
+class c_nvmlGpmMetricsGet_t(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("numMetrics", ctypes.c_uint),
+        ("sample1", c_nvmlGpmSample_t),
+        ("sample2", c_nvmlGpmSample_t),
+        ("metrics", c_nvmlGpmMetric_t * NVML_GPM_METRIC_MAX),
+    ]
+
+
 # -- returned values (pynvml returns ctypes structs or friendly objects with these attributes) -----
 
 
@@ -127,7 +171,7 @@ class Struct:
         raise AttributeError(name)
 
 
-KIND_DEVICE, KIND_GI, KIND_CI, KIND_MIG, KIND_EVENTSET = 1, 2, 3, 4, 5
+KIND_DEVICE, KIND_GI, KIND_CI, KIND_MIG, KIND_EVENTSET, KIND_GPM_SAMPLE = 1, 2, 3, 4, 5, 6
 
 
 def make_handle(kind: int, gpu: int, gi: int = 0, ci: int = 0) -> int:

@@ -17,6 +17,11 @@ class FakeNvmlDevices:
         self.fleet = fleet
         self._inits = 0
         self._event_sets: dict[int, dict[str, Any]] = {}
+        # GPM: samples by key (None until filled), and per device (GPU index, GPU instance id or
+        # None) its engine's busy time integrated so far: (when, busy seconds, busy part now)
+        self._gpm_samples: dict[int, dict[str, Any] | None] = {}
+        self._gpm_next = 0
+        self._gpm_busy: dict[tuple[int, int | None], tuple[float, float, float]] = {}
         # the names the adapter reads from its library, whichever it is: constants, NVMLError, types
         for name in dir(nv):
             if name.startswith(("NVML", "nvmlEventType", "c_nvml")):
@@ -182,7 +187,149 @@ class FakeNvmlDevices:
         gpu, gi, _ = self._device(handle)
         if gi is not None or gpu["mig_current"]:
             raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
-        return nv.Struct(gpu=gpu["utilization"], memory=0)
+        return nv.Struct(gpu=gpu["utilization"], memory=gpu["utilization"] // 2)
+
+    # -- readings of the whole GPU (not of a MIG device: NOT_SUPPORTED there, as on a driver) ---
+
+    def _busy_percent(self, gpu: dict[str, Any], gi: dict[str, Any] | None) -> float:
+        """How busy the engine is now (0-100): the GPU's utilization outside MIG; in a GPU
+        instance, the SM use its processes report (summed, at most 100); a GPU in MIG mode, its
+        instances' by their share of the compute slices."""
+        if gi is not None:
+            return float(
+                min(
+                    100,
+                    sum(p["sm_util"] for p in self._live_processes(gpu) if p["gi_id"] == gi["id"]),
+                )
+            )
+        if not gpu["mig_current"]:
+            return float(gpu["utilization"])
+        model = self._model(gpu)
+        total = 0.0
+        for g in gpu["gpu_instances"]:
+            prof = model.profile_by_id(g["profile_id"])
+            if prof is not None and model.compute_slices:
+                total += self._busy_percent(gpu, g) * prof.compute_slices / model.compute_slices
+        return total
+
+    def _whole_gpu(self, handle: Any) -> tuple[dict[str, Any], GpuModel, float]:
+        gpu, gi, _ = self._device(handle)
+        if gi is not None:
+            raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+        return gpu, self._model(gpu), self._busy_percent(gpu, None)
+
+    @staticmethod
+    def _hopper(model: GpuModel) -> bool:
+        return not model.key.startswith(("A100", "A30"))
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        """Milliwatts: idle at 70 W, up to the board's limit when busy."""
+        _, model, busy = self._whole_gpu(handle)
+        limit = 700 if self._hopper(model) else 400 if model.key.startswith("A100") else 165
+        return int((70 + (limit - 70) * busy / 100) * 1000)
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        _, _, busy = self._whole_gpu(handle)
+        if sensor != nv.NVML_TEMPERATURE_GPU:
+            raise nv.NVMLError(nv.NVML_ERROR_INVALID_ARGUMENT)
+        return int(32 + busy * 0.4)
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
+        """MHz: idle clocks at rest, boost clocks when busy."""
+        _, model, busy = self._whole_gpu(handle)
+        boost = {nv.NVML_CLOCK_GRAPHICS: 1980, nv.NVML_CLOCK_SM: 1980, nv.NVML_CLOCK_MEM: 2619}
+        if type not in boost:
+            raise nv.NVMLError(nv.NVML_ERROR_INVALID_ARGUMENT)
+        if not self._hopper(model):
+            boost = {k: 1410 if k != nv.NVML_CLOCK_MEM else 1593 for k in boost}
+        return boost[type] if busy > 0 else 345 if type != nv.NVML_CLOCK_MEM else boost[type]
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        _, gi, index = self._device(handle)
+        if gi is not None:
+            raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+        return index
+
+    # -- GPM (GPU performance monitoring: Hopper and newer) -------------------------------------
+
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> nv.Struct:
+        gpu, gi, _ = self._device(device)
+        if gi is not None:
+            raise nv.NVMLError(nv.NVML_ERROR_INVALID_ARGUMENT)
+        return nv.Struct(
+            version=nv.NVML_GPM_SUPPORT_VERSION,
+            isSupportedDevice=int(self._hopper(self._model(gpu))),
+        )
+
+    def nvmlGpmSampleAlloc(self) -> nv.c_nvmlGpmSample_t:
+        self._state()
+        self._gpm_next += 1
+        self._gpm_samples[self._gpm_next] = None
+        return nv.c_nvmlGpmSample_t((nv.KIND_GPM_SAMPLE << 40) | self._gpm_next)
+
+    def _sample_key(self, sample: Any) -> int:
+        value = sample.value if hasattr(sample, "value") else sample
+        if not isinstance(value, int) or (value >> 40) != nv.KIND_GPM_SAMPLE:
+            raise nv.NVMLError(nv.NVML_ERROR_INVALID_ARGUMENT)
+        key = value & ((1 << 40) - 1)
+        if key not in self._gpm_samples:
+            raise nv.NVMLError(nv.NVML_ERROR_INVALID_ARGUMENT)
+        return key
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        self._gpm_samples.pop(self._sample_key(gpmSample))
+
+    def _take_sample(
+        self, gpu: dict[str, Any], index: int, gi: dict[str, Any] | None, key: int
+    ) -> None:
+        """The engine's busy time so far, integrated from what the fleet said at each sample."""
+        device = (index, None if gi is None else int(gi["id"]))
+        now = time.monotonic()
+        busy_now = self._busy_percent(gpu, gi) / 100
+        when, total, busy = self._gpm_busy.get(device, (now, 0.0, busy_now))
+        total += busy * (now - when)
+        self._gpm_busy[device] = (now, total, busy_now)
+        self._gpm_samples[key] = {"device": device, "at": now, "busy_s": total}
+
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
+        gpu, gi, index = self._device(device)
+        key = self._sample_key(gpmSample)
+        if gi is not None:
+            raise nv.NVMLError(nv.NVML_ERROR_INVALID_ARGUMENT)  # nvmlGpmMigSampleGet is for those
+        if not self._hopper(self._model(gpu)):
+            raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+        self._take_sample(gpu, index, None, key)
+        return gpmSample
+
+    def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> Any:
+        gpu, gi, index = self._device(device)
+        key = self._sample_key(gpmSample)
+        if gi is not None:
+            raise nv.NVMLError(nv.NVML_ERROR_INVALID_ARGUMENT)
+        if not self._hopper(self._model(gpu)) or not gpu["mig_current"]:
+            raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+        self._take_sample(gpu, index, self._find_gi(gpu, gpuInstanceId), key)
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        """Each metric asked for between two samples of one device, ``sample1`` the earlier."""
+        if metricsGet.version != nv.NVML_GPM_METRICS_GET_VERSION:
+            raise nv.NVMLError(nv.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        first = self._gpm_samples.get(self._sample_key(metricsGet.sample1))
+        second = self._gpm_samples.get(self._sample_key(metricsGet.sample2))
+        if first is None or second is None or first["device"] != second["device"]:
+            raise nv.NVMLError(nv.NVML_ERROR_INVALID_ARGUMENT)
+        seconds = second["at"] - first["at"]
+        if seconds <= 0 or not 0 < metricsGet.numMetrics <= nv.NVML_GPM_METRIC_MAX:
+            raise nv.NVMLError(nv.NVML_ERROR_INVALID_ARGUMENT)
+        busy = 100 * (second["busy_s"] - first["busy_s"]) / seconds
+        for i in range(metricsGet.numMetrics):
+            metric = metricsGet.metrics[i]
+            if metric.metricId in (nv.NVML_GPM_METRIC_GRAPHICS_UTIL, nv.NVML_GPM_METRIC_SM_UTIL):
+                metric.value, metric.nvmlReturn = max(0.0, min(100.0, busy)), nv.NVML_SUCCESS
+            else:
+                metric.value, metric.nvmlReturn = 0.0, nv.NVML_ERROR_NOT_SUPPORTED
+        return metricsGet
 
     def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
         self._device(handle)

@@ -1,0 +1,278 @@
+"""Every node's series through the control plane's ``/metrics``, read by a real Prometheus server:
+``gpufrac control --local 3`` (a MIG node, an MPS node, a time-sliced node) with a workload on each,
+scraped every second by Debian's ``prometheus`` on loopback; every query of gpufrac's Grafana
+dashboard and of the one written from the DCGM exporter's documented names
+(``examples/monitoring/``) is run through Prometheus's HTTP API with each node picked in turn.
+``promtool check metrics`` reads the same page.
+
+Prometheus and promtool come from ``make`` (a stamp, as Chromium does); without them the tests that
+need them are skipped."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import kill_leftover_runs
+from tests.integration.conftest import free_port
+from tests.prom import samples, value
+
+PY = sys.executable
+ROOT = Path(__file__).resolve().parents[2]
+MONITORING = ROOT / "examples" / "monitoring"
+NODES = ("local-0", "local-1", "local-2")
+REPORT = "from gpufrac import sdk; import time; sdk.report_gpu_memory(700); time.sleep(600)"
+
+
+def workload(name: str, kind: str, resources: str, sharing: str) -> str:
+    return f"""apiVersion: gpufrac/v1
+kind: Workload
+metadata: {{name: {name}, tenant: obs}}
+spec:
+  type: service
+  command: ["{PY}", "-c", "{REPORT}"]
+  resources: {{gpu: {resources}}}
+  sharing: {sharing}
+  node_selector: {{gpufrac.io/kind: {kind}}}
+"""
+
+
+MANIFESTS = "---\n".join(
+    (
+        workload("on-mig", "mig", "{mig: 1g.18gb}", "mig"),
+        workload("on-mps", "mps", "{memory: 10GiB, compute: 30%}", "mps"),
+        workload("on-ts", "timeslice", "{memory: 10GiB}", "timeslice"),
+    )
+)
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            got = check()
+        except httpx.HTTPError:
+            got = None
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Cluster:
+    url: str
+    data: Path
+
+    def metrics(self) -> str:
+        r = httpx.get(self.url + "/metrics", timeout=20)
+        assert r.status_code == 200, r.text
+        return r.text
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("cluster-metrics")
+    data = tmp / "control"
+    port = free_port()
+    args = [PY, "-m", "gpufrac.cli", "control", "--local", "3", "--port", str(port)]
+    args += ["--node-port", str(free_port()), "--gateway-port", str(free_port())]
+    args += ["--data-dir", str(data)]
+    with open(tmp / "control.log", "ab") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=log)
+    c = Cluster(f"http://127.0.0.1:{port}", data)
+    try:
+
+        def nodes_alive() -> bool:
+            ns = httpx.get(c.url + "/api/v1/nodes", timeout=10).json()["nodes"]
+            return sorted(n["name"] for n in ns if n["state"] == "alive") == list(NODES)
+
+        wait_for(nodes_alive, 60, "three nodes alive")
+        r = httpx.post(c.url + "/api/v1/workloads", content=MANIFESTS, timeout=30)
+        assert r.status_code == 200, r.text
+
+        def all_running() -> bool:
+            ws = httpx.get(c.url + "/api/v1/workloads", timeout=10).json()["workloads"]
+            return len(ws) == 3 and all(w["phase"] == "running" for w in ws)
+
+        wait_for(all_running, 60, "a workload running on each node")
+        yield c
+    finally:
+        proc.terminate()  # the control plane stops its local nodes with it
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        for node in NODES:
+            kill_leftover_runs(data / "nodes" / node)
+
+
+def test_the_control_plane_relays_every_nodes_gpu_mig_and_workload_series(
+    cluster: Cluster,
+) -> None:
+    def relayed() -> str | None:
+        text = cluster.metrics()
+        used = samples(text, "gpufrac_workload_gpu_memory_used_bytes")
+        return text if len(used) == 3 else None
+
+    text = wait_for(relayed, 20, "each workload's memory on /metrics")
+    for node in NODES:
+        assert value(text, "gpufrac_cluster_node_metrics_up", node=node) == 1
+        gpus = samples(text, "DCGM_FI_DEV_FB_USED", node=node)
+        gpus = [(labels, v) for labels, v in gpus if "GPU_I_ID" not in labels]
+        assert gpus, node
+        # the node label is the control plane's; Hostname the node's own name (as DCGM's)
+        assert {labels["Hostname"] for labels, _ in gpus} == {node}
+    ((labels, used),) = samples(text, "gpufrac_workload_gpu_memory_used_bytes", workload="on-mig")
+    assert used == 700 * 2**20
+    assert labels["node"] == labels["Hostname"] == "local-0" and "GPU_I_ID" in labels
+    # the MIG instance's own series, on its node, joins the workload's
+    mig = samples(text, "DCGM_FI_DEV_FB_USED", node="local-0", GPU_I_ID=labels["GPU_I_ID"])
+    assert [v for _, v in mig] == [700]
+    by_node = {la["workload"]: la["node"] for la, _ in samples(text, "gpufrac_workload_gpu_info")}
+    assert by_node == {"on-mig": "local-0", "on-mps": "local-1", "on-ts": "local-2"}
+    # one family each: no name declared twice on the page
+    declared = re.findall(r"^# TYPE (\S+)", text, flags=re.M)
+    assert len(declared) == len(set(declared))
+
+
+PROMTOOL = shutil.which("promtool")
+PROMETHEUS = shutil.which("prometheus")
+needs_prometheus = pytest.mark.skipif(
+    PROMETHEUS is None or PROMTOOL is None,
+    reason="Debian's prometheus is not installed (make test installs it)",
+)
+
+
+@needs_prometheus
+def test_promtool_finds_only_dcgms_own_camel_case_label(cluster: Cluster) -> None:
+    text = cluster.metrics()
+    assert PROMTOOL is not None
+    run = subprocess.run(
+        [PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
+    complaints = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+    assert complaints, "promtool found nothing: modelName should be its one complaint"
+    assert all("modelName" in line or "camelCase" in line for line in complaints), complaints
+    assert all(line.startswith("DCGM_FI_") for line in complaints), complaints
+
+
+# (query, node) pairs with no series, and why: what the node's device cannot read is left out
+# (never a 0), and what no workload of this test does
+NO_SERIES = {
+    "DCGM_FI_DEV_GPU_UTIL": ({"local-0"}, "NVML gives no utilization rates in MIG mode"),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ({"local-0"}, "NVML gives no utilization rates in MIG mode"),
+    'GPU_I_ID!=""': ({"local-1", "local-2"}, "no MIG instances on those nodes"),
+    "gpufrac_workload_sm_utilization_percent": (
+        {"local-0", "local-1"},
+        "NVML gives no per-process SM use on MIG, nor per MPS client",
+    ),
+    "gpufrac_workload_pending_seconds": (set(NODES), "no workload waits"),
+    "gpufrac_workload_restarts{": (set(NODES), "'> 0': no workload restarted"),
+    "gpufrac_workload_qos": (set(NODES), "the QoS arbiter runs none of these workloads"),
+}
+
+
+def queries(dashboard: dict[str, Any]) -> list[str]:
+    out = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    for var in dashboard["templating"]["list"]:
+        query = var.get("query")
+        if isinstance(query, dict):
+            out.append(re.sub(r"^label_values\((.*),\s*\w+\)$", r"\1", query["query"]))
+    return out
+
+
+def expected_empty(expr: str, node: str) -> bool:
+    return any(key in expr and node in nodes for key, (nodes, _) in NO_SERIES.items())
+
+
+@pytest.fixture(scope="module")
+def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    assert PROMETHEUS is not None
+    tmp = tmp_path_factory.mktemp("prometheus")
+    target = cluster.url.removeprefix("http://")
+    config = tmp / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: gpufrac\n    static_configs: [{{targets: ['{target}']}}]\n"
+    )
+    port = free_port()
+    args = [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}"]
+    args += [f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    with open(tmp / "prometheus.log", "ab") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: httpx.get(url + "/-/ready", timeout=5).status_code == 200, 30, "ready")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def query(prometheus: str, expr: str) -> list[dict[str, Any]]:
+    r = httpx.post(prometheus + "/api/v1/query", data={"query": expr}, timeout=10)
+    body = r.json()
+    assert r.status_code == 200 and body["status"] == "success", (expr, body)
+    return body["data"]["result"]  # type: ignore[no-any-return]
+
+
+@needs_prometheus
+@pytest.mark.parametrize(
+    ("dashboard", "node_variable"), [("gpufrac.json", "node"), ("dcgm.json", "Hostname")]
+)
+def test_every_dashboard_query_returns_series_for_each_node(
+    prometheus: str, dashboard: str, node_variable: str
+) -> None:
+    """Each query with each node picked (the dashboard's node variable), the others at All."""
+    exprs = queries(json.loads((MONITORING / dashboard).read_text()))
+    assert len(exprs) >= 10
+    up = wait_for(lambda: query(prometheus, "up") or None, 20, "a first scrape")
+    assert [s["value"][1] for s in up] == ["1"]
+
+    def substituted(expr: str, node: str) -> str:
+        for name, chosen in (
+            ("__rate_interval", "5s"),
+            (node_variable, node),  # a plain name: nothing to escape
+            ("instance", ".*"),
+            ("tenant", ".*"),
+            ("deployment", ".*"),
+            ("gpu", ".*"),
+        ):
+            expr = expr.replace("${" + name + "}", chosen).replace("$" + name, chosen)
+        return expr
+
+    per_node = [e for e in exprs if f"${node_variable}" in e]
+    assert per_node, "the dashboard has no node variable"
+    missing: list[tuple[str, str]] = []
+
+    def all_there() -> bool:
+        missing.clear()
+        for expr in per_node:
+            for node in NODES:
+                got = query(prometheus, substituted(expr, node))
+                if expected_empty(expr, node):
+                    assert got == [], f"{expr!r} on {node}: expected none, got {got}"
+                elif not got:
+                    missing.append((node, expr))
+        return not missing
+
+    deadline = time.monotonic() + 20
+    while not all_there():
+        assert time.monotonic() < deadline, f"no series: {missing}"
+        time.sleep(0.5)
+    for expr in exprs:  # the rest (the gateway's, the control plane's): valid PromQL
+        query(prometheus, substituted(expr, NODES[0]))
