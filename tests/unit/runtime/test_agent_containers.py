@@ -17,6 +17,7 @@ import pytest
 from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.errors import InputError
 from gpufrac.model.engines import ENGINE_ARGS_ENV
+from gpufrac.model.mig import parse_layout
 from gpufrac.model.settings import ContainerSettings, OperatorSettings
 from gpufrac.model.workload import GpuRequest, VolumeMount, WorkloadSpec
 from gpufrac.runtime.agent import Agent, WorkloadState
@@ -148,3 +149,60 @@ def test_a_frameworks_share_of_its_mig_instance_is_in_its_environment(
     assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
     assert env[ENGINE_ARGS_ENV] == ""
     assert not [e for e in agent.store.events("default/j") if e.kind == "engine_warning"]
+
+
+def cdi_names(path: Path) -> set[str]:
+    return {str(d["name"]) for d in json.loads(path.read_text())["devices"]}
+
+
+def test_a_recut_rewrites_the_cdi_spec_before_the_next_start(
+    data_dir: Path, dev: NvmlDevices, tmp_path: Path
+) -> None:
+    agent = Agent(data_dir, dev, settings(tmp_path), stop_grace=1.0)
+    assert agent.executor.refresh_cdi()  # as a container start writes it (containers use it)
+    path = next((tmp_path / "cdi").glob("*.json"))
+    gpu0, gpu1 = (g.uuid for g in dev.gpus())
+    assert cdi_names(path) == {"0", gpu0, "1", gpu1}  # no MIG instance yet
+    sleep = "import time; time.sleep(60)"
+    small = spec(
+        name="small",
+        command=(sys.executable, "-c", sleep),
+        type="service",
+        gpu=GpuRequest(mig_profile="1g.18gb"),
+    )
+    agent.apply_workload(small)
+    settle(agent, "default/small", {"running"})
+    first = next(i for i in dev.gpus()[0].instances if i.uuid)
+    # a process was started (no container): the MIG change itself rewrote the spec
+    assert cdi_names(path) == {"0", gpu0, "1", gpu1, f"0:{first.gi_id}", str(first.uuid)}
+    agent.delete("default", "small")
+    whole = replace(small, name="whole", gpu=GpuRequest(mig_profile="7g.141gb"))
+    agent.apply_workload(whole)
+    settle(agent, "default/whole", {"running"})
+    second = next(i for i in dev.gpus()[0].instances if i.uuid)
+    assert second.uuid != first.uuid and second.profile == "7g.141gb"
+    assert cdi_names(path) == {"0", gpu0, "1", gpu1, f"0:{second.gi_id}", str(second.uuid)}
+    events = [e.kind for e in agent.store.events()]
+    assert "mig_destroyed" in events and "mig_created" in events
+    agent.delete("default", "whole")
+    assert agent.runs.wait_stopped(10)
+    # an operator's layout, made at once (not by the MIG worker): the spec follows it too
+    agent.set_mig_layout(gpu0, True, list(parse_layout("3g.71gb@0,3g.71gb@4")))
+    halves = [i for i in dev.gpus()[0].instances if i.uuid]
+    assert len(halves) == 2
+    assert cdi_names(path) == {"0", gpu0, "1", gpu1} | {
+        n for i in halves for n in (f"0:{i.gi_id}", str(i.uuid))
+    }
+
+
+def test_no_cdi_spec_is_written_on_a_mig_change_where_no_container_uses_one(
+    data_dir: Path, dev: NvmlDevices, tmp_path: Path
+) -> None:
+    agent = Agent(data_dir, dev, settings(tmp_path), stop_grace=1.0)
+    job = spec(
+        name="m", command=(sys.executable, "-c", "pass"), gpu=GpuRequest(mig_profile="1g.18gb")
+    )
+    agent.apply_workload(job)
+    settle(agent, "default/m", {"succeeded"})
+    assert "mig_created" in [e.kind for e in agent.store.events()]
+    assert not list((tmp_path / "cdi").glob("*.json"))
