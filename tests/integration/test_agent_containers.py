@@ -5,6 +5,7 @@ a restarted agent re-attaches to a running container instead of starting it agai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -194,3 +195,76 @@ def test_a_running_container_is_re_attached_by_a_restarted_agent_and_deleted_cle
     assert no_cgroup(name)
     assert not cdi.path.exists()
     second.close()
+
+
+def test_a_replica_container_serves_through_the_gateway(tmp_path: Path, image: str) -> None:
+    import httpx
+
+    from tests.integration.conftest import running_agent
+
+    kind = f"gpufrac.io/serve{abs(hash(str(tmp_path))) % 10**8}"
+    yaml = f"containers:\n  engine: podman\n  allowed_mounts: [/usr]\n  cdi_kind: {kind}\n"
+    server = (
+        "import http.server, json, os\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        body = json.dumps({'device': os.environ.get('GPUFRAC_DEVICE_UUID'), "
+        "'pid': os.getpid()}).encode()\n"
+        "        self.send_response(200); self.send_header('Content-Length', str(len(body)))\n"
+        "        self.end_headers(); self.wfile.write(body)\n"
+        "http.server.ThreadingHTTPServer((os.environ['GPUFRAC_HOST'], int(os.environ['PORT'])), "
+        "H).serve_forever()\n"
+    )
+    manifest = {
+        "apiVersion": "gpufrac/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "boxed"},
+        "spec": {
+            "template": {
+                "image": image,
+                "command": [PY, "-c", server],
+                "mounts": [{"source": "/usr", "target": "/usr"}],
+                "resources": {"gpu": {"fraction": 0.2}},
+                "sharing": "timeslice",
+            },
+            "replicas": 1,
+        },
+    }
+    agents = running_agent(tmp_path, "h200:1", files={"gpufrac.yaml": yaml})
+    agent = next(agents)
+    try:
+        started = time.monotonic()
+        r = httpx.post(agent.url + "/api/v1/deployments", json=manifest, timeout=30)
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = httpx.get(f"{agent.url}/api/v1/deployments/default/boxed", timeout=10).json()
+            if got["replicas_ready"] == 1:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"no ready replica: {got}")
+        answer = httpx.get(f"{agent.gateway}/serve/boxed/", timeout=10)
+        took = time.monotonic() - started
+        assert answer.status_code == 200, answer.text
+        gpu = httpx.get(f"{agent.url}/api/v1/gpus", timeout=10).json()
+        assert answer.json()["device"] in json.dumps(gpu)  # its GPU, by its CDI device
+        print(f"a replica container, apply to its first answer through the gateway: {took:.2f}s")
+        runs = agent.data_dir / "runs"
+        labels = podman("ps", "-a", "--format", "{{.Labels}}")
+        assert str(runs) in labels  # it runs as a container of gpufrac's
+        r = httpx.delete(f"{agent.url}/api/v1/deployments/default/boxed", timeout=30)
+        assert r.status_code == 200, r.text
+        deleting = time.monotonic()
+        deadline = deleting + 20
+        while str(runs) in podman("ps", "-a", "--format", "{{.Labels}}"):
+            assert time.monotonic() < deadline, "its container is still there"
+            time.sleep(0.2)
+        print(f"deleted, its container gone: {time.monotonic() - deleting:.2f}s")
+    finally:
+        with contextlib.suppress(StopIteration):
+            next(agents)  # the agent and what it left are stopped
+        for line in podman("ps", "-a", "--format", "{{.Names}} {{.Labels}}").splitlines():
+            if str(tmp_path) in line:
+                podman("rm", "--force", line.split()[0])
+        CdiSpecs(Path("/etc/cdi"), kind).remove()
