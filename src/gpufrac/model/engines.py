@@ -84,7 +84,7 @@ def is_entry_point(engine: Engine, command: Sequence[str]) -> bool:
     python = program.startswith("python")
     match engine:
         case "vllm":
-            return (program == "vllm" and command[1:2] == ["serve"]) or (
+            return (program == "vllm" and list(command[1:2]) == ["serve"]) or (
                 python and module == "vllm.entrypoints.openai.api_server"
             )
         case "sglang":

@@ -228,7 +228,12 @@ class Agent:
         settings = settings or OperatorSettings()
         self.settings = settings
         self.store = Store(data_dir / "state.db")
-        self.runs = Runs(data_dir / "runs", stop_grace=stop_grace, cgroups=cgroups)
+        self.runs = Runs(
+            data_dir / "runs",
+            stop_grace=stop_grace,
+            cgroups=cgroups,
+            containers=settings.containers,
+        )
         self.sandbox = Sandbox(
             separation(settings, tokens_in_use=tokens_in_use),
             settings,
@@ -353,13 +358,7 @@ class Agent:
         self.settings.check_user(spec.tenant, spec.user)
         self.settings.check_mounts(spec.mounts)
         if spec.image is not None:
-            # the container runner exists behind the seam (runtime/container_runner.py); the
-            # executor does not start workloads with it yet: refused rather than run on the host
-            raise InputError(
-                "this agent does not start container workloads yet",
-                field="spec.image",
-                fix="leave spec.image out and run the command as a process (issue 29 continues)",
-            )
+            self.runs.check_image(spec.image)  # on this machine, or refused: nothing is pulled
         stored = self.store.workload(spec.tenant, spec.name)
         raw = spec_to_json(spec)
         if stored is not None and stored.spec == raw:

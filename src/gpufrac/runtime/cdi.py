@@ -24,7 +24,8 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from gpufrac.devices.container_edits import ContainerEdits
+from gpufrac.devices.container_edits import ContainerEdits, container_edits
+from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.gpu import GpuState
 
 CDI_VERSION = "0.5.0"
@@ -80,6 +81,14 @@ def build_spec(
     }
 
 
+def machine_spec(dev: NvmlDevices, kind: str) -> dict[str, object]:
+    """The spec of every GPU and MIG device this machine has now (as the device layer reads it:
+    after a re-cut, the new instances' names and UUIDs)."""
+    gpus = [g for g in dev.gpus() if g.uuid and g.health == "ok"]
+    edits, common = container_edits(dev, gpus)
+    return build_spec(kind, gpus, edits, common)
+
+
 def spec_file(directory: Path, kind: str) -> Path:
     """Where the spec of ``kind`` lives (``gpufrac.io/gpu`` -> ``gpufrac.io_gpu.json``)."""
     return directory / (kind.replace("/", "_") + ".json")
@@ -111,6 +120,9 @@ class CdiSpecs:
         os.chmod(tmp, 0o644)
         os.replace(tmp, self.path)
         return True
+
+    def exists(self) -> bool:
+        return self.path.exists()
 
     def remove(self) -> None:
         with contextlib.suppress(OSError):

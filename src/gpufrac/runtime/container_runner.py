@@ -135,6 +135,9 @@ class ContainerRunner:
         self.processes = ProcessRunner(self.layout)
         self.cdi = CdiSpecs(Path(self.settings.cdi_dir), self.settings.cdi_kind)
         self._engine: Engine | None = None
+        # runs started by this runner and not settled yet: their containers may not exist yet
+        # (``podman run`` is on its way), so the CDI spec they need is kept
+        self._unsettled: set[Path] = set()
 
     @property
     def engine(self) -> Engine:
@@ -148,10 +151,26 @@ class ContainerRunner:
         return self._engine
 
     def check_image(self, image: str) -> None:
-        """Refuse an image this machine does not have (nothing is pulled)."""
-        found = self.engine.run("image", "exists", image).returncode == 0
-        if self.engine.name == "docker":
-            found = self.engine.run("image", "inspect", image).returncode == 0
+        """Refuse an image this machine does not have (nothing is pulled), or any image where no
+        container engine runs."""
+        try:
+            engine = self.engine
+        except RuntimeError as e:
+            raise InputError(
+                f"the image {image!r} cannot run here: {e}",
+                field="spec.image",
+                fix="install podman (apt-get install podman runc), or leave spec.image out and "
+                "run the command as a process",
+            ) from None
+        match engine.name:
+            case "podman":
+                found = engine.run("image", "exists", image).returncode == 0
+            case "docker":
+                found = engine.run("image", "inspect", image).returncode == 0
+            case "auto":
+                raise AssertionError("an engine found is podman or docker")
+            case _:
+                assert_never(engine.name)
         if not found:
             raise InputError(
                 f"the image {image!r} is not on this machine (no registry is pulled from)",
@@ -202,7 +221,7 @@ class ContainerRunner:
         if limits.milli_cpus is not None:
             argv += ["--cpus", f"{limits.milli_cpus / 1000:.3f}"]
         for port in spec.ports:
-            argv += ["-p", f"127.0.0.1:{port}:{port}"]
+            argv += ["-p", f"{spec.publish_host}:{port}:{port}"]
         for device in what.grant.devices:
             argv += ["--device", self.cdi.qualified(device)]
         for m in (*what.grant.mounts, *spec.mounts):
@@ -236,6 +255,7 @@ class ContainerRunner:
             what.lease,
             what.grant,
         )
+        self._unsettled.add(handle.run_dir)
         self.processes.start(handle, client)
 
     def stop(self, handle: RunHandle, *, grace: float, wait: float = 0.5) -> bool:
@@ -311,6 +331,7 @@ class ContainerRunner:
         and its cgroups removed; gpufrac's CDI spec too when no container of it is left."""
         record = handle.run_dir / RECORD
         if record.exists() or not handle.run_dir.exists():
+            self._unsettled.discard(handle.run_dir)
             return
         named = _read(handle.run_dir / NAMED)
         name = str(named.get("name") or container_name(handle.run_dir))
@@ -328,11 +349,19 @@ class ContainerRunner:
         remove_tree(f"/{cgroup}")
         limit = _limit_mib(_read(handle.run_dir / "spec.json").get("command"))
         _write(record, {"oom_killed": state.get("OOMKilled") is True, "limit_mib": limit})
+        self._unsettled.discard(handle.run_dir)
+        if self._starting():
+            return  # a container on its way needs the spec
         left = engine.run(
             "ps", "--all", "--quiet", "--filter", f"label={CDI_LABEL}={self.cdi.kind}"
         )
         if left.returncode == 0 and not left.stdout.strip():
             self.cdi.remove()
+
+    def _starting(self) -> bool:
+        """Whether a run this runner started is not settled yet (its directory still there)."""
+        self._unsettled = {r for r in self._unsettled if r.exists() and not (r / RECORD).exists()}
+        return bool(self._unsettled)
 
 
 def _limit_mib(command: object) -> int | None:

@@ -29,7 +29,15 @@ LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
 LOG_FORMAT_ENV = "GPUFRAC_LOG_FORMAT"
 # kinds that say something went wrong; every other event is logged at level info
 WARNINGS = frozenset(
-    {"failed", "action_failed", "memory_limit", "evicted", "refused", "gateway_error"}
+    {
+        "failed",
+        "action_failed",
+        "memory_limit",
+        "evicted",
+        "refused",
+        "gateway_error",
+        "engine_warning",
+    }
 )
 
 

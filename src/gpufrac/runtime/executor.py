@@ -29,10 +29,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import assert_never
 
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.deployment import LABEL
+from gpufrac.model.engines import ENGINE_ARGS_ENV
 from gpufrac.model.workload import WorkloadSpec, spec_from_json
 from gpufrac.planning.sched_decision import (
     Completion,
@@ -44,11 +46,13 @@ from gpufrac.planning.sched_decision import (
     displacements,
 )
 from gpufrac.planning.scheduler import Scheduler
+from gpufrac.runtime.cdi import machine_spec
 from gpufrac.runtime.cgroups import HostLimits
 from gpufrac.runtime.failures import Failures
 from gpufrac.runtime.handover import Handover, base_env
 from gpufrac.runtime.mig_worker import MigWorker
 from gpufrac.runtime.mps import MpsDaemons
+from gpufrac.runtime.runner import BindMount, ContainerLaunch
 from gpufrac.runtime.runs import Runs, read_note, write_note
 from gpufrac.runtime.sandbox import Sandbox
 from gpufrac.runtime.store import Store
@@ -222,27 +226,63 @@ class Executor:
         if decision.mode == "mps" and decision.gpus:
             self._bound_mps(decision.gpus[0])
         attempt = len(attempts) + 1
-        handed = self.handover.grant(spec, decision, self.scheduler.allocations(a.workload))
+        allocs = self.scheduler.allocations(a.workload)
+        handed = self.handover.grant(spec, decision, allocs)
         grant = replace(handed, env={**handed.env, "GPUFRAC_ATTEMPT": str(attempt)})
+        told = self.handover.engine(spec, decision, allocs)
+        command = spec.command if told is None else told.command
+        # the engine's environment where the manifest does not say otherwise; its flags always
+        engine_env = {} if told is None else dict(told.env)
+        engine_flags = {k: engine_env.pop(k) for k in [ENGINE_ARGS_ENV] if k in engine_env}
+        env = {**engine_env, **spec.env, **grant.env, **engine_flags}
         who = self.sandbox.identity(tenant, spec.user)
-        self.runs.launch(
-            tenant,
-            name,
-            stored.generation,
-            attempt,
-            spec.command,
-            env={**base_env(), **who.env, **spec.env, **grant.env},
-            workdir=spec.workdir or who.workdir,
-            user=who.user,
-            group=who.group,
-            view=who.view,
-            limits=HostLimits(
-                memory_bytes=None if spec.host_memory_mib is None else spec.host_memory_mib * 2**20,
-                milli_cpus=spec.cpus_milli,
-                pids=spec.pids,
-            ),
-            grant=grant,
+        limits = HostLimits(
+            memory_bytes=None if spec.host_memory_mib is None else spec.host_memory_mib * 2**20,
+            milli_cpus=spec.cpus_milli,
+            pids=spec.pids,
         )
+        if spec.image is None:
+            self.runs.launch(
+                tenant,
+                name,
+                stored.generation,
+                attempt,
+                command,
+                env={**base_env(), **who.env, **env},
+                workdir=spec.workdir or who.workdir,
+                user=who.user,
+                group=who.group,
+                view=who.view,
+                limits=limits,
+                grant=grant,
+            )
+        else:
+            # the container's own environment (none of the agent's), listening on every address
+            # of its own network namespace: its ports are published at the agent's
+            inside = {**env, "GPUFRAC_HOST": "0.0.0.0"}
+            self.refresh_cdi()  # its device by the name the device layer gives it now
+            self.runs.launch(
+                tenant,
+                name,
+                stored.generation,
+                attempt,
+                command,
+                env=inside,
+                workdir=spec.workdir,
+                user=who.user,
+                group=who.group,
+                limits=limits,
+                grant=replace(grant, env=inside),
+                container=ContainerLaunch(
+                    spec.image,
+                    inside,
+                    tuple(BindMount(Path(m.source), m.target, m.read_only) for m in spec.mounts),
+                    published_ports(spec),
+                    self.handover.listen_host,
+                ),
+            )
+        for warning in () if told is None or attempt > 1 else told.warnings:
+            self.store.record_event("engine_warning", a.workload, warning)  # once a generation
         if attempt == 1:
             self.store.record_event(
                 "started",
@@ -284,8 +324,17 @@ class Executor:
             )
         return tuple(todo)
 
+    def refresh_cdi(self, *, create: bool = True) -> bool:
+        """gpufrac's CDI spec rewritten from the devices as they are now, where it changed
+        (``create=False``: only where containers use it already); True if it was written."""
+        return self.runs.refresh_cdi(
+            machine_spec(self.dev, self.runs.containers.cdi_kind), create=create
+        )
+
     def record_mig(self) -> None:
-        """Record what the MIG worker did since the last pass."""
+        """Record what the MIG worker did since the last pass; after a change, gpufrac's CDI spec
+        names the instances as they are now (before any start)."""
+        changed = False
         for o in self.mig.take():
             a, what = o.action, o.action.describe()
             if o.error is not None:
@@ -302,12 +351,15 @@ class Executor:
                         continue  # no MIG change: the worker is handed none
                     case _:
                         assert_never(a.mig_change)
+                changed = True
                 self.store.record_event(
                     verb,
                     a.gpu_uuid,
                     f"{a.mig} ({why} {o.workload})",
                     {**self.details(o.workload, None, a.gpu_uuid), "mig": str(a.mig)},
                 )
+        if changed:
+            self.refresh_cdi(create=False)
 
     def details(
         self, workload: str, d: Decision | None, gpu_uuid: str | None = None
@@ -356,6 +408,16 @@ def record_displaced(
                 cause=cause,
                 mentions=victims,
             )
+
+
+def published_ports(spec: WorkloadSpec) -> tuple[int, ...]:
+    """The ports a container workload is reached at: its health check's, and a replica's
+    ``PORT`` (where the gateway sends its requests)."""
+    ports = [spec.health.port] if spec.health is not None else []
+    port = spec.env.get("PORT", "")
+    if port.isascii() and port.isdigit() and 0 < int(port) < 65536:
+        ports.append(int(port))
+    return tuple(dict.fromkeys(ports))
 
 
 def where(d: Decision) -> str:

@@ -169,6 +169,7 @@ class GpuCare:
                 )
         finally:  # changed or rolled back: the scheduler takes what the GPU is now
             after = self.dev.gpu(uuid)
+            self.executor.refresh_cdi(create=False)  # and gpufrac's CDI spec, where it is used
             pinned = pin and after.mig_enabled and after.layout == wanted
             self.scheduler.relayout(uuid, after.mig_enabled, list(after.layout), pinned=pinned)
             for spec in moved:

@@ -12,6 +12,9 @@
 * ``mounts``: on MPS, the pipe directory (a container must see it to reach the MPS server).
 
 A host process needs only the env (it sees every device and file already).
+
+``Handover.engine`` is what a workload's engine (``spec.engine``) is told of its slice: its memory
+flags and environment from its budget over the device it sees (``model/engines.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 
 from gpufrac.devices.nvml import NvmlDevices
+from gpufrac.model.engines import EngineArgs, engine_args
 from gpufrac.model.qos import mps_client_priority, qos_params
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.sched_decision import Decision
@@ -99,3 +103,17 @@ class Handover:
             pipe = self.mps.pipe_dir(decision.gpus[0])
             mounts = (BindMount(pipe, str(pipe)),)
         return Grant(env, tuple(devices), mounts)
+
+    def engine(
+        self, spec: WorkloadSpec, decision: Decision, allocs: list[Allocation]
+    ) -> EngineArgs | None:
+        """What the workload's engine is told (None without ``spec.engine``): its budget over
+        the memory of the device it sees (its MIG instance on MIG, else the whole GPU)."""
+        if spec.engine is None or not decision.gpus or not allocs:
+            return None
+        gpu = self.dev.gpu(decision.gpus[0])
+        visible = gpu.memory_total_mib
+        if decision.mig is not None:
+            inst = gpu.instance_at(decision.mig)
+            visible = inst.memory_mib if inst is not None and inst.memory_mib else visible
+        return engine_args(spec.engine, spec.command, allocs[0].memory_mib, visible)

@@ -109,12 +109,14 @@ class Grant:
 class ContainerLaunch:
     """What a container runner needs beyond a process's: the image, the environment the container
     gets (its manifest's ``env`` and the grant's: never the agent's own ``PATH`` or ``HOME``),
-    the tenant's bind mounts and the ports published on ``127.0.0.1``."""
+    the tenant's bind mounts and the ports published on ``publish_host`` (where the agent
+    reaches workloads: ``127.0.0.1``, or a cluster node's address)."""
 
     image: str
     env: Mapping[str, str]
     mounts: tuple[BindMount, ...] = ()
     ports: tuple[int, ...] = ()
+    publish_host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,6 +144,25 @@ class Runs:
             found = self._runners[kind] = make_runner(kind, self.cgroups, self.containers)
         return found
 
+    def _containers(self) -> ContainerRunner:
+        """The container runner (made the first time it is asked for)."""
+        found = self.runner("container")
+        assert isinstance(found, ContainerRunner)
+        return found
+
+    def check_image(self, image: str) -> None:
+        """Refuse (``InputError`` on ``spec.image``) an image the container engine does not have
+        here, or any where no engine runs; nothing is pulled."""
+        self._containers().check_image(image)
+
+    def refresh_cdi(self, spec: Mapping[str, object], *, create: bool = True) -> bool:
+        """Write gpufrac's CDI spec (``runtime/cdi.py``) where it changed; ``create=False``: only
+        where it is there already (containers use it). True if it was written."""
+        cdi = self._containers().cdi
+        if not create and not cdi.exists():
+            return False
+        return cdi.refresh(spec)
+
     def handle(self, run: Path) -> RunHandle:
         """The handle of a run: its directory and the runner that started it (read once from
         ``runner.json``; a run from before it was written is the process runner's)."""

@@ -201,6 +201,7 @@ class Deployments:
         try:
             settings.check_priority(spec.tenant, spec.template.priority)
             settings.check_user(spec.tenant, spec.template.user)
+            settings.check_mounts(spec.template.mounts)
         except InputError as e:
             raise InputError(
                 e.message, field=(e.field or "").replace("spec.", "spec.template.", 1), fix=e.fix

@@ -55,6 +55,9 @@ def test_flags_only_for_the_engines_entry_point() -> None:
     assert wrapped.env[ENGINE_ARGS_ENV] == "--cuda-memory-fraction 0.10"
     tgi = engine_args("tgi", ["text-generation-launcher"], 8_000, 80_000)
     assert tgi.command[1:] == ("--cuda-memory-fraction", "0.10")
+    # a manifest's command is a tuple: the entry point is told apart all the same
+    vllm = engine_args("vllm", ("vllm", "serve", "m"), 8_000, 80_000)
+    assert vllm.command[3:5] == ("--gpu-memory-utilization", "0.10")
 
 
 def test_triton_pool_in_bytes_and_frameworks_by_env() -> None:

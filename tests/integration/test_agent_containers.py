@@ -1,0 +1,270 @@
+"""Container workloads through the agent (in process, on simulated GPUs) with real podman
+containers: each sees its device by CDI (the MIG instance's or the GPU's UUID, the SDK's
+environment) and, on MPS, its pipe directory; a delete leaves no container, cgroup or CDI spec;
+a restarted agent re-attaches to a running container instead of starting it again."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufrac.devices import NvmlDevices, open_simulated
+from gpufrac.model.settings import ContainerSettings, OperatorSettings
+from gpufrac.model.workload import GpuRequest, HealthCheck, VolumeMount, WorkloadSpec
+from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.cdi import CdiSpecs
+from tests.conftest import kill_leftover_runs
+from tests.integration.containers import PODMAN, ensure_image
+
+FLEET = "h200:1:mig,h200:1"
+PY = "/usr/bin/python3"  # the host's, under the /usr the test image mounts
+SHOW = (
+    "import json, os; e = os.environ; p = e.get('CUDA_MPS_PIPE_DIRECTORY'); "
+    "print(json.dumps({'visible': e.get('CUDA_VISIBLE_DEVICES'), "
+    "'device': e.get('GPUFRAC_DEVICE_UUID'), 'reports': e.get('GPUFRAC_GPU_REPORTS'), "
+    "'pipe': p, 'pipe_seen': bool(p) and os.path.isdir(p), 'mine': e.get('MINE'), "
+    "'host': e.get('GPUFRAC_HOST'), 'limit': e.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT')}), "
+    "flush=True)"
+)
+
+
+@pytest.fixture
+def image() -> str:
+    return ensure_image()
+
+
+@pytest.fixture
+def dev(data_dir: Path) -> Iterator[NvmlDevices]:
+    yield open_simulated(FLEET, data_dir)
+    kill_leftover_runs(data_dir)
+    ours = podman("ps", "-a", "--format", "{{.Names}} {{.Labels}}")
+    for line in ours.splitlines():  # whatever a failing test left of its containers
+        if str(data_dir) in line:
+            podman("rm", "--force", line.split()[0])
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Iterator[OperatorSettings]:
+    kind = f"gpufrac.io/agent{abs(hash(str(tmp_path))) % 10**8}"  # its own: tests run side by side
+    yield OperatorSettings(
+        containers=ContainerSettings(
+            engine="podman", allowed_mounts=("/usr",), cdi_kind=kind, cdi_dir="/etc/cdi"
+        )
+    )
+    CdiSpecs(Path("/etc/cdi"), kind).remove()
+
+
+def podman(*args: str) -> str:
+    return subprocess.run([*PODMAN, *args], capture_output=True, text=True, check=False).stdout
+
+
+def container(name: str, image: str, code: str, **kw: object) -> WorkloadSpec:
+    return WorkloadSpec(
+        name=name,
+        command=(PY, "-c", code),
+        image=image,
+        mounts=(VolumeMount("/usr", "/usr"),),
+        env={"MINE": "yes"},
+        restart="never",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def settle(agent: Agent, key: str, phases: set[str], timeout: float = 20.0) -> WorkloadState:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = {s.key: s for s in agent.reconcile()}
+        if states[key].phase in phases:
+            return states[key]
+        time.sleep(0.05)
+    raise AssertionError(f"{key} never reached {phases}: {states[key]}")
+
+
+def shown(agent: Agent, name: str) -> dict[str, object]:
+    log = agent.latest_log("default", name, 1)
+    assert log is not None
+    lines = log.read_text().strip().splitlines()
+    assert lines, "the container printed nothing"
+    seen: dict[str, object] = json.loads(lines[-1])
+    return seen
+
+
+def container_of(agent: Agent, name: str) -> str:
+    """The container's name, as the engine knows it (its label: the run directory)."""
+    run = agent.runs.latest("default", name, 1)
+    assert run is not None
+    out = podman("ps", "-a", "--filter", f"label=gpufrac.run={run}", "--format", "{{.Names}}")
+    return out.strip()
+
+
+def no_cgroup(name: str) -> bool:
+    return not any(Path("/sys/fs/cgroup").glob(f"*/{name}")) and not any(
+        Path("/sys/fs/cgroup").glob(name)
+    )
+
+
+def test_a_mig_and_an_mps_container_see_their_devices_and_a_delete_leaves_nothing(
+    data_dir: Path, dev: NvmlDevices, settings: OperatorSettings, image: str
+) -> None:
+    agent = Agent(data_dir, dev, settings, stop_grace=1.0)
+    cdi = CdiSpecs(Path(settings.containers.cdi_dir), settings.containers.cdi_kind)
+    started = time.monotonic()
+    agent.apply_workload(container("mig", image, SHOW, gpu=GpuRequest(mig_profile="1g.18gb")))
+    agent.apply_workload(
+        container("mps", image, SHOW, gpu=GpuRequest(memory_mib=4096), sharing="mps")
+    )
+    mig = settle(agent, "default/mig", {"succeeded", "failed"})
+    mps = settle(agent, "default/mps", {"succeeded", "failed"})
+    took = time.monotonic() - started
+    assert mig.phase == "succeeded", shown(agent, "mig")
+    assert mps.phase == "succeeded", shown(agent, "mps")
+    instance = next(i for i in dev.gpus()[0].instances if i.uuid)
+    seen = shown(agent, "mig")
+    assert seen["device"] == instance.uuid  # from its CDI device, by the MIG device's UUID
+    assert seen["visible"] == instance.uuid
+    assert seen["reports"] == dev.sdk_env["GPUFRAC_GPU_REPORTS"]  # the spec's common edits
+    assert seen["mine"] == "yes" and seen["host"] == "0.0.0.0"
+    assert seen["pipe"] is None
+    seen = shown(agent, "mps")
+    gpu = dev.gpus()[1].uuid
+    assert seen["device"] == gpu and seen["visible"] == gpu
+    assert seen["pipe_seen"] is True  # the MPS pipe directory, mounted
+    assert seen["pipe"] == str(agent.mps.pipe_dir(gpu))
+    assert seen["limit"] is not None
+    print(f"two container jobs through the agent, apply to succeeded: {took:.2f}s")
+    names = [container_of(agent, n) for n in ("mig", "mps")]
+    assert all(not n for n in names)  # ended: removed already
+    for n in ("mig", "mps"):
+        assert agent.delete("default", n)
+    assert agent.runs.wait_stopped(10)
+    assert not cdi.path.exists()  # no container of gpufrac's left: its CDI spec went too
+    agent.close()
+
+
+def test_a_running_container_is_re_attached_by_a_restarted_agent_and_deleted_clean(
+    data_dir: Path, dev: NvmlDevices, settings: OperatorSettings, image: str
+) -> None:
+    from tests.integration.conftest import free_port
+
+    port = free_port()
+    server = (
+        "import http.server, os\n"
+        "http.server.ThreadingHTTPServer((os.environ['GPUFRAC_HOST'], "
+        f"{port}), http.server.SimpleHTTPRequestHandler).serve_forever()"
+    )
+    first = Agent(data_dir, dev, settings, stop_grace=1.0)
+    spec = container(
+        "svc",
+        image,
+        server,
+        gpu=GpuRequest(memory_mib=4096),
+        sharing="timeslice",
+        type="service",
+        health=HealthCheck("http", port, "/", 1),
+    )
+    first.apply_workload(spec)
+    # running: its health check passed, through the port published at 127.0.0.1
+    settle(first, "default/svc", {"running"})
+    assert "ready" in [e.kind for e in first.store.events("default/svc")]
+    name = container_of(first, "svc")
+    assert name
+    cid = podman("inspect", "--format", "{{.Id}}", name).strip()
+    run = first.runs.latest("default", "svc", 1)
+    assert run is not None
+    pid = first.runs.status(run).child_pid
+    cdi = CdiSpecs(Path(settings.containers.cdi_dir), settings.containers.cdi_kind)
+    assert cdi.path.exists()
+    first.close()  # the agent goes, without stopping anything; its container does not
+
+    second = Agent(data_dir, open_simulated(FLEET, data_dir), settings, stop_grace=1.0)
+    after = settle(second, "default/svc", {"running"})
+    assert after.attempts == 1  # re-attached, not started again
+    assert second.runs.status(run).child_pid == pid
+    assert podman("inspect", "--format", "{{.Id}}", name).strip() == cid
+    assert second.apply_workload(spec)[0] == "unchanged"
+    assert no_cgroup(name) is not second.runs.cgroups.usable  # its cgroup is there while it runs
+    assert second.delete("default", "svc")
+    assert second.runs.wait_stopped(10)
+    assert not podman("ps", "-a", "--filter", f"name={name}", "--format", "{{.Names}}").strip()
+    assert no_cgroup(name)
+    assert not cdi.path.exists()
+    second.close()
+
+
+def test_a_replica_container_serves_through_the_gateway(tmp_path: Path, image: str) -> None:
+    import httpx
+
+    from tests.integration.conftest import running_agent
+
+    kind = f"gpufrac.io/serve{abs(hash(str(tmp_path))) % 10**8}"
+    yaml = f"containers:\n  engine: podman\n  allowed_mounts: [/usr]\n  cdi_kind: {kind}\n"
+    server = (
+        "import http.server, json, os\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        body = json.dumps({'device': os.environ.get('GPUFRAC_DEVICE_UUID'), "
+        "'pid': os.getpid()}).encode()\n"
+        "        self.send_response(200); self.send_header('Content-Length', str(len(body)))\n"
+        "        self.end_headers(); self.wfile.write(body)\n"
+        "http.server.ThreadingHTTPServer((os.environ['GPUFRAC_HOST'], int(os.environ['PORT'])), "
+        "H).serve_forever()\n"
+    )
+    manifest = {
+        "apiVersion": "gpufrac/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "boxed"},
+        "spec": {
+            "template": {
+                "image": image,
+                "command": [PY, "-c", server],
+                "mounts": [{"source": "/usr", "target": "/usr"}],
+                "resources": {"gpu": {"fraction": 0.2}},
+                "sharing": "timeslice",
+            },
+            "replicas": 1,
+        },
+    }
+    agents = running_agent(tmp_path, "h200:1", files={"gpufrac.yaml": yaml})
+    agent = next(agents)
+    try:
+        started = time.monotonic()
+        r = httpx.post(agent.url + "/api/v1/deployments", json=manifest, timeout=30)
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = httpx.get(f"{agent.url}/api/v1/deployments/default/boxed", timeout=10).json()
+            if got["replicas_ready"] == 1:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"no ready replica: {got}")
+        answer = httpx.get(f"{agent.gateway}/serve/boxed/", timeout=10)
+        took = time.monotonic() - started
+        assert answer.status_code == 200, answer.text
+        gpu = httpx.get(f"{agent.url}/api/v1/gpus", timeout=10).json()
+        assert answer.json()["device"] in json.dumps(gpu)  # its GPU, by its CDI device
+        print(f"a replica container, apply to its first answer through the gateway: {took:.2f}s")
+        runs = agent.data_dir / "runs"
+        labels = podman("ps", "-a", "--format", "{{.Labels}}")
+        assert str(runs) in labels  # it runs as a container of gpufrac's
+        r = httpx.delete(f"{agent.url}/api/v1/deployments/default/boxed", timeout=30)
+        assert r.status_code == 200, r.text
+        deleting = time.monotonic()
+        deadline = deleting + 20
+        while str(runs) in podman("ps", "-a", "--format", "{{.Labels}}"):
+            assert time.monotonic() < deadline, "its container is still there"
+            time.sleep(0.2)
+        print(f"deleted, its container gone: {time.monotonic() - deleting:.2f}s")
+    finally:
+        with contextlib.suppress(StopIteration):
+            next(agents)  # the agent and what it left are stopped
+        for line in podman("ps", "-a", "--format", "{{.Names}} {{.Labels}}").splitlines():
+            if str(tmp_path) in line:
+                podman("rm", "--force", line.split()[0])
+        CdiSpecs(Path("/etc/cdi"), kind).remove()
