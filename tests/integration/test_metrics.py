@@ -156,7 +156,8 @@ def test_dcgm_fields_with_the_dcgm_exporters_labels_and_nothing_made_up(
 ) -> None:
     """Per GPU DCGM's labels (gpu, UUID, pci_bus_id, device, modelName, Hostname, driver);
     utilization, which NVML does not give in MIG mode, has no series for the MIG GPU (not a 0),
-    while GPM's engine activity is there per GPU and per MIG instance (an H200: Hopper)."""
+    while GPM's engine and tensor pipe activity are there per GPU and per MIG instance (an H200:
+    Hopper)."""
     agent, text = served
     gpus = httpx.get(agent.url + "/api/v1/gpus", timeout=10).json()["gpus"]
     mig = next(g for g in gpus if g["mig_mode"]["current"] == "enabled")
@@ -179,10 +180,12 @@ def test_dcgm_fields_with_the_dcgm_exporters_labels_and_nothing_made_up(
         assert value(text, name, UUID=whole["uuid"]) is not None
     assert 0 <= (value(text, "DCGM_FI_DEV_POWER_USAGE", UUID=whole["uuid"]) or -1) <= 1000
     # GPM: per GPU, and per MIG instance (GPU_I_ID) with nvmlGpmMigSampleGet
-    active = samples(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", UUID=mig["uuid"])
-    per_instance = {labels.get("GPU_I_ID") for labels, _ in active}
-    assert per_instance == {None, *(str(i["gi_id"]) for i in mig["instances"])}
-    assert all(0 <= v <= 1 for _, v in active)
+    for name in ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"):
+        active = samples(text, name, UUID=mig["uuid"])
+        per_instance = {labels.get("GPU_I_ID") for labels, _ in active}
+        assert per_instance == {None, *(str(i["gi_id"]) for i in mig["instances"])}, name
+        assert all(0 <= v <= 1 for _, v in active)
+        assert value(text, name, UUID=whole["uuid"]) is not None
 
 
 def test_gateway_series_per_deployment_and_replica(served: tuple[RunningAgent, str]) -> None:

@@ -1,7 +1,10 @@
 """The serving series of ``/metrics``: the request gateway's counters per deployment and replica, as
 the agent last read them over the gateway's admin link (its ``T`` statistics, every reconcile pass),
 the replicas wanted, ready and draining, and the autoscaler's decisions. Labels: ``tenant``,
-``deployment``, and ``replica`` (the replica workload's name) where a series is per replica."""
+``deployment``, and ``replica`` (the replica workload's name) where a series is per replica, with,
+on a cluster, ``node``: the node the replica is placed on now (absent on one machine, and for a
+replica placed nowhere). A replica is on one node at a time, so ``node`` adds no series but where a
+replica is placed again elsewhere (one more each time)."""
 
 from __future__ import annotations
 
@@ -122,9 +125,9 @@ def serving_families(deployments: Deployments) -> Iterator[Metric]:
             f["requests"].add({**lab, "code": code}, n)
         outstanding = {**traffic.get("retiring", {}), **traffic.get("replicas", {})}
         for rid, seen in outstanding.items():
-            f["in_flight"].add({**lab, "replica": rid}, seen.get("outstanding", 0))
+            f["in_flight"].add(replica_labels(deployments, lab, rid), seen.get("outstanding", 0))
         for rid, c in traffic.get("counts", {}).items():
-            at = {**lab, "replica": rid}
+            at = replica_labels(deployments, lab, rid)
             for code, n in c.get("codes", {}).items():
                 f["requests"].add({**at, "code": code}, n)
             buckets = c.get("latency", [])
@@ -133,3 +136,12 @@ def serving_families(deployments: Deployments) -> Iterator[Metric]:
     for code, n in sorted(deployments.refused.items()):
         f["requests"].add({"code": code}, n)
     yield from (family.metric for family in f.values())
+
+
+def replica_labels(
+    deployments: Deployments, deployment: dict[str, str], replica: str
+) -> dict[str, str | None]:
+    """A per-replica series' labels: the deployment's, ``replica``, and ``node`` where the host
+    places replicas on nodes (a cluster's control plane: None on one machine)."""
+    _, node = deployments.runner.where(f"{deployment['tenant']}/{replica}")
+    return {**deployment, "replica": replica, "node": node}

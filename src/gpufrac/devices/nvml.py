@@ -12,9 +12,10 @@ import contextlib
 import ctypes
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from types import MappingProxyType
+from typing import Any, Literal, TypeVar, assert_never, get_args
 
 from gpufrac.devices.errors import (
     DeviceError,
@@ -295,9 +296,14 @@ class NvmlDevices:
             instances, mig_procs = self._read_instances(handle, uuid)
             for p in mig_procs:
                 processes[p.pid] = p
+            read = [(i, self.gpm.read(handle, uuid, i.gi_id)) for i in instances]
             instances = tuple(
-                replace(i, gr_engine_active=self.gpm.engine_active(handle, uuid, i.gi_id))
-                for i in instances
+                replace(
+                    i,
+                    gr_engine_active=gpm.get("gr_engine_active"),
+                    tensor_active=gpm.get("tensor_active"),
+                )
+                for i, gpm in read
             )
         self.gpm.keep(uuid, {i.gi_id for i in instances})
         known = model_for_product_name(name)
@@ -327,6 +333,7 @@ class NvmlDevices:
         clock = self.reading("nvmlDeviceGetClockInfo", handle, getattr(lib, "NVML_CLOCK_SM", 1))
         temp = self.reading("nvmlDeviceGetTemperature", handle, lib.NVML_TEMPERATURE_GPU)
         minor = self.reading("nvmlDeviceGetMinorNumber", handle)
+        gpm = self.gpm.read(handle, uuid, None)
         return GpuReadings(
             pci_bus_id=None if pci is None else text(pci.busId),
             minor_number=None if minor is None else int(minor),
@@ -334,7 +341,8 @@ class NvmlDevices:
             sm_clock_mhz=None if clock is None else int(clock),
             memory_util=None if util is None else int(util.memory),
             temperature_c=None if temp is None else int(temp),
-            gr_engine_active=self.gpm.engine_active(handle, uuid, None),
+            gr_engine_active=gpm.get("gr_engine_active"),
+            tensor_active=gpm.get("tensor_active"),
         )
 
     def _pci_device_id(self, handle: Any) -> str:
@@ -543,13 +551,36 @@ class NvmlDevices:
         self.destroy_gpu_instance(uuid, gi_id)
 
 
+GpmMetric = Literal["gr_engine_active", "tensor_active"]
+GPM_METRICS: tuple[GpmMetric, ...] = get_args(GpmMetric)
+
+
+def gpm_metric_id(lib: Any, metric: GpmMetric) -> int:
+    """NVML's GPM metric for a DCGM field: ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` is the time any
+    graphics/compute work ran, ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`` the time any tensor pipe did."""
+    match metric:
+        case "gr_engine_active":
+            return int(lib.NVML_GPM_METRIC_GRAPHICS_UTIL)
+        case "tensor_active":
+            return int(lib.NVML_GPM_METRIC_ANY_TENSOR_UTIL)
+        case _:
+            assert_never(metric)
+
+
+# what GPM gave between a device's last two samples, each 0-1; a metric not there (no rate yet,
+# or one the device does not give) is absent
+GpmValues = Mapping[GpmMetric, float]
+NO_GPM: GpmValues = MappingProxyType({})
+
+
 class GpmReader:
-    """DCGM's ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` through NVML's GPM (Hopper and newer): the part of
-    the time the graphics/compute engine was busy between two samples of a GPU
-    (``nvmlGpmSampleGet``) or of one of its GPU instances (``nvmlGpmMigSampleGet``). Each device's
-    last sample is kept: a reading compares a new sample with it once at least ``MIN_INTERVAL_S``
-    has passed (else the last value stands), so the first reading of a device has no value yet
-    (None), as no rate has a first sample alone."""
+    """DCGM's profiling fields through NVML's GPM (Hopper and newer): ``GpmMetric``, each the part
+    of the time a unit was busy between two samples of a GPU (``nvmlGpmSampleGet``) or of one of
+    its GPU instances (``nvmlGpmMigSampleGet``), all read from one pair of samples in one
+    ``nvmlGpmMetricsGet``. Each device's last sample is kept: a reading compares a new sample with
+    it once at least ``MIN_INTERVAL_S`` has passed (else the last values stand), so the first
+    reading of a device has no values yet, as no rate has a first sample alone; a metric the
+    driver answers for with an error is left out, the others kept."""
 
     MIN_INTERVAL_S = 0.5
 
@@ -557,20 +588,20 @@ class GpmReader:
         self.dev = dev
         self._lock = threading.Lock()
         self._supported: dict[str, bool] = {}
-        # (GPU UUID, GPU instance id or None) -> (sample, when taken, last value)
-        self._last: dict[tuple[str, int | None], tuple[Any, float, float | None]] = {}
+        # (GPU UUID, GPU instance id or None) -> (sample, when taken, last values)
+        self._last: dict[tuple[str, int | None], tuple[Any, float, GpmValues]] = {}
 
-    def engine_active(self, handle: Any, uuid: str, gi_id: int | None) -> float | None:
+    def read(self, handle: Any, uuid: str, gi_id: int | None) -> GpmValues:
         lib = self.dev.lib
         with self._lock:
             if uuid not in self._supported:
                 support = self.dev.reading("nvmlGpmQueryDeviceSupport", handle)
                 self._supported[uuid] = bool(support is not None and support.isSupportedDevice)
             if not self._supported[uuid]:
-                return None
+                return NO_GPM
             sample = self.dev.reading("nvmlGpmSampleAlloc")
             if sample is None:
-                return None
+                return NO_GPM
             taken = (
                 self.dev.reading("nvmlGpmSampleGet", handle, sample)
                 if gi_id is None
@@ -581,24 +612,31 @@ class GpmReader:
             before = self._last.get(key)
             if taken is None or (before is not None and now - before[1] < self.MIN_INTERVAL_S):
                 self.dev.quiet(lib.nvmlGpmSampleFree, sample)
-                return None if taken is None or before is None else before[2]
-            value = None if before is None else self._between(before[0], sample)
+                return NO_GPM if taken is None or before is None else before[2]
+            values = NO_GPM if before is None else self._between(before[0], sample)
             if before is not None:
                 self.dev.quiet(lib.nvmlGpmSampleFree, before[0])
-            self._last[key] = (sample, now, value)
-            return value
+            self._last[key] = (sample, now, values)
+            return values
 
-    def _between(self, first: Any, second: Any) -> float | None:
+    def _between(self, first: Any, second: Any) -> GpmValues:
         lib = self.dev.lib
         asked = lib.c_nvmlGpmMetricsGet_t()
         asked.version = lib.NVML_GPM_METRICS_GET_VERSION
-        asked.numMetrics = 1
+        asked.numMetrics = len(GPM_METRICS)
         asked.sample1, asked.sample2 = first, second
-        asked.metrics[0].metricId = lib.NVML_GPM_METRIC_GRAPHICS_UTIL
+        for i, metric in enumerate(GPM_METRICS):
+            asked.metrics[i].metricId = gpm_metric_id(lib, metric)
         got = self.dev.reading("nvmlGpmMetricsGet", asked)
-        if got is None or int(got.metrics[0].nvmlReturn) != lib.NVML_SUCCESS:
-            return None
-        return max(0.0, min(1.0, float(got.metrics[0].value) / 100))
+        if got is None:
+            return NO_GPM
+        return MappingProxyType(
+            {
+                metric: max(0.0, min(1.0, float(got.metrics[i].value) / 100))
+                for i, metric in enumerate(GPM_METRICS)
+                if int(got.metrics[i].nvmlReturn) == lib.NVML_SUCCESS
+            }
+        )
 
     def keep(self, uuid: str, gi_ids: set[int]) -> None:
         """Forget the samples of GPU instances of ``uuid`` that are gone."""

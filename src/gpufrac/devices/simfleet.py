@@ -166,9 +166,12 @@ class SimulatedFleet:
             gpu, gi = env.get("GPUFRAC_GPU_UUID"), env.get("GPUFRAC_GI_ID", "")
             if st.st_uid != uid or not gpu or not isinstance(raw, dict):
                 continue
-            mib, sm = raw.get("mib"), raw.get("sm", 0)
-            if not isinstance(mib, int) or not isinstance(sm, int) or mib < 0:
+            mib, sm, tensor = raw.get("mib"), raw.get("sm", 0), raw.get("tensor", 0)
+            if not isinstance(mib, int) or mib < 0:
                 continue
+            if not isinstance(sm, int) or not isinstance(tensor, int):
+                continue
+            sm = max(0, min(100, sm))
             out.append(
                 {
                     "gpu": gpu,
@@ -177,7 +180,9 @@ class SimulatedFleet:
                     "gi_id": int(gi) if is_digits(gi) else None,
                     "ci_id": 0 if is_digits(gi) else None,
                     "mps": False,
-                    "sm_util": max(0, min(100, sm)),
+                    "sm_util": sm,
+                    # its tensor pipes busy: a part of its SMs' busy time
+                    "tensor_util": max(0, min(sm, tensor)),
                 }
             )
         return out
@@ -246,8 +251,11 @@ class SimulatedFleet:
         gi_id: int | None = None,
         mps: bool = False,
         sm_util: int = 0,
+        tensor_util: int = 0,
     ) -> None:
-        """Record that ``pid`` holds memory on a GPU (or on its GPU instance ``gi_id``)."""
+        """Record that ``pid`` holds memory on a GPU (or on its GPU instance ``gi_id``), keeps
+        ``sm_util`` % of its SMs busy and ``tensor_util`` % of the time its tensor pipes (at most
+        its SM use)."""
         with self.mutate() as state:
             gpu = self._gpu(state, gpu_uuid)
             if gi_id is not None and not any(gi["id"] == gi_id for gi in gpu["gpu_instances"]):
@@ -262,6 +270,7 @@ class SimulatedFleet:
                     "ci_id": ci_id,
                     "mps": mps,
                     "sm_util": sm_util,
+                    "tensor_util": max(0, min(sm_util, tensor_util)),
                 }
             )
 

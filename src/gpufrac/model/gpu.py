@@ -44,6 +44,8 @@ class MigInstanceState:
     # part of the time its graphics/compute engine was busy (0-1), from NVML's GPM
     # (nvmlGpmMigSampleGet: Hopper and newer); None where the driver cannot say
     gr_engine_active: float | None = None
+    # part of the time its tensor pipes were busy (0-1), the same way
+    tensor_active: float | None = None
 
     @property
     def placement(self) -> MigPlacement:
@@ -59,6 +61,7 @@ class MigInstanceState:
             "busy": self.busy,
             "memory_mib": self.memory_mib,
             "gr_engine_active": self.gr_engine_active,
+            "tensor_active": self.tensor_active,
         }
 
 
@@ -73,6 +76,7 @@ class GpuReadings:
     memory_util: int | None = None  # % of time device memory was read or written
     temperature_c: int | None = None
     gr_engine_active: float | None = None  # 0-1, GPM (Hopper and newer)
+    tensor_active: float | None = None  # 0-1, GPM: any tensor pipe busy
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -83,6 +87,7 @@ class GpuReadings:
             "memory_util": self.memory_util,
             "temperature_c": self.temperature_c,
             "gr_engine_active": self.gr_engine_active,
+            "tensor_active": self.tensor_active,
         }
 
 

@@ -77,6 +77,11 @@ def gpu_families(gpus: list[GpuState], host: str, driver: str | None) -> Iterato
             "gauge",
             "Ratio of time the graphics engine is active (NVML's GPM: Hopper and newer).",
         ),
+        "tensor": Family(
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "gauge",
+            "Ratio of time any tensor pipe is active (NVML's GPM: Hopper and newer).",
+        ),
     }
     for g in gpus:
         r = g.readings
@@ -96,6 +101,7 @@ def gpu_families(gpus: list[GpuState], host: str, driver: str | None) -> Iterato
             ("clock", r.sm_clock_mhz),
             ("temp", r.temperature_c),
             ("active", r.gr_engine_active),
+            ("tensor", r.tensor_active),
         ):
             if reading is not None:
                 f[family].add(base, reading)
@@ -109,6 +115,8 @@ def gpu_families(gpus: list[GpuState], host: str, driver: str | None) -> Iterato
                 f["free"].add(mig, inst.memory_mib - inst_used)
             if inst.gr_engine_active is not None:
                 f["active"].add(mig, inst.gr_engine_active)
+            if inst.tensor_active is not None:
+                f["tensor"].add(mig, inst.tensor_active)
     yield from (family.metric for family in f.values())
 
 

@@ -73,9 +73,10 @@ def report_gpu_memory(mib: int) -> bool:
     return report_gpu_use(mib)
 
 
-def report_gpu_use(mib: int, sm_percent: int = 0) -> bool:
-    """Simulated GPUs only: record that this process holds ``mib`` MiB on its GPU (or MIG instance)
-    and keeps ``sm_percent`` of its SMs busy, as NVML would show a real process's use. The report
+def report_gpu_use(mib: int, sm_percent: int = 0, tensor_percent: int = 0) -> bool:
+    """Simulated GPUs only: record that this process holds ``mib`` MiB on its GPU (or MIG instance),
+    keeps ``sm_percent`` of its SMs busy and its tensor pipes ``tensor_percent`` of the time (at
+    most ``sm_percent``: GPM's tensor activity), as NVML would show a real process's use. The report
     goes to the drop box the agent names in ``GPUFRAC_GPU_REPORTS`` (one file per process); the
     device it is about is the one this process was handed. False where there is no such channel."""
     where = os.environ.get("GPUFRAC_GPU_REPORTS")
@@ -84,7 +85,9 @@ def report_gpu_use(mib: int, sm_percent: int = 0) -> bool:
     path = Path(where) / f"{os.getpid()}.json"
     tmp = path.with_name(f".{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps({"mib": int(mib), "sm": int(sm_percent)}))
+        tmp.write_text(
+            json.dumps({"mib": int(mib), "sm": int(sm_percent), "tensor": int(tensor_percent)})
+        )
         os.replace(tmp, path)
     except OSError:
         return False

@@ -12,11 +12,15 @@ from pathlib import Path
 import pytest
 
 from gpufrac.api.tokens import Caller
+from gpufrac.cluster import metrics_relay
 from gpufrac.cluster.control import ControlPlane
 from gpufrac.cluster.serving import ClusterServing
 from gpufrac.runtime.shim import lease_ended, read_lease, write_lease
+from gpufrac.serving.deployments import route_name_of
+from gpufrac.serving.routing import LATENCY_BUCKETS
 from tests.cluster_apps import Routed, control_client
 from tests.integration.conftest import free_port
+from tests.prom import samples, value
 
 TOKEN = "cluster-token-0123456789"
 NODE = {"authorization": f"Bearer {TOKEN}"}
@@ -145,3 +149,38 @@ def test_a_deployment_makes_no_more_replicas_than_its_tenant_may_store(tmp_path:
     assert "max_workloads" in said[0]
     serving.close()
     control.close()
+
+
+def test_the_gateways_per_replica_series_carry_the_replicas_node(
+    cluster: tuple[Routed, ControlPlane, ClusterServing], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a cluster a replica's series say which node it is on (``node``, as the relayed series
+    do); the deployment's own series, and a replica placed nowhere now, have none."""
+    http, _, serving = cluster
+    assert http.post("/api/v1/workloads", content=deployment("m"), headers=TEAM).is_success
+    serving.reconcile()
+    replicas = http.get("/api/v1/deployments/team/m", headers=TEAM).json()["replicas"]
+    on = {r["name"]: r["node"] for r in replicas}
+    assert sorted(on.values()) == ["n1", "n2"]
+    counts = {"codes": {"200": 3}, "latency": [0] * (len(LATENCY_BUCKETS) + 1), "latency_sum": 0}
+    counts["latency"][0] = 3
+    # the gateway's reading as the next pass would take it: one replica deleted since, still
+    # counted
+    serving.deployments.traffic[route_name_of("team", "m")] = {
+        "queued": 0,
+        "codes": {"503": 1},
+        "replicas": {name: {"outstanding": 1} for name in on},
+        "counts": {name: counts for name in [*on, "m-gone"]},
+    }
+    monkeypatch.setattr(metrics_relay, "NODE_TIMEOUT_S", 0.2)  # the nodes' addresses answer none
+    text = http.get("/metrics", headers=ADMIN).text
+    for name, node in on.items():
+        at = {"tenant": "team", "deployment": "m", "replica": name}
+        assert value(text, "gpufrac_gateway_requests_total", **at, code="200", node=node) == 3
+        assert value(text, "gpufrac_gateway_requests_in_flight", **at, node=node) == 1
+        (bucket,) = samples(text, "gpufrac_gateway_request_duration_seconds_count", **at)
+        assert bucket[0]["node"] == node
+    ((gone, _),) = samples(text, "gpufrac_gateway_requests_total", replica="m-gone")
+    assert "node" not in gone
+    ((mine, n),) = samples(text, "gpufrac_gateway_requests_total", code="503")
+    assert "node" not in mine and "replica" not in mine and n == 1

@@ -33,6 +33,7 @@ def test_constants_match_pynvml() -> None:
                 "NVML_GPU_INSTANCE_PROFILE_",
                 "NVML_COMPUTE_INSTANCE_PROFILE_",
                 "NVML_DEVICE_MIG_",
+                "NVML_GPM_",
                 "nvmlEventType",
             )
         ):

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -286,6 +287,75 @@ def test_gpm_engine_activity_between_two_samples_per_gpu_and_per_mig_instance(
     )
 
 
+def test_gpm_tensor_pipe_activity_per_gpu_and_per_mig_instance(
+    sim: NvmlDevices, fleet: SimulatedFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DCGM_FI_PROF_PIPE_TENSOR_ACTIVE's reading: NVML_GPM_METRIC_ANY_TENSOR_UTIL between two
+    samples, from the same pair as the engine's activity; none on a first sample."""
+    clock = [1000.0]
+    monkeypatch.setattr("time.monotonic", lambda: clock[0])
+    mig, plain = sim.gpus()
+    inst = sim.create_instance(mig.uuid, "1g.18gb", 0)
+    fleet.attach_process(mig.uuid, os.getpid(), 100, gi_id=inst.gi_id, sm_util=40, tensor_util=35)
+    fleet.attach_process(plain.uuid, os.getppid(), 100, sm_util=80, tensor_util=90)
+    first = {g.uuid: g for g in sim.gpus()}
+    assert first[plain.uuid].readings.tensor_active is None
+    assert first[mig.uuid].instances[0].tensor_active is None
+    clock[0] += 2
+    second = {g.uuid: g for g in sim.gpus()}
+    # a process's tensor pipes are busy at most while its SMs are: 90% asked, 80% given
+    assert second[plain.uuid].readings.tensor_active == pytest.approx(0.80)
+    assert second[mig.uuid].instances[0].tensor_active == pytest.approx(0.35)
+    assert second[mig.uuid].readings.tensor_active == pytest.approx(0.35 / 7)
+    # the engine's activity comes from the same samples, apart
+    assert second[mig.uuid].instances[0].gr_engine_active == pytest.approx(0.40)
+
+
+def test_a_workload_reports_its_tensor_use_through_the_sdk(
+    sim: NvmlDevices, fleet: SimulatedFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("time.monotonic", lambda: clock[0])
+    plain = sim.gpus()[1]
+    script = (
+        "import sys, time; from gpufrac import sdk; sdk.report_gpu_use(100, 60, 25);"
+        " print(flush=True); time.sleep(30)"
+    )
+    env = {**os.environ, **sim.sdk_env, "GPUFRAC_GPU_UUID": plain.uuid}
+    child = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"\n"
+        sim.gpus()
+        clock[0] += 2
+        assert sim.gpu(plain.uuid).readings.tensor_active == pytest.approx(0.25)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_gpm_metric_the_driver_refuses_is_left_out_the_others_kept(
+    sim: NvmlDevices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("time.monotonic", lambda: clock[0])
+    lib = sim.lib
+    answer = lib.nvmlGpmMetricsGet
+
+    def no_tensor(asked: Any) -> Any:
+        got = answer(asked)
+        for i in range(got.numMetrics):
+            if got.metrics[i].metricId == lib.NVML_GPM_METRIC_ANY_TENSOR_UTIL:
+                got.metrics[i].nvmlReturn = lib.NVML_ERROR_NOT_SUPPORTED
+        return got
+
+    monkeypatch.setattr(lib, "nvmlGpmMetricsGet", no_tensor)
+    plain = sim.gpus()[1]
+    clock[0] += 2
+    readings = sim.gpu(plain.uuid).readings
+    assert readings.tensor_active is None
+    assert readings.gr_engine_active == 0.0
+
+
 def test_gpm_is_not_read_before_hopper(data_dir: Path) -> None:
     dev = open_simulated("a100-40gb:1", data_dir)
     lib = dev.lib
@@ -295,7 +365,8 @@ def test_gpm_is_not_read_before_hopper(data_dir: Path) -> None:
         lib.nvmlGpmSampleGet(handle, lib.nvmlGpmSampleAlloc())
     assert e.value.value == lib.NVML_ERROR_NOT_SUPPORTED
     dev.gpus()
-    assert dev.gpus()[0].readings.gr_engine_active is None
+    readings = dev.gpus()[0].readings
+    assert readings.gr_engine_active is None and readings.tensor_active is None
     dev.close()
 
 

@@ -13,6 +13,9 @@ H200:
   mode change while processes hold the GPU reports IN_USE as its activation status, leaving the
   change pending;
 * per-process utilization is NOT_SUPPORTED on MIG devices (and on a GPU in MIG mode);
+* GPM samples are taken on Hopper and newer only (NOT_SUPPORTED before), per GPU or per GPU
+  instance, and ``nvmlGpmMetricsGet`` answers the graphics, SM and any-tensor utilization between
+  two samples of one device (each other metric's ``nvmlReturn`` NOT_SUPPORTED);
 * a lost GPU answers GPU_IS_LOST to everything, including getting its handle.
 """
 

@@ -18,10 +18,13 @@ class FakeNvmlDevices:
         self._inits = 0
         self._event_sets: dict[int, dict[str, Any]] = {}
         # GPM: samples by key (None until filled), and per device (GPU index, GPU instance id or
-        # None) its engine's busy time integrated so far: (when, busy seconds, busy part now)
+        # None) the busy time of its engine and of its tensor pipes integrated so far: when, and
+        # for each, (busy seconds, busy part now)
         self._gpm_samples: dict[int, dict[str, Any] | None] = {}
         self._gpm_next = 0
-        self._gpm_busy: dict[tuple[int, int | None], tuple[float, float, float]] = {}
+        self._gpm_busy: dict[
+            tuple[int, int | None], tuple[float, dict[str, tuple[float, float]]]
+        ] = {}
         # the names the adapter reads from its library, whichever it is: constants, NVMLError, types
         for name in dir(nv):
             if name.startswith(("NVML", "nvmlEventType", "c_nvml")):
@@ -195,21 +198,28 @@ class FakeNvmlDevices:
         """How busy the engine is now (0-100): the GPU's utilization outside MIG; in a GPU
         instance, the SM use its processes report (summed, at most 100); a GPU in MIG mode, its
         instances' by their share of the compute slices."""
-        if gi is not None:
-            return float(
-                min(
-                    100,
-                    sum(p["sm_util"] for p in self._live_processes(gpu) if p["gi_id"] == gi["id"]),
-                )
-            )
-        if not gpu["mig_current"]:
+        if gi is None and not gpu["mig_current"]:
             return float(gpu["utilization"])
+        return self._reported_percent(gpu, gi, "sm_util")
+
+    def _tensor_percent(self, gpu: dict[str, Any], gi: dict[str, Any] | None) -> float:
+        """How much of the time the tensor pipes are busy now (0-100): what the processes on the
+        device (or in the GPU instance) report, summed, at most 100; a GPU in MIG mode, its
+        instances' by their share of the compute slices."""
+        return self._reported_percent(gpu, gi, "tensor_util")
+
+    def _reported_percent(self, gpu: dict[str, Any], gi: dict[str, Any] | None, key: str) -> float:
+        procs = self._live_processes(gpu)
+        if gi is not None or not gpu["mig_current"]:
+            inside = None if gi is None else gi["id"]
+            return float(min(100, sum(p.get(key, 0) for p in procs if p["gi_id"] == inside)))
         model = self._model(gpu)
         total = 0.0
         for g in gpu["gpu_instances"]:
             prof = model.profile_by_id(g["profile_id"])
             if prof is not None and model.compute_slices:
-                total += self._busy_percent(gpu, g) * prof.compute_slices / model.compute_slices
+                share = prof.compute_slices / model.compute_slices
+                total += self._reported_percent(gpu, g, key) * share
         return total
 
     def _whole_gpu(self, handle: Any) -> tuple[dict[str, Any], GpuModel, float]:
@@ -282,14 +292,25 @@ class FakeNvmlDevices:
     def _take_sample(
         self, gpu: dict[str, Any], index: int, gi: dict[str, Any] | None, key: int
     ) -> None:
-        """The engine's busy time so far, integrated from what the fleet said at each sample."""
+        """The busy time so far of the engine ("busy") and of the tensor pipes ("tensor"), each
+        integrated from what the fleet said at each sample."""
         device = (index, None if gi is None else int(gi["id"]))
         now = time.monotonic()
-        busy_now = self._busy_percent(gpu, gi) / 100
-        when, total, busy = self._gpm_busy.get(device, (now, 0.0, busy_now))
-        total += busy * (now - when)
-        self._gpm_busy[device] = (now, total, busy_now)
-        self._gpm_samples[key] = {"device": device, "at": now, "busy_s": total}
+        parts_now = {
+            "busy": self._busy_percent(gpu, gi) / 100,
+            "tensor": self._tensor_percent(gpu, gi) / 100,
+        }
+        when, before = self._gpm_busy.get(device, (now, {}))
+        totals: dict[str, tuple[float, float]] = {}
+        for name, part_now in parts_now.items():
+            total, part = before.get(name, (0.0, part_now))
+            totals[name] = (total + part * (now - when), part_now)
+        self._gpm_busy[device] = (now, totals)
+        self._gpm_samples[key] = {
+            "device": device,
+            "at": now,
+            **{f"{name}_s": total for name, (total, _) in totals.items()},
+        }
 
     def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
         gpu, gi, index = self._device(device)
@@ -323,10 +344,13 @@ class FakeNvmlDevices:
         if seconds <= 0 or not 0 < metricsGet.numMetrics <= nv.NVML_GPM_METRIC_MAX:
             raise nv.NVMLError(nv.NVML_ERROR_INVALID_ARGUMENT)
         busy = 100 * (second["busy_s"] - first["busy_s"]) / seconds
+        tensor = 100 * (second["tensor_s"] - first["tensor_s"]) / seconds
         for i in range(metricsGet.numMetrics):
             metric = metricsGet.metrics[i]
             if metric.metricId in (nv.NVML_GPM_METRIC_GRAPHICS_UTIL, nv.NVML_GPM_METRIC_SM_UTIL):
                 metric.value, metric.nvmlReturn = max(0.0, min(100.0, busy)), nv.NVML_SUCCESS
+            elif metric.metricId == nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL:
+                metric.value, metric.nvmlReturn = max(0.0, min(100.0, tensor)), nv.NVML_SUCCESS
             else:
                 metric.value, metric.nvmlReturn = 0.0, nv.NVML_ERROR_NOT_SUPPORTED
         return metricsGet
