@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -50,20 +51,37 @@ def _digits(value: str) -> bool:
     return value.isascii() and value.isdigit()
 
 
-def cap_torch_memory(device: int = 0) -> bool:
-    """Limit PyTorch's caching allocator on ``device`` to this workload's memory; False if not
-    possible."""
+def torch_memory_fraction(total_bytes: int) -> float | None:
+    """The share of a device of ``total_bytes`` this workload's PyTorch may hold: the engine's own
+    fraction where ``spec.engine: pytorch`` handed one (``GPUFRAC_TORCH_MEMORY_FRACTION``, the
+    budget over the visible device, kept below 1 for the driver's own use), else the memory limit
+    over the device; None where neither is known."""
+    text = os.environ.get("GPUFRAC_TORCH_MEMORY_FRACTION", "")
+    try:
+        share = float(text) if text.isascii() else math.nan
+    except ValueError:
+        share = math.nan
+    if 0.0 < share <= 1.0:
+        return share
     limit = memory_limit_mib()
-    if limit is None:
-        return False
+    if limit is None or total_bytes <= 0:
+        return None
+    return min(1.0, limit * 2**20 / total_bytes)
+
+
+def cap_torch_memory(device: int = 0) -> bool:
+    """Limit PyTorch's caching allocator on ``device`` to this workload's memory
+    (``torch_memory_fraction``); False if not possible."""
     try:
         import torch
     except ImportError:
         return False
     if not torch.cuda.is_available():
         return False
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, limit * 2**20 / total), device)
+    share = torch_memory_fraction(torch.cuda.get_device_properties(device).total_memory)
+    if share is None:
+        return False
+    torch.cuda.set_per_process_memory_fraction(share, device)
     return True
 
 
