@@ -10,6 +10,7 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -268,3 +269,43 @@ def test_a_replica_container_serves_through_the_gateway(tmp_path: Path, image: s
             if str(tmp_path) in line:
                 podman("rm", "--force", line.split()[0])
         CdiSpecs(Path("/etc/cdi"), kind).remove()
+
+
+def test_a_mount_whose_link_leads_out_after_apply_is_refused_at_its_start(
+    data_dir: Path, dev: NvmlDevices, tmp_path: Path, image: str
+) -> None:
+    """The mounts are checked where they lead at each start too (a link swapped after apply; a
+    cluster node's work, which never goes through its apply): the start fails, said as the action's
+    failure naming the mount, and no container is made."""
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    allowed.mkdir()
+    outside.mkdir()
+    (allowed / "data").mkdir()
+    kind = f"gpufrac.io/agent{abs(hash(str(tmp_path))) % 10**8}"
+    settings = OperatorSettings(
+        containers=ContainerSettings(
+            engine="podman", allowed_mounts=("/usr", str(allowed)), cdi_kind=kind
+        )
+    )
+    agent = Agent(data_dir, dev, settings, stop_grace=1.0)
+    try:
+        w = replace(
+            container("linked", image, "print('ran')", gpu=GpuRequest(memory_mib=1024)),
+            mounts=(VolumeMount("/usr", "/usr"), VolumeMount(str(allowed / "data"), "/d")),
+        )
+        agent.apply_workload(w)  # a directory within the allowed path, as applied
+        (allowed / "data").rmdir()
+        (allowed / "data").symlink_to(outside)  # now it leads out
+        deadline = time.monotonic() + 20
+        said: list[str] = []
+        while time.monotonic() < deadline and not said:
+            agent.reconcile()
+            said = [e.message for e in agent.store.events(limit=50) if e.kind == "action_failed"]
+            time.sleep(0.05)
+        assert said and f"leads to {outside}" in said[0], said
+        run = agent.runs.latest("default", "linked", 1)
+        assert run is None or not container_of(agent, "linked")
+    finally:
+        agent.delete("default", "linked")
+        agent.close()
+        CdiSpecs(Path(settings.containers.cdi_dir), kind).remove()

@@ -781,6 +781,11 @@ class ControlPlane:
     def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision]:
         key = workload_key(spec)
         lease_ttl(spec.labels)  # a lease's time to live is checked before anything is stored
+        # the operator's bounds, as one machine's agent checks them at apply (its mounts as written:
+        # the paths are the nodes', each of which checks where they lead again at every start)
+        self.settings.check_priority(spec.tenant, spec.priority)
+        self.settings.check_user(spec.tenant, spec.user)
+        self.settings.check_mounts(spec.mounts)
         with self.lock:
             raw = spec_to_json(spec)
             stored = self.store.workload(spec.tenant, spec.name)

@@ -8,7 +8,7 @@ file means the defaults. ``docs/manifest.md`` documents every field.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Literal, Self, get_args
@@ -149,19 +149,29 @@ class OperatorSettings:
     log_relay_per_node: int = DEFAULT_LOG_RELAY_PER_NODE
     containers: ContainerSettings = field(default_factory=ContainerSettings)
 
-    def check_mounts(self, mounts: tuple[VolumeMount, ...]) -> None:
-        """Refuse a container mount outside the operator's ``containers.allowed_mounts``."""
+    def check_mounts(
+        self, mounts: tuple[VolumeMount, ...], resolve: Callable[[str], str] = str
+    ) -> tuple[str, ...]:
+        """Refuse a container mount outside the operator's ``containers.allowed_mounts``; the
+        sources as checked. ``resolve`` is where a path leads (the agent's ``os.path.realpath``):
+        a source and the allowed paths are compared where they lead, so a symbolic link under an
+        allowed path that points out of it is refused, and the source mounted is the one checked."""
         allowed = self.containers.allowed_mounts
+        bounds = [resolve(a).rstrip("/") or "/" for a in allowed]
+        sources: list[str] = []
         for i, m in enumerate(mounts):
-            source = m.source.rstrip("/") or "/"
-            if not any(source == a or source.startswith(a.rstrip("/") + "/") for a in allowed):
+            source = resolve(m.source).rstrip("/") or "/"
+            sources.append(source)
+            if not any(source == a or source.startswith(a.rstrip("/") + "/") for a in bounds):
+                led = "" if source == (m.source.rstrip("/") or "/") else f" (it leads to {source})"
                 raise InputError(
-                    f"{m.source} is outside the paths the operator allows containers to mount"
+                    f"{m.source}{led} is outside the paths the operator allows containers to mount"
                     f" ({', '.join(allowed) or 'none'})",
                     field=f"spec.mounts[{i}].source",
                     fix="mount a path under one of them, or ask the operator to add it to "
                     "containers.allowed_mounts in gpufrac.yaml",
                 )
+        return tuple(sources)
 
     def check_user(self, tenant: str, user: str | None) -> None:
         """Refuse a ``spec.user`` its tenant may not ask for."""

@@ -296,6 +296,7 @@ class Agent:
             self.failures,
             self.mig,
             self.sandbox,
+            lambda mounts: self.settings.check_mounts(mounts, os.path.realpath),
         )
         self.gpu_care = GpuCare(
             self.store, self.scheduler, dev, self.health, self.mps, self.executor
@@ -356,7 +357,7 @@ class Agent:
         key = workload_key(spec)
         self.settings.check_priority(spec.tenant, spec.priority)  # nothing stored above the bound
         self.settings.check_user(spec.tenant, spec.user)
-        self.settings.check_mounts(spec.mounts)
+        self.settings.check_mounts(spec.mounts, os.path.realpath)  # where each path leads
         if spec.image is not None:
             self.runs.check_image(spec.image)  # on this machine, or refused: nothing is pulled
         stored = self.store.workload(spec.tenant, spec.name)

@@ -35,7 +35,7 @@ from typing import assert_never
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.deployment import LABEL
 from gpufrac.model.engines import ENGINE_ARGS_ENV
-from gpufrac.model.workload import WorkloadSpec, spec_from_json
+from gpufrac.model.workload import VolumeMount, WorkloadSpec, spec_from_json
 from gpufrac.planning.sched_decision import (
     Completion,
     Decision,
@@ -76,7 +76,12 @@ class Executor:
         failures: Failures,
         mig: MigWorker,
         sandbox: Sandbox,
+        mounts: Callable[[tuple[VolumeMount, ...]], tuple[str, ...]] | None = None,
     ) -> None:
+        """``mounts``: a container's mounts checked against the operator's allowed paths where
+        they lead now (``InputError`` otherwise), their sources as checked: at each start, since a
+        path's links can change after apply, and a cluster node's work never went through its
+        own apply."""
         self.store = store
         self.dev = dev
         self.scheduler = scheduler
@@ -86,6 +91,7 @@ class Executor:
         self.failures = failures
         self.mig = mig
         self.sandbox = sandbox
+        self.mounts = mounts or _as_written
         self._listeners = DisplacementListeners()  # the open ``displacements`` blocks
 
     # -- decisions ------------------------------------------------------------------------------
@@ -260,6 +266,7 @@ class Executor:
             # the container's own environment (none of the agent's), listening on every address
             # of its own network namespace: its ports are published at the agent's
             inside = {**env, "GPUFRAC_HOST": "0.0.0.0"}
+            sources = self.mounts(spec.mounts)  # where they lead now, within the allowed paths
             self.refresh_cdi()  # its device by the name the device layer gives it now
             self.runs.launch(
                 tenant,
@@ -276,7 +283,10 @@ class Executor:
                 container=ContainerLaunch(
                     spec.image,
                     inside,
-                    tuple(BindMount(Path(m.source), m.target, m.read_only) for m in spec.mounts),
+                    tuple(
+                        BindMount(Path(source), m.target, m.read_only)
+                        for source, m in zip(sources, spec.mounts, strict=True)
+                    ),
                     published_ports(spec),
                     self.handover.listen_host,
                 ),
@@ -424,3 +434,7 @@ def where(d: Decision) -> str:
     if not d.gpus:
         return ""
     return f"{d.mode} on {', '.join(d.gpus)}" + (f" ({d.mig})" if d.mig else "")
+
+
+def _as_written(mounts: tuple[VolumeMount, ...]) -> tuple[str, ...]:
+    return tuple(m.source for m in mounts)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import random
 import secrets
 import socket
@@ -201,7 +202,7 @@ class Deployments:
         try:
             settings.check_priority(spec.tenant, spec.template.priority)
             settings.check_user(spec.tenant, spec.template.user)
-            settings.check_mounts(spec.template.mounts)
+            settings.check_mounts(spec.template.mounts, os.path.realpath)  # where they lead
         except InputError as e:
             raise InputError(
                 e.message, field=(e.field or "").replace("spec.", "spec.template.", 1), fix=e.fix

@@ -134,3 +134,26 @@ def test_a_nodes_view_of_a_workload_is_kept_only_as_the_control_plane_reads_it()
     assert kept["attempts"] == 2 and "restarts" not in kept and "evictions" not in kept
     assert "\x1b" not in kept["reason"] and "\x07" not in kept["reason"]
     assert kept["env"] == {"A": "1"} and "qos" not in kept and "extra" not in kept
+
+
+def test_the_control_plane_checks_the_operators_bounds_at_apply(tmp_path: Path) -> None:
+    """A mount outside containers.allowed_mounts (and a priority or user over the tenant's bounds)
+    is refused at the control plane's apply, naming the field, with nothing stored: it was stored
+    and placed before, and only the node could refuse it."""
+    from dataclasses import replace
+
+    import pytest
+
+    from gpufrac.errors import InputError
+    from gpufrac.model.settings import ContainerSettings, OperatorSettings
+    from gpufrac.model.workload import VolumeMount
+
+    settings = OperatorSettings(containers=ContainerSettings(allowed_mounts=("/data",)))
+    control = ControlPlane(tmp_path, settings, clock=Clock())
+    outside = replace(w("m"), image="localhost/x:1", mounts=(VolumeMount("/root", "/r"),))
+    with pytest.raises(InputError) as e:
+        control.apply_workload(outside)
+    assert e.value.field == "spec.mounts[0].source"
+    assert control.store.workload("a", "m") is None
+    inside = replace(outside, mounts=(VolumeMount("/data/models", "/m"),))
+    assert control.apply_workload(inside)[0] == "created"

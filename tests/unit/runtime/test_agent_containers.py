@@ -5,6 +5,7 @@ the executor)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -36,6 +37,25 @@ def test_mounts_outside_the_allowed_paths_are_refused_by_field() -> None:
     assert e.value.field == "spec.mounts[1].source"
     with pytest.raises(InputError):
         settings.check_mounts((VolumeMount("/database", "/m"),))  # not below /data
+
+
+def test_a_link_under_an_allowed_path_that_leads_out_of_it_is_refused(tmp_path: Path) -> None:
+    """Checked where the path leads (a tenant who can write in an allowed directory could put a
+    link to / there): at apply and again at each start, and what is mounted is what was checked."""
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    (allowed / "models").mkdir(parents=True)
+    outside.mkdir()
+    (allowed / "out").symlink_to(outside)
+    settings = OperatorSettings(containers=ContainerSettings(allowed_mounts=(str(allowed),)))
+    inside = VolumeMount(str(allowed / "models"), "/m")
+    assert settings.check_mounts((inside,), os.path.realpath) == (str(allowed / "models"),)
+    with pytest.raises(InputError) as e:
+        settings.check_mounts((inside, VolumeMount(str(allowed / "out"), "/o")), os.path.realpath)
+    assert e.value.field == "spec.mounts[1].source" and f"leads to {outside}" in str(e.value)
+    # an allowed path that is itself a link counts where it leads
+    (tmp_path / "link").symlink_to(allowed)
+    via = OperatorSettings(containers=ContainerSettings(allowed_mounts=(str(tmp_path / "link"),)))
+    assert via.check_mounts((inside,), os.path.realpath) == (str(allowed / "models"),)
 
 
 # -- spec.image and spec.engine through the agent ----------------------------------------------
