@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import gpufrac.cli.common  # noqa: F401
 from gpufrac.config import shared_path
 from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.devices.simfleet import SimulatedFleet
+from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.shim import cgroup_of, read_status
 
 DATA = Path(__file__).parent / "data"
@@ -92,3 +94,14 @@ def sim(data_dir: Path) -> Iterator[NvmlDevices]:
 @pytest.fixture
 def fleet(data_dir: Path, sim: NvmlDevices) -> SimulatedFleet:
     return SimulatedFleet.open("h200:1:mig,h200:1", data_dir)
+
+
+def settle(agent: Agent, key: str, phases: set[str], timeout: float = 20.0) -> WorkloadState:
+    """Reconcile ``agent`` until workload ``key`` is in one of ``phases``; its state then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = {s.key: s for s in agent.reconcile()}
+        if states[key].phase in phases:
+            return states[key]
+        time.sleep(0.05)
+    raise AssertionError(f"{key} never reached {phases}: {states[key]}")

@@ -18,9 +18,9 @@ import pytest
 from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.model.settings import ContainerSettings, OperatorSettings
 from gpufrac.model.workload import GpuRequest, HealthCheck, VolumeMount, WorkloadSpec
-from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.agent import Agent
 from gpufrac.runtime.cdi import CdiSpecs
-from tests.conftest import kill_leftover_runs
+from tests.conftest import kill_leftover_runs, settle
 from tests.integration.containers import PODMAN, ensure_image
 
 FLEET = "h200:1:mig,h200:1"
@@ -75,16 +75,6 @@ def container(name: str, image: str, code: str, **kw: object) -> WorkloadSpec:
         restart="never",
         **kw,  # type: ignore[arg-type]
     )
-
-
-def settle(agent: Agent, key: str, phases: set[str], timeout: float = 20.0) -> WorkloadState:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = {s.key: s for s in agent.reconcile()}
-        if states[key].phase in phases:
-            return states[key]
-        time.sleep(0.05)
-    raise AssertionError(f"{key} never reached {phases}: {states[key]}")
 
 
 def shown(agent: Agent, name: str) -> dict[str, object]:

@@ -17,10 +17,10 @@ from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.errors import InputError
 from gpufrac.model.settings import OperatorSettings, TenantQuota
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
-from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.agent import Agent
 from gpufrac.runtime.cgroups import detect
 from gpufrac.runtime.shim import LOG, cgroup_of, read_status
-from tests.conftest import kill_leftover_runs
+from tests.conftest import kill_leftover_runs, settle
 
 PY = sys.executable
 
@@ -36,16 +36,6 @@ class Clock:
 def job(name: str, code: str, **kw: object) -> WorkloadSpec:
     gpu = kw.pop("gpu", GpuRequest(memory_mib=4096))
     return WorkloadSpec(name=name, gpu=gpu, command=(PY, "-c", code), **kw)  # type: ignore[arg-type]
-
-
-def settle(agent: Agent, key: str, phases: set[str], timeout: float = 20.0) -> WorkloadState:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = {s.key: s for s in agent.reconcile()}
-        if states[key].phase in phases:
-            return states[key]
-        time.sleep(0.05)
-    raise AssertionError(f"{key} never reached {phases}: {states[key]}")
 
 
 def state_env(agent: Agent, key: str) -> dict[str, str]:

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,8 +20,8 @@ from gpufrac.model.engines import ENGINE_ARGS_ENV
 from gpufrac.model.mig import parse_layout
 from gpufrac.model.settings import ContainerSettings, OperatorSettings
 from gpufrac.model.workload import GpuRequest, VolumeMount, WorkloadSpec
-from gpufrac.runtime.agent import Agent, WorkloadState
-from tests.conftest import kill_leftover_runs
+from gpufrac.runtime.agent import Agent
+from tests.conftest import kill_leftover_runs, settle
 
 
 def spec(**kw: object) -> WorkloadSpec:
@@ -72,16 +71,6 @@ def settings(tmp_path: Path) -> OperatorSettings:
     return OperatorSettings(
         containers=ContainerSettings(engine="podman", cdi_kind=kind, cdi_dir=str(tmp_path / "cdi"))
     )
-
-
-def settle(agent: Agent, key: str, phases: set[str], timeout: float = 20.0) -> WorkloadState:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = {s.key: s for s in agent.reconcile()}
-        if states[key].phase in phases:
-            return states[key]
-        time.sleep(0.05)
-    raise AssertionError(f"{key} never reached {phases}: {states[key]}")
 
 
 @pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
