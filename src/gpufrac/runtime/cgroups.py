@@ -29,6 +29,7 @@ import contextlib
 import errno
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -371,6 +372,13 @@ class WorkloadCgroup:
             with contextlib.suppress(OSError):
                 (d / "memory.memsw.limit_in_bytes").write_text(str(value))
 
+    def apart_from(self, f: Function) -> WorkloadCgroup:
+        """The cgroup less every directory that holds ``f`` (where one directory holds every
+        function, as on a v2-only machine, nothing is left)."""
+        held = self.dirs.get(f)
+        kept = {g: d for g, d in self.dirs.items() if d != held}
+        return WorkloadCgroup(kept, {g: self.versions[g] for g in kept})
+
     def enter(self, pid: int) -> None:
         """Move process ``pid`` (and so what it starts) into every directory of the cgroup."""
         for d in self._distinct():
@@ -476,8 +484,14 @@ class WorkloadCgroup:
         except (OSError, ValueError):
             return None
 
+    def watch_oom(self) -> OomWatch:
+        """What tells of the kernel's memory kills for this cgroup's limit (register it before
+        the workload starts: on v1 it is an event the kernel signals from then on)."""
+        return OomWatch(self)
+
     def oom_kills(self) -> int:
-        """How many processes the kernel killed for the cgroup's memory limit."""
+        """How many processes the kernel killed for the cgroup's memory limit, as the kernel
+        counts them now (on v1, only those whose own cgroup is still there: ``OomWatch``)."""
         d = self.dirs.get("memory")
         if d is None:
             return 0
@@ -516,6 +530,59 @@ class WorkloadCgroup:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
+
+
+class OomWatch:
+    """The kernel's out-of-memory kills for one workload cgroup's memory limit, whichever cgroup
+    below it the killed process sat in.
+
+    v2 counts each kill in ``memory.events`` (``oom_kill``) of the victim's cgroup and of every
+    cgroup above it. v1 counts it only in the victim's own cgroup (``memory.oom_control``), and a
+    container engine removes its container's cgroup as soon as the container has ended, count
+    and all, often before anyone has read it. So on v1 an eventfd is registered on the workload
+    cgroup's ``memory.oom_control`` (``cgroup.event_control``): the kernel signals it each time
+    the cgroup's limit runs out, wherever below it the victim is, and the count stays in the
+    eventfd until it is read. ``hits`` is the larger of the two counts."""
+
+    def __init__(self, cgroup: WorkloadCgroup) -> None:
+        self.cgroup = cgroup
+        self._fd: int | None = None
+        self._events = 0
+        self._lock = threading.Lock()  # the shim's watcher and its last look, then close
+        d = cgroup.dirs.get("memory")
+        if d is None or cgroup.versions["memory"] != 1:
+            return
+        efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        try:
+            control = os.open(d / "memory.oom_control", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                (d / "cgroup.event_control").write_text(f"{efd} {control}")
+            finally:
+                os.close(control)
+        except OSError:
+            os.close(efd)  # not offered (a kernel without v1 events): the counter only
+            return
+        self._fd = efd
+
+    @property
+    def registered(self) -> bool:
+        """Whether the v1 event is registered (False on v2, where none is needed)."""
+        return self._fd is not None
+
+    def hits(self) -> int:
+        """How many times the kernel has killed for the limit so far (at least)."""
+        with self._lock:
+            if self._fd is not None and self.cgroup.exists():  # its removal signals it too
+                with contextlib.suppress(BlockingIOError, OSError):
+                    self._events += os.eventfd_read(self._fd)
+            events = self._events
+        return max(events, self.cgroup.oom_kills())
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 def _tree(top: Path) -> list[Path]:

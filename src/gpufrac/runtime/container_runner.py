@@ -11,9 +11,14 @@ The container's cgroup is made *below* the workload's (``--cgroup-parent /gpufra
 freezing the workload's cgroup (QoS pauses) freezes the container, killing it kills the container,
 and its processes are the workload's members. An engine takes one cgroup parent for every
 hierarchy, so a container workload's cgroup sits at ``/gpufrac-<id>`` from each hierarchy's root
-(not below the agent's own, as a process's does). Host limits go to the container itself
-(``--memory``, ``--pids-limit``, ``--cpus``), so the engine's client and monitor do not count; a
-memory kill is read back from the engine (``OOMKilled``) and reported like the process runner's.
+(not below the agent's own, as a process's does). The engine's client stays out of that cgroup's
+memory directory (``Launch.engine_client``; on a v2-only machine, out of all of it). Host limits
+go to the container itself (``--memory``, ``--pids-limit``, ``--cpus``), and the memory limit to
+the workload's cgroup as well, which holds the container and, on v1, its monitor (conmon, about a
+MiB, counts against it): the kernel's kill for that limit reaches the shim there
+(``cgroups.OomWatch``; on v1 the container's own count goes with the cgroup the engine removes as
+soon as it has ended, and podman with runc does not report ``OOMKilled``), and is reported like
+the process runner's.
 
 The container process runs as the tenant's uid (``--user``), with no capabilities
 (``--cap-drop all``), ``no-new-privileges`` and its own network namespace; its ports are published
@@ -251,9 +256,12 @@ class ContainerRunner:
             None,  # the engine runs rootful; the container as the tenant (--user)
             None,
             None,
-            HostLimits(),  # the container's own (--memory, ...), not its client's
+            # memory bounded at the workload's cgroup, which holds the container and its monitor
+            # (the shim learns of a kill there); the container's own --memory too, for it to see
+            HostLimits(memory_bytes=what.limits.memory_bytes),
             what.lease,
             what.grant,
+            engine_client=True,
         )
         self._unsettled.add(handle.run_dir)
         self.processes.start(handle, client)
@@ -303,11 +311,13 @@ class ContainerRunner:
         return self.processes.clear_unknown(handle, by)
 
     def limit_hit(self, handle: RunHandle) -> str | None:
-        # the shim saw the kernel kill a process below the workload's cgroup (the container's
-        # own, whose limit is --memory); the engine may say so too (OOMKilled)
-        shim_saw = self.processes.limit_hit(handle) is not None
+        # the shim saw the kernel kill for the workload cgroup's limit (the container below it);
+        # the engine may say so too (OOMKilled, which podman with runc on v1 does not)
+        shim_saw = self.processes.limit_hit(handle)
+        if shim_saw is not None:
+            return shim_saw
         record = _read(handle.run_dir / RECORD)
-        if shim_saw or record.get("oom_killed") is True:
+        if record.get("oom_killed") is True:
             mib = _limit_mib(_read(handle.run_dir / "spec.json").get("command"))
             return (
                 f"stopped: it used more host memory than its {mib} MiB host_memory limit "

@@ -58,6 +58,7 @@ class ProcessRunner:
             lease=what.lease,
             cgroups=self.cgroups,
             limits=what.limits,
+            enters=not what.engine_client,
             wait=False,
         )
 

@@ -134,6 +134,9 @@ class Launch:
     lease: Path | None = None  # a cluster node's lease file: the run stops once it runs out
     grant: Grant = field(default_factory=lambda: Grant({}))
     container: ContainerLaunch | None = None  # for the container runner
+    # the command is a container engine's client, which puts the container below the workload's
+    # cgroup itself: the client stays out of its memory cgroup, whose limit bounds the container
+    engine_client: bool = False
 
 
 @dataclass(frozen=True, slots=True)

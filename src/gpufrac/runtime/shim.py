@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpufrac.runtime.cgroups import HostLimits, Layout, WorkloadCgroup
+from gpufrac.runtime.cgroups import HostLimits, Layout, OomWatch, WorkloadCgroup
 from gpufrac.runtime.lease import LEASE_CHECK_S, lease_ended, read_lease
 from gpufrac.runtime.lease import write_lease as write_lease
 from gpufrac.runtime.python_view import PythonView, enter
@@ -85,12 +85,18 @@ def launch(
     lease: Path | None = None,
     cgroups: Layout | None = None,
     limits: HostLimits | None = None,
+    enters: bool = True,
     timeout: float = 10.0,
     wait: bool = True,
 ) -> int | None:
     """Start a shim for ``command``. With ``wait``, returns the shim's pid once it has started the
     workload; without, returns at once (None) and the shim reports in the run directory itself (the
-    agent does not wait under its lock: ``launched_at`` says since when a run is on its way)."""
+    agent does not wait under its lock: ``launched_at`` says since when a run is on its way).
+
+    Without ``enters``, ``command`` stays out of the workload's memory cgroup (and so out of every
+    directory of it that holds its memory: all of it on a v2-only machine): it is a container
+    engine's client, which puts the container below that cgroup itself, so the memory limit
+    bounds the container and not the client."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("shim.json", "child.json", "exit.json", "stop.json", "cgroup.json", "limit.json"):
         (run_dir / stale).unlink(missing_ok=True)
@@ -108,6 +114,7 @@ def launch(
             "lease": None if lease is None else str(lease),
             "cgroups": cgroups.to_json() if cgroups is not None and cgroups.usable else None,
             "limits": (limits or HostLimits()).to_json(),
+            "enters": enters,
         },
     )
     with open(run_dir / "shim.log", "ab") as shim_log:
@@ -474,11 +481,18 @@ def _run(run_dir: Path) -> int:
     as_other = spec.get("user") is not None
     view = PythonView.from_json(spec.get("view")) if as_other else PythonView()
     cgroup = _make_cgroup(run_dir, spec, log)
+    oom = None
     if cgroup is not None:
         cgroups.append(cgroup)
+        oom = cgroup.watch_oom()  # before the workload starts: v1 signals only from then on
+    # an engine's client enters all of it but its memory's: its monitor, which it starts, is then
+    # a member, and the memory limit bounds the container (and monitor) only
+    enters = cgroup if cgroup is None or spec.get("enters", True) else cgroup.apart_from("memory")
+    if enters is not None and not enters.dirs:
+        enters = None
     report_r, report_w = os.pipe()  # why the view could not be made, from the child
     try:
-        if view.covers or cgroup is not None:
+        if view.covers or enters is not None:
             # the cgroup entered and the view made as root: the user changes after them (by the
             # child itself)
             user, group = spec.get("user"), spec.get("group")
@@ -489,7 +503,7 @@ def _run(run_dir: Path) -> int:
                 if isinstance(user, int)
                 else pwd.getpwnam(str(user)).pw_uid
             )
-            start = _prepare(cgroup, view, uid, group, workdir if as_other else None, report_w)
+            start = _prepare(enters, view, uid, group, workdir if as_other else None, report_w)
             who: dict[str, Any] = {"preexec_fn": start}
         else:
             who = {
@@ -559,16 +573,18 @@ def _run(run_dir: Path) -> int:
                 time.sleep(LEASE_CHECK_S)
 
         threading.Thread(target=watch_lease, daemon=True).start()
-    if cgroup is not None and "memory" in cgroup.dirs:
+    if oom is not None and "memory" in oom.cgroup.dirs:
         threading.Thread(
-            target=_watch_host_memory, args=(cgroup, run_dir, spec, log, child), daemon=True
+            target=_watch_host_memory, args=(oom, run_dir, spec, log, child), daemon=True
         ).start()
     code = child.wait()
     # what the workload left behind, in its group or not (a process that left it with setsid is
     # still this shim's descendant: the shim is their subreaper), ends with it
     _kill_group(child.pid)
+    if oom is not None:
+        _host_memory_hit(oom, run_dir, spec, log)
+        oom.close()
     if cgroup is not None:
-        _host_memory_hit(cgroup, run_dir, spec, log)
         cgroup.kill()
     _kill_descendants()
     reader.join(timeout=5.0)
@@ -609,20 +625,20 @@ def _make_cgroup(run_dir: Path, spec: dict[str, Any], log: _RotatingLog) -> Work
     return cgroup
 
 
-def _host_memory_hit(
-    cgroup: WorkloadCgroup, run_dir: Path, spec: dict[str, Any], log: _RotatingLog
-) -> bool:
+def _host_memory_hit(oom: OomWatch, run_dir: Path, spec: dict[str, Any], log: _RotatingLog) -> bool:
     """Whether the kernel killed a process of the workload for its host memory limit; the first
     time, says so in the run (``limit.json``) and the log."""
-    kills = cgroup.oom_kills()
-    if not kills:
+    if not oom.hits():
         return False
     if not (run_dir / "limit.json").exists():
         limit = HostLimits.from_json(spec.get("limits")).memory_bytes
         mib = None if limit is None else limit // 2**20
         why = (
             f"stopped: it used more host memory than its {mib} MiB host_memory limit "
-            f"(the kernel killed {kills} of its processes)"
+            "(the kernel killed a process of it)"
+            if mib is not None
+            else "stopped: the kernel killed a process of it for want of host memory (a limit "
+            "above its own: its agent's cgroup, or the machine's)"
         )
         _write_json(run_dir / "limit.json", {"limit": "host_memory", "limit_mib": mib, "why": why})
         with contextlib.suppress(OSError, ValueError):
@@ -631,7 +647,7 @@ def _host_memory_hit(
 
 
 def _watch_host_memory(
-    cgroup: WorkloadCgroup,
+    oom: OomWatch,
     run_dir: Path,
     spec: dict[str, Any],
     log: _RotatingLog,
@@ -640,8 +656,8 @@ def _watch_host_memory(
     """Stop the whole workload once the kernel has killed one of its processes for its host
     memory limit (what is left of it would run on crippled)."""
     while child.poll() is None:
-        if _host_memory_hit(cgroup, run_dir, spec, log):
-            cgroup.kill()
+        if _host_memory_hit(oom, run_dir, spec, log):
+            oom.cgroup.kill()
             return
         time.sleep(LEASE_CHECK_S)
 

@@ -182,6 +182,30 @@ def test_a_process_over_its_host_memory_is_killed_and_counted() -> None:
         cg.remove()
 
 
+@needs_cgroups
+@pytest.mark.skipif("memory" not in LAYOUT.places, reason="no writable memory controller here")
+def test_a_kill_below_the_cgroup_counts_after_that_cgroup_is_removed() -> None:
+    # as a container engine does: its container's cgroup below the workload's, removed as soon
+    # as the container has ended (on v1 its own count goes with it)
+    cg = WorkloadCgroup.for_run(LAYOUT, f"gpufrac-test-{os.getpid()}-below")
+    cg.create(HostLimits(memory_bytes=64 * 2**20))
+    oom = cg.watch_oom()
+    below = cg.dirs["memory"] / "container"
+    below.mkdir()
+    hog = "b = []\nwhile True:\n    b.append(bytearray(8 * 2**20))\n"
+    enter = lambda: (below / "cgroup.procs").write_text(str(os.getpid()))  # noqa: E731
+    try:
+        assert oom.hits() == 0
+        proc = subprocess.Popen([sys.executable, "-c", hog], preexec_fn=enter)
+        assert proc.wait(timeout=20) == -9
+        below.rmdir()
+        assert oom.hits() >= 1
+        assert oom.registered == (cg.versions["memory"] == 1)
+    finally:
+        oom.close()
+        cg.remove()
+
+
 def test_a_limit_whose_file_is_missing_is_reported_not_dropped(tmp_path: Path) -> None:
     """A v2 controller listed at the root but not enabled for the agent's cgroup has no files in
     the workload's: the limit is said to be not applied."""
