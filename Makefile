@@ -52,16 +52,18 @@ $(TMUX_STAMP): | $(STAMP)
 	@touch $@
 
 # tests/integration/test_container_runner.py runs real containers: Debian's podman with runc (its
-# default crun cannot run in cgroup v1/v2 hybrid mode), installed once per machine when missing (as
-# root, from Debian's package index). The test image is built by the tests themselves, once, from
-# an empty rootfs of mount points (podman import; the host's /usr is bind-mounted read-only).
+# default crun cannot run in cgroup v1/v2 hybrid mode) and catatonit (podman's --init), installed
+# once per machine when missing (as root, from Debian's package index). Then the test image, built
+# once from an empty rootfs of mount points (podman import; the host's /usr is bind-mounted
+# read-only when it runs): tests/integration/containers.py.
 PODMAN_STAMP := $(VENV)/.podman
 $(PODMAN_STAMP): | $(STAMP)
-	@{ command -v podman >/dev/null && test -x /usr/sbin/runc; } || { \
-	  if [ "$$(id -u)" != 0 ]; then echo "the container tests need podman: sudo apt-get install podman runc" >&2; exit 1; fi; \
-	  echo "installing podman and runc for the container tests (once)"; \
-	  export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq --no-install-recommends podman runc >/dev/null 2>&1 \
-	  || { apt-get update -qq && apt-get install -y -qq --no-install-recommends podman runc >/dev/null; }; }
+	@{ command -v podman >/dev/null && test -x /usr/sbin/runc && test -x /usr/libexec/podman/catatonit; } || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "the container tests need podman: sudo apt-get install podman runc catatonit" >&2; exit 1; fi; \
+	  echo "installing podman, runc and catatonit for the container tests (once)"; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq --no-install-recommends podman runc catatonit >/dev/null 2>&1 \
+	  || { apt-get update -qq && apt-get install -y -qq --no-install-recommends podman runc catatonit >/dev/null; }; }
+	$(BIN)/python -m tests.integration.containers
 	@touch $@
 
 # tests/integration/test_cluster_metrics.py runs the Grafana dashboards' queries through a real

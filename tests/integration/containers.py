@@ -33,13 +33,25 @@ def _build() -> None:
         subprocess.run([*PODMAN, "import", str(tar), IMAGE], check=True, capture_output=True)
 
 
+def build_if_missing() -> bool:
+    """Build the image where podman does not have it; True if it was built."""
+    if subprocess.run([*PODMAN, "image", "exists", IMAGE], check=False).returncode == 0:
+        return False
+    _build()
+    return True
+
+
 def ensure_image() -> str:
-    """The image's name, built if missing; skips where podman cannot run containers here."""
+    """The image's name (`make test` builds it once, behind its podman stamp; built here again if
+    it was removed since); skips where podman cannot run containers here."""
     if shutil.which("podman") is None or not Path("/usr/sbin/runc").exists():
         pytest.skip("podman and runc are not installed (make test installs them: apt-get)")
-    if subprocess.run([*PODMAN, "image", "exists", IMAGE], check=False).returncode != 0:
-        _build()
+    build_if_missing()
     return IMAGE
+
+
+if __name__ == "__main__":  # the Makefile's podman stamp
+    print(f"{IMAGE}: {'built' if build_if_missing() else 'already there'}")
 
 
 def host_mounts(venv_root: Path) -> list[str]:

@@ -188,70 +188,137 @@ def test_a_running_container_is_re_attached_by_a_restarted_agent_and_deleted_cle
     second.close()
 
 
-def test_a_replica_container_serves_through_the_gateway(tmp_path: Path, image: str) -> None:
+REPLICA = (
+    "import http.server, json, os\n"
+    "e = os.environ; p = e.get('CUDA_MPS_PIPE_DIRECTORY')\n"
+    "seen = {'visible': e.get('CUDA_VISIBLE_DEVICES'), 'device': e.get('GPUFRAC_DEVICE_UUID'),\n"
+    "        'reports': e.get('GPUFRAC_GPU_REPORTS'), 'pipe': p,\n"
+    "        'pipe_seen': bool(p) and os.path.isdir(p), 'pid': os.getpid(),\n"
+    "        'limit': e.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT')}\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        body = json.dumps(seen).encode()\n"
+    "        self.send_response(200); self.send_header('Content-Length', str(len(body)))\n"
+    "        self.end_headers(); self.wfile.write(body)\n"
+    "http.server.ThreadingHTTPServer((e['GPUFRAC_HOST'], int(e['PORT'])), H).serve_forever()\n"
+)
+
+
+def _deployment(name: str, image: str, gpu: dict[str, object], sharing: str) -> dict[str, object]:
+    return {
+        "apiVersion": "gpufrac/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "template": {
+                "image": image,
+                "command": [PY, "-c", REPLICA],
+                "mounts": [{"source": "/usr", "target": "/usr"}],
+                "resources": {"gpu": gpu},
+                "sharing": sharing,
+            },
+            "replicas": 1,
+        },
+    }
+
+
+def _started(name: str) -> tuple[str, str]:
+    """The container's id and when it started, as the engine says."""
+    out = podman("inspect", "--format", "{{.Id}} {{.State.StartedAt}}", name).strip()
+    cid, _, at = out.partition(" ")
+    return cid, at
+
+
+def test_replica_containers_on_mig_and_mps_serve_through_the_gateway_and_outlive_a_kill_9(
+    tmp_path: Path, image: str
+) -> None:
     import httpx
 
     from tests.integration.conftest import running_agent
 
     kind = f"gpufrac.io/serve{abs(hash(str(tmp_path))) % 10**8}"
     yaml = f"containers:\n  engine: podman\n  allowed_mounts: [/usr]\n  cdi_kind: {kind}\n"
-    server = (
-        "import http.server, json, os\n"
-        "class H(http.server.BaseHTTPRequestHandler):\n"
-        "    def do_GET(self):\n"
-        "        body = json.dumps({'device': os.environ.get('GPUFRAC_DEVICE_UUID'), "
-        "'pid': os.getpid()}).encode()\n"
-        "        self.send_response(200); self.send_header('Content-Length', str(len(body)))\n"
-        "        self.end_headers(); self.wfile.write(body)\n"
-        "http.server.ThreadingHTTPServer((os.environ['GPUFRAC_HOST'], int(os.environ['PORT'])), "
-        "H).serve_forever()\n"
-    )
-    manifest = {
-        "apiVersion": "gpufrac/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "boxed"},
-        "spec": {
-            "template": {
-                "image": image,
-                "command": [PY, "-c", server],
-                "mounts": [{"source": "/usr", "target": "/usr"}],
-                "resources": {"gpu": {"fraction": 0.2}},
-                "sharing": "timeslice",
-            },
-            "replicas": 1,
-        },
-    }
-    agents = running_agent(tmp_path, "h200:1", files={"gpufrac.yaml": yaml})
+    agents = running_agent(tmp_path, "h200:1:mig,h200:1", files={"gpufrac.yaml": yaml})
     agent = next(agents)
+    runs = agent.data_dir / "runs"
+
+    def ready(name: str) -> dict[str, object]:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            got: dict[str, object] = httpx.get(
+                f"{agent.url}/api/v1/deployments/default/{name}", timeout=10
+            ).json()
+            if got["replicas_ready"] == 1:
+                return got
+            time.sleep(0.2)
+        raise AssertionError(f"no ready replica of {name}")
+
+    def through_gateway(name: str) -> dict[str, object]:
+        answer = httpx.get(f"{agent.gateway}/serve/{name}/", timeout=10)
+        assert answer.status_code == 200, answer.text
+        seen: dict[str, object] = answer.json()
+        return seen
+
+    def ours() -> dict[str, str]:
+        out = podman("ps", "--format", "{{.Names}} {{.Labels}}")
+        return {
+            line.split()[0]: line for line in out.splitlines() if str(runs) in line
+        }  # name -> its line (labels: its deployment's run directory)
+
     try:
         started = time.monotonic()
-        r = httpx.post(agent.url + "/api/v1/deployments", json=manifest, timeout=30)
-        assert r.status_code == 200, r.text
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            got = httpx.get(f"{agent.url}/api/v1/deployments/default/boxed", timeout=10).json()
-            if got["replicas_ready"] == 1:
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError(f"no ready replica: {got}")
-        answer = httpx.get(f"{agent.gateway}/serve/boxed/", timeout=10)
+        for name, gpu, sharing in (
+            ("on-mig", {"mig": "1g.18gb"}, "mig"),
+            ("on-mps", {"memory": "4GiB"}, "mps"),
+        ):
+            r = httpx.post(
+                agent.url + "/api/v1/deployments", json=_deployment(name, image, gpu, sharing)
+            )
+            assert r.status_code == 200, r.text
+        for name in ("on-mig", "on-mps"):
+            ready(name)
+        mig, mps = through_gateway("on-mig"), through_gateway("on-mps")
         took = time.monotonic() - started
-        assert answer.status_code == 200, answer.text
-        gpu = httpx.get(f"{agent.url}/api/v1/gpus", timeout=10).json()
-        assert answer.json()["device"] in json.dumps(gpu)  # its GPU, by its CDI device
-        print(f"a replica container, apply to its first answer through the gateway: {took:.2f}s")
-        runs = agent.data_dir / "runs"
-        labels = podman("ps", "-a", "--format", "{{.Labels}}")
-        assert str(runs) in labels  # it runs as a container of gpufrac's
-        r = httpx.delete(f"{agent.url}/api/v1/deployments/default/boxed", timeout=30)
-        assert r.status_code == 200, r.text
+        gpus = httpx.get(f"{agent.url}/api/v1/gpus", timeout=10).json()["gpus"]
+        instances = [i["uuid"] for g in gpus for i in g.get("instances", []) if i.get("uuid")]
+        whole = [g["uuid"] for g in gpus if not g.get("instances")]
+        # exactly their CDI devices' env: the MIG instance's UUID; the whole GPU and MPS's pipe
+        assert mig["device"] in instances and mig["visible"] == mig["device"], mig
+        assert mig["pipe"] is None and mig["limit"] is None, mig
+        assert mps["device"] in whole and mps["visible"] == mps["device"], mps
+        assert mps["pipe_seen"] is True and mps["limit"] is not None, mps
+        assert mig["reports"] == mps["reports"] is not None  # the spec's common edits
+        print(f"two replica containers (MIG, MPS), apply to both answering: {took:.2f}s")
+
+        before = {n: _started(n) for n in ours()}
+        assert len(before) == 2, ours()
+        agent.kill9()  # the agent goes at once; its shims, the engine and the containers do not
+        killed = time.monotonic()
+        agent.start()
+        for name in ("on-mig", "on-mps"):
+            ready(name)
+        print(
+            f"kill -9, a new agent up, both replicas ready again: {time.monotonic() - killed:.2f}s"
+        )
+        assert {n: _started(n) for n in ours()} == before  # re-attached: not started again
+        assert through_gateway("on-mig")["pid"] == mig["pid"]
+        assert through_gateway("on-mps")["pid"] == mps["pid"]
+
+        for name in ("on-mig", "on-mps"):
+            r = httpx.delete(f"{agent.url}/api/v1/deployments/default/{name}", timeout=30)
+            assert r.status_code == 200, r.text
         deleting = time.monotonic()
-        deadline = deleting + 20
-        while str(runs) in podman("ps", "-a", "--format", "{{.Labels}}"):
-            assert time.monotonic() < deadline, "its container is still there"
+        spec = CdiSpecs(Path("/etc/cdi"), kind).path
+        # no container left, nor its cgroups; gpufrac's CDI spec goes with the last of them
+        while (
+            ours()
+            or str(runs) in podman("ps", "-a", "--format", "{{.Labels}}")
+            or spec.exists()
+            or not all(no_cgroup(n) for n in before)
+        ):
+            assert time.monotonic() < deleting + 30, (ours(), spec.exists())
             time.sleep(0.2)
-        print(f"deleted, its container gone: {time.monotonic() - deleting:.2f}s")
+        print(f"deleted; containers, cgroups, CDI spec gone: {time.monotonic() - deleting:.2f}s")
     finally:
         with contextlib.suppress(StopIteration):
             next(agents)  # the agent and what it left are stopped

@@ -59,6 +59,7 @@ CDI_LABEL = "gpufrac.cdi"  # the kind of the CDI spec its devices come from
 RECORD = "container.json"  # what the engine said of the ended container (written once)
 NAMED = "container-name.json"  # its container's and cgroup parent's names, as started
 RUNC = "/usr/sbin/runc"  # podman's default crun cannot run in cgroup v1/v2 hybrid mode
+PODMAN_INIT = "/usr/libexec/podman/catatonit"  # what podman's --init runs (containers.conf)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,10 @@ class Engine:
 
     name: ContainerEngine
     argv: tuple[str, ...]
+    # a small init as the container's process 1 (``--init``), which passes SIGTERM on to the
+    # command: the kernel gives process 1 only the signals it handles, so a program that sets
+    # no handler would wait out the stop grace and be killed
+    init: bool = False
 
     def run(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -80,12 +85,12 @@ def find_engine(choice: ContainerEngine) -> Engine | None:
         case "podman":
             return _podman()
         case "docker":
-            return Engine("docker", ("docker",)) if shutil.which("docker") else None
+            return Engine("docker", ("docker",), init=True) if shutil.which("docker") else None
         case "auto":
             found = _podman()
             if found is not None:
                 return found
-            docker = Engine("docker", ("docker",)) if shutil.which("docker") else None
+            docker = Engine("docker", ("docker",), init=True) if shutil.which("docker") else None
             if docker is not None and docker.run("info", timeout=10).returncode == 0:
                 return docker
             return None
@@ -97,7 +102,11 @@ def _podman() -> Engine | None:
     if shutil.which("podman") is None:
         return None
     runtime = ("--runtime", RUNC) if Path(RUNC).exists() else ()
-    return Engine("podman", ("podman", *runtime, "--cgroup-manager", "cgroupfs"))
+    return Engine(
+        "podman",
+        ("podman", *runtime, "--cgroup-manager", "cgroupfs"),
+        init=Path(PODMAN_INIT).exists(),
+    )
 
 
 def container_name(run_dir: Path) -> str:
@@ -211,6 +220,8 @@ class ContainerRunner:
             *_ulimit("nproc", resource.RLIMIT_NPROC, ENGINE_NPROC_MAX),
             *_user(what.user, what.group),
         ]
+        if self.engine.init:
+            argv.append("--init")
         if self.layout.usable:
             argv += ["--cgroup-parent", f"/{cgroup_name(handle.run_dir)}"]
         limits = what.limits

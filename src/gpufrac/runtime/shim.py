@@ -433,6 +433,10 @@ def _run(run_dir: Path) -> int:
     started: list[subprocess.Popen[bytes]] = []
     killer: list[threading.Timer] = []
     cgroups: list[WorkloadCgroup] = []  # the workload's cgroup, where it has one
+    # an engine's client passes a signal on to its container (whose process 1 passes it on to
+    # the command); sent to the whole cgroup it would also reach the client's own helpers and the
+    # engine's monitor, and end the client before the container
+    client = spec.get("enters", True) is False
 
     def forward(signum: int, _frame: object, grace_s: float | None = None) -> None:
         """Pass the signal to the workload's group; after a SIGTERM, SIGKILL it once the grace
@@ -446,7 +450,8 @@ def _run(run_dir: Path) -> int:
             os.killpg(pgid, signum)
             os.killpg(pgid, signal.SIGCONT)  # one the QoS arbiter paused must run to handle it
         for cgroup in cgroups:  # its processes outside the group too; thawed to handle it
-            cgroup.signal(signum)
+            if not client:
+                cgroup.signal(signum)
             cgroup.thaw()
         if signum == signal.SIGTERM and not killer:
             asked = _read_json(run_dir / "stop.json") or {}
@@ -487,7 +492,7 @@ def _run(run_dir: Path) -> int:
         oom = cgroup.watch_oom()  # before the workload starts: v1 signals only from then on
     # an engine's client enters all of it but its memory's: its monitor, which it starts, is then
     # a member, and the memory limit bounds the container (and monitor) only
-    enters = cgroup if cgroup is None or spec.get("enters", True) else cgroup.apart_from("memory")
+    enters = cgroup if cgroup is None or not client else cgroup.apart_from("memory")
     if enters is not None and not enters.dirs:
         enters = None
     report_r, report_w = os.pipe()  # why the view could not be made, from the child
