@@ -30,9 +30,10 @@ SHOW = (
     "print(json.dumps({'visible': e.get('CUDA_VISIBLE_DEVICES'), "
     "'device': e.get('GPUFRAC_DEVICE_UUID'), 'reports': e.get('GPUFRAC_GPU_REPORTS'), "
     "'pipe': p, 'pipe_seen': bool(p) and os.path.isdir(p), 'mine': e.get('MINE'), "
-    "'host': e.get('GPUFRAC_HOST'), 'limit': e.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT')}), "
-    "flush=True)"
+    "'host': e.get('GPUFRAC_HOST'), 'limit': e.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'), "
+    "'host_shm': os.path.exists('/dev/shm/gpufrac-test-shm-probe')}), flush=True)"
 )
+SHM_PROBE = Path("/dev/shm/gpufrac-test-shm-probe")  # seen only where the host's /dev/shm is
 
 
 @pytest.fixture
@@ -105,6 +106,7 @@ def test_a_mig_and_an_mps_container_see_their_devices_and_a_delete_leaves_nothin
 ) -> None:
     agent = Agent(data_dir, dev, settings, stop_grace=1.0)
     cdi = CdiSpecs(Path(settings.containers.cdi_dir), settings.containers.cdi_kind)
+    SHM_PROBE.touch()
     started = time.monotonic()
     agent.apply_workload(container("mig", image, SHOW, gpu=GpuRequest(mig_profile="1g.18gb")))
     agent.apply_workload(
@@ -122,12 +124,14 @@ def test_a_mig_and_an_mps_container_see_their_devices_and_a_delete_leaves_nothin
     assert seen["reports"] == dev.sdk_env["GPUFRAC_GPU_REPORTS"]  # the spec's common edits
     assert seen["mine"] == "yes" and seen["host"] == "0.0.0.0"
     assert seen["pipe"] is None
+    assert seen["host_shm"] is False  # its own /dev/shm
     seen = shown(agent, "mps")
     gpu = dev.gpus()[1].uuid
     assert seen["device"] == gpu and seen["visible"] == gpu
     assert seen["pipe_seen"] is True  # the MPS pipe directory, mounted
     assert seen["pipe"] == str(agent.mps.pipe_dir(gpu))
     assert seen["limit"] is not None
+    assert seen["host_shm"] is True  # the host's IPC namespace: MPS's shared memory
     print(f"two container jobs through the agent, apply to succeeded: {took:.2f}s")
     names = [container_of(agent, n) for n in ("mig", "mps")]
     assert all(not n for n in names)  # ended: removed already
@@ -136,6 +140,7 @@ def test_a_mig_and_an_mps_container_see_their_devices_and_a_delete_leaves_nothin
     assert agent.runs.wait_stopped(10)
     assert not cdi.path.exists()  # no container of gpufrac's left: its CDI spec went too
     agent.close()
+    SHM_PROBE.unlink()
 
 
 def test_a_running_container_is_re_attached_by_a_restarted_agent_and_deleted_clean(

@@ -240,6 +240,8 @@ class ContainerRunner:
             argv += ["-p", f"{spec.publish_host}:{port}:{port}"]
         for device in what.grant.devices:
             argv += ["--device", self.cdi.qualified(device)]
+        if what.grant.host_ipc:
+            argv += ["--ipc", "host"]
         for m in (*what.grant.mounts, *spec.mounts):
             argv += ["-v", f"{m.source}:{m.target}:{'ro' if m.read_only else 'rw'}"]
         if what.workdir:

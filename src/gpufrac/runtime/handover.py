@@ -102,6 +102,10 @@ class Handover:
             env["CUDA_MPS_CLIENT_PRIORITY"] = str(mps_client_priority(spec.qos))
             pipe = self.mps.pipe_dir(decision.gpus[0])
             mounts = (BindMount(pipe, str(pipe)),)
+            # a container reaches the MPS daemon through its pipe directory, and shares memory
+            # with its server in the host's IPC namespace (as MPS clients in containers must:
+            # Kubernetes pods on MPS run with hostIPC); a host process has both already
+            return Grant(env, tuple(devices), mounts, host_ipc=True)
         return Grant(env, tuple(devices), mounts)
 
     def engine(

@@ -98,11 +98,14 @@ class Grant:
     device UUIDs, as ``NVIDIA_VISIBLE_DEVICES`` names them) and the paths it must see (the MPS
     pipe directory). A process sees every device and file of the host, and is held to its GPU by
     its environment alone, so the process runner needs only ``env``; a container runner turns
-    ``devices`` into its devices (CDI names, ``--device``) and ``mounts`` into bind mounts."""
+    ``devices`` into its devices (CDI names, ``--device``), ``mounts`` into bind mounts and
+    ``host_ipc`` into the host's IPC namespace and ``/dev/shm`` (an MPS client's: it and the MPS
+    server share memory there, as a host process does anyway)."""
 
     env: Mapping[str, str]
     devices: tuple[str, ...] = ()
     mounts: tuple[BindMount, ...] = ()
+    host_ipc: bool = False
 
 
 @dataclass(frozen=True, slots=True)
