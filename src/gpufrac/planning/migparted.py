@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from gpufrac.errors import InputError
-from gpufrac.model.catalog import GpuModel
+from gpufrac.model.catalog import GpuModel, partial_model_for_pci_id
 from gpufrac.model.gpu import MIG_UNSUPPORTED, GpuState
 from gpufrac.model.manifest_fields import StrictYamlLoader
 from gpufrac.model.mig import MigPlacement, MigProfileName, parse_profile_name
@@ -397,10 +397,7 @@ def _target(
     if model is None:
         if not entry.counts:  # MIG on with no instances needs no geometry
             return DeviceTarget(gpu.index, gpu.uuid, True, ())
-        notes.append(
-            f"{where}: {label} has no MIG geometry in gpufrac's catalog; skipped (its MIG "
-            "devices cannot be planned)"
-        )
+        notes.append(_unplannable(entry, gpu, label, where))
         return None
     counts: dict[str, int] = {}
     for profile, n in entry.counts.items():
@@ -414,6 +411,30 @@ def _target(
             fix=_why_not(model, counts),
         )
     return DeviceTarget(gpu.index, gpu.uuid, True, layout)
+
+
+def _unplannable(entry: MigPartedEntry, gpu: GpuState, label: str, where: str) -> str:
+    """The note for a GPU whose MIG geometry gpufrac lacks; a profile that its partial catalog
+    entry (NVIDIA's MIG user guide) shows it does not have is an error, as on any model."""
+    partial = partial_model_for_pci_id(gpu.pci_device_id)
+    if partial is None:
+        return (
+            f"{where}: {label} has no MIG geometry in gpufrac's catalog; skipped (its MIG "
+            "devices cannot be planned)"
+        )
+    for profile in entry.counts:
+        if not partial.has_profile(profile):
+            raise InputError(
+                f"profile {profile!r} does not exist on {partial.key}",
+                field=f"{where}.mig-devices.{profile}",
+                fix=f"use one of: {', '.join(p.name for p in partial.profiles)}",
+            )
+    return (
+        f"{where}: {label} is an {partial.product}, whose catalog entry is partial (profile names "
+        "from NVIDIA's MIG user guide; no profile ids or placements): gpufrac cannot create its "
+        f"{_format_counts(entry.counts)}; skipped (nvidia-mig-parted creates them through the "
+        "driver)"
+    )
 
 
 def _model_profile(model: GpuModel, name: MigProfileName, field: str) -> str:

@@ -825,3 +825,32 @@ def test_an_attribute_gpufrac_cannot_create_is_refused_with_the_reason() -> None
         assert err.value.fix is not None and err.value.fix.startswith("use 1g.18gb or one of")
     media = entry_yaml(OK + "      mig-devices: {1g.18gb+me: 1, 1g.18gb: 6}\n")
     assert counts(resolve(media, "a", h200_node(1))[0]) == {"1g.18gb+me": 1, "1g.18gb": 6}
+
+
+def test_a_gpu_of_the_partial_catalog_has_its_names_checked_and_is_skipped() -> None:
+    """An RTX PRO 6000 (partial catalog: names from NVIDIA's MIG user guide, no placements) beside
+    an H200: the attributes it has are recognised, its instances cannot be created here, so its
+    entry is skipped with the reason; a profile it does not have is an error."""
+    rtx = GpuState(
+        uuid="GPU-9",
+        index=1,
+        name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        model=None,
+        pci_device_id="0x2BB510DE",
+        memory_total_mib=97887,
+        memory_used_mib=0,
+        utilization_gpu=0,
+        mig_current="enabled",
+        mig_pending="enabled",
+    )
+    node = [gpu(0), rtx]
+    resolution = resolve_config(
+        parse_migparted(PUBLISHED_FORMS), "all-balanced", node, models_for(node)
+    )
+    assert [t.index for t in resolution.targets] == [0]
+    rtx_note = next(n for n in resolution.notes if n.startswith("mig-configs.all-balanced[0]"))
+    assert "partial" in rtx_note and "create its 2x 1g.24gb+gfx, 1x 2g.48gb-me; skipped" in rtx_note
+    with pytest.raises(InputError) as err:
+        resolve(entry_yaml(OK + "      mig-devices: {1g.18gb: 1}\n"), "a", [rtx])
+    assert err.value.message == "profile '1g.18gb' does not exist on RTX-PRO-6000-96GB"
+    assert err.value.fix is not None and "1g.24gb+me.all" in err.value.fix
