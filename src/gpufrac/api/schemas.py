@@ -391,6 +391,7 @@ class GpuJson(Answer):
     model: str | None
     name: str
     pci_device_id: str
+    pci_subsystem_id: str = "unknown"
     memory_total_mib: int
     memory_used_mib: int
     utilization_gpu: int | None

@@ -35,7 +35,7 @@ from gpufrac.model.migplan import MigAction, targets_from_json
 if TYPE_CHECKING:  # the planner and the runtime are imported by the commands that use them
     from gpufrac.devices.nvml import NvmlDevices
     from gpufrac.model.gpu import GpuState
-    from gpufrac.planning.migparted import MigPartedConfig
+    from gpufrac.planning.migparted import MigPartedConfig, Resolution
     from gpufrac.runtime.mig_apply import GpuTarget
 
 PlanFileOpt = Annotated[
@@ -45,7 +45,12 @@ ConfigOpt = Annotated[
     Path | None, typer.Option("--config-file", "-f", help="A mig-parted config file.")
 ]
 ConfigNameOpt = Annotated[
-    str | None, typer.Option("--selected-config", "-c", help="Which config of the file.")
+    str | None,
+    typer.Option(
+        "--selected-config",
+        "-c",
+        help="Which config of the file (may be left out when the file holds one config).",
+    ),
 ]
 
 
@@ -127,24 +132,30 @@ def _check_against(gpus: list[dict[str, Any]], targets: list[GpuTarget]) -> None
 def _targets(
     dev: NvmlDevices, plan: Path | None, config: Path | None, name: str | None
 ) -> list[GpuTarget]:
-    from gpufrac.model.manifest_fields import read_text_file
-    from gpufrac.planning.migparted import parse_migparted, resolve_config
     from gpufrac.runtime.mig_apply import GpuTarget
 
     if (plan is None) == (config is None):
-        raise InputError("give exactly one of --plan FILE or -f CONFIG -c NAME", field="--plan")
+        raise InputError("give exactly one of --plan FILE or -f CONFIG [-c NAME]", field="--plan")
     if plan is not None:
         return _plan_targets(plan)
     assert config is not None
-    if not name:
-        raise InputError("which config?", field="--selected-config", fix="pass -c NAME")
+    resolution = _resolve(dev, config, name)
+    return [GpuTarget(t.uuid, t.mig_enabled, t.layout) for t in resolution.targets]
+
+
+def _resolve(dev: NvmlDevices, config: Path, name: str | None) -> Resolution:
+    """Config ``name`` of a mig-parted file (its only one when no name is given) on these GPUs;
+    what it skips is told on stderr, one note a line."""
+    from gpufrac.model.manifest_fields import read_text_file
+    from gpufrac.planning.migparted import parse_migparted, resolve_config
+
     parsed = parse_migparted(read_text_file(config, field="--config-file"), source=str(config))
     gpus = dev.gpus()
     models = {g.uuid: dev.model(g.uuid) for g in gpus if g.health == "ok"}
-    return [
-        GpuTarget(t.uuid, t.mig_enabled, t.layout)
-        for t in resolve_config(parsed, name, gpus, models)
-    ]
+    resolution = resolve_config(parsed, name, gpus, models)
+    for note in resolution.notes:
+        err_console.print(f"[yellow]note[/] {note}", highlight=False)
+    return resolution
 
 
 def mig_apply_command(
@@ -375,19 +386,10 @@ def assert_command(
 ) -> None:
     """Check that the GPUs match a plan or a mig-parted config. Exit 0 match, 1 mismatch, 2 bad
     input."""
-    from gpufrac.model.manifest_fields import read_text_file
-    from gpufrac.planning.migparted import assert_config, parse_migparted
-
     with handled_errors(), devices(simulate, data_dir) as dev:
         if config_file is not None and plan is None:
-            if not selected_config:
-                raise InputError("which config?", field="--selected-config", fix="pass -c NAME")
-            parsed = parse_migparted(
-                read_text_file(config_file, field="--config-file"), source=str(config_file)
-            )
-            gpus = dev.gpus()
-            models = {g.uuid: dev.model(g.uuid) for g in gpus if g.health == "ok"}
-            mismatches = assert_config(parsed, selected_config, gpus, models)
+            resolution = _resolve(dev, config_file, selected_config)
+            mismatches = _config_mismatches(dev, resolution)
         else:
             targets = _targets(dev, plan, config_file, selected_config)
             mismatches = _plan_mismatches(dev, targets)
@@ -399,6 +401,12 @@ def assert_command(
     else:
         console.print("[green]the GPUs match[/]")
     raise typer.Exit(1 if mismatches else 0)
+
+
+def _config_mismatches(dev: NvmlDevices, resolution: Resolution) -> list[str]:
+    from gpufrac.planning.migparted import target_mismatches
+
+    return target_mismatches(resolution, dev.gpus())
 
 
 def _plan_mismatches(dev: NvmlDevices, targets: list[GpuTarget]) -> list[str]:

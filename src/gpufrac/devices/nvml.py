@@ -211,7 +211,7 @@ class NvmlDevices:
             ),
             compute_slices=max((p.compute_slices for p in profiles), default=0),
             profiles=tuple(profiles),
-            pci_device_ids=(self._pci_device_id(handle),),
+            pci_device_ids=(self._pci_ids(handle)[0],),
             source="read from the driver" + (" (simulated)" if self.simulated else ""),
             verified=True,
             from_driver=True,
@@ -308,12 +308,14 @@ class NvmlDevices:
         self.gpm.keep(uuid, {i.gi_id for i in instances})
         known = model_for_product_name(name)
         warnings = tuple(self.catalog_differences(uuid)) if known is not None else ()
+        pci_device, pci_subsystem = self._pci_ids(handle)
         return GpuState(
             uuid=uuid,
             index=index,
             name=name,
             model=known.key if known else None,
-            pci_device_id=self._pci_device_id(handle),
+            pci_device_id=pci_device,
+            pci_subsystem_id=pci_subsystem,
             memory_total_mib=int(memory.total) // _MIB,
             memory_used_mib=int(memory.used) // _MIB,
             utilization_gpu=None if util is None else int(util.gpu),
@@ -345,9 +347,12 @@ class NvmlDevices:
             tensor_active=gpm.get("tensor_active"),
         )
 
-    def _pci_device_id(self, handle: Any) -> str:
+    def _pci_ids(self, handle: Any) -> tuple[str, str]:
+        """(device and vendor id, subsystem id), each ``0x`` + 8 hex digits, or ``unknown``."""
         info = self.optional(self.lib.nvmlDeviceGetPciInfo, handle)
-        return "unknown" if info is None else f"0x{int(info.pciDeviceId):08X}"
+        if info is None:
+            return "unknown", "unknown"
+        return f"0x{int(info.pciDeviceId):08X}", f"0x{int(info.pciSubSystemId):08X}"
 
     def _processes(self, handle: Any, gi_id: int | None) -> list[ProcessState]:
         raw = self.optional(self.lib.nvmlDeviceGetComputeRunningProcesses, handle) or []

@@ -3,7 +3,8 @@
 The catalog is read from ``data/mig-geometry.json`` (a copy of the project's reference data). It
 serves planning and simulation; on a real GPU the driver's own profile table wins (see
 ``devices.nvml``). Unknown values (for example B200 per-profile memory) stay ``None``: never
-invented.
+invented. GPUs of which NVIDIA's MIG user guide publishes only profile names, fractions and instance
+counts are in a partial catalog (``partial_catalog``): enough to check a profile name, not to plan.
 """
 
 from __future__ import annotations
@@ -144,11 +145,76 @@ def model_from_json(key: str, raw: dict[str, Any]) -> GpuModel:
 
 
 @cache
+def _reference() -> dict[str, Any]:
+    text = resources.files("gpufrac.model").joinpath("data/mig-geometry.json").read_text("utf-8")
+    raw: dict[str, Any] = json.loads(text)
+    return raw
+
+
+@cache
 def catalog() -> dict[str, GpuModel]:
     """Every GPU model gpufrac knows, by catalog key (``H200-141GB``, ...)."""
-    text = resources.files("gpufrac.model").joinpath("data/mig-geometry.json").read_text("utf-8")
-    raw = json.loads(text)
-    return {key: model_from_json(key, entry) for key, entry in raw["gpus"].items()}
+    return {key: model_from_json(key, entry) for key, entry in _reference()["gpus"].items()}
+
+
+@dataclass(frozen=True, slots=True)
+class PartialProfile:
+    """A profile as NVIDIA's MIG user guide lists it: name, fractions of the GPU, instances."""
+
+    name: str
+    memory_fraction: str  # "1/4", "1/2", "1" (the guide's "Full")
+    sm_fraction: str
+    max_instances: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartialGpuModel:
+    """A MIG GPU whose geometry is only partly published: its profile names are known, its profile
+    ids and placements are not, so its layouts cannot be planned."""
+
+    key: str
+    product: str
+    pci_device_ids: tuple[str, ...]
+    max_gpu_instances: int
+    profiles: tuple[PartialProfile, ...]
+    source: str
+
+    def has_profile(self, name: str) -> bool:
+        wanted = name.strip().lower()
+        return any(p.name == wanted for p in self.profiles)
+
+
+@cache
+def partial_catalog() -> dict[str, PartialGpuModel]:
+    """The GPUs of the partial catalog, by key (``RTX-PRO-6000-96GB``)."""
+    return {
+        key: PartialGpuModel(
+            key=key,
+            product=str(raw["product"]),
+            pci_device_ids=tuple(str(i).upper().replace("0X", "0x") for i in raw["pci_device_ids"]),
+            max_gpu_instances=int(raw["max_gpu_instances"]),
+            profiles=tuple(
+                PartialProfile(
+                    str(p["name"]).lower(),
+                    str(p["memory_fraction"]),
+                    str(p["sm_fraction"]),
+                    int(p["max_instances"]),
+                )
+                for p in raw["profiles"]
+            ),
+            source=str(raw["source"]),
+        )
+        for key, raw in _reference().get("partial_gpus", {}).items()
+    }
+
+
+def partial_model_for_pci_id(pci_device_id: str) -> PartialGpuModel | None:
+    """The partial-catalog GPU of this PCI device id (``0x2BB510DE``, any case), if any."""
+    wanted = pci_device_id.strip().upper()
+    for model in partial_catalog().values():
+        if wanted in (i.upper() for i in model.pci_device_ids):
+            return model
+    return None
 
 
 def lookup_model(name: str) -> GpuModel:

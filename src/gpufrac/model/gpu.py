@@ -113,6 +113,8 @@ class GpuState:
     # what else NVML reads of the GPU, each None where the driver does not support it (on a
     # MIG device, or before Hopper for GPM): DCGM's fields of the same meaning in ``/metrics``
     readings: GpuReadings = field(default_factory=lambda: GpuReadings())
+    # PCI subsystem device and vendor id, 0xSSSSVVVV (the board maker's); "unknown" where not read
+    pci_subsystem_id: str = "unknown"
 
     @classmethod
     def lost(cls, index: int, *, simulated: bool = False) -> GpuState:
@@ -154,6 +156,7 @@ class GpuState:
             "model": self.model,
             "name": self.name,
             "pci_device_id": self.pci_device_id,
+            "pci_subsystem_id": self.pci_subsystem_id,
             "memory_total_mib": self.memory_total_mib,
             "memory_used_mib": self.memory_used_mib,
             "utilization_gpu": self.utilization_gpu,

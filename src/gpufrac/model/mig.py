@@ -16,31 +16,48 @@ from gpufrac.errors import InputError
 from gpufrac.model.catalog import GpuModel
 from gpufrac.model.numbers import digits_note, is_digits
 
-# ASCII digits ([0-9], not \d: that is every script's)
+# ASCII digits ([0-9], not \d: that is every script's). Attributes as mig-parted writes them: one
+# sign, then a comma-separated list (``+me``, ``+gfx``, ``+me.all``, ``-me``, ``+me,gfx``).
 _NAME = re.compile(
-    r"(?:(?P<ci>[0-9]+)c\.)?(?P<g>[0-9]+)g\.(?P<gb>[0-9]+)gb(?P<attrs>(?:\+[a-z]+)*)"
+    r"(?:(?P<ci>[0-9]+)c\.)?(?P<g>[0-9]+)g\.(?P<gb>[0-9]+)gb(?:(?P<sign>[+-])(?P<attrs>.*))?"
 )
-KNOWN_ATTRIBUTES = ("me",)
+_ATTRIBUTE = re.compile(r"[a-z.][a-z0-9.]*")
+AttributeSign = Literal["+", "-"]
 
 
 @dataclass(frozen=True, slots=True)
 class MigProfileName:
-    """A parsed profile name: ``1g.18gb``, ``1g.18gb+me`` or the compute-instance form
-    ``1c.3g.71gb``."""
+    """A parsed profile name: ``1g.18gb``, ``1g.18gb+me``, ``1g.24gb-me``, ``1g.24gb+gfx`` or the
+    compute-instance form ``1c.3g.71gb``.
+
+    As in mig-parted, a name has either ``+`` attributes (the profile adds them: ``+me`` media
+    extensions, ``+me.all`` all media engines, ``+gfx`` graphics) or ``-`` attributes (it lacks
+    them: ``-me``), never both; their order does not matter (they are kept sorted)."""
 
     gpu_slices: int
     memory_gb: int
     attributes: tuple[str, ...] = ()
     compute_instance_slices: int | None = None
+    sign: AttributeSign = "+"
 
     @property
     def media_extensions(self) -> bool:
-        return "me" in self.attributes
+        return self.sign == "+" and "me" in self.attributes
+
+    @property
+    def base_name(self) -> str:
+        """The GPU-instance size without attributes: ``1g.24gb`` for ``1g.24gb+gfx``."""
+        return f"{self.gpu_slices}g.{self.memory_gb}gb"
+
+    @property
+    def attribute_suffix(self) -> str:
+        """``+gfx``, ``-me``, ``+me,gfx`` or the empty string."""
+        return self.sign + ",".join(self.attributes) if self.attributes else ""
 
     @property
     def gpu_instance_name(self) -> str:
         """The GPU-instance part: ``3g.71gb`` for ``1c.3g.71gb``."""
-        return f"{self.gpu_slices}g.{self.memory_gb}gb" + "".join(f"+{a}" for a in self.attributes)
+        return self.base_name + self.attribute_suffix
 
     def __str__(self) -> str:
         prefix = f"{self.compute_instance_slices}c." if self.compute_instance_slices else ""
@@ -48,7 +65,11 @@ class MigProfileName:
 
 
 def parse_profile_name(text: str, *, field: str = "profile") -> MigProfileName:
-    """Parse a MIG profile name (syntax only; see ``GpuModel.profile`` for meaning)."""
+    """Parse a MIG profile name (syntax only; see ``GpuModel.profile`` for meaning).
+
+    Attributes are read as mig-parted reads them (go-nvlib's ``parseMigProfileAttributes``): any
+    name of letters, digits and dots that starts with neither a digit nor a dot and ends with no
+    dot, each at most once, and ``+`` and ``-`` never together."""
     raw = text.strip().lower()
     if raw.startswith("mig "):
         raw = raw[4:]  # the driver's spelling: "MIG 1g.18gb"
@@ -57,16 +78,10 @@ def parse_profile_name(text: str, *, field: str = "profile") -> MigProfileName:
         raise InputError(
             f"{text!r} is not a MIG profile name{digits_note(text)}",
             field=field,
-            fix="write it like 1g.18gb, 1g.18gb+me or 1c.3g.71gb",
+            fix="write a GPU-instance profile like 1g.18gb, 3g.71gb or 1g.18gb+me",
         )
-    attrs = tuple(a for a in m.group("attrs").split("+") if a)
-    for a in attrs:
-        if a not in KNOWN_ATTRIBUTES:
-            raise InputError(
-                f"unknown profile attribute '+{a}' in {text!r}",
-                field=field,
-                fix="the only attribute gpufrac knows is +me (media extensions)",
-            )
+    sign: AttributeSign = "-" if m.group("sign") == "-" else "+"
+    attrs = _attributes(text, m.group("attrs"), field) if m.group("sign") else ()
     gi = int(m.group("g"))
     ci = int(m.group("ci")) if m.group("ci") else None
     if gi < 1 or int(m.group("gb")) < 1 or (ci is not None and not 1 <= ci <= gi):
@@ -76,7 +91,31 @@ def parse_profile_name(text: str, *, field: str = "profile") -> MigProfileName:
             fix="slices and GB are positive, and a compute instance (Nc.) is no larger than "
             "its GPU instance",
         )
-    return MigProfileName(gi, int(m.group("gb")), attrs, ci)
+    return MigProfileName(gi, int(m.group("gb")), attrs, ci, sign)
+
+
+def _attributes(text: str, listed: str, field: str) -> tuple[str, ...]:
+    fix = (
+        "write one sign and a comma-separated list of attributes, like 1g.24gb+gfx, "
+        "1g.24gb+me.all or 1g.24gb-me"
+    )
+    if "+" in listed or "-" in listed:
+        raise InputError(
+            f"{text!r} has more than one attribute sign (+ and - cannot be combined)",
+            field=field,
+            fix=fix,
+        )
+    attrs = listed.split(",")
+    for a in attrs:
+        if not _ATTRIBUTE.fullmatch(a) or a.startswith(".") or a.endswith("."):
+            raise InputError(
+                f"attribute {a!r} in {text!r} is not an attribute name",
+                field=field,
+                fix=fix + " (letters, digits and dots; not starting with a digit or a dot)",
+            )
+    if len(set(attrs)) != len(attrs):
+        raise InputError(f"{text!r} lists an attribute twice", field=field, fix=fix)
+    return tuple(sorted(attrs))
 
 
 @dataclass(frozen=True, slots=True, order=True)

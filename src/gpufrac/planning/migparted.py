@@ -2,9 +2,13 @@
 
 A mig-parted file (``version: v1``) names configs; each config is a list of entries, and each entry
 selects GPUs (``devices: all`` or a list of indices, narrowed by an optional ``device-filter`` of
-PCI device ids) and says whether MIG is on and which GPU instances to create (profile -> count).
-GPUs no entry selects are left alone. gpufrac turns a config into one target layout per selected
-GPU.
+PCI ids) and says whether MIG is on and which GPU instances to create (profile -> count). GPUs no
+entry selects are left alone. gpufrac turns a config into one target layout per selected GPU.
+
+Files are read as mig-parted reads them (its ``api/spec/v1`` package, ``cmd/.../assert`` and
+``apply``): what its spec validation refuses is refused here with the same rule, and what it accepts
+is accepted; where gpufrac refuses more (a malformed ``device-filter``, which mig-parted silently
+never matches; a GPU selected by two entries; a compute-instance profile) the error says so.
 """
 
 from __future__ import annotations
@@ -18,16 +22,21 @@ from typing import Any
 import yaml
 
 from gpufrac.errors import InputError
-from gpufrac.model.catalog import GpuModel
+from gpufrac.model.catalog import GpuModel, partial_model_for_pci_id
 from gpufrac.model.gpu import MIG_UNSUPPORTED, GpuState
 from gpufrac.model.manifest_fields import StrictYamlLoader
-from gpufrac.model.mig import MigPlacement, parse_profile_name
+from gpufrac.model.mig import MigPlacement, MigProfileName, parse_profile_name
 from gpufrac.planning.patterns import layout_for_counts
 
 VERSION = "v1"
 _ENTRY_KEYS = ("devices", "device-filter", "mig-enabled", "mig-devices")
-_PCI_ID = re.compile(r"^0x[0-9a-f]{8}$", re.IGNORECASE)
+# one half of a device id: 0x + 8 hex digits (device << 16 | vendor), as NVIDIA writes them
+_PCI_HALF = re.compile(r"^0x[0-9a-f]{8}$", re.IGNORECASE)
 _PLAIN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_FILTER_FIX = (
+    "write the device and vendor id as '0xDDDDVVVV' (for example '0x233510DE', H200), or with "
+    "the subsystem as '0xDDDDVVVV:0xSSSSVVVV'; quote it, as mig-parted reads only strings"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +45,9 @@ class MigPartedEntry:
     profile)."""
 
     devices: tuple[int, ...] | None  # None: all GPUs
-    device_filter: tuple[str, ...]  # PCI device ids, "0x" + upper-case hex; empty: no filter
+    # PCI ids "0xDDDDVVVV" or "0xDDDDVVVV:0xSSSSVVVV" (with the subsystem), upper-case hex;
+    # empty: no filter
+    device_filter: tuple[str, ...]
     mig_enabled: bool
     mig_devices: tuple[tuple[str, int], ...]  # (profile, count), zero counts kept as written
 
@@ -62,11 +73,25 @@ class DeviceTarget:
     layout: tuple[MigPlacement, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """A config resolved against a node: the target of each GPU it applies to, and a note for
+    each GPU or index it skips (with why), as mig-parted skips them."""
+
+    name: str
+    targets: tuple[DeviceTarget, ...]
+    notes: tuple[str, ...]
+
+
 # --- reading -------------------------------------------------------------------------------------
 
 
 def parse_migparted(text: str, *, source: str = "config") -> MigPartedConfig:
-    """Read a mig-parted config (YAML or JSON). Every problem is an InputError naming its field."""
+    """Read a mig-parted config (YAML or JSON). Every problem is an InputError naming its field.
+
+    Mirrors mig-parted's ``Spec.UnmarshalJSON``: ``version`` must be ``v1``, no other top-level key
+    than ``mig-configs``, which (when given) holds at least one config, each of at least one
+    entry. A file of ``version: v1`` alone is valid and holds no config."""
     try:
         raw = yaml.load(
             text, Loader=StrictYamlLoader
@@ -79,7 +104,6 @@ def parse_migparted(text: str, *, source: str = "config") -> MigPartedConfig:
             field=source,
             fix="start the file with 'version: v1' and 'mig-configs:'",
         )
-    _unknown_keys(raw, ("version", "mig-configs"), "")
     version = raw.get("version")
     if version != VERSION:
         raise InputError(
@@ -87,10 +111,18 @@ def parse_migparted(text: str, *, source: str = "config") -> MigPartedConfig:
             field="version",
             fix="gpufrac reads mig-parted configs of version v1: write 'version: v1'",
         )
-    configs = raw.get("mig-configs")
+    _unknown_keys(raw, ("version", "mig-configs"), "")
+    configs = raw.get("mig-configs", {})
     if not isinstance(configs, dict):
         raise InputError(
             "must be a mapping of config name to a list of entries", field="mig-configs"
+        )
+    if "mig-configs" in raw and not configs:
+        raise InputError(
+            "holds no config; mig-parted requires at least one",
+            field="mig-configs",
+            fix="add a config, e.g. 'all-disabled: [{devices: all, mig-enabled: false}]', or "
+            "remove 'mig-configs'",
         )
     out: dict[str, tuple[MigPartedEntry, ...]] = {}
     for name, entries in configs.items():
@@ -99,6 +131,12 @@ def parse_migparted(text: str, *, source: str = "config") -> MigPartedConfig:
         where = f"mig-configs.{name}"
         if not isinstance(entries, list):
             raise InputError("must be a list of entries", field=where, fix="write '- devices: all'")
+        if not entries:
+            raise InputError(
+                "has no entry; mig-parted requires at least one",
+                field=where,
+                fix="add an entry like '- devices: all' with 'mig-enabled: false'",
+            )
         out[name] = tuple(_entry(e, f"{where}[{i}]") for i, e in enumerate(entries))
     return MigPartedConfig(version=VERSION, configs=out)
 
@@ -114,6 +152,7 @@ def _unknown_keys(raw: dict[Any, Any], known: tuple[str, ...], where: str) -> No
 
 
 def _entry(raw: Any, where: str) -> MigPartedEntry:
+    """One entry, as mig-parted's ``MigConfigSpec.UnmarshalJSON`` reads it."""
     if not isinstance(raw, dict):
         raise InputError("must be a mapping with devices and mig-enabled", field=where)
     _unknown_keys(raw, _ENTRY_KEYS, where)
@@ -124,7 +163,15 @@ def _entry(raw: Any, where: str) -> MigPartedEntry:
             field=f"{where}.mig-enabled",
             fix="write mig-enabled: true or mig-enabled: false",
         )
+    devices = _devices(raw, where)
+    device_filter = _device_filter(raw.get("device-filter"), f"{where}.device-filter")
     mig_devices = _mig_devices(raw.get("mig-devices"), f"{where}.mig-devices")
+    if enabled and raw.get("mig-devices") is None:
+        raise InputError(
+            "missing; mig-parted requires mig-devices when mig-enabled is true",
+            field=f"{where}.mig-devices",
+            fix="list the GPU instances, or write 'mig-devices: {}' for MIG on with none",
+        )
     if mig_devices and not enabled:
         raise InputError(
             "mig-devices given with mig-enabled: false",
@@ -132,10 +179,7 @@ def _entry(raw: Any, where: str) -> MigPartedEntry:
             fix="remove mig-devices, or set mig-enabled: true",
         )
     return MigPartedEntry(
-        devices=_devices(raw, where),
-        device_filter=_device_filter(raw.get("device-filter"), f"{where}.device-filter"),
-        mig_enabled=enabled,
-        mig_devices=mig_devices,
+        devices=devices, device_filter=device_filter, mig_enabled=enabled, mig_devices=mig_devices
     )
 
 
@@ -151,39 +195,63 @@ def _devices(raw: dict[str, Any], where: str) -> tuple[int, ...] | None:
     for i, index in enumerate(value):
         if not isinstance(index, int) or isinstance(index, bool) or index < 0:
             raise InputError(f"{index!r} is not a GPU index", field=f"{field}[{i}]", fix=fix)
-        if index in value[:i]:
-            raise InputError(f"GPU {index} is listed twice", field=f"{field}[{i}]")
-    return tuple(sorted(value))
+    return tuple(sorted(set(value)))  # mig-parted matches an index listed twice once
 
 
 def _device_filter(value: Any, field: str) -> tuple[str, ...]:
-    if value is None:
+    """``device-filter``: one string or a list of strings (mig-parted reads nothing else); an
+    empty string or list filters nothing."""
+    if value is None or value == "":
         return ()
     items = value if isinstance(value, list) else [value]
-    if not items:
-        raise InputError("is an empty list", field=field, fix="remove it to select every model")
     ids = set()
     for i, item in enumerate(items):
         where = f"{field}[{i}]" if isinstance(value, list) else field
-        if isinstance(item, int) and not isinstance(item, bool) and 0 <= item < 1 << 32:
-            item = f"0x{item:08X}"  # YAML reads an unquoted 0x233510DE as an integer
-        if not isinstance(item, str) or not _PCI_ID.match(item.strip()):
+        if not isinstance(item, str):
             raise InputError(
-                f"{item!r} is not a PCI device id",
+                f"{item!r} is not a string"
+                + (" (YAML reads an unquoted 0x... as a number)" if isinstance(item, int) else ""),
                 field=where,
-                fix="write device id and vendor as 0xDDDDVVVV, for example 0x233510DE (H200)",
+                fix=_FILTER_FIX,
             )
-        ids.add(_pci_id(item))
+        ids.add(pci_filter_id(item, field=where))
     return tuple(sorted(ids))
 
 
-def _pci_id(text: str) -> str:
-    """``0x233510de`` -> ``0x233510DE``."""
-    text = text.strip()
-    return "0x" + text[2:].upper() if text[:2].lower() == "0x" else text.upper()
+def pci_filter_id(text: str, *, field: str = "device-filter") -> str:
+    """``0x233510de`` -> ``0x233510DE``; ``0x233510de:0x16a110de`` keeps its subsystem half.
+
+    Both halves as mig-parted's ``NewDeviceIDFromString`` reads them (device << 16 | vendor)."""
+    parts = text.strip().split(":")
+    if len(parts) > 2 or not all(_PCI_HALF.match(p) for p in parts):
+        raise InputError(f"{text!r} is not a PCI device id", field=field, fix=_FILTER_FIX)
+    return ":".join(f"0x{int(p, 16):08X}" for p in parts)
+
+
+def _filter_matches(entry: MigPartedEntry, gpu: GpuState) -> bool:
+    """mig-parted's ``MatchesDeviceFilter``: no filter matches every GPU; a filter without a
+    subsystem matches device and vendor; one with a subsystem must match all four."""
+    if not entry.device_filter:
+        return True
+    primary = _normal_id(gpu.pci_device_id)
+    subsystem = _normal_id(gpu.pci_subsystem_id)
+    for wanted in entry.device_filter:
+        device, _, sub = wanted.partition(":")
+        if device == primary and (not sub or sub == subsystem):
+            return True
+    return False
+
+
+def _normal_id(text: str) -> str:
+    try:
+        return pci_filter_id(text)
+    except InputError:
+        return text  # "unknown": matches no filter
 
 
 def _mig_devices(value: Any, field: str) -> tuple[tuple[str, int], ...]:
+    """``mig-devices``, checked as mig-parted's ``MigConfig.AssertValidFormat`` checks it: every
+    name a profile name, no negative count, and not every count 0."""
     if value is None:
         return ()
     if not isinstance(value, dict):
@@ -206,81 +274,135 @@ def _mig_devices(value: Any, field: str) -> tuple[tuple[str, int], ...]:
         if str(name) in counts:
             raise InputError(f"profile {name} is listed twice", field=where)
         counts[str(name)] = n
+    if counts and not any(counts.values()):
+        raise InputError(
+            "every count is 0; mig-parted refuses that",
+            field=field,
+            fix="give at least one profile a count above 0, or write 'mig-devices: {}' for MIG "
+            "on with no instances",
+        )
     return tuple(sorted(counts.items()))
 
 
 # --- resolving -----------------------------------------------------------------------------------
 
 
-def resolve_config(
-    config: MigPartedConfig, name: str, gpus: list[GpuState], models: dict[str, GpuModel]
-) -> list[DeviceTarget]:
-    """The target of every GPU config ``name`` selects, by index; ``models`` maps GPU uuid -> model.
-
-    A GPU without MIG support that an entry with ``mig-enabled: false`` selects is left out: it has
-    no MIG mode to set. Asking such a GPU for MIG is an error.
-    """
+def selected_config(config: MigPartedConfig, name: str | None) -> str:
+    """The config to use: ``name``, or the file's only config when no name is given (as
+    mig-parted's ``GetSelectedMigConfig``)."""
+    if name is None or name == "":
+        if len(config.configs) == 1:
+            return next(iter(config.configs))
+        raise InputError(
+            "which config?"
+            if config.configs
+            else "the file holds no config (it has no 'mig-configs')",
+            field="--selected-config",
+            fix=f"pass -c NAME, one of: {', '.join(sorted(config.configs))}"
+            if config.configs
+            else "add a config under 'mig-configs'",
+        )
     if name not in config.configs:
         raise InputError(
             f"no config named {name!r}",
             field="mig-configs",
             fix=f"use one of: {', '.join(sorted(config.configs)) or '(the file has none)'}",
         )
+    return name
+
+
+def resolve_config(
+    config: MigPartedConfig, name: str | None, gpus: list[GpuState], models: dict[str, GpuModel]
+) -> Resolution:
+    """The target of every GPU config ``name`` applies to; ``models`` maps GPU uuid -> model.
+
+    As mig-parted walks a config (``WalkSelectedMigConfigForEachGPU`` and ``apply``): an entry
+    applies to the GPUs its ``devices`` and ``device-filter`` both match; an index the node does
+    not have is skipped, and so is a GPU without MIG selected by ``devices: all``. gpufrac also
+    skips, with a note, a GPU whose model has no MIG geometry it knows. Asking MIG of a GPU without
+    MIG by its index, or a profile a selected GPU lacks, is an error.
+    """
+    name = selected_config(config, name)
     by_index = {g.index: g for g in gpus}
     owner: dict[int, int] = {}
     targets: list[DeviceTarget] = []
+    notes: list[str] = []
     for i, entry in enumerate(config.configs[name]):
         where = f"mig-configs.{name}[{i}]"
-        for gpu in _selected(entry, by_index, where):
+        chosen = _selected(entry, by_index, where, notes)
+        for gpu in chosen:
             if gpu.index in owner:
                 raise InputError(
                     f"GPU {gpu.index} is also selected by entry [{owner[gpu.index]}]",
                     field=where,
-                    fix="select each GPU in one entry only",
+                    fix="select each GPU in one entry only (gpufrac refuses what mig-parted "
+                    "would apply twice, the later entry winning)",
                 )
             owner[gpu.index] = i
-            target = _target(entry, gpu, models.get(gpu.uuid), where)
+            target = _target(entry, gpu, models.get(gpu.uuid), where, notes)
             if target is not None:
                 targets.append(target)
-    return sorted(targets, key=lambda t: t.index)
+    return Resolution(name, tuple(sorted(targets, key=lambda t: t.index)), tuple(notes))
 
 
-def _selected(entry: MigPartedEntry, by_index: dict[int, GpuState], where: str) -> list[GpuState]:
+def _selected(
+    entry: MigPartedEntry, by_index: dict[int, GpuState], where: str, notes: list[str]
+) -> list[GpuState]:
     if entry.devices is None:
         chosen = [by_index[k] for k in sorted(by_index)]
     else:
-        for k, index in enumerate(entry.devices):
-            if index not in by_index:
-                raise InputError(
-                    f"there is no GPU {index}",
-                    field=f"{where}.devices[{k}]",
-                    fix=f"existing GPU indices: {', '.join(map(str, sorted(by_index))) or 'none'}",
-                )
-        chosen = [by_index[index] for index in entry.devices]
-    if entry.device_filter:
-        chosen = [g for g in chosen if _pci_id(g.pci_device_id) in entry.device_filter]
-    return chosen
+        missing = [index for index in entry.devices if index not in by_index]
+        if missing:
+            have = ", ".join(map(str, sorted(by_index))) or "none"
+            notes.append(
+                f"{where}.devices: GPU {', '.join(map(str, missing))} not on this node (it has "
+                f"GPU {have}); skipped"
+            )
+        chosen = [by_index[index] for index in entry.devices if index in by_index]
+    matching = [g for g in chosen if _filter_matches(entry, g)]
+    if chosen and not matching:
+        notes.append(
+            f"{where}: device-filter {', '.join(entry.device_filter)} matches none of the "
+            f"selected GPUs ({_ids(chosen)}); skipped"
+        )
+    return matching
+
+
+def _ids(gpus: list[GpuState]) -> str:
+    return ", ".join(sorted({g.pci_device_id for g in gpus}))
 
 
 def _target(
-    entry: MigPartedEntry, gpu: GpuState, model: GpuModel | None, where: str
+    entry: MigPartedEntry, gpu: GpuState, model: GpuModel | None, where: str, notes: list[str]
 ) -> DeviceTarget | None:
     unsupported = gpu.mig_current == MIG_UNSUPPORTED
     if not entry.mig_enabled:  # a GPU without MIG has no MIG to switch off: leave it alone
         return None if unsupported else DeviceTarget(gpu.index, gpu.uuid, False, ())
-    if unsupported or model is None:
-        why = "does not support MIG" if unsupported else "has no known MIG geometry"
+    label = f"GPU {gpu.index} ({gpu.name}, {gpu.pci_device_id})"
+    if model is None and gpu.health != "ok":
         raise InputError(
-            f"GPU {gpu.index} ({gpu.name}) {why}",
+            f"{label} has health {gpu.health}: its MIG state cannot be set",
+            field=f"{where}.mig-enabled",
+            fix="wait for the GPU to recover, or narrow devices to leave it out",
+        )
+    if unsupported:
+        if entry.devices is None:  # mig-parted's apply skips a non-MIG GPU under devices: all
+            notes.append(f"{where}: {label} does not support MIG; skipped, as for devices: all")
+            return None
+        raise InputError(
+            f"{label} does not support MIG",
             field=f"{where}.mig-enabled",
             fix="narrow devices, or add a device-filter for the MIG-capable models",
         )
+    if model is None:
+        if not entry.counts:  # MIG on with no instances needs no geometry
+            return DeviceTarget(gpu.index, gpu.uuid, True, ())
+        notes.append(_unplannable(entry, gpu, label, where))
+        return None
     counts: dict[str, int] = {}
     for profile, n in entry.counts.items():
-        try:
-            counts[model.profile(profile).name] = n
-        except InputError as exc:
-            raise exc.at(f"{where}.mig-devices.{profile}") from None
+        field = f"{where}.mig-devices.{profile}"
+        counts[_model_profile(model, parse_profile_name(profile), field)] = n
     layout = layout_for_counts(model, counts) if counts else ()
     if layout is None:
         raise InputError(
@@ -289,6 +411,51 @@ def _target(
             fix=_why_not(model, counts),
         )
     return DeviceTarget(gpu.index, gpu.uuid, True, layout)
+
+
+def _unplannable(entry: MigPartedEntry, gpu: GpuState, label: str, where: str) -> str:
+    """The note for a GPU whose MIG geometry gpufrac lacks; a profile that its partial catalog
+    entry (NVIDIA's MIG user guide) shows it does not have is an error, as on any model."""
+    partial = partial_model_for_pci_id(gpu.pci_device_id)
+    if partial is None:
+        return (
+            f"{where}: {label} has no MIG geometry in gpufrac's catalog; skipped (its MIG "
+            "devices cannot be planned)"
+        )
+    for profile in entry.counts:
+        if not partial.has_profile(profile):
+            raise InputError(
+                f"profile {profile!r} does not exist on {partial.key}",
+                field=f"{where}.mig-devices.{profile}",
+                fix=f"use one of: {', '.join(p.name for p in partial.profiles)}",
+            )
+    return (
+        f"{where}: {label} is an {partial.product}, whose catalog entry is partial (profile names "
+        "from NVIDIA's MIG user guide; no profile ids or placements): gpufrac cannot create its "
+        f"{_format_counts(entry.counts)}; skipped (nvidia-mig-parted creates them through the "
+        "driver)"
+    )
+
+
+def _model_profile(model: GpuModel, name: MigProfileName, field: str) -> str:
+    """The catalog name of profile ``name`` on ``model``; a profile whose attributes gpufrac has
+    no profile of on this model (``+gfx``, ``-me``, ``+me.all``) is refused with why."""
+    if model.has_profile(str(name)):
+        return model.profile(str(name)).name
+    if name.attribute_suffix and model.has_profile(name.base_name):
+        raise InputError(
+            f"{name} cannot be created on {model.key}: gpufrac's catalog has {name.base_name} "
+            f"there but no {name.attribute_suffix} variant of it, so gpufrac has no profile to "
+            "create it with",
+            field=field,
+            fix=f"use {name.base_name} or one of: "
+            f"{', '.join(p.name for p in model.profiles)}; or apply this config with "
+            "nvidia-mig-parted, which creates it through the driver",
+        )
+    try:
+        return model.profile(str(name)).name
+    except InputError as exc:
+        raise exc.at(field) from None
 
 
 def _why_not(model: GpuModel, counts: dict[str, int]) -> str:
@@ -303,25 +470,32 @@ def _why_not(model: GpuModel, counts: dict[str, int]) -> str:
 
 
 def device_states(
-    config: MigPartedConfig, name: str, gpus: list[GpuState], models: dict[str, GpuModel]
+    config: MigPartedConfig, name: str | None, gpus: list[GpuState], models: dict[str, GpuModel]
 ) -> dict[int, tuple[bool, dict[str, int]]]:
     """Per selected GPU index: (MIG enabled, instances per profile without zero counts)."""
     return {
         t.index: (t.mig_enabled, dict(Counter(p.profile for p in t.layout)))
-        for t in resolve_config(config, name, gpus, models)
+        for t in resolve_config(config, name, gpus, models).targets
     }
 
 
 def assert_config(
-    config: MigPartedConfig, name: str, gpus: list[GpuState], models: dict[str, GpuModel]
+    config: MigPartedConfig, name: str | None, gpus: list[GpuState], models: dict[str, GpuModel]
 ) -> list[str]:
     """How the live GPUs differ from config ``name`` (MIG mode, instance counts); empty: they
-    match."""
+    match. The GPUs the config skips (see ``resolve_config``) are not checked."""
+    return target_mismatches(resolve_config(config, name, gpus, models), gpus)
+
+
+def target_mismatches(resolution: Resolution, gpus: list[GpuState]) -> list[str]:
+    """How the live GPUs differ from a resolved config; empty: they match."""
     by_index = {g.index: g for g in gpus}
+    name = resolution.name
     problems = []
-    for index, (enabled, wanted) in device_states(config, name, gpus, models).items():
-        gpu = by_index[index]
-        label = f"GPU {index} ({gpu.uuid})"
+    for t in resolution.targets:
+        gpu, enabled = by_index[t.index], t.mig_enabled
+        wanted = dict(Counter(p.profile for p in t.layout))
+        label = f"GPU {t.index} ({gpu.uuid})"
         if gpu.health != "ok":
             problems.append(f"{label}: health is {gpu.health}, its state cannot be checked")
             continue
@@ -361,17 +535,23 @@ def export_config(gpus: list[GpuState], name: str = "current") -> MigPartedConfi
 
 
 def dump_migparted(config: MigPartedConfig) -> str:
-    """The config as mig-parted YAML (``parse_migparted`` reads it back to an equal config)."""
-    lines = [f"version: {config.version}", "mig-configs:"]
-    if not config.configs:
-        lines[-1] += " {}"
+    """The config as mig-parted YAML (``parse_migparted`` reads it back to an equal config).
+
+    A config without entries cannot be written: mig-parted refuses it."""
+    lines = [f"version: {config.version}"] + (["mig-configs:"] if config.configs else [])
     for name, entries in config.configs.items():
-        lines.append(f"  {_key(name)}:" + ("" if entries else " []"))
+        if not entries:
+            raise InputError(
+                f"config {name!r} has no entry, and mig-parted requires one",
+                field="mig-configs",
+                fix="export a node with at least one healthy MIG-capable GPU",
+            )
+        lines.append(f"  {_key(name)}:")
         for e in entries:
             devices = "all" if e.devices is None else "[" + ", ".join(map(str, e.devices)) + "]"
             lines.append(f"    - devices: {devices}")
             if e.device_filter:
-                ids = [f'"{d}"' for d in e.device_filter]
+                ids = [f'"{d}"' for d in e.device_filter]  # quoted: mig-parted reads strings
                 lines.append(
                     "      device-filter: "
                     f"{ids[0] if len(ids) == 1 else '[' + ', '.join(ids) + ']'}"

@@ -118,6 +118,7 @@ CASES = [
     ("mig-disabled.yaml", None, "h200:8:mig"),
     ("multiple-entries.yaml", "train-and-serve", "h200:8:mig"),
     ("zero-counts.yaml", None, "h200:4:mig"),
+    ("profile-attributes.yaml", "one-with-media", "h200:2:mig"),
 ]
 
 
@@ -144,6 +145,25 @@ def test_mig_parted_examples_round_trip(
     assert (
         run("mig", "apply", *sim, "-f", str(path), "-c", config, "--json")[1].count('"kind"') == 0
     )
+
+
+def test_a_file_of_one_config_needs_no_c_and_skipped_indexes_are_noted() -> None:
+    """mig-parted's single-config default; an index the node lacks is skipped with a note (on
+    stderr: --json output stays one JSON document)."""
+    sim = ["--simulate", "h200:4:mig"]
+    path = str(EXAMPLES / "device-indices.yaml")  # two configs: -c is needed
+    code, _, err = run("mig", "apply", *sim, "-f", path, "--dry-run")
+    assert code == 2 and "which config?" in err and "cut-last-two, whole-first-half" in err
+    code, out, err = run("mig", "apply", *sim, "-f", path, "-c", "cut-last-two", "--dry-run")
+    assert code == 0, err
+    assert "note mig-configs.cut-last-two[0].devices: GPU 6, 7 not on this node" in err
+    assert "0 action(s)" in out or "nothing to do" in out
+    single = str(EXAMPLES / "enabled-no-instances.yaml")
+    code, out, err = run("mig", "apply", *sim, "-f", single, "--dry-run", "--json")
+    assert code == 0, err
+    json.loads(out)
+    code, out, err = run("mig", "assert", *sim, "-f", path, "-c", "cut-last-two")
+    assert code == 0 and "GPU 6, 7 not on this node" in err
 
 
 def test_assert_reports_a_mismatch() -> None:

@@ -108,3 +108,29 @@ def test_profile_meaning_depends_on_the_model() -> None:
     assert lookup_model("a100-40gb").profile("1g.10gb").memory_slots == 2
     with pytest.raises(InputError, match="does not exist on H200-141GB"):
         lookup_model("h200").profile("1g.10gb")
+
+
+def test_the_partial_catalog_holds_names_and_fractions_only_and_they_agree() -> None:
+    """The RTX PRO 6000 from NVIDIA's MIG user guide: each name's slices and GB agree with the
+    fractions the guide gives, and nothing the guide lacks (ids, placements) is there."""
+    from fractions import Fraction
+
+    from gpufrac.model.catalog import partial_catalog, partial_model_for_pci_id
+    from gpufrac.model.mig import parse_profile_name
+
+    rtx = partial_model_for_pci_id("0x2bb510de")
+    assert rtx is not None and rtx is partial_catalog()["RTX-PRO-6000-96GB"]
+    assert rtx.key not in catalog() and partial_model_for_pci_id("0x233510DE") is None
+    assert {"1g.24gb+gfx", "1g.24gb+me.all", "1g.24gb-me", "4g.96gb+gfx"} <= {
+        p.name for p in rtx.profiles
+    }
+    for prof in rtx.profiles:
+        name = parse_profile_name(prof.name)
+        assert str(name) == prof.name
+        assert Fraction(name.gpu_slices, rtx.max_gpu_instances) == Fraction(prof.sm_fraction)
+        assert Fraction(name.memory_gb, 96) == Fraction(prof.memory_fraction)
+        assert 1 <= prof.max_instances <= rtx.max_gpu_instances
+    raw = json.loads(REFERENCE.read_text())["partial_gpus"]["RTX-PRO-6000-96GB"]
+    assert not {"profile_id", "placement_starts", "memory_mib"} & {
+        k for p in raw["profiles"] for k in p
+    }

@@ -378,7 +378,9 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         (gpu(**{"gpu-fraction": 1}), "spec.resources.gpu.gpu-fraction"),
         (gpu(**{"gpu-fraction": "0.5"}), "spec.resources.gpu.gpu-fraction"),
         (gpu(mig="1g"), "spec.resources.gpu.mig"),
-        (gpu(mig="1g.18gb+xx"), "spec.resources.gpu.mig"),
+        # any attribute parses (as mig-parted reads names); no GPU model has this one
+        (gpu(mig="1g.18gb+xx"), "spec.resources.gpu.mig.profile"),
+        (gpu(mig="1g.18gb+me-x"), "spec.resources.gpu.mig"),
         (gpu(mig="1c.3g.71gb"), "spec.resources.gpu.mig"),
         (gpu(mig=7), "spec.resources.gpu.mig"),
         (gpu(mig=["1g.18gb"]), "spec.resources.gpu.mig"),

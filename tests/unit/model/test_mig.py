@@ -30,6 +30,10 @@ MODELS = sorted(catalog())
         ("1c.3g.71gb", MigProfileName(3, 71, (), 1)),
         ("MIG 7g.141gb", MigProfileName(7, 141)),
         (" 3G.71GB ", MigProfileName(3, 71)),
+        ("1g.24gb+gfx", MigProfileName(1, 24, ("gfx",))),
+        ("1g.24gb+me.all", MigProfileName(1, 24, ("me.all",))),
+        ("1g.24gb-me", MigProfileName(1, 24, ("me",), sign="-")),
+        ("2g.48gb+me,gfx", MigProfileName(2, 48, ("gfx", "me"))),  # kept sorted
     ],
 )
 def test_parse_profile_names(text: str, expected: MigProfileName) -> None:
@@ -37,13 +41,51 @@ def test_parse_profile_names(text: str, expected: MigProfileName) -> None:
 
 
 def test_profile_name_round_trips_and_gpu_instance_part() -> None:
-    for text in ("1g.18gb", "1g.18gb+me", "1c.3g.71gb", "2c.4g.71gb"):
+    for text in ("1g.18gb", "1g.18gb+me", "1c.3g.71gb", "2c.4g.71gb", "1g.24gb-me", "1g.24gb+gfx"):
         assert str(parse_profile_name(text)) == text
     assert parse_profile_name("1c.3g.71gb").gpu_instance_name == "3g.71gb"
+    assert str(parse_profile_name("1g.24gb+me,gfx")) == "1g.24gb+gfx,me"
+    name = parse_profile_name("1g.24gb-me")
+    assert (name.base_name, name.attribute_suffix, name.media_extensions) == (
+        "1g.24gb",
+        "-me",
+        False,
+    )
+    assert parse_profile_name("1g.18gb+me").media_extensions
 
 
 @pytest.mark.parametrize(
-    "text", ["", "1g", "18gb", "g.18gb", "1g.18", "1g.18gb+xx", "4c.3g.71gb", "0g.5gb"]
+    ("text", "words"),
+    [  # go-nvlib's parseMigProfile and parseMigProfileAttributes, which mig-parted uses
+        ("1g.24gb+me-gfx", "more than one attribute sign"),
+        ("1g.24gb-me+gfx", "more than one attribute sign"),
+        ("1g.24gb+", "not an attribute name"),
+        ("1g.24gb+me,", "not an attribute name"),
+        ("1g.24gb+1me", "not an attribute name"),
+        ("1g.24gb+.me", "not an attribute name"),
+        ("1g.24gb+me.", "not an attribute name"),
+        ("1g.24gb+m_e", "not an attribute name"),
+        ("1g.24gb+me,me", "lists an attribute twice"),
+    ],
+)
+def test_attributes_are_refused_as_parse_mig_profile_attributes_refuses_them(
+    text: str, words: str
+) -> None:
+    with pytest.raises(InputError, match=words) as exc:
+        parse_profile_name(text, field="mig-devices")
+    assert exc.value.field == "mig-devices" and exc.value.fix and "1g.24gb-me" in exc.value.fix
+
+
+def test_the_name_hint_suggests_only_forms_gpufrac_takes() -> None:
+    with pytest.raises(InputError) as exc:
+        parse_profile_name("1g")
+    assert exc.value.fix is not None and "1c." not in exc.value.fix
+    for example in exc.value.fix.rstrip(".").split("like ")[1].replace(" or", ",").split(", "):
+        assert parse_profile_name(example).compute_instance_slices is None
+
+
+@pytest.mark.parametrize(
+    "text", ["", "1g", "18gb", "g.18gb", "1g.18", "1g.18gb+x+y", "4c.3g.71gb", "0g.5gb"]
 )
 def test_bad_profile_names_are_errors_naming_the_field(text: str) -> None:
     with pytest.raises(InputError) as exc:
