@@ -193,6 +193,48 @@ def test_a_running_container_is_re_attached_by_a_restarted_agent_and_deleted_cle
     second.close()
 
 
+REPO = Path(__file__).resolve().parents[2]
+TURNS = (
+    "import json, sys, time\n"
+    f"sys.path.insert(0, {str(REPO / 'src')!r})\n"
+    "from gpufrac.sdk.turns import TurnClient\n"
+    "c = TurnClient.from_env()\n"
+    "granted, deadline = False, time.monotonic() + 30\n"
+    "while not granted and time.monotonic() < deadline:\n"
+    "    granted = c.acquire()\n"
+    "    if granted:\n"
+    "        c.release()\n"
+    "    else:\n"
+    "        time.sleep(0.2)\n"
+    "print(json.dumps({'granted': granted, 'connected': c.connected}), flush=True)\n"
+    "time.sleep(2)\n"  # the other one may still be on its way to its first turn
+)
+
+
+def test_a_containers_sdk_takes_its_turns_from_the_arbiter(
+    data_dir: Path, dev: NvmlDevices, settings: OperatorSettings, image: str
+) -> None:
+    # two workloads on one time-sliced GPU: the arbiter starts; its socket is in each container
+    allowed = replace(settings.containers, allowed_mounts=("/usr", str(REPO)))
+    agent = Agent(data_dir, dev, replace(settings, containers=allowed), stop_grace=1.0)
+    mounts = (VolumeMount("/usr", "/usr"), VolumeMount(str(REPO), str(REPO)))
+    for name in ("t1", "t2"):
+        agent.apply_workload(
+            replace(
+                container(name, image, TURNS, gpu=GpuRequest(memory_mib=4096), sharing="timeslice"),
+                mounts=mounts,
+            )
+        )
+    for name in ("t1", "t2"):
+        state = settle(agent, f"default/{name}", {"succeeded", "failed"})
+        assert state.phase == "succeeded", shown(agent, name)
+        assert shown(agent, name) == {"granted": True, "connected": True}
+    for name in ("t1", "t2"):
+        agent.delete("default", name)
+    assert agent.runs.wait_stopped(10)
+    agent.close()
+
+
 REPLICA = (
     "import http.server, json, os\n"
     "e = os.environ; p = e.get('CUDA_MPS_PIPE_DIRECTORY')\n"

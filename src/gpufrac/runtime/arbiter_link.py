@@ -56,6 +56,9 @@ class ArbiterLink:
         trace: Path | None = None,
     ) -> None:
         self.dir = directory
+        # there before the arbiter is: a container is handed it (mounted) when it starts
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o755)
         self.args = [
             "--dir", str(directory), "--quantum-ms", str(quantum_ms), "--grace-ms", str(grace_ms),
             "--window-s", str(window_s), "--preempt", preempt,

@@ -20,6 +20,7 @@ flags and environment from its budget over the device it sees (``model/engines.p
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.engines import EngineArgs, engine_args
@@ -94,14 +95,18 @@ class Handover:
         )
         if gi_id is not None:
             env["GPUFRAC_GI_ID"] = str(gi_id)
-        mounts: tuple[BindMount, ...] = ()
+        # the arbiter's directory (its socket and the yield flags the SDK maps), read-only: a
+        # container's SDK asks for turns as a process's does (the arbiter knows its processes
+        # by their host pids, which the kernel reports across PID namespaces)
+        arbiter = os.path.dirname(self.arbiter_address)
+        mounts: tuple[BindMount, ...] = (BindMount(Path(arbiter), arbiter, read_only=True),)
         if decision.mode == "mps" and decision.gpus and allocs:
             env.update(
                 self.mps.client_env(decision.gpus[0], allocs[0].memory_mib, allocs[0].compute_pct)
             )
             env["CUDA_MPS_CLIENT_PRIORITY"] = str(mps_client_priority(spec.qos))
             pipe = self.mps.pipe_dir(decision.gpus[0])
-            mounts = (BindMount(pipe, str(pipe)),)
+            mounts += (BindMount(pipe, str(pipe)),)
             # a container reaches the MPS daemon through its pipe directory, and shares memory
             # with its server in the host's IPC namespace (as MPS clients in containers must:
             # Kubernetes pods on MPS run with hostIPC); a host process has both already

@@ -25,7 +25,13 @@ def dev(data_dir: Path) -> Iterator[NvmlDevices]:
 
 
 def _handover(dev: NvmlDevices, tmp_path: Path) -> Handover:
-    return Handover(dev, MpsDaemons(tmp_path / "mps", enabled=False), "unix:/arbiter", 100)
+    arbiter = str(tmp_path / "arbiter" / "arbiter.sock")
+    return Handover(dev, MpsDaemons(tmp_path / "mps", enabled=False), arbiter, 100)
+
+
+def _arbiter(tmp_path: Path) -> BindMount:
+    """The arbiter's directory, read-only: every workload may ask it for turns."""
+    return BindMount(tmp_path / "arbiter", str(tmp_path / "arbiter"), read_only=True)
 
 
 def _alloc(mode: str, compute_pct: int | None = None) -> Allocation:
@@ -42,7 +48,9 @@ def test_a_time_sliced_workload_is_handed_its_gpu_as_env_and_device(
     assert grant.devices == (uuid,)
     assert grant.env["CUDA_VISIBLE_DEVICES"] == grant.env["NVIDIA_VISIBLE_DEVICES"] == uuid
     assert grant.env["GPUFRAC_GPU_MEMORY_LIMIT_MIB"] == "4096"
-    assert grant.mounts == ()  # nothing to mount: no MPS
+    assert grant.mounts == (_arbiter(tmp_path),)  # no MPS: nothing more
+    assert grant.env["GPUFRAC_ARBITER"] == str(tmp_path / "arbiter" / "arbiter.sock")
+    assert not grant.host_ipc
     assert not any(k.startswith("CUDA_MPS_") for k in grant.env)
 
 
@@ -54,7 +62,8 @@ def test_an_mps_workload_is_handed_the_pipe_directory_to_mount(
         SPEC, Decision("default/w", "placed", mode="mps", gpus=(uuid,)), [_alloc("mps", 30)]
     )
     pipe = tmp_path / "mps" / uuid / "pipe"
-    assert grant.mounts == (BindMount(pipe, str(pipe)),)
+    assert grant.mounts == (_arbiter(tmp_path), BindMount(pipe, str(pipe)))
+    assert grant.host_ipc  # MPS's shared memory
     assert grant.env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
     assert grant.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert grant.devices == (uuid,)
