@@ -331,10 +331,15 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         ({"spec.resources.gpu": 1}, "spec.resources.gpu"),
         ({"spec.resources.gpu": None}, "spec.resources.gpu"),
         (gpu(), "spec.resources.gpu"),
-        (gpu(compute=30), "spec.resources.gpu"),
-        (gpu(count=1, memory="1GiB"), "spec.resources.gpu"),
-        (gpu(fraction=0.5, mig="1g.18gb"), "spec.resources.gpu"),
-        (gpu(gpumem=1024, count=1), "spec.resources.gpu"),
+        (gpu(count=2, memory="1GiB"), "spec.resources.gpu.count"),
+        (gpu(fraction=0.5, mig="1g.18gb"), "spec.resources.gpu.fraction"),
+        (gpu(gpumem=1024, **{"nvidia.com/gpu": "2"}), "spec.resources.gpu['nvidia.com/gpu']"),
+        (gpu(memory=1024, memory_percent=50), "spec.resources.gpu.memory_percent"),
+        (gpu(fraction=0.5, memory=1024), "spec.resources.gpu.memory"),
+        (
+            gpu(**{"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}),
+            "spec.resources.gpu.gpu-fraction-num-devices",
+        ),
         (gpu(count=1, vram="1GiB"), "spec.resources.gpu.vram"),
         (gpu(count=0), "spec.resources.gpu.count"),
         (gpu(count=True), "spec.resources.gpu.count"),
@@ -363,7 +368,6 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         (gpu(memory="1GiB", compute=101), "spec.resources.gpu.compute"),
         (gpu(memory="1GiB", compute=0.3), "spec.resources.gpu.compute"),
         (gpu(memory="1GiB", compute=True), "spec.resources.gpu.compute"),
-        (gpu(count=1, compute=30), "spec.resources.gpu.compute"),
         (gpu(fraction=0.5, compute="30%"), "spec.resources.gpu.compute"),
         (gpu(mig="1g.18gb", compute=30), "spec.resources.gpu.compute"),
         (gpu(fraction=0.5, gpucores=30), "spec.resources.gpu.gpucores"),
@@ -376,7 +380,16 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         (gpu(memory="1GiB", gpucores=101), "spec.resources.gpu.gpucores"),
         (gpu(memory="1GiB", gpucores=False), "spec.resources.gpu.gpucores"),
         (gpu(**{"gpu-fraction": 1}), "spec.resources.gpu.gpu-fraction"),
-        (gpu(**{"gpu-fraction": "0.5"}), "spec.resources.gpu.gpu-fraction"),
+        (gpu(**{"gpu-fraction": "half"}), "spec.resources.gpu.gpu-fraction"),
+        (gpu(**{"gpu-fraction": "1.0"}), "spec.resources.gpu.gpu-fraction"),
+        (gpu(**{"gpu-memory": "2000Mi"}), "spec.resources.gpu.gpu-memory"),
+        (gpu(gpucores="101"), "spec.resources.gpu.gpucores"),
+        (gpu(**{"nvidia.com/gpumem": "-1"}), "spec.resources.gpu['nvidia.com/gpumem']"),
+        (gpu(**{"nvidia.com/mig-1g.10gb": 2}), "spec.resources.gpu['nvidia.com/mig-1g.10gb']"),
+        (
+            gpu(**{"nvidia.com/mig-1c.2g.20gb": 1}),
+            "spec.resources.gpu['nvidia.com/mig-1c.2g.20gb']",
+        ),
         (gpu(mig="1g"), "spec.resources.gpu.mig"),
         (gpu(mig="1g.18gb+xx"), "spec.resources.gpu.mig"),
         (gpu(mig="1c.3g.71gb"), "spec.resources.gpu.mig"),
@@ -449,7 +462,7 @@ def test_unknown_field_error_lists_the_allowed_fields() -> None:
 
 
 @pytest.mark.parametrize(
-    "fields", [{}, {"count": 1, "fraction": 0.5}, {"memory": 1, "mig": "1g.18gb"}]
+    "fields", [{}, {"count": 1, "mig": "1g.18gb"}, {"memory": 1, "mig": "1g.18gb"}]
 )
 def test_zero_or_two_requests_list_the_four(fields: dict[str, Any]) -> None:
     err = error_of(dump(doc(gpu(**fields))))
