@@ -38,7 +38,7 @@ def test_schedule_places_the_examples_on_a_paper_fleet() -> None:
             "schedule",
             *files,
             "--gpus",
-            "h200:3,h200:2:mig,a100-80gb:1:mig",
+            "h200:3,h200:3:mig,a100-80gb:1:mig",  # a MIG GPU more for HAMi's and KAI's shapes
             "--settings",
             str(EXAMPLES / "operator" / "gpufrac.yaml"),
             "--json",

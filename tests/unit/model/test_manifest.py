@@ -627,7 +627,7 @@ MANIFEST_EXAMPLES = {
     "memory-timeslice.yaml": ["memory"],
     "memory-mps.yaml": ["memory"],
     "mig-profile.yaml": ["mig", "mig"],
-    "hami-kai-aliases.yaml": ["memory", "fraction", "memory"],
+    "hami-kai-aliases.yaml": ["memory", "memory", "memory", "mig", "fraction", "memory"],
     "service-with-health.yaml": ["memory"],
     "quickstart.yaml": ["memory", "mig", "memory", "memory", "memory", "memory", "memory"],
 }
