@@ -207,6 +207,28 @@ def test_aliases(fields: dict[str, Any], expected: GpuRequest) -> None:
     assert parse_one(gpu(**fields)).gpu == expected
 
 
+# a value each gpufrac field takes, as the field writes it and as other schedulers' users do
+CANONICAL_VALUE = {
+    "count": (1, "1"),
+    "memory": (3000, "3000"),
+    "memory_percent": (50, "50"),
+    "compute": (30, "30"),
+    "fraction": (0.5, "0.5"),
+}
+
+
+@pytest.mark.parametrize(("alias", "means"), sorted(manifest.GPU_ALIASES.items()))
+def test_each_alias_means_its_one_field_written_as_a_number_or_a_string(
+    alias: str, means: str
+) -> None:
+    value, text = CANONICAL_VALUE[means]
+    # compute and memory_percent alone are requests too; a fraction's count goes beside it
+    beside = {"fraction": 0.5} if alias == "gpu-fraction-num-devices" else {}
+    expected = parse_one(gpu(**{means: value}, **beside)).gpu
+    assert parse_one(gpu(**{alias: value}, **beside)).gpu == expected
+    assert parse_one(gpu(**{alias: text}, **beside)).gpu == expected
+
+
 @pytest.mark.parametrize(
     ("fields", "field", "names"),
     [
