@@ -48,17 +48,23 @@ class Equivalent:
         return yaml.safe_dump(self.manifest, sort_keys=False, default_flow_style=None).strip()
 
 
-_CORE_VERSIONS = frozenset({"v1", "apps/v1", "batch/v1", "batch/v1beta1", "extensions/v1beta1"})
+_CORE_VERSIONS = frozenset({"v1"})
+_GROUPS = frozenset({"apps", "batch", "extensions"})
 
 
 def is_kubernetes_object(raw: dict[str, Any]) -> bool:
-    """A mapping written as a Kubernetes object: a kind with a pod template under an
-    ``apiVersion`` other than gpufrac's, or any kind under a Kubernetes API group's version
-    (``v1``, ``apps/v1``, ``batch/v1``, ``*.k8s.io/*``)."""
+    """A mapping written as a Kubernetes object: any kind but gpufrac's ``Workload`` under a
+    Kubernetes API version (``v1``, ``apps/v1``, ``batch/v1``, ``*.k8s.io/*``), or a kind with a
+    pod template other than ``Deployment`` (gpufrac has one too) under any version not gpufrac's.
+    A ``Workload`` under another version is gpufrac's, its ``apiVersion`` mistyped."""
     version, kind = raw.get("apiVersion"), raw.get("kind")
     if not isinstance(version, str) or version.startswith("gpufrac/") or not isinstance(kind, str):
         return False
-    return kind in _TEMPLATE_AT or version in _CORE_VERSIONS or ".k8s.io/" in version
+    if kind == "Workload":
+        return False
+    group = version.split("/", 1)[0] if "/" in version else ""
+    kubernetes = version in _CORE_VERSIONS or group in _GROUPS or ".k8s.io/" in version
+    return kubernetes or (kind in _TEMPLATE_AT and kind != "Deployment")
 
 
 def kubernetes_refusal(raw: dict[str, Any], api_version: str) -> InputError:

@@ -212,3 +212,19 @@ def test_docs_show_what_is_said() -> None:
     }
     raw["spec"]["containers"][0]["image"] = "ubuntu:22.04"
     assert " ".join(said.split()) == " ".join(str(refusal(raw)).split())
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"apiVersion": "v1", "kind": "Workload", "metadata": {"name": "w"}},
+        {"apiVersion": "gpufrac/v2", "kind": "Deployment", "metadata": {"name": "w"}},
+        {"apiVersion": "acme/v1", "kind": "Deployment", "metadata": {"name": "w"}},
+    ],
+)
+def test_a_gpufrac_document_with_a_mistyped_api_version_is_not_called_kubernetes(
+    raw: dict[str, Any],
+) -> None:
+    err = refusal(raw)
+    assert "Kubernetes" not in str(err)
+    assert err.field == "apiVersion" and err.fix == "write apiVersion: gpufrac/v1"
