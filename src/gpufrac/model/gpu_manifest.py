@@ -235,6 +235,18 @@ def _mig_resources(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]
     for key, value in found.items():
         try:
             profiles[key] = _profile(key.removeprefix(MIG_RESOURCE))
+            if not any(m.has_profile(profiles[key]) for m in catalog().values()):
+                raise problem(
+                    f"no GPU model gpufrac knows has the MIG profile {profiles[key]}",
+                    "use one of: "
+                    + ", ".join(
+                        MIG_RESOURCE + p
+                        for p in sorted(
+                            {p.name for m in catalog().values() for p in m.profiles},
+                            key=_profile_order,
+                        )
+                    ),
+                )
             if _alias_count(value) != 1:
                 raise problem(
                     f"asks for {value} MIG instances",
@@ -357,14 +369,19 @@ class Gpu(Strict):
         written: dict[str, str] = {}
         for key in data:  # in the order written: a disagreeing key is the later one
             canonical = "mig" if key in mig_keys else GPU_ALIASES.get(key, str(key))
-            value = gpu._value("mig" if key in mig_keys else key)
+            value = (
+                Mig.model_validate({"profile": mig_keys[key]})
+                if key in mig_keys
+                else gpu._value(key)
+            )
             if canonical in values and values[canonical] != value:
                 report(
                     "Gpu",
                     [
                         (
                             (key,),
-                            f"{written[canonical]} and {key} ask for different amounts "
+                            f"{written[canonical]} and {key} ask for different "
+                            f"{'MIG profiles' if canonical == 'mig' else 'amounts'} "
                             f"({_show(canonical, values[canonical])} and "
                             f"{_show(canonical, value)})",
                             f"give only one of {written[canonical]} and {key}: "
@@ -484,7 +501,9 @@ def _show(canonical: str, value: int | Mig) -> str:
 
 
 def _alias_note(first: str, second: str) -> str:
-    alias = second if second in GPU_ALIASES else first
+    alias = second if second in GPU_ALIASES or second.startswith(MIG_RESOURCE) else first
+    if alias.startswith(MIG_RESOURCE):
+        return f"{alias}: 1 is another way to write mig: {alias.removeprefix(MIG_RESOURCE)}"
     return f"{alias} is another name for {GPU_ALIASES[alias]}"
 
 

@@ -197,6 +197,10 @@ def test_values(changes: dict[str, Any], attribute: str, expected: Any) -> None:
         ({"memory": "4GiB", "gpu-memory": 4096}, GpuRequest(memory_mib=4096)),
         ({"gpumem": 4096, "gpu-memory": 4096}, GpuRequest(memory_mib=4096)),
         ({"fraction": 0.5, "gpu-fraction": 0.5}, GpuRequest(fraction_milli=500)),
+        ({"nvidia.com/mig-1g.10gb": 1, "mig": "1g.10gb"}, GpuRequest(mig_profile="1g.10gb")),
+        ({"nvidia.com/mig-MIG 1G.10GB": "1"}, GpuRequest(mig_profile="1g.10gb")),
+        ({"nvidia.com/gpu": "1", "gpucores": "30"}, GpuRequest(compute_pct=30)),
+        ({"count": 1, "memory_percent": "40%"}, GpuRequest(memory_pct=40)),
         (
             {"memory": "1GiB", "compute": "30%", "gpucores": 30},
             GpuRequest(memory_mib=1024, compute_pct=30),
@@ -408,6 +412,12 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         (gpu(gpucores="101"), "spec.resources.gpu.gpucores"),
         (gpu(**{"nvidia.com/gpumem": "-1"}), "spec.resources.gpu['nvidia.com/gpumem']"),
         (gpu(**{"nvidia.com/mig-1g.10gb": 2}), "spec.resources.gpu['nvidia.com/mig-1g.10gb']"),
+        (gpu(**{"nvidia.com/mig-9g.1gb": 1}), "spec.resources.gpu['nvidia.com/mig-9g.1gb']"),
+        (
+            gpu(**{"nvidia.com/mig-1g.10gb": 1, "nvidia.com/mig-2g.20gb": 1}),
+            "spec.resources.gpu['nvidia.com/mig-2g.20gb']",
+        ),
+        (gpu(**{"nvidia.com/mig-1g.10gb": 1, "mig": "2g.20gb"}), "spec.resources.gpu.mig"),
         (
             gpu(**{"nvidia.com/mig-1c.2g.20gb": 1}),
             "spec.resources.gpu['nvidia.com/mig-1c.2g.20gb']",
