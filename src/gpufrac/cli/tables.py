@@ -163,10 +163,13 @@ def share_text(w: dict[str, Any], alloc: dict[str, Any] | None) -> str:
         return f"{gpu['count']} whole" if gpu["count"] > 1 else "whole"
     if gpu.get("fraction_milli"):
         return f"{gpu['fraction_milli'] / 1000:g} GPU"
+    compute = f"/{gpu['compute_pct']}%" if gpu.get("compute_pct") else ""
     if gpu.get("memory_mib"):
-        return size(gpu["memory_mib"]) + (
-            f"/{gpu['compute_pct']}%" if gpu.get("compute_pct") else ""
-        )
+        return size(gpu["memory_mib"]) + compute
+    if gpu.get("memory_pct"):
+        return f"{gpu['memory_pct']}% mem" + compute
+    if compute:
+        return "all mem" + compute  # a compute cap alone: the GPU's whole memory
     return "-"
 
 

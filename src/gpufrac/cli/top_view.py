@@ -351,6 +351,7 @@ def pending_table(snap: Snapshot, view: ViewState) -> Table:
                 ("mig", ask.get("mig_profile")),
                 ("count", ask.get("count")),
                 ("memory", _mib(ask.get("memory_mib")) if ask.get("memory_mib") else None),
+                ("memory", f"{ask['memory_pct']}%" if ask.get("memory_pct") else None),
                 ("compute", f"{ask['compute_pct']}%" if ask.get("compute_pct") else None),
                 (
                     "fraction",

@@ -12,9 +12,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    JsonValue,
     ModelWrapValidatorHandler,
+    PlainValidator,
+    WithJsonSchema,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import catalog, lookup_model
@@ -26,20 +30,35 @@ from gpufrac.model.manifest_types import (
     MemoryMiB,
     Percent,
     Strict,
+    milli,
     problem,
     report,
 )
 from gpufrac.model.mig import parse_profile_name
+from gpufrac.model.numbers import digits_note, is_decimal, is_digits
+from gpufrac.model.units import MAX_SIZE_MIB
 from gpufrac.model.workload import MILLI, GpuRequest, Sharing
 
 REQUEST_KINDS = ("count", "fraction", "memory", "mig")
-# Names other schedulers use, each meaning exactly one gpufrac field (HAMi, then KAI-Scheduler).
+# Names other schedulers use, each meaning exactly one gpufrac field: HAMi's resource names, bare
+# or under nvidia.com/ as a pod's limits write them, then KAI-Scheduler's pod annotations.
 GPU_ALIASES = {
+    "nvidia.com/gpu": "count",
     "gpumem": "memory",
+    "nvidia.com/gpumem": "memory",
+    "gpumem-percentage": "memory_percent",
+    "nvidia.com/gpumem-percentage": "memory_percent",
     "gpucores": "compute",
+    "nvidia.com/gpucores": "compute",
     "gpu-fraction": "fraction",
     "gpu-memory": "memory",
+    "gpu-fraction-num-devices": "count",
 }
+# HAMi's MIG resource, nvidia.com/mig-1g.10gb: 1, means mig: 1g.10gb.
+MIG_RESOURCE = "nvidia.com/mig-"
+# What may go beside count: a share of each of its GPUs (HAMi's nvidia.com/gpu: N with gpumem,
+# KAI's gpu-fraction-num-devices with gpu-fraction).
+PER_GPU = ("fraction", "memory", "memory_percent", "compute")
 PROFILE_PATTERN = r"^\s*([Mm][Ii][Gg] )?[0-9]+[Gg]\.[0-9]+[Gg][Bb](\+[A-Za-z]+)*\s*$"
 Broken = list[tuple[tuple[str | int, ...], str, str]]  # (where, message, fix) of each rule broken
 
@@ -138,22 +157,143 @@ MigRequest = Annotated[
         json_schema_input_type=Annotated[str, Field(pattern=PROFILE_PATTERN)] | Mig,
     ),
 ]
-_MIB = Hint(fix="write an integer number of MiB")
+
+
+def _written_number(value: object, *, low: int, high: int | None, unit: str) -> int:
+    """A whole number as other schedulers' users write it: an integer, or the same digits in a
+    string (a Kubernetes annotation value is always a string, a limit often one: ``"2000"``)."""
+    fix = f"write a whole number{unit}, {low}..{high}" if high else f"write a whole number{unit}"
+    if isinstance(value, str):
+        if not is_digits(value):
+            raise problem(f"{kind_of(value)} is not a whole number{digits_note(value)}", fix)
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise problem(f"must be a whole number, not {kind_of(value)}", fix)
+    if value < low or (high is not None and value > high):
+        raise problem(f"{value} is out of range", fix)
+    return value
+
+
+def _alias_mib(value: object) -> int:
+    return _written_number(value, low=1, high=MAX_SIZE_MIB, unit=' of MiB (2000 or "2000")')
+
+
+def _alias_percent(value: object) -> int:
+    return _written_number(value, low=1, high=100, unit=' percent (30 or "30")')
+
+
+def _alias_count(value: object) -> int:
+    return _written_number(value, low=1, high=None, unit=' of GPUs (2 or "2")')
+
+
+def _alias_fraction(value: object) -> int:
+    """KAI's gpu-fraction: a number, or the same in a string (``"0.5"``)."""
+    fix = 'write a number between 0 and 1, like 0.5 or "0.5"'
+    if isinstance(value, str):
+        if not is_decimal(value):
+            raise problem(f"{kind_of(value)} is not a number{digits_note(value)}", fix)
+        value = float(value) if "." in value else int(value)
+    return milli(value, maximum=MILLI - 1, fix=fix)
+
+
+def _digits_or(schema: dict[str, Any], pattern: str = r"^[0-9]+$") -> WithJsonSchema:
+    return WithJsonSchema({"anyOf": [schema, {"type": "string", "pattern": pattern}]})
+
+
+AliasMiB = Annotated[
+    int,
+    PlainValidator(_alias_mib),
+    _digits_or({"type": "integer", "minimum": 1, "maximum": MAX_SIZE_MIB}),
+]
+AliasPercent = Annotated[
+    int,
+    PlainValidator(_alias_percent),
+    _digits_or({"type": "integer", "minimum": 1, "maximum": 100}),
+]
+AliasCount = Annotated[
+    int, PlainValidator(_alias_count), _digits_or({"type": "integer", "minimum": 1})
+]
+AliasFraction = Annotated[
+    int,
+    PlainValidator(_alias_fraction),
+    _digits_or(
+        {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        r"^(0?\.[0-9]+|0)$",
+    ),
+]
+
+
+def _mig_resources(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``data`` with HAMi's MIG resource (``nvidia.com/mig-1g.10gb: 1``) written as ``mig``, and
+    the keys so read with the profile each names; a count other than 1 or a second MIG resource
+    is an error at its key."""
+    found = {k: v for k, v in data.items() if isinstance(k, str) and k.startswith(MIG_RESOURCE)}
+    if not found:
+        return data, {}
+    broken: Broken = []
+    profiles: dict[str, str] = {}
+    for key, value in found.items():
+        try:
+            profiles[key] = _profile(key.removeprefix(MIG_RESOURCE))
+            if not any(m.has_profile(profiles[key]) for m in catalog().values()):
+                raise problem(
+                    f"no GPU model gpufrac knows has the MIG profile {profiles[key]}",
+                    "use one of: "
+                    + ", ".join(
+                        MIG_RESOURCE + p
+                        for p in sorted(
+                            {p.name for m in catalog().values() for p in m.profiles},
+                            key=_profile_order,
+                        )
+                    ),
+                )
+            if _alias_count(value) != 1:
+                raise problem(
+                    f"asks for {value} MIG instances",
+                    f"a workload gets one MIG instance: write {key}: 1",
+                )
+        except PydanticCustomError as exc:
+            broken.append(((key,), str(exc), str((exc.context or {}).get("fix", ""))))
+    if len(found) > 1 and not broken:
+        second = list(found)[1]
+        broken.append(
+            (
+                (second,),
+                f"asks for a second MIG instance ({', '.join(found)})",
+                "a workload gets one MIG instance: keep one nvidia.com/mig-... key",
+            )
+        )
+    report("Gpu", broken)
+    out = {k: v for k, v in data.items() if k not in found}
+    if "mig" not in out:
+        out["mig"] = next(iter(profiles.values()))
+    return out, profiles
+
+
+# a request has one of these (a HAMi MIG resource key alone included); MIG resource keys ask for 1
+_ANY_OF: list[JsonValue] = [
+    {"required": [k]} for k in (*REQUEST_KINDS, "memory_percent", "compute", *GPU_ALIASES)
+]
+_ANY_OF.append({"propertyNames": {"pattern": r"^nvidia\.com/mig-"}, "minProperties": 1})
+_GPU_SCHEMA: dict[str, JsonValue] = {
+    "anyOf": _ANY_OF,
+    "patternProperties": {r"^nvidia\.com/mig-": {"anyOf": [{"const": 1}, {"const": "1"}]}},
+}
 
 
 class Gpu(Strict):
-    """Exactly one of count, fraction, memory or mig (or an alias of one); compute only beside
-    memory. A field and its alias may both be given only with the same value."""
+    """One GPU request: whole GPUs (count), a share of one GPU (fraction, memory or
+    memory_percent, optionally with compute; or compute alone), or a MIG profile; or an alias of
+    one. Beside count, a share means a share of each of its GPUs. A field and its alias may both
+    be given only with the same value."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "anyOf": [
-                {"required": [k]} for k in (*REQUEST_KINDS, "gpumem", "gpu-fraction", "gpu-memory")
-            ]
-        }
+    model_config = ConfigDict(json_schema_extra=_GPU_SCHEMA)
+
+    count: Annotated[int, Field(ge=1)] | None = Field(
+        None,
+        description="Whole GPUs; beside fraction, memory, memory_percent or compute, that many "
+        "GPUs each with the share (only 1 for now).",
     )
-
-    count: Annotated[int, Field(ge=1)] | None = Field(None, description="Whole GPUs.")
     fraction: FractionMilli | None = Field(
         None,
         description="A share of one GPU, 0 < f < 1 (0.25), stored in milli-GPU rounded to the "
@@ -164,6 +304,11 @@ class Gpu(Strict):
         description="GPU memory as a Kubernetes quantity: 12Gi, 512Mi, 1.5Gi (binary; 12GiB too), "
         "16G (decimal; rounded up to whole MiB), or an integer meaning MiB.",
     )
+    memory_percent: Percent | None = Field(
+        None,
+        description="GPU memory as a percentage of the memory of the GPU it is placed on (50% or "
+        "50, 1..100).",
+    )
     mig: MigRequest | None = Field(
         None,
         description="A MIG GPU instance: 1g.18gb (any GPU model that has it), or "
@@ -171,40 +316,72 @@ class Gpu(Strict):
     )
     compute: Percent | None = Field(
         None,
-        description="A cap on the share of the GPU's SMs (30% or 30, 1..100); only beside "
-        "memory; enforced by MPS.",
+        description="A cap on the share of the GPU's SMs (30% or 30, 1..100), enforced by MPS; "
+        "beside memory or memory_percent, or alone (then with the GPU's whole memory).",
     )
-    gpumem: Annotated[int, Field(ge=1), _MIB] | None = Field(
-        None, description="HAMi's name for memory: an integer number of MiB."
+    nvidia_gpu: AliasCount | None = Field(
+        None, alias="nvidia.com/gpu", description="HAMi's (and Kubernetes') name for count."
     )
-    gpucores: Annotated[int, Field(ge=1, le=100)] | None = Field(
-        None, description="HAMi's name for compute: an integer percentage, 1..100."
+    gpumem: AliasMiB | None = Field(
+        None, description="HAMi's name for memory: a whole number of MiB (string or integer)."
     )
-    gpu_fraction: FractionMilli | None = Field(
-        None, alias="gpu-fraction", description="KAI-Scheduler's name for fraction."
+    nvidia_gpumem: AliasMiB | None = Field(
+        None, alias="nvidia.com/gpumem", description="HAMi's resource name for memory, in MiB."
     )
-    gpu_memory: Annotated[int, Field(ge=1), _MIB] | None = Field(
+    gpumem_percentage: AliasPercent | None = Field(
+        None, alias="gpumem-percentage", description="HAMi's name for memory_percent."
+    )
+    nvidia_gpumem_percentage: AliasPercent | None = Field(
+        None,
+        alias="nvidia.com/gpumem-percentage",
+        description="HAMi's resource name for memory_percent.",
+    )
+    gpucores: AliasPercent | None = Field(
+        None, description="HAMi's name for compute: a whole percentage, 1..100."
+    )
+    nvidia_gpucores: AliasPercent | None = Field(
+        None, alias="nvidia.com/gpucores", description="HAMi's resource name for compute."
+    )
+    gpu_fraction: AliasFraction | None = Field(
+        None,
+        alias="gpu-fraction",
+        description='KAI-Scheduler\'s name for fraction (a number or a string: "0.5").',
+    )
+    gpu_memory: AliasMiB | None = Field(
         None,
         alias="gpu-memory",
-        description="KAI-Scheduler's name for memory: an integer number of MiB.",
+        description="KAI-Scheduler's name for memory: a whole number of MiB (string or integer).",
+    )
+    gpu_fraction_num_devices: AliasCount | None = Field(
+        None,
+        alias="gpu-fraction-num-devices",
+        description="KAI-Scheduler's name for count beside gpu-fraction (only 1 for now).",
     )
 
     @model_validator(mode="wrap")
     @classmethod
     def _one_request(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
-        gpu = handler(data)
+        if not isinstance(data, dict):
+            return handler(data)
+        clean, mig_keys = _mig_resources(data)
+        gpu = handler(clean)
         values: dict[str, int | Mig] = {}
         written: dict[str, str] = {}
         for key in data:  # in the order written: a disagreeing key is the later one
-            canonical = GPU_ALIASES.get(key, key)
-            value = gpu._value(key)
+            canonical = "mig" if key in mig_keys else GPU_ALIASES.get(key, str(key))
+            value = (
+                Mig.model_validate({"profile": mig_keys[key]})
+                if key in mig_keys
+                else gpu._value(key)
+            )
             if canonical in values and values[canonical] != value:
                 report(
                     "Gpu",
                     [
                         (
                             (key,),
-                            f"{written[canonical]} and {key} ask for different amounts "
+                            f"{written[canonical]} and {key} ask for different "
+                            f"{'MIG profiles' if canonical == 'mig' else 'amounts'} "
                             f"({_show(canonical, values[canonical])} and "
                             f"{_show(canonical, value)})",
                             f"give only one of {written[canonical]} and {key}: "
@@ -214,46 +391,101 @@ class Gpu(Strict):
                 )
             values.setdefault(canonical, value)
             written.setdefault(canonical, key)
-        kinds = [k for k in REQUEST_KINDS if k in values]
-        if len(kinds) != 1:
-            raise problem(
-                f"asks for {' and '.join(kinds)} at once" if kinds else "asks for no GPU",
-                "give exactly one of count, fraction, memory, mig (with compute only beside "
-                "memory)",
-            )
-        if "compute" in values and kinds[0] != "memory":
-            report(
-                "Gpu",
-                [
-                    (
-                        (written["compute"],),
-                        f"a compute cap goes with a memory request, not with {kinds[0]}",
-                        "remove the compute cap, or ask for memory instead",
-                    )
-                ],
-            )
+        report("Gpu", _combination(values, written))
         return gpu
 
     def _value(self, key: str) -> int | Mig:
-        value = getattr(self, key.replace("-", "_"))
+        name = _FIELD_OF.get(key, key)
+        value = getattr(self, name)
         assert value is not None
         return value  # type: ignore[no-any-return]
+
+    def _canonical(self) -> dict[str, Any]:
+        """Each gpufrac field given, under its own name or an alias, with its value."""
+        out: dict[str, Any] = {}
+        for name in self.model_fields_set:
+            info = type(self).model_fields[name]
+            out[GPU_ALIASES.get(info.alias or name, name)] = getattr(self, name)
+        return out
 
     @property
     def compute_key(self) -> str | None:
         """The name the compute cap was given under, if any."""
-        return "compute" if self.compute is not None else "gpucores" if self.gpucores else None
+        for name in ("compute", "gpucores", "nvidia_gpucores"):
+            if getattr(self, name) is not None:
+                return type(self).model_fields[name].alias or name
+        return None
 
     def request(self) -> GpuRequest:
-        mig = self.mig
+        given = self._canonical()
+        mig = given.get("mig")
+        shared = any(k in given for k in PER_GPU)
         return GpuRequest(
-            count=self.count,
-            fraction_milli=self.fraction or self.gpu_fraction,
-            memory_mib=self.memory or self.gpumem or self.gpu_memory,
-            compute_pct=self.compute or self.gpucores,
+            count=None if shared else given.get("count"),  # beside a share: 1 (_combination)
+            fraction_milli=given.get("fraction"),
+            memory_mib=given.get("memory"),
+            compute_pct=given.get("compute"),
             mig_profile=mig.profile if mig else None,
             mig_model=mig.model if mig else None,
+            memory_pct=given.get("memory_percent"),
         )
+
+
+_FIELD_OF = {alias: name for name, info in Gpu.model_fields.items() if (alias := info.alias)}
+
+
+def _combination(values: dict[str, int | Mig], written: dict[str, str]) -> Broken:
+    """The rules between the fields of one request, each broken rule at the field it names."""
+    kinds = [k for k in (*REQUEST_KINDS, "memory_percent") if k in values]
+    if not kinds and "compute" not in values:
+        raise problem(
+            "asks for no GPU",
+            "give one of count, fraction, memory, memory_percent, mig or compute",
+        )
+    broken: Broken = []
+    if "memory" in values and "memory_percent" in values:
+        broken.append(
+            (
+                (written["memory_percent"],),
+                f"{written['memory']} and {written['memory_percent']} both ask for memory",
+                f"give memory as an amount ({written['memory']}) or as a percentage "
+                f"({written['memory_percent']}), not both",
+            )
+        )
+    if "mig" in values and len(values) > 1:
+        mig = written["mig"]
+        for other in (k for k in values if k != "mig"):
+            broken.append(
+                (
+                    (written[other],),
+                    f"a MIG profile ({mig}) is a whole instance: {written[other]} cannot go "
+                    "beside it",
+                    f"remove {written[other]}, or ask for count, fraction or memory instead of "
+                    f"{mig}",
+                )
+            )
+    elif "fraction" in values and ({"memory", "memory_percent", "compute"} & set(values)):
+        other = next(k for k in ("memory", "memory_percent", "compute") if k in values)
+        broken.append(
+            (
+                (written[other],),
+                f"a fraction is already a share of memory and compute, not with {written[other]}",
+                f"give either {written['fraction']} or {written[other]}",
+            )
+        )
+    count = values.get("count")
+    if isinstance(count, int) and count > 1 and any(k in values for k in PER_GPU):
+        share = next(written[k] for k in PER_GPU if k in values)
+        broken.append(
+            (
+                (written["count"],),
+                f"asks for {count} GPUs each with {share}: a share of several GPUs is not "
+                "supported yet",
+                f"ask for {written['count']}: {count} whole GPUs without {share}, or one GPU "
+                f"({written['count']}: 1) with {share}",
+            )
+        )
+    return broken
 
 
 def _show(canonical: str, value: int | Mig) -> str:
@@ -261,11 +493,17 @@ def _show(canonical: str, value: int | Mig) -> str:
         return f"{value} MiB"
     if canonical == "fraction" and isinstance(value, int):
         return f"{value / MILLI:g} GPU"
+    if canonical == "count":
+        return f"{value} GPUs"
+    if isinstance(value, Mig):
+        return value.profile
     return f"{value}%"
 
 
 def _alias_note(first: str, second: str) -> str:
-    alias = second if second in GPU_ALIASES else first
+    alias = second if second in GPU_ALIASES or second.startswith(MIG_RESOURCE) else first
+    if alias.startswith(MIG_RESOURCE):
+        return f"{alias}: 1 is another way to write mig: {alias.removeprefix(MIG_RESOURCE)}"
     return f"{alias} is another name for {GPU_ALIASES[alias]}"
 
 

@@ -27,6 +27,7 @@ from gpufrac.errors import InputError, Problems
 from gpufrac.model.deployment import DeploymentSpec
 from gpufrac.model.deployment_manifest import DeploymentDocument
 from gpufrac.model.gpu_manifest import GPU_ALIASES, REQUEST_KINDS
+from gpufrac.model.kubernetes import is_kubernetes_object, kubernetes_refusal
 from gpufrac.model.manifest_errors import fields_of, input_error, noted
 from gpufrac.model.manifest_fields import (
     MAX_NODES,
@@ -242,6 +243,8 @@ def read_document(raw: Any, default_tenant: str = "default") -> Read:
             fix=f"write a mapping with some of: {', '.join(DOCUMENT_FIELDS)}",
         )
     fix_version = f"write apiVersion: {API_VERSION}"
+    if is_kubernetes_object(raw):
+        raise kubernetes_refusal(raw, API_VERSION)
     if "apiVersion" not in raw:
         raise InputError("is required", field="apiVersion", fix=fix_version)
     if raw["apiVersion"] != API_VERSION:

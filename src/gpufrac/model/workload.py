@@ -38,7 +38,10 @@ MILLI = 1000
 @dataclass(frozen=True, slots=True)
 class GpuRequest:
     """Exactly one of: whole GPUs (``count``), a share of one GPU (``fraction_milli``), an amount of
-    memory (``memory_mib``, optionally with a compute cap ``compute_pct``), or a MIG profile."""
+    memory (``memory_mib``, or ``memory_pct`` percent of the GPU's memory), optionally with a
+    compute cap ``compute_pct``, a compute cap alone (with the GPU's whole memory, as HAMi gives),
+    or a MIG profile. On a shared GPU memory and compute are two capacities, each checked on its
+    own (``planning.sched_request.need_on``)."""
 
     count: int | None = None
     fraction_milli: int | None = None
@@ -46,6 +49,7 @@ class GpuRequest:
     compute_pct: int | None = None
     mig_profile: str | None = None
     mig_model: str | None = None  # catalog key, where the profile name alone is ambiguous
+    memory_pct: int | None = None  # a share of the memory of whichever GPU it is placed on
 
     @property
     def kind(self) -> RequestKind:
@@ -135,6 +139,8 @@ def spec_to_json(spec: WorkloadSpec) -> dict[str, Any]:
     for key in ("host_memory_mib", "cpus_milli", "pids", "image", "engine"):
         if raw[key] is None:
             del raw[key]  # likewise: specs stored before host limits existed stay the same
+    if raw["gpu"]["memory_pct"] is None:
+        del raw["gpu"]["memory_pct"]  # likewise, for specs from before memory percentages
     return raw
 
 

@@ -165,7 +165,10 @@ def candidates(
                     if n >= CANDIDATES_PER_MODEL:
                         break
             continue
-        need_h = max(-(-need.memory_mib * MILLI // model.memory_total_mib), need.milli)
+        # headroom is the scarcer of free memory and free shares: a GPU with room has at least the
+        # scarcer of the two needs (memory and shares are checked apart: a compute cap's share may
+        # be less than its memory's)
+        need_h = min(-(-need.memory_mib * MILLI // model.memory_total_mib), need.milli)
         start = bisect.bisect_left(shared, (need_h - 1, -1))  # headroom rounds down: 1 of slack
         fitting = (
             shared[start:] if not spread else shared[: start - 1 : -1] if start else shared[::-1]

@@ -25,7 +25,12 @@ def _ceil_div(a: int, b: int) -> int:
 
 def need_on(spec: WorkloadSpec, model: GpuModel, mode: Mode, profile: str | None = None) -> Need:
     """What ``spec`` takes on one GPU of ``model`` under ``mode`` (on a MIG ``profile``, if
-    given)."""
+    given).
+
+    On a shared GPU memory and compute are two capacities, each checked on its own: ``memory_mib``
+    against the GPU's memory, ``milli`` against its shares. A request with a compute cap takes
+    that share of the GPU (its memory apart), so 40% of the memory with 60% of the compute fits
+    beside 60% with 40%; one without takes the share of the memory it asks for."""
     req = spec.gpu
     total = model.memory_total_mib
     if req.count is not None or mode == "exclusive":
@@ -37,12 +42,23 @@ def need_on(spec: WorkloadSpec, model: GpuModel, mode: Mode, profile: str | None
     if req.fraction_milli is not None:
         compute = _ceil_div(req.fraction_milli, 10) if mode == "mps" else None
         return Need(total * req.fraction_milli // MILLI, req.fraction_milli, compute)
-    memory = req.memory_mib or 0
-    # rounded down: memory itself is checked exactly, and shares must add up
-    milli = memory * MILLI // total
-    if req.compute_pct is not None:
-        milli = max(milli, req.compute_pct * 10)
+    memory = memory_of(spec, model)
+    # without a cap, the share of its memory, rounded down: memory itself is checked exactly, and
+    # shares must add up
+    milli = req.compute_pct * 10 if req.compute_pct is not None else memory * MILLI // total
     return Need(memory, min(MILLI, milli), req.compute_pct if mode == "mps" else None)
+
+
+def memory_of(spec: WorkloadSpec, model: GpuModel) -> int:
+    """The GPU memory a memory request (or a compute cap alone) takes on a GPU of ``model``: the
+    MiB it names, its percentage of the GPU's memory (rounded down), or without either the whole
+    memory (HAMi's default where gpumem is not given)."""
+    req = spec.gpu
+    if req.memory_mib is not None:
+        return req.memory_mib
+    if req.memory_pct is not None:
+        return model.memory_total_mib * req.memory_pct // 100
+    return model.memory_total_mib
 
 
 def sharing_modes(spec: WorkloadSpec) -> tuple[Mode, ...]:
@@ -61,7 +77,9 @@ def sharing_modes(spec: WorkloadSpec) -> tuple[Mode, ...]:
 
 def mig_profile_on(spec: WorkloadSpec, model: GpuModel) -> str | None:
     """The MIG profile ``spec`` takes on ``model``: the one named, the share of slots and compute a
-    fraction asks for, or the smallest that holds its memory and compute; None if none does."""
+    fraction asks for, or for a memory need (with its compute cap, if any, as compute slices) the
+    profile ``gpufrac mig plan --need`` takes for the same need (``demand.smallest_fitting``);
+    None if none holds it."""
     req = spec.gpu
     if req.mig_profile is not None:
         if req.mig_model not in (None, model.key) or not model.has_profile(req.mig_profile):
@@ -77,17 +95,11 @@ def mig_profile_on(spec: WorkloadSpec, model: GpuModel) -> str | None:
         ]
         best = min(fits, key=lambda p: (p.memory_slots, p.compute_slices), default=None)
         return None if best is None else best.name
-    need = need_on(spec, model, "mig")
-    prof = smallest_fitting(model, need.memory_mib, None)
-    while prof is not None and prof.compute_slices * MILLI < need.milli * model.compute_slices:
-        bigger = [
-            p
-            for p in model.profiles
-            if p.compute_slices > prof.compute_slices
-            and not p.media_extensions
-            and (p.memory_mib or 0) >= need.memory_mib
-        ]
-        prof = min(bigger, key=lambda p: (p.memory_slots, p.compute_slices)) if bigger else None
+    # memory and compute needs decide, as for ``gpufrac mig plan --need``: one function
+    slices = None
+    if req.compute_pct is not None:
+        slices = _ceil_div(req.compute_pct * model.compute_slices, 100)
+    prof = smallest_fitting(model, memory_of(spec, model), slices)
     return None if prof is None else prof.name
 
 

@@ -957,7 +957,11 @@ class Scheduler:
                 what = gpu.mig_profile or (
                     format_mib(gpu.memory_mib)
                     if gpu.memory_mib
+                    else f"{gpu.memory_pct}% of a GPU's memory"
+                    if gpu.memory_pct
                     else f"{(gpu.fraction_milli or 0) / 10:.1f}% of a GPU"
+                    if gpu.fraction_milli
+                    else f"{gpu.compute_pct}% of a GPU's compute with its whole memory"
                 )
                 # only the modes the fleet has GPUs for
                 had = [m for m in req.modes if (st.mig_gpus if m == "mig" else st.plain_gpus)]

@@ -163,6 +163,10 @@ def test_workload_rows_show_gpu_index_node_and_share() -> None:
     assert rows[0][4:7] == ["n1", "1", "8GiB/30%"]
     assert rows[1][4:7] == ["n1", "0", "1g.18gb@1"]  # where the finished one ran
     assert share_text(workload(placement=None, spec={"gpu": {"count": 2}}), None) == "2 whole"
+    asked = {"memory_mib": None, "memory_pct": 50, "compute_pct": 30}
+    assert share_text(workload(placement=None, spec={"gpu": asked}), None) == "50% mem/30%"
+    asked = {"memory_mib": None, "memory_pct": None, "compute_pct": 30}  # HAMi's gpucores alone
+    assert share_text(workload(placement=None, spec={"gpu": asked}), None) == "all mem/30%"
     lines = describe_lines(done, [MIG_GPU, MPS_GPU])
     assert "Placement (finished; where it ran):" in lines
     assert "  GPU:          0 (GPU-a)" in lines

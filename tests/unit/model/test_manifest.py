@@ -197,6 +197,10 @@ def test_values(changes: dict[str, Any], attribute: str, expected: Any) -> None:
         ({"memory": "4GiB", "gpu-memory": 4096}, GpuRequest(memory_mib=4096)),
         ({"gpumem": 4096, "gpu-memory": 4096}, GpuRequest(memory_mib=4096)),
         ({"fraction": 0.5, "gpu-fraction": 0.5}, GpuRequest(fraction_milli=500)),
+        ({"nvidia.com/mig-1g.10gb": 1, "mig": "1g.10gb"}, GpuRequest(mig_profile="1g.10gb")),
+        ({"nvidia.com/mig-MIG 1G.10GB": "1"}, GpuRequest(mig_profile="1g.10gb")),
+        ({"nvidia.com/gpu": "1", "gpucores": "30"}, GpuRequest(compute_pct=30)),
+        ({"count": 1, "memory_percent": "40%"}, GpuRequest(memory_pct=40)),
         (
             {"memory": "1GiB", "compute": "30%", "gpucores": 30},
             GpuRequest(memory_mib=1024, compute_pct=30),
@@ -205,6 +209,28 @@ def test_values(changes: dict[str, Any], attribute: str, expected: Any) -> None:
 )
 def test_aliases(fields: dict[str, Any], expected: GpuRequest) -> None:
     assert parse_one(gpu(**fields)).gpu == expected
+
+
+# a value each gpufrac field takes, as the field writes it and as other schedulers' users do
+CANONICAL_VALUE = {
+    "count": (1, "1"),
+    "memory": (3000, "3000"),
+    "memory_percent": (50, "50"),
+    "compute": (30, "30"),
+    "fraction": (0.5, "0.5"),
+}
+
+
+@pytest.mark.parametrize(("alias", "means"), sorted(manifest.GPU_ALIASES.items()))
+def test_each_alias_means_its_one_field_written_as_a_number_or_a_string(
+    alias: str, means: str
+) -> None:
+    value, text = CANONICAL_VALUE[means]
+    # compute and memory_percent alone are requests too; a fraction's count goes beside it
+    beside = {"fraction": 0.5} if alias == "gpu-fraction-num-devices" else {}
+    expected = parse_one(gpu(**{means: value}, **beside)).gpu
+    assert parse_one(gpu(**{alias: value}, **beside)).gpu == expected
+    assert parse_one(gpu(**{alias: text}, **beside)).gpu == expected
 
 
 @pytest.mark.parametrize(
@@ -331,10 +357,15 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         ({"spec.resources.gpu": 1}, "spec.resources.gpu"),
         ({"spec.resources.gpu": None}, "spec.resources.gpu"),
         (gpu(), "spec.resources.gpu"),
-        (gpu(compute=30), "spec.resources.gpu"),
-        (gpu(count=1, memory="1GiB"), "spec.resources.gpu"),
-        (gpu(fraction=0.5, mig="1g.18gb"), "spec.resources.gpu"),
-        (gpu(gpumem=1024, count=1), "spec.resources.gpu"),
+        (gpu(count=2, memory="1GiB"), "spec.resources.gpu.count"),
+        (gpu(fraction=0.5, mig="1g.18gb"), "spec.resources.gpu.fraction"),
+        (gpu(gpumem=1024, **{"nvidia.com/gpu": "2"}), "spec.resources.gpu['nvidia.com/gpu']"),
+        (gpu(memory=1024, memory_percent=50), "spec.resources.gpu.memory_percent"),
+        (gpu(fraction=0.5, memory=1024), "spec.resources.gpu.memory"),
+        (
+            gpu(**{"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}),
+            "spec.resources.gpu.gpu-fraction-num-devices",
+        ),
         (gpu(count=1, vram="1GiB"), "spec.resources.gpu.vram"),
         (gpu(count=0), "spec.resources.gpu.count"),
         (gpu(count=True), "spec.resources.gpu.count"),
@@ -363,7 +394,6 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         (gpu(memory="1GiB", compute=101), "spec.resources.gpu.compute"),
         (gpu(memory="1GiB", compute=0.3), "spec.resources.gpu.compute"),
         (gpu(memory="1GiB", compute=True), "spec.resources.gpu.compute"),
-        (gpu(count=1, compute=30), "spec.resources.gpu.compute"),
         (gpu(fraction=0.5, compute="30%"), "spec.resources.gpu.compute"),
         (gpu(mig="1g.18gb", compute=30), "spec.resources.gpu.compute"),
         (gpu(fraction=0.5, gpucores=30), "spec.resources.gpu.gpucores"),
@@ -376,7 +406,22 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         (gpu(memory="1GiB", gpucores=101), "spec.resources.gpu.gpucores"),
         (gpu(memory="1GiB", gpucores=False), "spec.resources.gpu.gpucores"),
         (gpu(**{"gpu-fraction": 1}), "spec.resources.gpu.gpu-fraction"),
-        (gpu(**{"gpu-fraction": "0.5"}), "spec.resources.gpu.gpu-fraction"),
+        (gpu(**{"gpu-fraction": "half"}), "spec.resources.gpu.gpu-fraction"),
+        (gpu(**{"gpu-fraction": "1.0"}), "spec.resources.gpu.gpu-fraction"),
+        (gpu(**{"gpu-memory": "2000Mi"}), "spec.resources.gpu.gpu-memory"),
+        (gpu(gpucores="101"), "spec.resources.gpu.gpucores"),
+        (gpu(**{"nvidia.com/gpumem": "-1"}), "spec.resources.gpu['nvidia.com/gpumem']"),
+        (gpu(**{"nvidia.com/mig-1g.10gb": 2}), "spec.resources.gpu['nvidia.com/mig-1g.10gb']"),
+        (gpu(**{"nvidia.com/mig-9g.1gb": 1}), "spec.resources.gpu['nvidia.com/mig-9g.1gb']"),
+        (
+            gpu(**{"nvidia.com/mig-1g.10gb": 1, "nvidia.com/mig-2g.20gb": 1}),
+            "spec.resources.gpu['nvidia.com/mig-2g.20gb']",
+        ),
+        (gpu(**{"nvidia.com/mig-1g.10gb": 1, "mig": "2g.20gb"}), "spec.resources.gpu.mig"),
+        (
+            gpu(**{"nvidia.com/mig-1c.2g.20gb": 1}),
+            "spec.resources.gpu['nvidia.com/mig-1c.2g.20gb']",
+        ),
         (gpu(mig="1g"), "spec.resources.gpu.mig"),
         # any attribute parses (as mig-parted reads names); no GPU model has this one
         (gpu(mig="1g.18gb+xx"), "spec.resources.gpu.mig.profile"),
@@ -451,7 +496,7 @@ def test_unknown_field_error_lists_the_allowed_fields() -> None:
 
 
 @pytest.mark.parametrize(
-    "fields", [{}, {"count": 1, "fraction": 0.5}, {"memory": 1, "mig": "1g.18gb"}]
+    "fields", [{}, {"count": 1, "mig": "1g.18gb"}, {"memory": 1, "mig": "1g.18gb"}]
 )
 def test_zero_or_two_requests_list_the_four(fields: dict[str, Any]) -> None:
     err = error_of(dump(doc(gpu(**fields))))
@@ -616,7 +661,7 @@ MANIFEST_EXAMPLES = {
     "memory-timeslice.yaml": ["memory"],
     "memory-mps.yaml": ["memory"],
     "mig-profile.yaml": ["mig", "mig"],
-    "hami-kai-aliases.yaml": ["memory", "fraction", "memory"],
+    "hami-kai-aliases.yaml": ["memory", "memory", "memory", "mig", "fraction", "memory"],
     "service-with-health.yaml": ["memory"],
     "quickstart.yaml": ["memory", "mig", "memory", "memory", "memory", "memory", "memory"],
 }

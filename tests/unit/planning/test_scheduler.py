@@ -157,9 +157,9 @@ def test_delete_places_pending_work_and_bad_names_are_errors() -> None:
 def test_example_manifests_schedule() -> None:
     s = Scheduler(
         [
-            *fleet(plain=6, mig=2),
-            SchedGpu("GPU-A", 8, A100, mig=True),
-            SchedGpu("GPU-B", 9, A100, mig=True),
+            *fleet(plain=6, mig=3),  # the third MIG GPU for HAMi's and KAI's examples
+            SchedGpu("GPU-A", 9, A100, mig=True),
+            SchedGpu("GPU-B", 10, A100, mig=True),
         ]
     )
     for path in sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "quickstart.yaml"):
@@ -184,6 +184,13 @@ REQUESTS = st.one_of(
         st.sampled_from(["1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb"]),
     ),
     st.builds(lambda n: GpuRequest(count=n), st.integers(1, 2)),
+    # HAMi's gpumem-percentage with or without gpucores, and gpucores alone
+    st.builds(
+        lambda p, c: GpuRequest(memory_pct=p, compute_pct=c),
+        st.integers(1, 100),
+        st.sampled_from([None, 10, 40, 60]),
+    ),
+    st.builds(lambda c: GpuRequest(compute_pct=c), st.sampled_from([10, 40, 60])),
 )
 OPS = st.lists(
     st.one_of(
