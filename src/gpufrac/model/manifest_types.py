@@ -32,7 +32,14 @@ from gpufrac.errors import InputError
 from gpufrac.model.manifest_fields import DNS_LABEL_FIX, kind_of, read_dns_label
 from gpufrac.model.numbers import DECIMAL, SPACE, WHOLE, digits_note
 from gpufrac.model.units import MAX_SIZE_MIB, MAX_SIZE_TEXT, SIZE_FIX, SIZE_PATTERN, read_size
-from gpufrac.model.workload import MAX_PRIORITY, MILLI, PRIORITY_NAMES
+from gpufrac.model.workload import (
+    HANDED_ENV,
+    HANDED_ENV_PREFIXES,
+    MAX_PRIORITY,
+    MILLI,
+    PRIORITY_NAMES,
+    handed_env,
+)
 
 T = TypeVar("T")
 PROBLEM = "gpufrac"  # the pydantic error type of every problem raised here
@@ -132,6 +139,37 @@ def _env_name(value: str) -> str:
 
 EnvName = Annotated[
     str, AfterValidator(_env_name), WithJsonSchema({"type": "string", "pattern": _ENV_NAME.pattern})
+]
+
+
+def _not_handed(value: str) -> str:
+    if handed_env(value):
+        raise problem(
+            f"{value} is set by gpufrac for every workload (its GPU, limits, QoS or MPS share, "
+            "from where it is placed); a manifest cannot set it",
+            f"remove {value}: the workload gets gpufrac's value (docs/agent.md, what a workload "
+            "is handed)",
+        )
+    return value
+
+
+# a workload's own variable: a valid name that gpufrac does not hand every workload itself
+WorkloadEnvName = Annotated[
+    str,
+    AfterValidator(_env_name),
+    AfterValidator(_not_handed),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": _ENV_NAME.pattern,
+            "not": {
+                "anyOf": [
+                    {"enum": sorted(HANDED_ENV)},
+                    *({"pattern": f"^{p}"} for p in HANDED_ENV_PREFIXES),
+                ]
+            },
+        }
+    ),
 ]
 
 

@@ -49,7 +49,10 @@ class _Generator(GenerateJsonSchema):
         patterns = out.pop("patternProperties", None)
         if patterns:
             ((pattern, values),) = patterns.items()
-            out["propertyNames"] = {"pattern": pattern}
+            # the key's whole schema where it says more than its pattern (a name that is refused)
+            keys = self.generate_inner(schema["keys_schema"]) if "keys_schema" in schema else {}
+            names = {k: v for k, v in keys.items() if k != "type"}
+            out["propertyNames"] = names if "pattern" in names else {"pattern": pattern}
             out["additionalProperties"] = values
         return out
 

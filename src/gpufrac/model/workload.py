@@ -12,6 +12,39 @@ from typing import Any, Literal, get_args
 
 PRIORITY_NAMES = {"low": 0, "normal": 50, "high": 100}
 MAX_PRIORITY = 1_000_000_000  # a priority is an integer from -MAX_PRIORITY to MAX_PRIORITY
+
+# What the agent hands every workload itself (runtime/handover.py: its GPU, limits, QoS, MPS; the
+# SDK's; the attempt; the engine's arguments): a manifest's ``env`` may not name them, since the
+# workload would otherwise run with gpufrac's value and not the one its manifest says.
+HANDED_ENV = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "GPUFRAC_WORKLOAD",
+        "GPUFRAC_TENANT",
+        "GPUFRAC_HOST",
+        "GPUFRAC_SHARING",
+        "GPUFRAC_GPU_MEMORY_LIMIT_MIB",
+        "GPUFRAC_GPU_UUID",
+        "GPUFRAC_GPU_REPORTS",
+        "GPUFRAC_GI_ID",
+        "GPUFRAC_ARBITER",
+        "GPUFRAC_QOS_DOMAIN",
+        "GPUFRAC_QOS_RANK",
+        "GPUFRAC_QOS_WEIGHT",
+        "GPUFRAC_QOS_MIN_SHARE_MILLI",
+        "GPUFRAC_ATTEMPT",
+        "GPUFRAC_ENGINE_ARGS",
+    }
+)
+HANDED_ENV_PREFIXES = ("CUDA_MPS_",)  # MPS's: the pipe directory, the limits, the priority
+
+
+def handed_env(name: str) -> bool:
+    """Whether the agent sets ``name`` in every workload's environment itself."""
+    return name in HANDED_ENV or name.startswith(HANDED_ENV_PREFIXES)
+
+
 Mode = Literal["exclusive", "timeslice", "mps", "mig"]  # how a placed workload shares its GPU
 Sharing = Literal["auto", "mig", "mps", "timeslice", "exclusive"]  # what a manifest may ask for
 WorkloadType = Literal["job", "service"]

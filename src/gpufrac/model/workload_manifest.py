@@ -20,7 +20,6 @@ from pydantic import (
 from gpufrac.model.gpu_manifest import Resources, check_sharing
 from gpufrac.model.manifest_types import (
     DnsLabel,
-    EnvName,
     Hint,
     LabelKey,
     NodeLabelKey,
@@ -31,6 +30,7 @@ from gpufrac.model.manifest_types import (
     Text,
     UrlPath,
     Word,
+    WorkloadEnvName,
     problem,
     report,
 )
@@ -165,7 +165,7 @@ class SpecFields(Strict):
         None,
         description="Program and arguments, run without a shell: a non-empty list of strings.",
     )
-    env: Annotated[dict[EnvName, str], _NAMES] = Field(
+    env: Annotated[dict[WorkloadEnvName, str], _NAMES] = Field(
         {},
         description="Environment variables, NAME: string (quote numbers and booleans).",
     )

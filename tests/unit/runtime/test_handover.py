@@ -9,7 +9,7 @@ import pytest
 
 from gpufrac.devices import NvmlDevices, open_simulated
 from gpufrac.model.mig import MigPlacement
-from gpufrac.model.workload import GpuRequest, WorkloadSpec
+from gpufrac.model.workload import GpuRequest, WorkloadSpec, handed_env
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.planning.sched_state import Allocation
 from gpufrac.runtime.handover import Handover
@@ -82,3 +82,16 @@ def test_a_mig_workload_is_handed_its_instance_once_it_exists(
     after = handover.grant(SPEC, decision, [_alloc("mig")])
     assert after.devices == (inst.uuid,) and after.env["CUDA_VISIBLE_DEVICES"] == inst.uuid
     assert after.env["GPUFRAC_GI_ID"] == str(inst.gi_id)
+
+
+@pytest.mark.parametrize("mode", ["timeslice", "mps", "mig"])
+def test_every_variable_handed_over_is_one_a_manifest_may_not_set(
+    dev: NvmlDevices, tmp_path: Path, mode: str
+) -> None:
+    gpu = dev.gpus()[0 if mode == "mig" else 1]
+    mig = MigPlacement(0, "1g.18gb") if mode == "mig" else None
+    decision = Decision("default/w", "placed", mode=mode, gpus=(gpu.uuid,), mig=mig)  # type: ignore[arg-type]
+    grant = _handover(dev, tmp_path).grant(SPEC, decision, [_alloc(mode, 30)])
+    assert grant.env and all(handed_env(k) for k in grant.env), [
+        k for k in grant.env if not handed_env(k)
+    ]
