@@ -205,15 +205,28 @@ needs_prometheus = pytest.mark.skipif(
 
 @needs_prometheus
 def test_promtool_finds_only_dcgms_own_camel_case_label(cluster: Cluster) -> None:
-    text = cluster.metrics()
+    """The control plane's page, and each node's own (what the control plane relays, read with the
+    node's credential as the control plane reads it)."""
+    pages = {"control plane": cluster.metrics()}
+    for n in httpx.get(cluster.url + "/api/v1/nodes", timeout=10).json()["nodes"]:
+        credential = (cluster.data / "nodes" / n["name"] / "node-credential").read_text().strip()
+        r = httpx.get(
+            n["address"] + "/cluster/v1/metrics",
+            headers={"authorization": f"Bearer {credential}"},
+            timeout=20,
+        )
+        assert r.status_code == 200, r.text
+        pages[n["name"]] = r.text
+    assert sorted(pages) == ["control plane", *NODES]
     assert PROMTOOL is not None
-    run = subprocess.run(
-        [PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
-    )
-    complaints = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
-    assert complaints, "promtool found nothing: modelName should be its one complaint"
-    assert all("modelName" in line or "camelCase" in line for line in complaints), complaints
-    assert all(line.startswith("DCGM_FI_") for line in complaints), complaints
+    for page, text in pages.items():
+        run = subprocess.run(
+            [PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+        )
+        complaints = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+        assert complaints, f"{page}: promtool found nothing: modelName should be its one complaint"
+        assert all("modelName" in line or "camelCase" in line for line in complaints), complaints
+        assert all(line.startswith("DCGM_FI_") for line in complaints), complaints
 
 
 # (query, node) pairs with no series, and why: what the node's device cannot read is left out
