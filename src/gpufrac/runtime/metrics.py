@@ -83,6 +83,11 @@ def gpu_families(gpus: list[GpuState], host: str, driver: str | None) -> Iterato
             "gauge",
             "Ratio of time any tensor pipe is active (NVML's GPM: Hopper and newer).",
         ),
+        "dram": Family(
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+            "gauge",
+            "Ratio of the device memory's bandwidth used (NVML's GPM: Hopper and newer).",
+        ),
     }
     for g in gpus:
         r = g.readings
@@ -103,6 +108,7 @@ def gpu_families(gpus: list[GpuState], host: str, driver: str | None) -> Iterato
             ("temp", r.temperature_c),
             ("active", r.gr_engine_active),
             ("tensor", r.tensor_active),
+            ("dram", r.dram_active),
         ):
             if reading is not None:
                 f[family].add(base, reading)
@@ -118,6 +124,8 @@ def gpu_families(gpus: list[GpuState], host: str, driver: str | None) -> Iterato
                 f["active"].add(mig, inst.gr_engine_active)
             if inst.tensor_active is not None:
                 f["tensor"].add(mig, inst.tensor_active)
+            if inst.dram_active is not None:
+                f["dram"].add(mig, inst.dram_active)
     yield from (family.metric for family in f.values())
 
 
