@@ -232,8 +232,6 @@ def test_promtool_finds_only_dcgms_own_camel_case_label(cluster: Cluster) -> Non
 # (query, node) pairs with no series, and why: what the node's device cannot read is left out
 # (never a 0), and what the node cannot have
 NO_SERIES = {
-    # DCGM's counterpart on MIG is DCGM_FI_PROF_DRAM_ACTIVE (NVIDIA/dcgm-exporter#430), not exported
-    "DCGM_FI_DEV_MEM_COPY_UTIL": ({"local-0"}, "NVML gives no utilization rates in MIG mode"),
     "gpufrac_workload_sm_utilization_percent": (
         {"local-1"},
         "NVML's per-process SM use under MPS is the MPS server's, not each client's",
