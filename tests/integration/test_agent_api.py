@@ -179,11 +179,11 @@ def test_gpufrac_up_runs_the_quickstart_to_the_end_and_leaves_nothing_behind(
 
 
 def test_metrics_use_dcgm_names_and_leave_out_what_nvml_does_not_give(agent: RunningAgent) -> None:
-    report = "from gpufrac import sdk; import time; sdk.report_gpu_memory(1500); time.sleep(60)"
+    report = "from gpufrac import sdk; import time; sdk.report_gpu_use(1500, {}); time.sleep(60)"
     docs = (
-        manifest("ts", [PY, "-c", report])
+        manifest("ts", [PY, "-c", report.format(0)])
         + "---\n"
-        + manifest("mg", [PY, "-c", report], gpu="{mig: 1g.18gb}").replace(
+        + manifest("mg", [PY, "-c", report.format(40)], gpu="{mig: 1g.18gb}").replace(
             "  sharing: timeslice\n", ""
         )
     )
@@ -192,21 +192,29 @@ def test_metrics_use_dcgm_names_and_leave_out_what_nvml_does_not_give(agent: Run
     deadline = time.monotonic() + 20
     text = ""
     used = "gpufrac_workload_gpu_memory_used_bytes"
+    sm_name = "gpufrac_workload_sm_utilization_percent"
     while time.monotonic() < deadline:
         text = httpx.get(agent.url + "/metrics").text
-        if all(
-            value(text, used, tenant="default", workload=w, source="simulated") == 1572864000
-            for w in ("ts", "mg")
-        ):
+        if (
+            all(
+                value(text, used, tenant="default", workload=w, source="simulated") == 1572864000
+                for w in ("ts", "mg")
+            )
+            and (value(text, sm_name, workload="mg") or 0) > 39
+        ):  # GPM: a rate, from 2 readings
             break
         time.sleep(0.2)
     assert value(text, used, workload="ts", source="simulated") == 1572864000
     assert value(text, "gpufrac_workload_gpu_memory_limit_bytes", workload="ts") == 4294967296
     fb = samples(text, "DCGM_FI_DEV_FB_USED", modelName="NVIDIA H200")
     assert len(fb) > 4 and any("GPU_I_ID" in labels for labels, _ in fb)
-    sm_name = "gpufrac_workload_sm_utilization_percent"
-    sm = {labels["workload"] for labels, _ in samples(text, sm_name)}
-    assert "ts" in sm and "mg" not in sm
+    sm = {labels["workload"]: (labels, v) for labels, v in samples(text, sm_name)}
+    assert "ts" in sm
+    # NVML gives no per-process SM use on MIG: a MIG workload's is its instance's engine activity
+    labels, mig_sm = sm["mg"]
+    at = {"UUID": labels["UUID"], "GPU_I_ID": labels["GPU_I_ID"]}
+    active = value(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", **at)
+    assert active is not None and mig_sm == round(100 * active, 3) and 39 < mig_sm <= 40
     # the two GPUs without MIG; the MIG-enabled ones report none, not zero
     assert len(samples(text, "DCGM_FI_DEV_GPU_UTIL")) == 2
     assert value(text, "gpufrac_workload_state", workload="ts", phase="running") == 1

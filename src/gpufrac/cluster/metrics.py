@@ -2,13 +2,17 @@
 (a collector of the control plane's own registry, every family built afresh on each scrape).
 
 Per node: its state, GPUs and seconds since its last heartbeat. Workloads by tenant, phase (as their
-node shows it) and node. Counters since the control plane started: nodes lost, workloads moved. The
-GPUs' and workloads' device series (memory, SM use, QoS) are each node agent's: this page says what
-the control plane decides and sees.
+node shows it) and node. How long each waiting workload has waited
+(``gpufrac_workload_pending_seconds``, the name one machine's agent gives it): a workload that waits
+in a cluster waits here, on no node (no ``Hostname``), until the control plane places it; one its
+node shows as waiting carries that node. Counters since the control plane started: nodes lost,
+workloads moved. The GPUs' and workloads' device series (memory, SM use, QoS) are each node agent's:
+this page says what the control plane decides and sees.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -41,6 +45,13 @@ class ControlCollector:
             yield gpus.metric
             yield age.metric
             phases: Counter[tuple[str, str, str]] = Counter()
+            pending = Family(
+                "gpufrac_workload_pending_seconds",
+                "gauge",
+                "How long a pending workload has waited (no Hostname: it waits for the control"
+                " plane to place it, on no node).",
+            )
+            now = time.time()
             for w in control.store.workloads():
                 key = w.key
                 a = control.core.assigned.get(key)
@@ -56,6 +67,12 @@ class ControlCollector:
                     phase = "pending"
                 node = a.node if a is not None else control.core.ended_on.get(key, "")
                 phases[(w.tenant, phase, node)] += 1
+                if phase == "pending":
+                    # waiting since its newest event: applied, its node lost, displaced, ...
+                    said = control.store.events(key, limit=1)
+                    since = max([w.updated, *(e.at for e in said)])
+                    where = {"Hostname": node, "node": node} if node else {}
+                    pending.add({"tenant": w.tenant, "workload": w.name, **where}, now - since)
             workloads = Family(
                 "gpufrac_cluster_workloads",
                 "gauge",
@@ -64,6 +81,7 @@ class ControlCollector:
             for (tenant, phase, node), count in sorted(phases.items()):
                 workloads.add({"tenant": tenant, "phase": phase, "node": node}, count)
             yield workloads.metric
+            yield pending.metric
             lost = Family("gpufrac_cluster_nodes_lost", "counter", "Nodes held lost.")
             lost.add({}, control.lost_count)
             yield lost.metric

@@ -36,6 +36,7 @@ OWN_PREFIXES = (
     "gpufrac_gateway_",
     "gpufrac_deployment_",
     "gpufrac_autoscaler_",
+    "gpufrac_workload_pending_seconds",  # what waits in a cluster waits here (cluster.metrics)
 )
 
 Target = tuple[str, str, str]  # node, its API's address, its credential

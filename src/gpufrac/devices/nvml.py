@@ -302,6 +302,7 @@ class NvmlDevices:
                     i,
                     gr_engine_active=gpm.get("gr_engine_active"),
                     tensor_active=gpm.get("tensor_active"),
+                    dram_active=gpm.get("dram_active"),
                 )
                 for i, gpm in read
             )
@@ -345,6 +346,7 @@ class NvmlDevices:
             temperature_c=None if temp is None else int(temp),
             gr_engine_active=gpm.get("gr_engine_active"),
             tensor_active=gpm.get("tensor_active"),
+            dram_active=gpm.get("dram_active"),
         )
 
     def _pci_ids(self, handle: Any) -> tuple[str, str]:
@@ -556,18 +558,21 @@ class NvmlDevices:
         self.destroy_gpu_instance(uuid, gi_id)
 
 
-GpmMetric = Literal["gr_engine_active", "tensor_active"]
+GpmMetric = Literal["gr_engine_active", "tensor_active", "dram_active"]
 GPM_METRICS: tuple[GpmMetric, ...] = get_args(GpmMetric)
 
 
 def gpm_metric_id(lib: Any, metric: GpmMetric) -> int:
     """NVML's GPM metric for a DCGM field: ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` is the time any
-    graphics/compute work ran, ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`` the time any tensor pipe did."""
+    graphics/compute work ran, ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`` the time any tensor pipe did,
+    ``DCGM_FI_PROF_DRAM_ACTIVE`` how much of the device memory's bandwidth was used."""
     match metric:
         case "gr_engine_active":
             return int(lib.NVML_GPM_METRIC_GRAPHICS_UTIL)
         case "tensor_active":
             return int(lib.NVML_GPM_METRIC_ANY_TENSOR_UTIL)
+        case "dram_active":
+            return int(lib.NVML_GPM_METRIC_DRAM_BW_UTIL)
         case _:
             assert_never(metric)
 

@@ -46,6 +46,8 @@ class MigInstanceState:
     gr_engine_active: float | None = None
     # part of the time its tensor pipes were busy (0-1), the same way
     tensor_active: float | None = None
+    # part of its device memory's bandwidth used (0-1), the same way
+    dram_active: float | None = None
 
     @property
     def placement(self) -> MigPlacement:
@@ -62,6 +64,7 @@ class MigInstanceState:
             "memory_mib": self.memory_mib,
             "gr_engine_active": self.gr_engine_active,
             "tensor_active": self.tensor_active,
+            "dram_active": self.dram_active,
         }
 
 
@@ -77,6 +80,7 @@ class GpuReadings:
     temperature_c: int | None = None
     gr_engine_active: float | None = None  # 0-1, GPM (Hopper and newer)
     tensor_active: float | None = None  # 0-1, GPM: any tensor pipe busy
+    dram_active: float | None = None  # 0-1, GPM: device memory bandwidth used
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +92,7 @@ class GpuReadings:
             "temperature_c": self.temperature_c,
             "gr_engine_active": self.gr_engine_active,
             "tensor_active": self.tensor_active,
+            "dram_active": self.dram_active,
         }
 
 

@@ -9,7 +9,8 @@ stay apart on one dashboard. Per workload, gpufrac's names, labelled ``tenant`` 
 ``workload``; the series about its share of a GPU (memory used and given, SM use, QoS, and
 ``gpufrac_workload_gpu_info``) also carry the GPU's DCGM labels, so they join with the DCGM
 exporter's series. A value NVML does not give
-(utilization on a MIG instance, per-client SM use under MPS) is left out, never reported as zero.
+(utilization rates on a MIG instance, per-client SM use under MPS) is left out, never reported as
+zero; a MIG workload's SM use is its instance's engine activity (GPM), the instance being its alone.
 
 Each app has its own registry, and every family is built afresh on each
 scrape, so nothing of a workload that is gone lingers and no global state is shared between agents.
@@ -82,6 +83,11 @@ def gpu_families(gpus: list[GpuState], host: str, driver: str | None) -> Iterato
             "gauge",
             "Ratio of time any tensor pipe is active (NVML's GPM: Hopper and newer).",
         ),
+        "dram": Family(
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+            "gauge",
+            "Ratio of the device memory's bandwidth used (NVML's GPM: Hopper and newer).",
+        ),
     }
     for g in gpus:
         r = g.readings
@@ -102,6 +108,7 @@ def gpu_families(gpus: list[GpuState], host: str, driver: str | None) -> Iterato
             ("temp", r.temperature_c),
             ("active", r.gr_engine_active),
             ("tensor", r.tensor_active),
+            ("dram", r.dram_active),
         ):
             if reading is not None:
                 f[family].add(base, reading)
@@ -117,6 +124,8 @@ def gpu_families(gpus: list[GpuState], host: str, driver: str | None) -> Iterato
                 f["active"].add(mig, inst.gr_engine_active)
             if inst.tensor_active is not None:
                 f["tensor"].add(mig, inst.tensor_active)
+            if inst.dram_active is not None:
+                f["dram"].add(mig, inst.dram_active)
     yield from (family.metric for family in f.values())
 
 
@@ -155,7 +164,9 @@ def workload_families(
         "sm": Family(
             "gpufrac_workload_sm_utilization_percent",
             "gauge",
-            "SM utilization of the workload's processes, where NVML reports it.",
+            "SM utilization of the workload's processes (%), where NVML reports it; on a MIG"
+            " instance, the instance's graphics engine activity (GPM), the instance being the"
+            " workload's alone.",
         ),
         "given": Family(
             "gpufrac_workload_qos_share",
@@ -249,7 +260,15 @@ def workload_families(
                 {**first, "source": "simulated" if dev.simulated else None}, use.mib * MIB
             )
             by_pid = sm_by_gpu.get(d.gpus[0])
-            # MIG: NVML gives no per-process SM use; MPS: only the server's, not each client's
-            if by_pid is not None and d.mode not in ("mig", "mps"):
+            if d.mig is not None:
+                # NVML gives no per-process SM use on MIG; the instance is the workload's alone (no
+                # MIG instance holds two), so its engine activity (GPM, per instance) is the
+                # workload's
+                g = gpus.get(d.gpus[0])
+                inst = g.instance_at(d.mig) if g is not None else None
+                if inst is not None and inst.gr_engine_active is not None:
+                    f["sm"].add(first, round(100 * inst.gr_engine_active, 3))
+            # MPS: NVML's per-process SM use is the MPS server's, not each client's
+            elif by_pid is not None and d.mode != "mps":
                 f["sm"].add(first, sum(by_pid.get(pid, 0) for pid in use.pids))
     yield from (family.metric for family in f.values())

@@ -239,6 +239,12 @@ def test_metrics_say_what_the_control_plane_sees(client: Any) -> None:
     waiting = (("phase", "pending"), ("tenant", "default"))
     assert samples[("gpufrac_cluster_workloads", waiting)] == 1
     assert samples[("gpufrac_cluster_nodes_lost_total", ())] == 0
+    # how long b has waited, since it was applied: at the control plane, on no node
+    pending = [k for k in samples if k[0] == "gpufrac_workload_pending_seconds"]
+    assert pending == [
+        ("gpufrac_workload_pending_seconds", (("tenant", "default"), ("workload", "b")))
+    ]
+    assert 0 <= samples[pending[0]] < 30
 
 
 def test_only_the_admin_reads_the_metrics(tmp_path: Path) -> None:

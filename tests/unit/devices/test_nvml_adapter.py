@@ -309,6 +309,11 @@ def test_gpm_tensor_pipe_activity_per_gpu_and_per_mig_instance(
     assert second[mig.uuid].readings.tensor_active == pytest.approx(0.35 / 7)
     # the engine's activity comes from the same samples, apart
     assert second[mig.uuid].instances[0].gr_engine_active == pytest.approx(0.40)
+    # and the DRAM bandwidth's (the fake: half the engine's, as its utilization rates give)
+    assert second[mig.uuid].instances[0].dram_active == pytest.approx(0.20)
+    plain_readings = second[plain.uuid].readings
+    assert plain_readings.gr_engine_active is not None
+    assert plain_readings.dram_active == pytest.approx(plain_readings.gr_engine_active / 2)
 
 
 def test_a_workload_reports_its_tensor_use_through_the_sdk(

@@ -77,3 +77,22 @@ def test_tensor_pipe_activity_per_gpu_and_per_mig_instance_where_gpm_gives_it() 
     assert samples(text, name, UUID="GPU-2") == []
     # the engine's activity is its own reading, not the tensor pipes'
     assert samples(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE") == []
+
+
+def test_dram_activity_per_gpu_and_per_mig_instance_where_gpm_gives_it() -> None:
+    """DCGM_FI_PROF_DRAM_ACTIVE: what a MIG instance has in place of the memory copy utilization
+    (NVML gives no utilization rates in MIG mode)."""
+    inst = MigInstanceState("1g.18gb", 0, 9, "MIG-a", True, dram_active=0.2)
+    text = scrape(
+        [
+            gpu(0, readings=GpuReadings(dram_active=0.03), instances=(inst,)),
+            gpu(1, readings=GpuReadings(memory_util=40, dram_active=0.4)),
+            gpu(2, readings=GpuReadings(memory_util=10)),  # before Hopper: no GPM
+        ]
+    )
+    name = "DCGM_FI_PROF_DRAM_ACTIVE"
+    assert value(text, name, UUID="GPU-0", GPU_I_ID="9") == 0.2
+    assert [v for la, v in samples(text, name, UUID="GPU-0") if "GPU_I_ID" not in la] == [0.03]
+    assert value(text, name, UUID="GPU-1") == 0.4
+    assert samples(text, name, UUID="GPU-2") == []
+    assert value(text, "DCGM_FI_DEV_MEM_COPY_UTIL", UUID="GPU-2") == 10

@@ -15,7 +15,9 @@ H200:
 * per-process utilization is NOT_SUPPORTED on MIG devices (and on a GPU in MIG mode);
 * GPM samples are taken on Hopper and newer only (NOT_SUPPORTED before), per GPU or per GPU
   instance, and ``nvmlGpmMetricsGet`` answers the graphics, SM and any-tensor utilization between
-  two samples of one device (each other metric's ``nvmlReturn`` NOT_SUPPORTED);
+  two samples of one device, and the DRAM bandwidth utilization (half the graphics one, as the
+  utilization rates give memory half the GPU's) (each other metric's ``nvmlReturn``
+  NOT_SUPPORTED);
 * a lost GPU answers GPU_IS_LOST to everything, including getting its handle.
 """
 

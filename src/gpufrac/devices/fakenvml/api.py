@@ -65,6 +65,7 @@ NVML_CLOCK_MEM = 2
 NVML_GPM_METRIC_GRAPHICS_UTIL = 1  # % of time any compute/graphics app was active (0-100)
 NVML_GPM_METRIC_SM_UTIL = 2
 NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5  # % of time the SMs were doing any tensor operations (0-100)
+NVML_GPM_METRIC_DRAM_BW_UTIL = 10  # % of DRAM bandwidth used vs the theoretical maximum (0-100)
 NVML_GPM_METRIC_MAX = 477
 NVML_GPM_METRICS_GET_VERSION = 1
 NVML_GPM_SUPPORT_VERSION = 1

@@ -351,6 +351,9 @@ class FakeNvmlDevices:
                 metric.value, metric.nvmlReturn = max(0.0, min(100.0, busy)), nv.NVML_SUCCESS
             elif metric.metricId == nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL:
                 metric.value, metric.nvmlReturn = max(0.0, min(100.0, tensor)), nv.NVML_SUCCESS
+            elif metric.metricId == nv.NVML_GPM_METRIC_DRAM_BW_UTIL:
+                # half the engine's, as this fake's utilization rates give memory half the GPU's
+                metric.value, metric.nvmlReturn = max(0.0, min(50.0, busy / 2)), nv.NVML_SUCCESS
             else:
                 metric.value, metric.nvmlReturn = 0.0, nv.NVML_ERROR_NOT_SUPPORTED
         return metricsGet
