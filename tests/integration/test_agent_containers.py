@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -313,6 +315,31 @@ def test_replica_containers_on_mig_and_mps_serve_through_the_gateway_and_outlive
         }  # name -> its line (labels: its deployment's run directory)
 
     try:
+        # what only the agent can tell (an image not here, where a mount leads) is checked for
+        # every document before anything is stored, and located in its document and file
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(
+            "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: fine}\n"
+            f"spec: {{command: [{PY}, -c, '1'], resources: {{gpu: {{memory: 1GiB}}}}}}\n---\n"
+            "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: no-image}\n"
+            f"spec: {{image: localhost/not-here:0, command: [{PY}],\n"
+            "  resources: {gpu: {count: 1}}}\n---\n"
+            "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: out}\n"
+            f"spec: {{image: {image}, command: [{PY}], resources: {{gpu: {{count: 1}}}},\n"
+            "  mounts: [{source: /etc, target: /x}]}\n"
+        )
+        cli = subprocess.run(
+            [sys.executable, "-m", "gpufrac.cli", "apply", "-f", str(bad)],
+            env={**os.environ, "GPUFRAC_SERVER": agent.url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert cli.returncode == 2, cli.stdout + cli.stderr
+        assert f"{bad}: doc[2].spec.image: the image 'localhost/not-here:0'" in cli.stderr
+        assert f"{bad}: doc[3].spec.mounts[0].source: /etc is outside" in cli.stderr
+        assert httpx.get(f"{agent.url}/api/v1/workloads").json()["workloads"] == []
+
         started = time.monotonic()
         for name, gpu, sharing in (
             ("on-mig", {"mig": "1g.18gb"}, "mig"),

@@ -84,6 +84,11 @@ class ControlService(Protocol):
     ) -> None:
         """``errors.Refused`` where storing these would take a tenant over its bound."""
 
+    def check_workload(self, spec: WorkloadSpec) -> None:
+        """``InputError`` where ``spec`` breaks an operator's bound or this server cannot run it as
+        written (priority, user, mounts, image): every document of a manifest is checked so before
+        anything of it is stored."""
+
     def stored_spec(self, tenant: str, name: str) -> dict[str, Any] | None:
         """The workload as stored (JSON), or None."""
 

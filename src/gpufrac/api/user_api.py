@@ -12,6 +12,7 @@ takes the server's lock, run off the event loop.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
@@ -65,6 +66,7 @@ from gpufrac.api.tokens import Caller, authenticate
 from gpufrac.errors import (
     Busy,
     InputError,
+    Problems,
     Refused,
     TimedOut,
     TooLarge,
@@ -434,10 +436,22 @@ def user_api(
         # in between (780 workloads took 2-3 s, longer than a node waits to fence)
         with tenant_order.held({o.tenant for o in objects}):
             with service.lock:
+                # every document's bounds and what this server can run (images, mounts) before
+                # anything is stored, each problem located in its document
+                problems = Problems()
+                for r in read:
+                    match r.obj:
+                        case WorkloadSpec() as w:
+                            check = functools.partial(service.check_workload, w)
+                        case DeploymentSpec() as d:
+                            assert serving is not None
+                            check = functools.partial(serving.deployments.check, d)
+                    try:
+                        check()
+                    except InputError as e:
+                        problems.found.extend((e.at(r.where) if r.where else e).errors)
+                problems.raise_any()
                 service.check_room(specs, deployments)
-                for d in deployments:  # every deployment's bounds before anything is stored
-                    assert serving is not None
-                    serving.deployments.check(d)
             for spec in specs:
                 time.sleep(0)  # hand the lock to whoever waits for it
                 with service.lock:

@@ -190,12 +190,21 @@ def _detail(r: httpx.Response, sep: str) -> str:
         return r.text
     if isinstance(detail, list):
         return sep.join(
-            f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}"
+            f"{_located(d.get('loc', []))}: {d.get('msg')}"
             + (f" ({d['fix']})" if d.get("fix") else "")
             for d in detail
             if isinstance(d, dict)
         )
     return str(detail)
+
+
+def _located(loc: list[Any]) -> str:
+    """A problem's location as the manifest reader writes it: ``doc[2].spec.mounts[0].source``."""
+    out = ""
+    for part in loc:
+        text = str(part)
+        out += f"[{text}]" if text.isdigit() and out else f"{'.' if out else ''}{text}"
+    return out
 
 
 def call(method: str, server: str | None, path: str, **kw: Any) -> Any:

@@ -291,18 +291,22 @@ def apply_command(
 
     with handled_errors():  # all or nothing: every file is valid first
         # the agent reads them again, and answers each document with its warnings
-        texts = [f.text for f in load_manifest_files(file)]
+        files = load_manifest_files(file)
     results: list[dict[str, Any]] = []  # as the agent answered (--json prints them)
     read: list[WorkloadResult | DeploymentResult] = []
-    for text in texts:
-        got = call(
+    for f in files:
+        sent = request(
             "POST",
             server,
             "/api/v1/workloads",
-            content=text.encode(),
+            content=f.text.encode(),
             headers={"content-type": "application/yaml"},
             wait_busy=True,  # a tenant's applies are limited a second: wait as the server says
         )
+        if sent.status_code == 422:  # what only the agent can tell (an image, where a mount leads)
+            lines = (answer_detail(sent, sep="\n") or sent.text).splitlines()
+            raise fail("\n".join(f"{f.path}: {line}" for line in lines), 2)
+        got = answer(sent)
         read += read_as(ApplyAnswer, got).results
         results += got["results"]
     refused = [r for r in read if r.result == "refused"]

@@ -778,14 +778,18 @@ class ControlPlane:
 
     # -- desired state ---------------------------------------------------------------------------
 
-    def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision]:
-        key = workload_key(spec)
-        lease_ttl(spec.labels)  # a lease's time to live is checked before anything is stored
-        # the operator's bounds, as one machine's agent checks them at apply (its mounts as written:
-        # the paths are the nodes', each of which checks where they lead again at every start)
+    def check_workload(self, spec: WorkloadSpec) -> None:
+        """A lease's time to live, and the operator's bounds as one machine's agent checks them at
+        apply (its mounts as written: the paths are the nodes', each of which checks where they
+        lead again at every start, and its image, which only a node can tell it has)."""
+        lease_ttl(spec.labels)
         self.settings.check_priority(spec.tenant, spec.priority)
         self.settings.check_user(spec.tenant, spec.user)
         self.settings.check_mounts(spec.mounts)
+
+    def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision]:
+        key = workload_key(spec)
+        self.check_workload(spec)
         with self.lock:
             raw = spec_to_json(spec)
             stored = self.store.workload(spec.tenant, spec.name)

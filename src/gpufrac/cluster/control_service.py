@@ -93,6 +93,9 @@ class ControlPlaneService:
         for spec in specs:  # every lease's time to live before anything of the manifest is stored
             lease_ttl(spec.labels)
 
+    def check_workload(self, spec: WorkloadSpec) -> None:
+        self.control.check_workload(spec)
+
     def stored_spec(self, tenant: str, name: str) -> dict[str, Any] | None:
         stored = self.control.store.workload(tenant, name)
         return None if stored is None else stored.spec

@@ -68,6 +68,9 @@ class ControlServing:
     def data_dir(self) -> Path:
         return self.control.data_dir
 
+    def check_workload(self, spec: WorkloadSpec) -> None:
+        self.control.check_workload(spec)
+
     def apply_workload(self, spec: WorkloadSpec) -> object:
         what, decision = self.control.apply_workload(spec)
         if what == "refused":  # fits on no node even empty: said once, retried with backoff

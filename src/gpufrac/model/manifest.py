@@ -79,6 +79,7 @@ class Read:
 
     obj: WorkloadSpec | DeploymentSpec
     warnings: tuple[str, ...] = ()
+    where: str = ""  # ``doc[N]`` in a text of several documents: where its problems are located
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +212,7 @@ def read_objects(
                 )
             )
         at = f"{prefix}." if prefix else ""
-        specs.append(Read(spec, tuple(f"{at}{w}" for w in read.warnings)))
+        specs.append(Read(spec, tuple(f"{at}{w}" for w in read.warnings), prefix))
     problems.raise_any()
     return specs
 

@@ -349,17 +349,23 @@ class Agent:
 
     # -- desired state --------------------------------------------------------------------------
 
+    def check_workload(self, spec: WorkloadSpec) -> None:
+        """``InputError`` where ``spec`` breaks an operator's bound or cannot run here as written:
+        its priority and user, its mounts (where each path leads), its image (on this machine:
+        nothing is pulled)."""
+        self.settings.check_priority(spec.tenant, spec.priority)
+        self.settings.check_user(spec.tenant, spec.user)
+        self.settings.check_mounts(spec.mounts, os.path.realpath)
+        if spec.image is not None:
+            self.runs.check_image(spec.image)
+
     def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision | None]:
         """Store ``spec`` and schedule it. Returns (what happened, the decision):
         ``unchanged`` (nothing done), ``created``, ``replaced`` (the old one is stopped),
         ``updated`` (a live change), or ``refused`` (nothing stored: no GPU here could ever run
         it)."""
         key = workload_key(spec)
-        self.settings.check_priority(spec.tenant, spec.priority)  # nothing stored above the bound
-        self.settings.check_user(spec.tenant, spec.user)
-        self.settings.check_mounts(spec.mounts, os.path.realpath)  # where each path leads
-        if spec.image is not None:
-            self.runs.check_image(spec.image)  # on this machine, or refused: nothing is pulled
+        self.check_workload(spec)  # nothing stored that breaks a bound or cannot run here
         stored = self.store.workload(spec.tenant, spec.name)
         raw = spec_to_json(spec)
         if stored is not None and stored.spec == raw:

@@ -166,6 +166,9 @@ class AgentService:
     ) -> None:
         check_workload_caps(self.agent.store, self.agent.settings, specs, deployments)
 
+    def check_workload(self, spec: WorkloadSpec) -> None:
+        self.agent.check_workload(spec)
+
     def stored_spec(self, tenant: str, name: str) -> dict[str, Any] | None:
         stored = self.agent.store.workload(tenant, name)
         return None if stored is None else stored.spec

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import random
 import secrets
 import socket
@@ -95,6 +94,10 @@ class ServingHost(Protocol):
     @property
     def failures(self) -> Failures: ...
 
+    def check_workload(self, spec: WorkloadSpec) -> None:
+        """``InputError`` where a replica would break an operator's bound or cannot run as
+        written (its priority, user, mounts, image): before anything is stored."""
+
     def apply_workload(self, spec: WorkloadSpec) -> object: ...
 
     def delete(self, tenant: str, name: str) -> object: ...
@@ -123,6 +126,9 @@ class AgentServing:
         self.store = agent.store
         self.data_dir = agent.data_dir
         self.failures = agent.failures
+
+    def check_workload(self, spec: WorkloadSpec) -> None:
+        self.agent.check_workload(spec)
 
     def apply_workload(self, spec: WorkloadSpec) -> object:
         return self.agent.apply_workload(spec)
@@ -198,11 +204,8 @@ class Deployments:
     def check(self, spec: DeploymentSpec) -> None:
         """Its replicas will be workloads of its tenant: the same bounds (``InputError``), checked
         before anything of a manifest is stored."""
-        settings = self.runner.settings
         try:
-            settings.check_priority(spec.tenant, spec.template.priority)
-            settings.check_user(spec.tenant, spec.template.user)
-            settings.check_mounts(spec.template.mounts, os.path.realpath)  # where they lead
+            self.runner.check_workload(spec.replica_spec(0, 0))
         except InputError as e:
             raise InputError(
                 e.message, field=(e.field or "").replace("spec.", "spec.template.", 1), fix=e.fix
