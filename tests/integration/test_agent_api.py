@@ -75,7 +75,7 @@ def test_apply_runs_the_workload_with_its_gpu_and_logs(agent: RunningAgent) -> N
 
 def test_bad_input_is_a_422_with_the_field_path_and_stores_nothing(agent: RunningAgent) -> None:
     good = manifest("ok", [PY, "-c", "pass"])
-    bad = manifest("bad", [PY, "-c", "pass"], gpu="{memory: 4GiB, count: 1}")
+    bad = manifest("bad", [PY, "-c", "pass"], gpu="{memory: 4GiB, mig: 1g.18gb}")
     r = httpx.post(agent.url + "/api/v1/workloads", content=good + "---\n" + bad, timeout=10)
     assert r.status_code == 422
     detail = r.json()["detail"][0]
