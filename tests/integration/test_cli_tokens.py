@@ -43,7 +43,10 @@ def test_load_sends_its_token_counts_answers_by_status_and_stops_on_a_refused_on
     assert code == 0, got
     (row,) = got["steps"]
     assert row["rate_asked"] == 20 and row["requests"] == 20
-    assert got["statuses"] == {"200": 20} == row["statuses"]
+    # each answer counted by its status: 200s, and 429s where the CPUs were too busy for the
+    # tenant's applies to end before the next began (max_concurrent_applies)
+    assert got["statuses"] == row["statuses"] and sum(row["statuses"].values()) == 20
+    assert set(row["statuses"]) <= {"200", "429"} and row["statuses"].get("200", 0) >= 2, row
     # no token: every answer a 401; the load stops in its first step and names the fix
     code, got, err = load(tenant_agent, "--clients", "1,1", "--step", "2")
     assert code == 1 and len(got["steps"]) == 1, got
