@@ -176,7 +176,10 @@ def read_objects(
     tenant is ``default_tenant``'s (the caller's, for a tenant's API token). A text of more than
     ``max_values`` values is ``TooLarge`` before it is parsed (``bound``: the setting that says
     so)."""
-    documents = load_documents(text, source=source, max_values=max_values, bound=bound)
+    yaml_notes: list[list[str]] = []
+    documents = load_documents(
+        text, source=source, max_values=max_values, bound=bound, notes=yaml_notes
+    )
     present = [(i, doc) for i, doc in enumerate(documents, start=1) if doc is not None]
     if not present:
         raise InputError(
@@ -210,7 +213,8 @@ def read_objects(
                 )
             )
         at = f"{prefix}." if prefix else ""
-        specs.append(Read(spec, tuple(f"{at}{w}" for w in read.warnings)))
+        written = (*yaml_notes[position - 1], *read.warnings)
+        specs.append(Read(spec, tuple(f"{at}{w}" for w in written)))
     problems.raise_any()
     return specs
 
