@@ -9,12 +9,12 @@ docs/serving.md lists every field.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from gpufrac.model.deployment import Autoscale, DeploymentSpec
-from gpufrac.model.gpu_manifest import check_sharing
+from gpufrac.model.gpu_manifest import SHARING_JSON_SCHEMA, check_sharing
 from gpufrac.model.manifest_types import DnsLabel, Hint, Strict, Text, UrlPath, problem, report
 from gpufrac.model.workload_manifest import Metadata, SpecFields
 
@@ -53,13 +53,16 @@ def _model_ref(model: str) -> str:
     return model
 
 
+def _template_json_schema(schema: dict[str, Any]) -> None:
+    schema["oneOf"] = [{"required": ["model"]}, {"required": ["command"]}]
+    schema["allOf"] = SHARING_JSON_SCHEMA
+
+
 class Template(SpecFields):
     """A replica: a service the agent health-checks on $PORT, serving ``model`` with gpufrac's
     replica server or running ``command`` (a server on $PORT)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={"oneOf": [{"required": ["model"]}, {"required": ["command"]}]}
-    )
+    model_config = ConfigDict(json_schema_extra=_template_json_schema)
 
     model: Annotated[Text, AfterValidator(_model_ref)] | None = Field(
         None,

@@ -5,6 +5,7 @@ schedulers use; and the rules between a request and a sharing mode.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Self
 
 from pydantic import (
@@ -17,7 +18,7 @@ from pydantic import (
 )
 
 from gpufrac.errors import InputError
-from gpufrac.model.catalog import catalog, lookup_model
+from gpufrac.model.catalog import ALIASES, catalog, lookup_model
 from gpufrac.model.manifest_fields import kind_of
 from gpufrac.model.manifest_types import (
     CpusMilli,
@@ -28,6 +29,7 @@ from gpufrac.model.manifest_types import (
     Strict,
     problem,
     report,
+    words_pattern,
 )
 from gpufrac.model.mig import parse_profile_name
 from gpufrac.model.workload import MILLI, GpuRequest, Sharing
@@ -40,7 +42,67 @@ GPU_ALIASES = {
     "gpu-fraction": "fraction",
     "gpu-memory": "memory",
 }
-PROFILE_PATTERN = r"^\s*([Mm][Ii][Gg] )?[0-9]+[Gg]\.[0-9]+[Gg][Bb](\+[A-Za-z]+)*\s*$"
+
+
+def _profiles_pattern(names: Iterable[str]) -> str:
+    return words_pattern(names, prefix="([Mm][Ii][Gg] )?")
+
+
+def _model_names() -> dict[str, set[str]]:
+    """Every name the reader takes for each GPU model (``lookup_model``): its key, its aliases and
+    every unambiguous prefix of them, in lower case."""
+    out: dict[str, set[str]] = {key: set() for key in catalog()}
+    words = {w.lower() for w in catalog()} | set(ALIASES)
+    for word in words:
+        for end in range(1, len(word) + 1):
+            try:
+                out[lookup_model(word[:end]).key].add(word[:end])
+            except InputError:
+                continue  # ambiguous
+    return out
+
+
+# A GPU-instance profile some GPU model gpufrac knows has (1g.18gb, 1g.18gb+me, any case, a leading
+# "MIG "): the JSON Schema refuses the rest (+gfx, 5g.99gb), as the reader does.
+PROFILE_PATTERN = _profiles_pattern({p.name for m in catalog().values() for p in m.profiles})
+
+
+def _mig_json_schema(schema: dict[str, Any]) -> None:
+    """The model a profile is asked on, by the names the reader takes, and its profiles."""
+    names = _model_names()
+    schema["properties"]["model"]["pattern"] = words_pattern(set().union(*names.values()))
+    schema["allOf"] = [
+        {
+            "if": {"properties": {"model": {"pattern": words_pattern(names[key])}}},
+            "then": {
+                "properties": {
+                    "profile": {"pattern": _profiles_pattern(p.name for p in model.profiles)}
+                }
+            },
+        }
+        for key, model in catalog().items()
+    ]
+
+
+def _one_request_json_schema(schema: dict[str, Any]) -> None:
+    """At least one request (``anyOf``), and never two kinds of request, nor compute beside
+    anything but memory, under any of their names (``not``). A field and its alias both given
+    must agree: that the schema cannot check (docs/manifest.md)."""
+    names = {k: [k, *(a for a, c in GPU_ALIASES.items() if c == k)] for k in REQUEST_KINDS}
+    compute = ["compute", *(a for a, c in GPU_ALIASES.items() if c == "compute")]
+    kinds = list(names)
+    pairs = [
+        (a, b)
+        for i, k in enumerate(kinds)
+        for j in kinds[i + 1 :]
+        for a in names[k]
+        for b in names[j]
+    ]
+    pairs += [(c, b) for c in compute for k in kinds if k != "memory" for b in names[k]]
+    schema["anyOf"] = [{"required": [n]} for k in kinds for n in names[k]]
+    schema["not"] = {"anyOf": [{"required": [a, b]} for a, b in pairs]}
+
+
 Broken = list[tuple[tuple[str | int, ...], str, str]]  # (where, message, fix) of each rule broken
 
 
@@ -69,6 +131,8 @@ def _gpu_model(name: str) -> str:
 
 class Mig(Strict):
     """A MIG GPU instance of a profile, on any GPU model that has it or on one model."""
+
+    model_config = ConfigDict(json_schema_extra=_mig_json_schema)
 
     profile: Annotated[str, AfterValidator(_profile), Hint(missing="write profile: 1g.18gb")] = (
         Field(
@@ -145,13 +209,7 @@ class Gpu(Strict):
     """Exactly one of count, fraction, memory or mig (or an alias of one); compute only beside
     memory. A field and its alias may both be given only with the same value."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "anyOf": [
-                {"required": [k]} for k in (*REQUEST_KINDS, "gpumem", "gpu-fraction", "gpu-memory")
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra=_one_request_json_schema)
 
     count: Annotated[int, Field(ge=1)] | None = Field(None, description="Whole GPUs.")
     fraction: FractionMilli | None = Field(
@@ -288,6 +346,35 @@ class Resources(Strict):
         None,
         description="How many processes and threads it may have at once (its cgroup's pids.max).",
     )
+
+
+def _request_names(*kinds: str) -> list[str]:
+    return [n for k in kinds for n in (k, *(a for a, c in GPU_ALIASES.items() if c == k))]
+
+
+def _never(sharing: tuple[str, ...], *kinds: str) -> dict[str, Any]:
+    """A JSON Schema clause: a spec whose sharing is one of ``sharing`` asks for none of
+    ``kinds`` (under any of their names)."""
+    gpu = {"anyOf": [{"required": [n]} for n in _request_names(*kinds)]}
+    return {
+        "not": {
+            "required": ["sharing", "resources"],
+            "properties": {
+                "sharing": {"pattern": words_pattern(sharing)},
+                "resources": {"required": ["gpu"], "properties": {"gpu": gpu}},
+            },
+        }
+    }
+
+
+# check_sharing's rules, as JSON Schema (a spec's allOf); sharing left out is auto, which any
+# request may use
+SHARING_JSON_SCHEMA = [
+    _never(("mps", "timeslice", "exclusive"), "mig"),
+    _never(("mig",), "count"),
+    _never(("exclusive",), "fraction", "memory"),
+    _never(("timeslice", "mig"), "compute"),
+]
 
 
 def check_sharing(gpu: Gpu, sharing: Sharing) -> Broken:

@@ -90,9 +90,7 @@ class CoreYamlLoader(StrictYamlLoader):
 
 for _tag, _regex, _first in _CORE_SCALARS:
     CoreYamlLoader.add_implicit_resolver(_tag, re.compile(rf"^(?:{_regex})$"), list(_first))
-CoreYamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:merge", re.compile(r"^(?:<<)$"), ["<"]
-)
+CoreYamlLoader.add_implicit_resolver("tag:yaml.org,2002:merge", re.compile(r"^(?:<<)$"), ["<"])
 CoreYamlLoader.add_implicit_resolver(_NULL_TAG, re.compile(r"^$"), [""])
 
 
@@ -117,7 +115,7 @@ def _yaml11_differs(node: yaml.ScalarNode) -> str | None:
     boolean, ``017``: the octal 15), or None where both read it alike."""
     if node.style:  # quoted, literal or folded: a string in both (libyaml: "" is plain)
         return None
-    tag = _YAML11.resolve(yaml.ScalarNode, node.value, (True, False))
+    tag = _YAML11.resolve(yaml.ScalarNode, node.value, (True, False))  # type: ignore[no-untyped-call]
     if (tag == node.tag and tag != _INT_TAG) or tag not in _YAML11_TYPED:
         return None
     try:
@@ -148,7 +146,6 @@ _CORE = CoreYamlLoader("")
 MAX_NODES = 100_000
 MAX_DEPTH = 64
 MAX_ALIAS_GROWTH = 1 << 20  # characters aliases may add beyond the text's own
-
 
 
 def _not_finite(where: str) -> InputError:

@@ -9,7 +9,7 @@ the message and the fix ``model.manifest_errors`` turns into an ``InputError``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Annotated, Any, TypeVar
@@ -98,7 +98,28 @@ def _lower(value: object) -> object:
     return value.strip().lower() if isinstance(value, str) else value
 
 
+WORD = _lower  # how the JSON Schema generator (model.schema) knows a Word
 Word = BeforeValidator(_lower)
+
+
+def any_case(word: str) -> str:
+    """A JSON Schema (ECMA-262) pattern for ``word`` in any case (it has no case-insensitive
+    flag): ``1g.10gb`` -> ``1[Gg]\\.10[Gg][Bb]``."""
+    return "".join(
+        f"[{c.upper()}{c.lower()}]" if c.isalpha() else f"\\{c}" if c in _SPECIAL else c
+        for c in word
+    )
+
+
+_SPECIAL = set("\\^$.|?*+()[]{}/")  # escaped; no other (``\-`` is an error to ECMA's u flag)
+
+
+def words_pattern(names: Iterable[str], prefix: str = "") -> str:
+    """A JSON Schema pattern for one of ``names`` in any case, with spaces around it (as the
+    reader strips them)."""
+    alternatives = "|".join(any_case(n) for n in sorted(names, key=lambda n: (-len(n), n)))
+    return rf"^\s*{prefix}({alternatives})\s*$"
+
 
 # --- names ----------------------------------------------------------------------------------------
 
@@ -235,6 +256,8 @@ def _memory_mib(value: object, info: ValidationInfo | None) -> int:
     raise problem(f"must be a memory size, not {kind_of(value)}", SIZE_FIX)
 
 
+# what ``read_size`` refuses as no size at all: a zero in any unit (0Gi, 0.0, +00Mi)
+NONZERO_SIZE = rf"^(?!{SPACE}*\+?(0+\.?0*|\.0+){SPACE}*[A-Za-z]*{SPACE}*$)"
 MemoryMiB = Annotated[
     int,
     PlainValidator(_memory_mib),
@@ -242,7 +265,11 @@ MemoryMiB = Annotated[
         {
             "anyOf": [
                 {"type": "integer", "minimum": 1, "maximum": MAX_SIZE_MIB},
-                {"type": "string", "pattern": SIZE_PATTERN, "maxLength": MAX_SIZE_TEXT},
+                {
+                    "type": "string",
+                    "pattern": NONZERO_SIZE + SIZE_PATTERN.removeprefix("^"),
+                    "maxLength": MAX_SIZE_TEXT,
+                },
             ]
         }
     ),
@@ -321,10 +348,13 @@ def _fraction(value: object) -> int:
     return milli(value, maximum=MILLI - 1, fix="write a number between 0 and 1, like 0.25")
 
 
+# The least number that is one milli once rounded (half up), and the first beyond 999 milli:
+# 0.0001 comes to nothing and 0.9999 to a whole GPU, so the schema refuses both, as the reader does.
+LEAST_MILLI = 0.0005
 FractionMilli = Annotated[
     int,
     PlainValidator(_fraction),
-    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}),
+    WithJsonSchema({"type": "number", "minimum": LEAST_MILLI, "exclusiveMaximum": 0.9995}),
 ]
 
 
@@ -333,7 +363,7 @@ def _gpus(value: object) -> int:
 
 
 GpusMilli = Annotated[
-    int, PlainValidator(_gpus), WithJsonSchema({"type": "number", "exclusiveMinimum": 0})
+    int, PlainValidator(_gpus), WithJsonSchema({"type": "number", "minimum": LEAST_MILLI})
 ]
 
 
@@ -342,7 +372,7 @@ def _cpus(value: object) -> int:
 
 
 CpusMilli = Annotated[
-    int, PlainValidator(_cpus), WithJsonSchema({"type": "number", "exclusiveMinimum": 0})
+    int, PlainValidator(_cpus), WithJsonSchema({"type": "number", "minimum": LEAST_MILLI})
 ]
 
 _PERCENT_DECIMAL = re.compile(rf"{SPACE}*({DECIMAL}){SPACE}*%{SPACE}*")

@@ -14,10 +14,11 @@ from pydantic import (
     AfterValidator,
     ConfigDict,
     Field,
+    WithJsonSchema,
     model_validator,
 )
 
-from gpufrac.model.gpu_manifest import Resources, check_sharing
+from gpufrac.model.gpu_manifest import SHARING_JSON_SCHEMA, Resources, check_sharing
 from gpufrac.model.manifest_types import (
     DnsLabel,
     EnvName,
@@ -33,6 +34,7 @@ from gpufrac.model.manifest_types import (
     Word,
     problem,
     report,
+    words_pattern,
 )
 from gpufrac.model.qos import DEFAULT_QOS, MAX_WEIGHT
 from gpufrac.model.workload import (
@@ -125,6 +127,14 @@ Command = Annotated[
     Field(min_length=1),
     AfterValidator(_command),
     Hint(fix=_COMMAND_FIX),
+    WithJsonSchema(
+        {
+            "type": "array",
+            "items": {"type": "string"},
+            "minItems": 1,
+            "prefixItems": [{"type": "string", "pattern": r"\S"}],  # a program name, not blank
+        }
+    ),
 ]
 
 
@@ -270,7 +280,26 @@ class SpecFields(Strict):
         )
 
 
+def _workload_spec_json_schema(schema: dict[str, Any]) -> None:
+    """The rules between sharing and the request, and the fields of one type only (a job by
+    default)."""
+    service = {
+        "required": ["type"],
+        "properties": {"type": {"pattern": words_pattern(["service"])}},
+    }
+    schema["allOf"] = [
+        *SHARING_JSON_SCHEMA,
+        {"if": {"required": ["health"]}, "then": service},
+        {
+            "if": {"anyOf": [{"required": ["backoff_limit"]}, {"required": ["deadline_seconds"]}]},
+            "then": {"not": service},
+        },
+    ]
+
+
 class WorkloadSpecFields(SpecFields):
+    model_config = ConfigDict(json_schema_extra=_workload_spec_json_schema)
+
     type: Annotated[WorkloadType, Word] = Field(
         "job", description="A job runs to completion; a service runs until deleted."
     )
