@@ -22,6 +22,7 @@ from gpufrac.api.schemas import (
     TimedOutAnswer,
     UnsupportedAnswer,
 )
+from gpufrac.model.manifest import DOCUMENTS
 from gpufrac.model.schema import manifest_json_schema
 
 REF = "#/components/schemas/"
@@ -95,13 +96,15 @@ def json_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def manifest_body_schema(content_type: str) -> dict[str, Any]:
-    """The schema of a manifest sent as ``content_type`` (one of ``MANIFEST_TYPES``): JSON as one
-    document (the manifest JSON Schema, ``gpufrac schema``, whose parts ``describe_bodies`` adds to
-    the components), YAML as its text (several documents, ``---`` between them). Both are read by
-    the manifest parser (docs/manifest.md), which reports every problem at once."""
-    if content_type == "application/json":
-        return {"$ref": REF + MANIFEST}
-    return {"type": "string", "description": "manifest documents as YAML (docs/manifest.md)"}
+    """The schema of a manifest sent as ``content_type`` (one of ``MANIFEST_TYPES``): the manifest
+    JSON Schema (``gpufrac schema``, whose parts ``describe_bodies`` adds to the components), for
+    YAML as for JSON: a schema says what the body holds, whichever way it is written (as OpenAPI
+    reads a YAML body, and tools that write YAML bodies from it, such as schemathesis). A YAML text
+    may hold several such documents, ``---`` between them. Both are read by the manifest parser
+    (docs/manifest.md), which reports every problem at once."""
+    if content_type not in MANIFEST_TYPES:
+        raise ValueError(f"no manifest body of type {content_type}")
+    return {"$ref": REF + MANIFEST}
 
 
 def _components(schema: dict[str, Any]) -> dict[str, Any]:
@@ -120,8 +123,17 @@ def _components(schema: dict[str, Any]) -> dict[str, Any]:
             return [moved(v) for v in node]
         return node
 
-    body = {k: v for k, v in schema.items() if k not in ("$defs", "$schema")}
-    return {**moved(schema.get("$defs", {})), MANIFEST: moved(body)}
+    # One document, as the one of its kinds it is: the JSON Schema's if/then (which editors
+    # report against) as a oneOf told by kind (the same documents: each kind's model holds its
+    # kind as a constant), which client generators make a union of typed models of
+    kinds = {name: REF + model.__name__ for name, model in DOCUMENTS.items()}
+    body = {
+        "title": schema["title"],
+        "description": schema["description"],
+        "oneOf": [{"$ref": ref} for ref in kinds.values()],
+        "discriminator": {"propertyName": "kind", "mapping": kinds},
+    }
+    return {**moved(schema.get("$defs", {})), MANIFEST: body}
 
 
 def manifest_body(
@@ -131,7 +143,8 @@ def manifest_body(
     return {
         "requestBody": {
             "required": True,
-            "description": "manifest text, YAML or JSON; accepted whole or not at all",
+            "description": "a manifest, YAML (one or more documents, --- between them) or JSON "
+            "(one document); accepted whole or not at all",
             "content": {t: {"schema": schema_of(t)} for t in MANIFEST_TYPES},
         }
     }

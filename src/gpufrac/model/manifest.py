@@ -34,6 +34,7 @@ from gpufrac.model.manifest_fields import (
     kind_of,
     load_documents,
     read_text_file,
+    whole_numbers,
 )
 from gpufrac.model.manifest_types import NOTES
 from gpufrac.model.workload import WorkloadSpec
@@ -262,6 +263,7 @@ def read_document(raw: Any, default_tenant: str = "default") -> Read:
             fix=f"write kind: {' or '.join(DOCUMENTS)}",
         )
     model = DOCUMENTS[kind]
+    raw = whole_numbers(raw)  # count: 1.0 is count: 1, as JSON Schema reads it
     notes: list[tuple[str, str, str]] = []
     try:
         document = model.model_validate(raw, context={NOTES: notes})

@@ -422,6 +422,19 @@ def _count_values(text: str, most: int, source: str, bound: str) -> None:
     )
 
 
+def whole_numbers(value: Any) -> Any:
+    """``value`` with every number that is whole written as an integer: ``2.0`` is ``2``, as JSON
+    (and JSON Schema, whose ``integer`` takes ``2.0``) has one kind of number. Nothing else is
+    changed: ``"2"`` stays a string, ``2.5`` a fraction, ``true`` a boolean."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    return value
+
+
 def join(where: str, key: object) -> str:
     """The path of ``key`` inside ``where``: ``spec.env``; ``metadata.labels['app.io/name']`` for a
     key that is not a plain word (empty, not a string, or holding dots or spaces)."""

@@ -19,7 +19,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from gpufrac.model.deployment_manifest import DeploymentDocument
-from gpufrac.model.manifest import DOCUMENTS
+from gpufrac.model.manifest import API_VERSION, DOCUMENTS
 from gpufrac.model.manifest_types import WORD, words_pattern
 from gpufrac.model.settings import SettingsDocument
 from gpufrac.model.workload_manifest import WorkloadDocument
@@ -114,8 +114,7 @@ def _schema(adapter: TypeAdapter[Any], title: str, description: str) -> dict[str
 BEYOND = (
     "the reader also refuses: a name used twice (one name per tenant, across every document and "
     "file given together); a field and its alias that ask for different amounts (memory: 1Gi "
-    "with gpumem: 2048); a whole number written with a fraction part (count: 1.0, an integer "
-    "to JSON Schema)"
+    "with gpumem: 2048)"
 )
 
 
@@ -133,7 +132,7 @@ def manifest_json_schema() -> dict[str, Any]:
         **out,
         "type": "object",
         "required": ["apiVersion", "kind"],
-        "properties": {"kind": {"enum": list(DOCUMENTS)}},
+        "properties": {"apiVersion": {"const": API_VERSION}, "kind": {"enum": list(DOCUMENTS)}},
         "allOf": [
             {
                 "if": {"properties": {"kind": {"const": name}}, "required": ["kind"]},

@@ -320,7 +320,7 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
             "spec.health.initial_delay_seconds",
         ),
         (
-            {**SERVICE, "spec.health": {**HTTP, "initial_delay_seconds": 1.0}},
+            {**SERVICE, "spec.health": {**HTTP, "initial_delay_seconds": 1.5}},
             "spec.health.initial_delay_seconds",
         ),
         # resources
@@ -338,7 +338,7 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         (gpu(count=1, vram="1GiB"), "spec.resources.gpu.vram"),
         (gpu(count=0), "spec.resources.gpu.count"),
         (gpu(count=True), "spec.resources.gpu.count"),
-        (gpu(count=1.0), "spec.resources.gpu.count"),
+        (gpu(count=1.5), "spec.resources.gpu.count"),  # 1.0 is 1, as in JSON Schema
         (gpu(count="2"), "spec.resources.gpu.count"),
         (gpu(fraction=0), "spec.resources.gpu.fraction"),
         (gpu(fraction=1), "spec.resources.gpu.fraction"),

@@ -138,7 +138,8 @@ CASES: dict[str, list[str]] = {
     "fraction 0.0001": [workload("{fraction: 0.0001}")],
     "fraction 0.9999": [workload("{fraction: 0.9999}")],
     "memory 0GiB": [workload("{memory: 0GiB}")],
-    "count 1.0": [workload("{count: 1.0}")],
+    "count 1.0": [workload("{count: 1.0}")],  # the integer 1 to JSON Schema, and to the reader
+    "count 1.5": [workload("{count: 1.5}")],
     # requests and the rules between fields
     "two requests": [workload("{memory: 1GiB, fraction: 0.5}")],
     "a field and its alias, agreeing": [workload("{memory: 1GiB, gpumem: 1024}")],
@@ -157,7 +158,6 @@ BEYOND_THE_SCHEMA = {
     "same name in two files": "one name per tenant, across every document and file",
     "same deployment in two files": "one name per tenant, across every document and file",
     "a field and its alias, disagreeing": "a field and its alias that ask for different amounts",
-    "count 1.0": "a whole number written with a fraction part (count: 1.0",
 }
 
 
