@@ -47,6 +47,7 @@ ERRORS = {
     504: "what the call waited for (a node) did not answer within its deadline "
     "(application/problem+json): nothing was changed; retry",
 }
+GUARD_ERRORS = (400, 413)  # api.guard answers them to any call, before its operation's handler
 # the answers written as RFC 9457 problems, and their models
 PROBLEMS: dict[int, type[BaseModel]] = {
     429: BusyAnswer,
@@ -177,6 +178,12 @@ def describe_bodies(app: FastAPI, models: Iterable[type[BaseModel]]) -> None:
             found.update(described.pop("$defs", {}))
             found[model.__name__] = described
         found.update(_components(manifest_json_schema()))
+        # the guard's answers, before any handler and whatever the operation: a Content-Length
+        # that is not a number (400), a body over the bound (413), a body-less GET's too
+        for item in schema.get("paths", {}).values():
+            for operation in item.values():
+                for code, answer in json_errors(*GUARD_ERRORS).items():
+                    operation.setdefault("responses", {}).setdefault(str(code), answer)
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

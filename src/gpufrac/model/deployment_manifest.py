@@ -14,9 +14,19 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from gpufrac.model.deployment import Autoscale, DeploymentSpec
-from gpufrac.model.gpu_manifest import SHARING_JSON_SCHEMA, check_sharing
-from gpufrac.model.manifest_types import DnsLabel, Hint, Strict, Text, UrlPath, problem, report
-from gpufrac.model.workload_manifest import Metadata, SpecFields
+from gpufrac.model.gpu_manifest import check_sharing
+from gpufrac.model.manifest_types import (
+    DnsLabel,
+    Hint,
+    Strict,
+    Text,
+    UrlPath,
+    no_default,
+    one_of_fields,
+    problem,
+    report,
+)
+from gpufrac.model.workload_manifest import SPEC_BROKEN, Metadata, SpecFields
 
 MAX_NAME = 50  # replica names add "-<8 hex>-<index>" and must stay DNS labels (63)
 MODEL_REF_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
@@ -54,8 +64,9 @@ def _model_ref(model: str) -> str:
 
 
 def _template_json_schema(schema: dict[str, Any]) -> None:
-    schema["oneOf"] = [{"required": ["model"]}, {"required": ["command"]}]
-    schema["allOf"] = SHARING_JSON_SCHEMA
+    schema["not"] = {  # a template that breaks a rule
+        "anyOf": [*one_of_fields(("model", "command"), exactly=True), *SPEC_BROKEN]
+    }
 
 
 class Template(SpecFields):
@@ -70,10 +81,15 @@ class Template(SpecFields):
         json_schema_extra={"pattern": MODEL_REF_PATTERN},
     )
     max_batch_size: Annotated[int, Field(ge=1, le=4096)] = Field(
-        1, description="model: templates: the most requests batched into one call."
+        1,
+        description="model: templates: the most requests batched into one call (default 1).",
+        json_schema_extra=no_default,
     )
     max_wait_ms: Annotated[float, Field(ge=0, le=10_000)] = Field(
-        5.0, description="model: templates: the longest a request waits for a batch to fill."
+        5.0,
+        description="model: templates: the longest a request waits for a batch to fill "
+        "(default 5).",
+        json_schema_extra=no_default,
     )
 
     @model_validator(mode="after")

@@ -27,6 +27,7 @@ from gpufrac.model.manifest_types import (
     MemoryMiB,
     Percent,
     Strict,
+    one_of_fields,
     problem,
     report,
     words_pattern,
@@ -71,21 +72,29 @@ def _mig_json_schema(schema: dict[str, Any]) -> None:
     """The model a profile is asked on, by the names the reader takes, and its profiles."""
     names = _model_names()
     schema["properties"]["model"]["pattern"] = words_pattern(set().union(*names.values()))
-    schema["allOf"] = [
+    schema["allOf"] = [  # no model, or a model and one of its profiles
         {
-            "if": {"properties": {"model": {"pattern": words_pattern(names[key])}}},
-            "then": {
-                "properties": {
-                    "profile": {"pattern": _profiles_pattern(p.name for p in model.profiles)}
-                }
-            },
+            "anyOf": [
+                {"not": {"required": ["model"]}},
+                *(
+                    {
+                        "required": ["model"],
+                        "properties": {
+                            "model": {"pattern": words_pattern(names[key])},
+                            "profile": {
+                                "pattern": _profiles_pattern(p.name for p in model.profiles)
+                            },
+                        },
+                    }
+                    for key, model in catalog().items()
+                ),
+            ]
         }
-        for key, model in catalog().items()
     ]
 
 
 def _one_request_json_schema(schema: dict[str, Any]) -> None:
-    """At least one request (``anyOf``), and never two kinds of request, nor compute beside
+    """At least one request, and never two kinds of request, nor compute beside
     anything but memory, under any of their names (``not``). A field and its alias both given
     must agree: that the schema cannot check (docs/manifest.md)."""
     names = {k: [k, *(a for a, c in GPU_ALIASES.items() if c == k)] for k in REQUEST_KINDS}
@@ -99,8 +108,8 @@ def _one_request_json_schema(schema: dict[str, Any]) -> None:
         for b in names[j]
     ]
     pairs += [(c, b) for c in compute for k in kinds if k != "memory" for b in names[k]]
-    schema["anyOf"] = [{"required": [n]} for k in kinds for n in names[k]]
-    schema["not"] = {"anyOf": [{"required": [a, b]} for a, b in pairs]}
+    no_request = one_of_fields((n for k in kinds for n in names[k]), exactly=False)
+    schema["not"] = {"anyOf": [*no_request, *({"required": [a, b]} for a, b in pairs)]}
 
 
 Broken = list[tuple[tuple[str | int, ...], str, str]]  # (where, message, fix) of each rule broken
@@ -353,23 +362,21 @@ def _request_names(*kinds: str) -> list[str]:
 
 
 def _never(sharing: tuple[str, ...], *kinds: str) -> dict[str, Any]:
-    """A JSON Schema clause: a spec whose sharing is one of ``sharing`` asks for none of
-    ``kinds`` (under any of their names)."""
+    """A spec that breaks a rule (for a spec's ``not: {anyOf: [...]}``): its sharing is one of
+    ``sharing`` and it asks for one of ``kinds`` (under any of their names)."""
     gpu = {"anyOf": [{"required": [n]} for n in _request_names(*kinds)]}
     return {
-        "not": {
-            "required": ["sharing", "resources"],
-            "properties": {
-                "sharing": {"pattern": words_pattern(sharing)},
-                "resources": {"required": ["gpu"], "properties": {"gpu": gpu}},
-            },
-        }
+        "required": ["sharing", "resources"],
+        "properties": {
+            "sharing": {"pattern": words_pattern(sharing)},
+            "resources": {"required": ["gpu"], "properties": {"gpu": gpu}},
+        },
     }
 
 
-# check_sharing's rules, as JSON Schema (a spec's allOf); sharing left out is auto, which any
-# request may use
-SHARING_JSON_SCHEMA = [
+# check_sharing's rules, as JSON Schema: the specs that break one (a spec's not: {anyOf: ...});
+# sharing left out is auto, which any request may use
+SHARING_BROKEN = [
     _never(("mps", "timeslice", "exclusive"), "mig"),
     _never(("mig",), "count"),
     _never(("exclusive",), "fraction", "memory"),

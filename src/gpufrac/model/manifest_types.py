@@ -102,6 +102,27 @@ WORD = _lower  # how the JSON Schema generator (model.schema) knows a Word
 Word = BeforeValidator(_lower)
 
 
+def one_of_fields(names: Iterable[str], *, exactly: bool) -> list[dict[str, Any]]:
+    """What breaks "at least one of ``names`` is given" (and with ``exactly``, "no two"), as
+    alternatives for an object's ``not: {anyOf: [...]}``: every rule of an object in one such
+    ``not``, rather than a ``oneOf`` of ``required`` beside its properties (client generators,
+    openapi-python-client, read that as a union and type the object as ``Any``) or several
+    ``if``/``then`` (schemathesis then gives up generating it)."""
+    names = list(names)
+    none: dict[str, Any] = {
+        "properties": {n: {"not": {}} for n in names}
+    }  # {"not": {}} is false, as tools read
+    two = [{"required": [a, b]} for i, a in enumerate(names) for b in names[i + 1 :]]
+    return [none, *two] if exactly else [none]
+
+
+def no_default(schema: dict[str, Any]) -> None:
+    """A field's ``json_schema_extra``: its default left out of the JSON Schema, where giving the
+    field is not the same as leaving it out (``backoff_limit`` is for jobs only: a client that
+    sends the default for a service would be refused). Its description says the default."""
+    schema.pop("default", None)
+
+
 def any_case(word: str) -> str:
     """A JSON Schema (ECMA-262) pattern for ``word`` in any case (it has no case-insensitive
     flag): ``1g.10gb`` -> ``1[Gg]\\.10[Gg][Bb]``."""

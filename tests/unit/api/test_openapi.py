@@ -16,6 +16,7 @@ from openapi_spec_validator.validation.validators import OpenAPIV31SpecValidator
 
 from gpufrac.api import schemas
 from gpufrac.api.app import create_app
+from gpufrac.api.tokens import Caller
 from gpufrac.devices import open_simulated
 from gpufrac.runtime.agent import Agent, Phase
 from gpufrac.runtime.service import AgentService
@@ -189,3 +190,34 @@ def test_a_405_allows_exactly_the_documented_methods(openapi: dict[str, Any], ap
             assert r.headers["allow"].split(", ") == documented, (method, path)
             answered += 1
     assert answered > 100
+
+
+def test_every_status_an_operation_answers_is_documented(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """What every call may meet before its handler (the guard: no token, a Content-Length that
+    is not a number, a body over the bound) and bad query values, on every operation, answer
+    only statuses its responses list."""
+    data: Path = tmp_path_factory.mktemp("guarded")
+    service = AgentService(Agent(data, open_simulated("h200:1:mig", data)))
+    tokens = {"admin-token": Caller(None, admin=True), "search-token": Caller("search")}
+    app = create_app(service, AgentDeployments(service, gateway_port=0), tokens=tokens, max_body=64)
+    client = TestClient(app, raise_server_exceptions=False)
+    admin = {"authorization": "Bearer admin-token"}
+    calls: list[dict[str, Any]] = [
+        {},
+        {"headers": {"authorization": "Bearer nope"}},
+        {"headers": {"authorization": "Bearer search-token"}},
+        {"headers": {**admin, "content-length": "abc"}},
+        {"headers": admin, "content": b"x" * 65},
+        {"headers": admin, "params": {"limit": "x", "tail": "x", "since": "x", "after": "x"}},
+    ]
+    undocumented = []
+    for name, op in operations(app.openapi()):
+        method, path = name.split(" ", 1)
+        url = re.sub(r"\{(\w+)\}", "x", path)
+        for call in calls:
+            code = client.request(method, url, **call).status_code
+            if str(code) not in op["responses"]:
+                undocumented.append((name, code))
+    assert not undocumented

@@ -146,6 +146,14 @@ CASES: dict[str, list[str]] = {
     "a field and its alias, disagreeing": [workload("{memory: 1GiB, gpumem: 2048}")],
     "sharing mig with count": [workload("{count: 1}", spec="sharing: mig")],
     "backoff_limit on a service": [workload(spec="type: service\n  backoff_limit: 3")],
+    "health on a job": [workload(spec="health: {tcp: {port: 80}}")],
+    "privileged true": [workload(spec="privileged: true")],
+    "privileged false": [workload(spec="privileged: false")],
+    "mounts without an image": [workload(spec="mounts: [{source: /data, target: /data}]")],
+    "mig with sharing mps": [workload("{mig: 1g.18gb}", spec="sharing: mps")],
+    "compute with sharing timeslice": [
+        workload("{memory: 1GiB, compute: 30}", spec="sharing: timeslice")
+    ],
     # choices as words
     "type Service": [workload(spec="type: Service")],
     "sharing ' mps '": [workload(spec="sharing: ' mps '")],
