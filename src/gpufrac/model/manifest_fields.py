@@ -107,6 +107,7 @@ CoreYamlLoader.add_constructor(_INT_TAG, _core_int)
 
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
 _YAML11_TYPED = (_BOOL_TAG, _INT_TAG, _FLOAT_TAG, _NULL_TAG, _TIMESTAMP_TAG, _STR_TAG)
+_YAML11_FIRST = frozenset(yaml.resolver.Resolver.yaml_implicit_resolvers)
 _YAML11 = yaml.resolver.Resolver()  # how a YAML 1.1 reader (PyYAML's default, Go's yaml.v2) types
 
 
@@ -115,6 +116,8 @@ def _yaml11_differs(node: yaml.ScalarNode) -> str | None:
     boolean, ``017``: the octal 15), or None where both read it alike."""
     if node.style:  # quoted, literal or folded: a string in both (libyaml: "" is plain)
         return None
+    if node.tag == _STR_TAG and node.value[:1] not in _YAML11_FIRST:
+        return None  # a string to both: no YAML 1.1 type starts with its first character
     tag = _YAML11.resolve(yaml.ScalarNode, node.value, (True, False))  # type: ignore[no-untyped-call]
     if (tag == node.tag and tag != _INT_TAG) or tag not in _YAML11_TYPED:
         return None

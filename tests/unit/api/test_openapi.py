@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
 
+import jsonschema
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -221,3 +222,28 @@ def test_every_status_an_operation_answers_is_documented(
             if str(code) not in op["responses"]:
                 undocumented.append((name, code))
     assert not undocumented
+
+
+def test_bodies_the_schema_accepts_are_read_and_those_it_refuses_are_not(
+    openapi: dict[str, Any], app: FastAPI
+) -> None:
+    """What schemathesis found: a YAML manifest body was any string (so '' was valid), a scale's
+    replicas 479.0 (an integer to JSON Schema) was refused, a MIG layout's profile '' was valid."""
+    components = openapi["components"]["schemas"]
+    bundle = {"components": openapi["components"]}
+
+    def valid(name: str, value: Any) -> bool:
+        schema = {**bundle, "$ref": f"#/components/schemas/{name}"}
+        return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+    body = openapi["paths"]["/api/v1/workloads"]["post"]["requestBody"]["content"]
+    assert body["application/yaml"]["schema"] == {"$ref": "#/components/schemas/Manifest"}
+    assert not valid("Manifest", "")
+    assert valid("ScaleBody", {"replicas": 479.0}) and not valid("ScaleBody", {"replicas": 1.5})
+    assert "MigInstanceBody" in components
+    assert not valid("MigInstanceBody", {"profile": "", "start": 0})
+    assert valid("MigInstanceBody", {"profile": "1g.18gb", "start": 0})
+    client = TestClient(app)
+    scale = "/api/v1/deployments/default/none/scale"
+    assert client.post(scale, json={"replicas": 479.0}).status_code == 404  # read: no such one
+    assert client.post(scale, json={"replicas": 1.5}).status_code == 422
