@@ -65,7 +65,15 @@ def _model_ref(model: str) -> str:
 
 def _template_json_schema(schema: dict[str, Any]) -> None:
     schema["not"] = {  # a template that breaks a rule
-        "anyOf": [*one_of_fields(("model", "command"), exactly=True), *SPEC_BROKEN]
+        "anyOf": [
+            *one_of_fields(("model", "command"), exactly=True),
+            *SPEC_BROKEN,
+            {  # batching is for model: templates
+                "anyOf": [{"required": ["max_batch_size"]}, {"required": ["max_wait_ms"]}],
+                "not": {"required": ["model"]},
+            },
+            {"required": ["env"], "properties": {"env": {"required": ["PORT"]}}},  # its own PORT
+        ]
     }
 
 

@@ -39,11 +39,11 @@ def workload(
     )
 
 
-def deployment(name: str = "d", autoscale: str = "") -> str:
+def deployment(name: str = "d", autoscale: str = "", template: str = "model: 'm.mod:make'") -> str:
     return (
         "apiVersion: gpufrac/v1\nkind: Deployment\n"
         f"metadata: {{name: {name}}}\n"
-        "spec:\n  template: {model: 'm.mod:make', resources: {gpu: {fraction: 0.25}}}\n"
+        f"spec:\n  template: {{{template}, resources: {{gpu: {{fraction: 0.25}}}}}}\n"
         + (f"  autoscale: {autoscale}\n" if autoscale else "")
     )
 
@@ -134,6 +134,13 @@ CASES: dict[str, list[str]] = {
     "min_share '0.1'": [workload(spec="min_share: '0.1'")],
     "min_share 10%": [workload(spec="min_share: 10%")],
     "autoscale max '3'": [deployment(autoscale="{min_replicas: 1, max_replicas: '3'}")],
+    "template with model and batching": [
+        deployment(template="model: 'm.mod:make', max_wait_ms: 2")
+    ],
+    "command template with batching": [deployment(template="command: [srv], max_wait_ms: 2")],
+    "command template": [deployment(template="command: [srv]")],
+    "template with model and command": [deployment(template="model: 'm.mod:make', command: [srv]")],
+    "template sets PORT": [deployment(template="command: [srv], env: {PORT: '1'}")],
     # ranges and amounts that round to nothing
     "fraction 0.0001": [workload("{fraction: 0.0001}")],
     "fraction 0.9999": [workload("{fraction: 0.9999}")],
