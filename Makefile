@@ -6,6 +6,10 @@ STAMP := $(VENV)/.installed
 # Every version the venv installs (pip and setuptools included, also setuptools for building gpufrac),
 # pinned; `make lock` refreshes it. The torch and onnx extras are not installed here, so not locked.
 LOCK := requirements.lock
+# Installed without their dependencies (each pins one gpufrac needs newer, for a part the tests do
+# not use; what they import is in the dev extras): openapi-python-client pins typer<0.28 for its
+# CLI, and tests/integration/test_openapi_client.py runs its generator as a library.
+NO_DEPS := openapi-python-client
 
 .PHONY: demo test lint typecheck unit bench gpu-check lock clean
 
@@ -13,6 +17,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade -c $(LOCK) pip setuptools
 	$(BIN)/python -m pip install --quiet -c $(LOCK) --build-constraint $(LOCK) -e '.[dev,ray]'
+	$(BIN)/python -m pip install --quiet -c $(LOCK) --no-deps $(NO_DEPS)
 	@touch $@
 
 # Resolves pyproject.toml's dependencies afresh (the newest versions that fit) in a throwaway venv
@@ -22,10 +27,12 @@ lock:
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	"$$tmp/venv/bin/python" -m pip install --quiet --upgrade pip setuptools; \
 	"$$tmp/venv/bin/python" -m pip install --quiet -e '.[dev,ray]'; \
+	"$$tmp/venv/bin/python" -m pip install --quiet --no-deps $(NO_DEPS); \
 	{ echo "# gpufrac's locked dependencies: pip constraints that make installs .venv with (-c)."; \
 	  echo "# Written by \`make lock\` (do not edit): '.[dev,ray]' installed unconstrained in a fresh venv"; \
 	  echo "# ($$("$$tmp/venv/bin/python" -c 'import platform as p; print("Python", p.python_version(), p.system(), p.machine())')), then"; \
 	  echo "# pip freeze --all --exclude-editable. The torch and onnx extras are left out."; \
+	  echo "# $(NO_DEPS): installed beside it without dependencies (see the Makefile)."; \
 	  "$$tmp/venv/bin/python" -m pip freeze --all --exclude-editable; } > $(LOCK).tmp; \
 	mv $(LOCK).tmp $(LOCK); echo "wrote $(LOCK): $$(grep -vc '^#' $(LOCK)) packages"
 

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.routing import Match
 
 from gpufrac import __version__
 from gpufrac.api.control_service import ControlService
@@ -58,4 +60,27 @@ def create_app(
         Guard, tokens=tokens, max_body=max_body, own_auth=own_auth, own_check=own_check
     )
     add_user_api(app, service, serving, tokens=tokens)
+    app.add_exception_handler(405, _method_not_allowed)
     return app
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    """A method a path does not take: 405 with ``Allow`` naming every method the path takes, as
+    ``/openapi.json`` lists them (Starlette names only those of the first route whose path
+    matches: ``Allow: POST`` for ``/api/v1/workloads``, whose GET is another route)."""
+    allowed = [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL
+            for route in request.app.router.routes
+        )
+    ]
+    return JSONResponse(
+        {"detail": "Method Not Allowed"},
+        status_code=405,
+        headers={"Allow": ", ".join(allowed)},
+    )

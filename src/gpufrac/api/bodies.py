@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from gpufrac.errors import InputError
-from gpufrac.model.manifest_fields import parse_json
+from gpufrac.model.manifest_fields import parse_json, whole_numbers
 
 B = TypeVar("B", bound=BaseModel)
 Loc = tuple[int | str, ...]
@@ -27,7 +27,7 @@ async def read_body(request: Request, model: type[B], *, example: str) -> B:
     if not isinstance(raw, dict):
         raise InputError("must be a JSON object", field="body", fix=f"send {example}")
     try:
-        return model.model_validate(raw)
+        return model.model_validate(whole_numbers(raw))  # 2.0 is 2, as in JSON Schema
     except ValidationError as e:
         raise body_error(e, model, example=example) from None
 

@@ -22,6 +22,7 @@ from gpufrac.api.schemas import (
     TimedOutAnswer,
     UnsupportedAnswer,
 )
+from gpufrac.model.manifest import DOCUMENTS
 from gpufrac.model.schema import manifest_json_schema
 
 REF = "#/components/schemas/"
@@ -46,6 +47,7 @@ ERRORS = {
     504: "what the call waited for (a node) did not answer within its deadline "
     "(application/problem+json): nothing was changed; retry",
 }
+GUARD_ERRORS = (400, 413)  # api.guard answers them to any call, before its operation's handler
 # the answers written as RFC 9457 problems, and their models
 PROBLEMS: dict[int, type[BaseModel]] = {
     429: BusyAnswer,
@@ -95,13 +97,15 @@ def json_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def manifest_body_schema(content_type: str) -> dict[str, Any]:
-    """The schema of a manifest sent as ``content_type`` (one of ``MANIFEST_TYPES``): JSON as one
-    document (the manifest JSON Schema, ``gpufrac schema``, whose parts ``describe_bodies`` adds to
-    the components), YAML as its text (several documents, ``---`` between them). Both are read by
-    the manifest parser (docs/manifest.md), which reports every problem at once."""
-    if content_type == "application/json":
-        return {"$ref": REF + MANIFEST}
-    return {"type": "string", "description": "manifest documents as YAML (docs/manifest.md)"}
+    """The schema of a manifest sent as ``content_type`` (one of ``MANIFEST_TYPES``): the manifest
+    JSON Schema (``gpufrac schema``, whose parts ``describe_bodies`` adds to the components), for
+    YAML as for JSON: a schema says what the body holds, whichever way it is written (as OpenAPI
+    reads a YAML body, and tools that write YAML bodies from it, such as schemathesis). A YAML text
+    may hold several such documents, ``---`` between them. Both are read by the manifest parser
+    (docs/manifest.md), which reports every problem at once."""
+    if content_type not in MANIFEST_TYPES:
+        raise ValueError(f"no manifest body of type {content_type}")
+    return {"$ref": REF + MANIFEST}
 
 
 def _components(schema: dict[str, Any]) -> dict[str, Any]:
@@ -120,8 +124,17 @@ def _components(schema: dict[str, Any]) -> dict[str, Any]:
             return [moved(v) for v in node]
         return node
 
-    body = {k: v for k, v in schema.items() if k not in ("$defs", "$schema")}
-    return {**moved(schema.get("$defs", {})), MANIFEST: moved(body)}
+    # One document, as the one of its kinds it is: the JSON Schema's if/then (which editors
+    # report against) as a oneOf told by kind (the same documents: each kind's model holds its
+    # kind as a constant), which client generators make a union of typed models of
+    kinds = {name: REF + model.__name__ for name, model in DOCUMENTS.items()}
+    body = {
+        "title": schema["title"],
+        "description": schema["description"],
+        "oneOf": [{"$ref": ref} for ref in kinds.values()],
+        "discriminator": {"propertyName": "kind", "mapping": kinds},
+    }
+    return {**moved(schema.get("$defs", {})), MANIFEST: body}
 
 
 def manifest_body(
@@ -131,7 +144,8 @@ def manifest_body(
     return {
         "requestBody": {
             "required": True,
-            "description": "manifest text, YAML or JSON; accepted whole or not at all",
+            "description": "a manifest, YAML (one or more documents, --- between them) or JSON "
+            "(one document); accepted whole or not at all",
             "content": {t: {"schema": schema_of(t)} for t in MANIFEST_TYPES},
         }
     }
@@ -164,6 +178,12 @@ def describe_bodies(app: FastAPI, models: Iterable[type[BaseModel]]) -> None:
             found.update(described.pop("$defs", {}))
             found[model.__name__] = described
         found.update(_components(manifest_json_schema()))
+        # the guard's answers, before any handler and whatever the operation: a Content-Length
+        # that is not a number (400), a body over the bound (413), a body-less GET's too
+        for item in schema.get("paths", {}).values():
+            for operation in item.values():
+                for code, answer in json_errors(*GUARD_ERRORS).items():
+                    operation.setdefault("responses", {}).setdefault(str(code), answer)
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

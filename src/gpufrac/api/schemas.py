@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from gpufrac.model.gpu import Health, MigMode
+from gpufrac.model.gpu_manifest import PROFILE_PATTERN
 from gpufrac.model.migplan import MigActionKind
 from gpufrac.model.workload import Mode, QosMode
 from gpufrac.planning.sched_decision import ActionKind, DisplaceAction, EndPhase, Outcome
@@ -74,7 +75,10 @@ class ProblemsAnswer(Answer):
 
 
 class MigInstanceBody(Body):
-    profile: str = Field(description="a GPU instance profile: 1g.18gb, 3g.71gb, 1g.18gb+me ...")
+    profile: str = Field(
+        description="a GPU instance profile: 1g.18gb, 3g.71gb, 1g.18gb+me ...",
+        json_schema_extra={"pattern": PROFILE_PATTERN},
+    )
     start: int = Field(ge=0, description="its first memory slot")
 
 

@@ -9,14 +9,24 @@ docs/serving.md lists every field.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from gpufrac.model.deployment import Autoscale, DeploymentSpec
 from gpufrac.model.gpu_manifest import check_sharing
-from gpufrac.model.manifest_types import DnsLabel, Hint, Strict, Text, UrlPath, problem, report
-from gpufrac.model.workload_manifest import Metadata, SpecFields
+from gpufrac.model.manifest_types import (
+    DnsLabel,
+    Hint,
+    Strict,
+    Text,
+    UrlPath,
+    no_default,
+    one_of_fields,
+    problem,
+    report,
+)
+from gpufrac.model.workload_manifest import SPEC_BROKEN, Metadata, SpecFields
 
 MAX_NAME = 50  # replica names add "-<8 hex>-<index>" and must stay DNS labels (63)
 MODEL_REF_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
@@ -53,13 +63,25 @@ def _model_ref(model: str) -> str:
     return model
 
 
+def _template_json_schema(schema: dict[str, Any]) -> None:
+    schema["not"] = {  # a template that breaks a rule
+        "anyOf": [
+            *one_of_fields(("model", "command"), exactly=True),
+            *SPEC_BROKEN,
+            {  # batching is for model: templates
+                "anyOf": [{"required": ["max_batch_size"]}, {"required": ["max_wait_ms"]}],
+                "not": {"required": ["model"]},
+            },
+            {"required": ["env"], "properties": {"env": {"required": ["PORT"]}}},  # its own PORT
+        ]
+    }
+
+
 class Template(SpecFields):
     """A replica: a service the agent health-checks on $PORT, serving ``model`` with gpufrac's
     replica server or running ``command`` (a server on $PORT)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={"oneOf": [{"required": ["model"]}, {"required": ["command"]}]}
-    )
+    model_config = ConfigDict(json_schema_extra=_template_json_schema)
 
     model: Annotated[Text, AfterValidator(_model_ref)] | None = Field(
         None,
@@ -67,10 +89,15 @@ class Template(SpecFields):
         json_schema_extra={"pattern": MODEL_REF_PATTERN},
     )
     max_batch_size: Annotated[int, Field(ge=1, le=4096)] = Field(
-        1, description="model: templates: the most requests batched into one call."
+        1,
+        description="model: templates: the most requests batched into one call (default 1).",
+        json_schema_extra=no_default,
     )
     max_wait_ms: Annotated[float, Field(ge=0, le=10_000)] = Field(
-        5.0, description="model: templates: the longest a request waits for a batch to fill."
+        5.0,
+        description="model: templates: the longest a request waits for a batch to fill "
+        "(default 5).",
+        json_schema_extra=no_default,
     )
 
     @model_validator(mode="after")

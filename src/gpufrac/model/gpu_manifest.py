@@ -5,6 +5,7 @@ schedulers use; and the rules between a request and a sharing mode.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Self
 
 from pydantic import (
@@ -12,7 +13,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    JsonValue,
     ModelWrapValidatorHandler,
     PlainValidator,
     WithJsonSchema,
@@ -21,7 +21,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from gpufrac.errors import InputError
-from gpufrac.model.catalog import catalog, lookup_model
+from gpufrac.model.catalog import ALIASES, catalog, lookup_model
 from gpufrac.model.manifest_fields import kind_of
 from gpufrac.model.manifest_types import (
     CpusMilli,
@@ -33,6 +33,7 @@ from gpufrac.model.manifest_types import (
     milli,
     problem,
     report,
+    words_pattern,
 )
 from gpufrac.model.mig import parse_profile_name
 from gpufrac.model.numbers import digits_note, is_decimal, is_digits
@@ -59,7 +60,56 @@ MIG_RESOURCE = "nvidia.com/mig-"
 # What may go beside count: a share of each of its GPUs (HAMi's nvidia.com/gpu: N with gpumem,
 # KAI's gpu-fraction-num-devices with gpu-fraction).
 PER_GPU = ("fraction", "memory", "memory_percent", "compute")
-PROFILE_PATTERN = r"^\s*([Mm][Ii][Gg] )?[0-9]+[Gg]\.[0-9]+[Gg][Bb](\+[A-Za-z]+)*\s*$"
+
+
+def _profiles_pattern(names: Iterable[str]) -> str:
+    return words_pattern(names, prefix="([Mm][Ii][Gg] )?")
+
+
+def _model_names() -> dict[str, set[str]]:
+    """Every name the reader takes for each GPU model (``lookup_model``): its key, its aliases and
+    every unambiguous prefix of them, in lower case."""
+    out: dict[str, set[str]] = {key: set() for key in catalog()}
+    words = {w.lower() for w in catalog()} | set(ALIASES)
+    for word in words:
+        for end in range(1, len(word) + 1):
+            try:
+                out[lookup_model(word[:end]).key].add(word[:end])
+            except InputError:
+                continue  # ambiguous
+    return out
+
+
+# A GPU-instance profile some GPU model gpufrac knows has (1g.18gb, 1g.18gb+me, any case, a leading
+# "MIG "): the JSON Schema refuses the rest (+gfx, 5g.99gb), as the reader does.
+PROFILE_PATTERN = _profiles_pattern({p.name for m in catalog().values() for p in m.profiles})
+
+
+def _mig_json_schema(schema: dict[str, Any]) -> None:
+    """The model a profile is asked on, by the names the reader takes, and its profiles."""
+    names = _model_names()
+    schema["properties"]["model"]["pattern"] = words_pattern(set().union(*names.values()))
+    schema["allOf"] = [  # no model, or a model and one of its profiles
+        {
+            "anyOf": [
+                {"not": {"required": ["model"]}},
+                *(
+                    {
+                        "required": ["model"],
+                        "properties": {
+                            "model": {"pattern": words_pattern(names[key])},
+                            "profile": {
+                                "pattern": _profiles_pattern(p.name for p in model.profiles)
+                            },
+                        },
+                    }
+                    for key, model in catalog().items()
+                ),
+            ]
+        }
+    ]
+
+
 Broken = list[tuple[tuple[str | int, ...], str, str]]  # (where, message, fix) of each rule broken
 
 
@@ -88,6 +138,8 @@ def _gpu_model(name: str) -> str:
 
 class Mig(Strict):
     """A MIG GPU instance of a profile, on any GPU model that has it or on one model."""
+
+    model_config = ConfigDict(json_schema_extra=_mig_json_schema)
 
     profile: Annotated[str, AfterValidator(_profile), Hint(missing="write profile: 1g.18gb")] = (
         Field(
@@ -270,15 +322,43 @@ def _mig_resources(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]
     return out, profiles
 
 
-# a request has one of these (a HAMi MIG resource key alone included); MIG resource keys ask for 1
-_ANY_OF: list[JsonValue] = [
-    {"required": [k]} for k in (*REQUEST_KINDS, "memory_percent", "compute", *GPU_ALIASES)
-]
-_ANY_OF.append({"propertyNames": {"pattern": r"^nvidia\.com/mig-"}, "minProperties": 1})
-_GPU_SCHEMA: dict[str, JsonValue] = {
-    "anyOf": _ANY_OF,
-    "patternProperties": {r"^nvidia\.com/mig-": {"anyOf": [{"const": 1}, {"const": "1"}]}},
-}
+MIG_KEY = r"^nvidia\.com/mig-"  # HAMi's MIG resource keys, each asking for 1
+
+
+def _gpu_json_schema(schema: dict[str, Any]) -> None:
+    """The reader's rules of a request (``_combination``) under every name a field goes by, in one
+    ``not: {anyOf: [...]}`` (what generated clients and schemathesis read best): a request of
+    some kind; mig alone; memory or memory_percent, not both; fraction without memory,
+    memory_percent or compute; more than one GPU only whole (count alone). A field and its alias
+    both given must agree, and one HAMi MIG resource key at most: beyond a schema."""
+    names = {
+        k: [k, *(a for a, c in GPU_ALIASES.items() if c == k)]
+        for k in (*REQUEST_KINDS, "memory_percent", "compute")
+    }
+
+    def pairs(left: list[str], right: list[str]) -> list[dict[str, Any]]:
+        return [{"required": [a, b]} for a in left for b in right]
+
+    mig_key = {"not": {"propertyNames": {"not": {"pattern": MIG_KEY}}}}  # some key is one
+    others = [n for k, ns in names.items() if k != "mig" for n in ns]
+    shares = [n for k in PER_GPU for n in names[k]]
+    broken: list[dict[str, Any]] = [
+        {  # no request at all
+            "properties": {n: {"not": {}} for ns in names.values() for n in ns},
+            "propertyNames": {"not": {"pattern": MIG_KEY}},
+        },
+        *pairs(names["memory"], names["memory_percent"]),
+        *pairs(names["mig"], others),
+        *({"required": [o], **mig_key} for o in others),
+        *pairs(names["fraction"], [*names["memory"], *names["memory_percent"], *names["compute"]]),
+        *(
+            {"required": [c, s], "properties": {c: {"not": {"enum": [1, "1"]}}}}
+            for c in names["count"]
+            for s in shares
+        ),
+    ]
+    schema["not"] = {"anyOf": broken}
+    schema["patternProperties"] = {MIG_KEY: {"enum": [1, "1"]}}
 
 
 class Gpu(Strict):
@@ -287,7 +367,7 @@ class Gpu(Strict):
     one. Beside count, a share means a share of each of its GPUs. A field and its alias may both
     be given only with the same value."""
 
-    model_config = ConfigDict(json_schema_extra=_GPU_SCHEMA)
+    model_config = ConfigDict(json_schema_extra=_gpu_json_schema)
 
     count: Annotated[int, Field(ge=1)] | None = Field(
         None,
@@ -526,6 +606,33 @@ class Resources(Strict):
         None,
         description="How many processes and threads it may have at once (its cgroup's pids.max).",
     )
+
+
+def _request_names(*kinds: str) -> list[str]:
+    return [n for k in kinds for n in (k, *(a for a, c in GPU_ALIASES.items() if c == k))]
+
+
+def _never(sharing: tuple[str, ...], *kinds: str) -> dict[str, Any]:
+    """A spec that breaks a rule (for a spec's ``not: {anyOf: [...]}``): its sharing is one of
+    ``sharing`` and it asks for one of ``kinds`` (under any of their names)."""
+    gpu = {"anyOf": [{"required": [n]} for n in _request_names(*kinds)]}
+    return {
+        "required": ["sharing", "resources"],
+        "properties": {
+            "sharing": {"pattern": words_pattern(sharing)},
+            "resources": {"required": ["gpu"], "properties": {"gpu": gpu}},
+        },
+    }
+
+
+# check_sharing's rules, as JSON Schema: the specs that break one (a spec's not: {anyOf: ...});
+# sharing left out is auto, which any request may use
+SHARING_BROKEN = [
+    _never(("mps", "timeslice", "exclusive"), "mig"),
+    _never(("mig",), "count"),
+    _never(("exclusive",), "fraction", "memory"),
+    _never(("timeslice", "mig"), "compute"),
+]
 
 
 def check_sharing(gpu: Gpu, sharing: Sharing) -> Broken:

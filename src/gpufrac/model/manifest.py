@@ -35,6 +35,7 @@ from gpufrac.model.manifest_fields import (
     kind_of,
     load_documents,
     read_text_file,
+    whole_numbers,
 )
 from gpufrac.model.manifest_types import NOTES
 from gpufrac.model.workload import WorkloadSpec
@@ -178,7 +179,10 @@ def read_objects(
     tenant is ``default_tenant``'s (the caller's, for a tenant's API token). A text of more than
     ``max_values`` values is ``TooLarge`` before it is parsed (``bound``: the setting that says
     so)."""
-    documents = load_documents(text, source=source, max_values=max_values, bound=bound)
+    yaml_notes: list[list[str]] = []
+    documents = load_documents(
+        text, source=source, max_values=max_values, bound=bound, notes=yaml_notes
+    )
     present = [(i, doc) for i, doc in enumerate(documents, start=1) if doc is not None]
     if not present:
         raise InputError(
@@ -212,7 +216,8 @@ def read_objects(
                 )
             )
         at = f"{prefix}." if prefix else ""
-        specs.append(Read(spec, tuple(f"{at}{w}" for w in read.warnings), prefix))
+        written = (*yaml_notes[position - 1], *read.warnings)
+        specs.append(Read(spec, tuple(f"{at}{w}" for w in written), prefix))
     problems.raise_any()
     return specs
 
@@ -262,6 +267,7 @@ def read_document(raw: Any, default_tenant: str = "default") -> Read:
             fix=f"write kind: {' or '.join(DOCUMENTS)}",
         )
     model = DOCUMENTS[kind]
+    raw = whole_numbers(raw)  # count: 1.0 is count: 1, as JSON Schema reads it
     notes: list[tuple[str, str, str]] = []
     try:
         document = model.model_validate(raw, context={NOTES: notes})

@@ -59,15 +59,96 @@ StrictYamlLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates
 )
 
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_NULL_TAG = "tag:yaml.org,2002:null"
+_STR_TAG = "tag:yaml.org,2002:str"
+# YAML 1.2's core schema (yaml.org/spec/1.2.2, 10.3.2): what a plain scalar is, when it is not a
+# string. In YAML 1.1 (PyYAML's default) yes/no/on/off are booleans too, 017 is octal, 1_000 an
+# integer, 2024-01-01 a date and 1:30 a number; in 1.2 each is a string (017 the integer 17).
+_CORE_SCALARS = (
+    (_BOOL_TAG, r"true|True|TRUE|false|False|FALSE", "tTfF"),
+    (_NULL_TAG, r"~|null|Null|NULL|", "~nN"),
+    (_INT_TAG, r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", "-+0123456789"),
+    (
+        _FLOAT_TAG,
+        r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)",
+        "-+.0123456789",
+    ),
+)
+
+
+class CoreYamlLoader(StrictYamlLoader):
+    """``StrictYamlLoader`` reading YAML 1.2's core schema, as JSON Schema tools and editors do
+    (``yes`` is a string, ``017`` the integer 17): libyaml still parses; only how a plain scalar
+    is typed differs. Merge keys (``<<: *base``) are kept."""
+
+    yaml_implicit_resolvers: dict[str, list[tuple[str, re.Pattern[str]]]] = {}  # noqa: RUF012
+
+
+for _tag, _regex, _first in _CORE_SCALARS:
+    CoreYamlLoader.add_implicit_resolver(_tag, re.compile(rf"^(?:{_regex})$"), list(_first))
+CoreYamlLoader.add_implicit_resolver("tag:yaml.org,2002:merge", re.compile(r"^(?:<<)$"), ["<"])
+CoreYamlLoader.add_implicit_resolver(_NULL_TAG, re.compile(r"^$"), [""])
+
+
+def _core_int(loader: CoreYamlLoader, node: yaml.ScalarNode) -> int:
+    text = str(loader.construct_scalar(node))
+    if text.startswith("0o"):
+        return int(text[2:], 8)
+    if text.startswith("0x"):
+        return int(text[2:], 16)
+    return int(text, 10)
+
+
+CoreYamlLoader.add_constructor(_INT_TAG, _core_int)
+
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+_YAML11_TYPED = (_BOOL_TAG, _INT_TAG, _FLOAT_TAG, _NULL_TAG, _TIMESTAMP_TAG, _STR_TAG)
+_YAML11_FIRST = frozenset(yaml.resolver.Resolver.yaml_implicit_resolvers)
+_YAML11 = yaml.resolver.Resolver()  # how a YAML 1.1 reader (PyYAML's default, Go's yaml.v2) types
+
+
+def _yaml11_differs(node: yaml.ScalarNode) -> str | None:
+    """How a YAML 1.1 reader would read a plain scalar that YAML 1.2 reads otherwise (``yes``: a
+    boolean, ``017``: the octal 15), or None where both read it alike."""
+    if node.style:  # quoted, literal or folded: a string in both (libyaml: "" is plain)
+        return None
+    if node.tag == _STR_TAG and node.value[:1] not in _YAML11_FIRST:
+        return None  # a string to both: no YAML 1.1 type starts with its first character
+    tag = _YAML11.resolve(yaml.ScalarNode, node.value, (True, False))  # type: ignore[no-untyped-call]
+    if (tag == node.tag and tag != _INT_TAG) or tag not in _YAML11_TYPED:
+        return None
+    try:
+        value = yaml.SafeLoader.yaml_constructors[tag](_SAFE, yaml.ScalarNode(tag, node.value))
+    except (ValueError, yaml.YAMLError):  # a date that is no date (2024-13-45): 1.1 fails it
+        return None
+    if tag == node.tag and value == _core_int(_CORE, node):
+        return None
+    what = kind_of(value) if tag != _TIMESTAMP_TAG else f"a date ({value})"
+    core = _core_value(node)
+    fix = "quote it" if isinstance(core, str) else f"write it as {core}"
+    return (
+        f"{node.value!r} is {kind_of(core)} (YAML 1.2, as gpufrac reads it), but {what} to "
+        f"YAML 1.1 readers: {fix} to be read alike everywhere"
+    )
+
+
+def _core_value(node: yaml.ScalarNode) -> object:
+    return CoreYamlLoader.yaml_constructors[node.tag](_CORE, node)
+
+
+_SAFE = yaml.SafeLoader("")
+_CORE = CoreYamlLoader("")
+
 
 # Bounds on what a document may grow to: YAML aliases repeat a node wherever they are used (a small
 # text can stand for an enormous value), and nesting has no end of its own.
 MAX_NODES = 100_000
 MAX_DEPTH = 64
 MAX_ALIAS_GROWTH = 1 << 20  # characters aliases may add beyond the text's own
-
-
-_FLOAT_TAG = "tag:yaml.org,2002:float"
 
 
 def _not_finite(where: str) -> InputError:
@@ -82,15 +163,17 @@ def _nul(where: str) -> InputError:
     )
 
 
-def _check_document(node: yaml.Node, max_chars: int) -> None:
+def _check_document(node: yaml.Node, max_chars: int, notes: list[str] | None = None) -> None:
     """Refuse a document whose value, with every alias expanded, has more than ``MAX_NODES`` nodes
     or ``max_chars`` characters of scalars, or is nested more than ``MAX_DEPTH`` deep (the walk
     stops at the first bound it passes, so a bomb costs no more than the bound), or holds a NaN, an
-    infinity or a NUL character (named by its path)."""
+    infinity or a NUL character (named by its path). ``notes`` gets a ``PATH: warning`` for each
+    plain scalar a YAML 1.1 reader reads otherwise (``yes``: a string here, a boolean there)."""
     count = chars = 0
-    stack: list[tuple[yaml.Node, int, str]] = [(node, 1, "")]
+    found: set[tuple[int, int, str]] = set()  # (line, column, warning), an alias's once per path
+    stack: list[tuple[yaml.Node, int, str, bool]] = [(node, 1, "", False)]
     while stack:
-        n, depth, where = stack.pop()
+        n, depth, where, is_key = stack.pop()
         count += 1
         if count > MAX_NODES or chars > max_chars:
             what = f"{MAX_NODES:,} values" if count > MAX_NODES else f"{max_chars:,} characters"
@@ -108,13 +191,20 @@ def _check_document(node: yaml.Node, max_chars: int) -> None:
                 raise _not_finite(where)
             if "\x00" in n.value:
                 raise _nul(where)
+            if notes is not None and (differs := _yaml11_differs(n)):
+                at = f"{join(where, n.value)} (the key)" if is_key else where
+                found.add((n.start_mark.line, n.start_mark.column, f"{at}: {differs}"))
         elif isinstance(n, yaml.SequenceNode):
-            stack.extend((child, depth + 1, f"{where}[{i}]") for i, child in enumerate(n.value))
+            stack.extend(
+                (child, depth + 1, f"{where}[{i}]", False) for i, child in enumerate(n.value)
+            )
         elif isinstance(n, yaml.MappingNode):
             for key, value in n.value:
                 name = key.value if isinstance(key, yaml.ScalarNode) else "?"
-                stack.append((key, depth + 1, where))
-                stack.append((value, depth + 1, join(where, name)))
+                stack.append((key, depth + 1, where, True))
+                stack.append((value, depth + 1, join(where, name), False))
+    if notes is not None:
+        notes.extend(warning for *_, warning in sorted(found))
 
 
 def _yaml_float(text: str) -> float:
@@ -149,15 +239,19 @@ def _check_json(value: Any) -> None:
             stack.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
 
 
-def _load_yaml(text: str) -> list[Any]:
-    loader = StrictYamlLoader(text)
+def _load_yaml(text: str, notes: list[list[str]] | None) -> list[Any]:
+    loader = CoreYamlLoader(text)
     try:
         documents: list[Any] = []
         while loader.check_node():
             node = loader.get_node()
+            if notes is not None:
+                notes.append([])
             if node is not None:
                 try:
-                    _check_document(node, len(text) + MAX_ALIAS_GROWTH)
+                    _check_document(
+                        node, len(text) + MAX_ALIAS_GROWTH, notes[-1] if notes is not None else None
+                    )
                 except InputError as exc:
                     if exc.field and (documents or loader.check_node()):
                         raise exc.at(f"doc[{len(documents) + 1}]") from None
@@ -239,10 +333,19 @@ def parse_json(text: str | bytes, *, source: str, fix: str) -> Any:
 
 
 def load_documents(
-    text: str, *, source: str, max_values: int = MAX_NODES, bound: str = ""
+    text: str,
+    *,
+    source: str,
+    max_values: int = MAX_NODES,
+    bound: str = "",
+    notes: list[list[str]] | None = None,
 ) -> list[Any]:
     """Every document of a YAML stream (``---`` between documents), or the one object of a JSON
     file.
+
+    YAML is read as YAML 1.2 (its core schema, as JSON Schema tools and editors read it): ``yes``,
+    ``no``, ``on`` and ``off`` are strings. ``notes``, when given, gets one list per document of
+    ``PATH: warning`` for each value a YAML 1.1 reader would read otherwise.
 
     Empty documents come back as ``None``, so positions match the file as written. A text of more
     than ``max_values`` values (scalars, lists, mappings, aliases, counted as the text is scanned,
@@ -251,12 +354,15 @@ def load_documents(
     _count_values(text, max_values, source, bound)
     if text.lstrip().startswith("{"):
         try:
-            return [_json(text, source)]
+            document = _json(text, source)
+            if notes is not None:
+                notes.append([])
+            return [document]
         except json.JSONDecodeError:
             pass  # YAML flow style ({name: x}) is not JSON: read it as YAML below
     try:
         # A SafeLoader subclass: as safe as yaml.safe_load_all, with bounds on size and depth.
-        return _load_yaml(text)
+        return _load_yaml(text, notes)
     except (InputError, RecursionError, ValueError) as exc:
         raise _located(exc, source, "YAML") from None
     except yaml.YAMLError as exc:
@@ -317,6 +423,19 @@ def _count_values(text: str, most: int, source: str, bound: str) -> None:
         field=source,
         fix="split it into several manifests",
     )
+
+
+def whole_numbers(value: Any) -> Any:
+    """``value`` with every number that is whole written as an integer: ``2.0`` is ``2``, as JSON
+    (and JSON Schema, whose ``integer`` takes ``2.0``) has one kind of number. Nothing else is
+    changed: ``"2"`` stays a string, ``2.5`` a fraction, ``true`` a boolean."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    return value
 
 
 def join(where: str, key: object) -> str:

@@ -9,7 +9,7 @@ the message and the fix ``model.manifest_errors`` turns into an ``InputError``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Annotated, Any, TypeVar
@@ -105,7 +105,49 @@ def _lower(value: object) -> object:
     return value.strip().lower() if isinstance(value, str) else value
 
 
+WORD = _lower  # how the JSON Schema generator (model.schema) knows a Word
 Word = BeforeValidator(_lower)
+
+
+def one_of_fields(names: Iterable[str], *, exactly: bool) -> list[dict[str, Any]]:
+    """What breaks "at least one of ``names`` is given" (and with ``exactly``, "no two"), as
+    alternatives for an object's ``not: {anyOf: [...]}``: every rule of an object in one such
+    ``not``, rather than a ``oneOf`` of ``required`` beside its properties (client generators,
+    openapi-python-client, read that as a union and type the object as ``Any``) or several
+    ``if``/``then`` (schemathesis then gives up generating it)."""
+    names = list(names)
+    none: dict[str, Any] = {
+        "properties": {n: {"not": {}} for n in names}
+    }  # {"not": {}} is false, as tools read
+    two = [{"required": [a, b]} for i, a in enumerate(names) for b in names[i + 1 :]]
+    return [none, *two] if exactly else [none]
+
+
+def no_default(schema: dict[str, Any]) -> None:
+    """A field's ``json_schema_extra``: its default left out of the JSON Schema, where giving the
+    field is not the same as leaving it out (``backoff_limit`` is for jobs only: a client that
+    sends the default for a service would be refused). Its description says the default."""
+    schema.pop("default", None)
+
+
+def any_case(word: str) -> str:
+    """A JSON Schema (ECMA-262) pattern for ``word`` in any case (it has no case-insensitive
+    flag): ``1g.10gb`` -> ``1[Gg]\\.10[Gg][Bb]``."""
+    return "".join(
+        f"[{c.upper()}{c.lower()}]" if c.isalpha() else f"\\{c}" if c in _SPECIAL else c
+        for c in word
+    )
+
+
+_SPECIAL = set("\\^$.|?*+()[]{}/")  # escaped; no other (``\-`` is an error to ECMA's u flag)
+
+
+def words_pattern(names: Iterable[str], prefix: str = "") -> str:
+    """A JSON Schema pattern for one of ``names`` in any case, with spaces around it (as the
+    reader strips them)."""
+    alternatives = "|".join(any_case(n) for n in sorted(names, key=lambda n: (-len(n), n)))
+    return rf"^\s*{prefix}({alternatives})\s*$"
+
 
 # --- names ----------------------------------------------------------------------------------------
 
@@ -273,6 +315,8 @@ def _memory_mib(value: object, info: ValidationInfo | None) -> int:
     raise problem(f"must be a memory size, not {kind_of(value)}", SIZE_FIX)
 
 
+# what ``read_size`` refuses as no size at all: a zero in any unit (0Gi, 0.0, +00Mi)
+NONZERO_SIZE = rf"^(?!{SPACE}*\+?(0+\.?0*|\.0+){SPACE}*[A-Za-z]*{SPACE}*$)"
 MemoryMiB = Annotated[
     int,
     PlainValidator(_memory_mib),
@@ -280,7 +324,11 @@ MemoryMiB = Annotated[
         {
             "anyOf": [
                 {"type": "integer", "minimum": 1, "maximum": MAX_SIZE_MIB},
-                {"type": "string", "pattern": SIZE_PATTERN, "maxLength": MAX_SIZE_TEXT},
+                {
+                    "type": "string",
+                    "pattern": NONZERO_SIZE + SIZE_PATTERN.removeprefix("^"),
+                    "maxLength": MAX_SIZE_TEXT,
+                },
             ]
         }
     ),
@@ -359,10 +407,13 @@ def _fraction(value: object) -> int:
     return milli(value, maximum=MILLI - 1, fix="write a number between 0 and 1, like 0.25")
 
 
+# The least number that is one milli once rounded (half up), and the first beyond 999 milli:
+# 0.0001 comes to nothing and 0.9999 to a whole GPU, so the schema refuses both, as the reader does.
+LEAST_MILLI = 0.0005
 FractionMilli = Annotated[
     int,
     PlainValidator(_fraction),
-    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}),
+    WithJsonSchema({"type": "number", "minimum": LEAST_MILLI, "exclusiveMaximum": 0.9995}),
 ]
 
 
@@ -371,7 +422,7 @@ def _gpus(value: object) -> int:
 
 
 GpusMilli = Annotated[
-    int, PlainValidator(_gpus), WithJsonSchema({"type": "number", "exclusiveMinimum": 0})
+    int, PlainValidator(_gpus), WithJsonSchema({"type": "number", "minimum": LEAST_MILLI})
 ]
 
 
@@ -380,7 +431,7 @@ def _cpus(value: object) -> int:
 
 
 CpusMilli = Annotated[
-    int, PlainValidator(_cpus), WithJsonSchema({"type": "number", "exclusiveMinimum": 0})
+    int, PlainValidator(_cpus), WithJsonSchema({"type": "number", "minimum": LEAST_MILLI})
 ]
 
 _PERCENT_DECIMAL = re.compile(rf"{SPACE}*({DECIMAL}){SPACE}*%{SPACE}*")

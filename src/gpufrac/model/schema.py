@@ -3,9 +3,10 @@ one for manifests (a document is a ``Workload`` or a ``Deployment``, told by ``k
 the operator's settings file, ``gpufrac.yaml``.
 
 Editors use them to check a file as it is written (docs/manifest.md, "Editors"); ``gpufrac
-schema`` prints them, and ``schemas/`` in the repository holds them as files. The schema checks
-what a document may hold; gpufrac's own reader checks the rest (a MIG profile on a GPU model
-that has it, a field and its alias agreeing, each name once per file).
+schema`` prints them, and ``schemas/`` in the repository holds them as files. The manifest schema
+refuses what the reader refuses, document by document (the rules between fields, MIG profiles by
+GPU model, NaN, choices in any case included), but for ``BEYOND``: what needs another document or
+arithmetic between two fields.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from gpufrac.model.deployment_manifest import DeploymentDocument
-from gpufrac.model.manifest import DOCUMENTS
+from gpufrac.model.manifest import API_VERSION, DOCUMENTS
+from gpufrac.model.manifest_types import WORD, words_pattern
 from gpufrac.model.settings import SettingsDocument
 from gpufrac.model.workload_manifest import WorkloadDocument
 
@@ -44,6 +46,20 @@ class _Generator(GenerateJsonSchema):
             del out["default"]  # a null is never a value, not even inside a default
         return out
 
+    def function_before_schema(
+        self, schema: core_schema.BeforeValidatorFunctionSchema
+    ) -> JsonSchemaValue:
+        out = super().function_before_schema(schema)
+        choices = out.get("enum")
+        if schema["function"].get("function") is WORD and choices:
+            # the reader takes a choice in any case, with spaces around it; editors still list
+            # the words as written (the enum)
+            pattern = {"type": "string", "pattern": words_pattern(choices)}
+            return {"anyOf": [{k: v for k, v in out.items() if k != "description"}, pattern]} | (
+                {"description": out["description"]} if "description" in out else {}
+            )
+        return out
+
     def dict_schema(self, schema: core_schema.DictSchema) -> JsonSchemaValue:
         out = super().dict_schema(schema)
         patterns = out.pop("patternProperties", None)
@@ -65,10 +81,44 @@ def _holds_null(value: Any) -> bool:
     return value is None
 
 
+# A number that is no number: no real number is both >= 0 and <= -1, but NaN fails every
+# comparison, so passes both (in every JSON Schema validator: Python's, JavaScript's, Rust's).
+_NAN = {"type": "number", "minimum": 0, "maximum": -1}
+# The largest finite double: above it, only infinity.
+_MAX_DOUBLE = 1.7976931348623157e308
+
+
+def _finite(node: Any) -> None:
+    """Every ``number`` in a schema refuses NaN and infinities, as the reader does (a YAML file
+    can hold ``.nan`` and ``.inf``; JSON cannot, so only YAML tools meet them)."""
+    if isinstance(node, dict):
+        for value in node.values():
+            _finite(value)
+        if node.get("type") == "number":
+            if "minimum" not in node and "exclusiveMinimum" not in node:
+                node["minimum"] = -_MAX_DOUBLE
+            if "maximum" not in node and "exclusiveMaximum" not in node:
+                node["maximum"] = _MAX_DOUBLE
+            node["not"] = dict(_NAN)
+    elif isinstance(node, list):
+        for value in node:
+            _finite(value)
+
+
 def _schema(adapter: TypeAdapter[Any], title: str, description: str) -> dict[str, Any]:
     body = adapter.json_schema(schema_generator=_Generator, ref_template="#/$defs/{model}")
+    _finite(body)
     rest = {k: v for k, v in body.items() if k not in ("title", "description")}
     return {"$schema": DIALECT, "title": title, "description": description, **rest}
+
+
+# What gpufrac's reader refuses that JSON Schema cannot state (docs/manifest.md, "JSON Schema and
+# editors"); tests/unit/model/test_schema_agreement.py holds a case of each.
+BEYOND = (
+    "the reader also refuses: a name used twice (one name per tenant, across every document and "
+    "file given together); a field and its alias that ask for different amounts (memory: 1Gi "
+    "with gpumem: 2048)"
+)
 
 
 def manifest_json_schema() -> dict[str, Any]:
@@ -77,14 +127,15 @@ def manifest_json_schema() -> dict[str, Any]:
     out = _schema(
         TypeAdapter(WorkloadDocument | DeploymentDocument),
         "gpufrac manifest",
-        "A gpufrac/v1 document: a Workload or a Deployment (docs/manifest.md, docs/serving.md).",
+        "A gpufrac/v1 document: a Workload or a Deployment (docs/manifest.md, docs/serving.md). "
+        f"gpufrac reads YAML as YAML 1.2, as this schema does. Beyond one document, {BEYOND}.",
     )
     del out["anyOf"]
     return {
         **out,
         "type": "object",
         "required": ["apiVersion", "kind"],
-        "properties": {"kind": {"enum": list(DOCUMENTS)}},
+        "properties": {"apiVersion": {"const": API_VERSION}, "kind": {"enum": list(DOCUMENTS)}},
         "allOf": [
             {
                 "if": {"properties": {"kind": {"const": name}}, "required": ["kind"]},

@@ -14,10 +14,11 @@ from pydantic import (
     AfterValidator,
     ConfigDict,
     Field,
+    WithJsonSchema,
     model_validator,
 )
 
-from gpufrac.model.gpu_manifest import Resources, check_sharing
+from gpufrac.model.gpu_manifest import SHARING_BROKEN, Resources, check_sharing
 from gpufrac.model.manifest_types import (
     DnsLabel,
     Hint,
@@ -31,8 +32,11 @@ from gpufrac.model.manifest_types import (
     UrlPath,
     Word,
     WorkloadEnvName,
+    no_default,
+    one_of_fields,
     problem,
     report,
+    words_pattern,
 )
 from gpufrac.model.qos import DEFAULT_QOS, MAX_WEIGHT
 from gpufrac.model.workload import (
@@ -64,6 +68,7 @@ class Metadata(Strict):
         "default",
         description="Who it belongs to (a DNS label; quotas apply per tenant). Default: "
         "'default', or the tenant of the API token it is applied with.",
+        json_schema_extra=no_default,  # left out, it is the token's tenant
     )
     labels: Annotated[dict[LabelKey, str], _NAMES] = Field(
         {}, description="Free-form labels. Values are strings: quote numbers and booleans."
@@ -79,12 +84,14 @@ class TcpProbe(Strict):
     port: Annotated[_PORT, Hint(missing="give the port the service listens on")]
 
 
+def _one_probe(schema: dict[str, Any]) -> None:
+    schema["not"] = {"anyOf": one_of_fields(("http", "tcp"), exactly=True)}
+
+
 class Health(Strict):
     """A service's readiness check: exactly one of http or tcp."""
 
-    model_config = ConfigDict(
-        json_schema_extra={"oneOf": [{"required": ["http"]}, {"required": ["tcp"]}]}
-    )
+    model_config = ConfigDict(json_schema_extra=_one_probe)
 
     http: HttpProbe | None = Field(None, description="HTTP GET to a port; ready on 2xx/3xx.")
     tcp: TcpProbe | None = Field(None, description="Ready when a TCP connect succeeds.")
@@ -125,6 +132,14 @@ Command = Annotated[
     Field(min_length=1),
     AfterValidator(_command),
     Hint(fix=_COMMAND_FIX),
+    WithJsonSchema(
+        {
+            "type": "array",
+            "items": {"type": "string"},
+            "minItems": 1,
+            "prefixItems": [{"type": "string", "pattern": r"\S"}],  # a program name, not blank
+        }
+    ),
 ]
 
 
@@ -156,6 +171,18 @@ _REFUSED = {
     "host_network": "a container gets its own network namespace, its port published on "
     "127.0.0.1 by gpufrac; remove host_network",
 }
+
+
+# The specs that break a rule of SpecFields, as JSON Schema (for a spec's not: {anyOf: ...}):
+# check_sharing's, and mounts without an image
+SPEC_BROKEN = [
+    *SHARING_BROKEN,
+    {
+        "required": ["mounts"],
+        "properties": {"mounts": {"minItems": 1}},
+        "not": {"required": ["image"]},
+    },
+]
 
 
 class SpecFields(Strict):
@@ -222,8 +249,16 @@ class SpecFields(Strict):
     mounts: list[MountField] = Field(
         [], description="Containers only: host paths it sees, within the operator's allowed ones."
     )
-    privileged: bool = Field(False, description="Refused when true (never privileged).")
-    host_network: bool = Field(False, description="Refused when true (own network namespace).")
+    privileged: bool = Field(
+        False,
+        description="Refused when true (never privileged).",
+        json_schema_extra={"const": False},
+    )
+    host_network: bool = Field(
+        False,
+        description="Refused when true (own network namespace).",
+        json_schema_extra={"const": False},
+    )
 
     @model_validator(mode="after")
     def _container_rules(self) -> Self:
@@ -270,7 +305,26 @@ class SpecFields(Strict):
         )
 
 
+def _workload_spec_json_schema(schema: dict[str, Any]) -> None:
+    """The rules between sharing and the request, and the fields of one type only (a job by
+    default)."""
+    service = {
+        "required": ["type"],
+        "properties": {"type": {"pattern": words_pattern(["service"])}},
+    }
+    job_only = {"anyOf": [{"required": ["backoff_limit"]}, {"required": ["deadline_seconds"]}]}
+    schema["not"] = {  # a spec that breaks a rule
+        "anyOf": [
+            *SPEC_BROKEN,
+            {"required": ["health"], "not": service},  # health on a job
+            {**job_only, **service},  # backoff_limit or deadline_seconds on a service
+        ]
+    }
+
+
 class WorkloadSpecFields(SpecFields):
+    model_config = ConfigDict(json_schema_extra=_workload_spec_json_schema)
+
     type: Annotated[WorkloadType, Word] = Field(
         "job", description="A job runs to completion; a service runs until deleted."
     )
@@ -284,7 +338,10 @@ class WorkloadSpecFields(SpecFields):
         "on-failure for jobs.",
     )
     backoff_limit: Annotated[int, Field(ge=0)] = Field(
-        DEFAULT_BACKOFF_LIMIT, description="Jobs only: restarts before the job is failed."
+        DEFAULT_BACKOFF_LIMIT,
+        description="Jobs only: restarts before the job is failed "
+        f"(default {DEFAULT_BACKOFF_LIMIT}).",
+        json_schema_extra=no_default,
     )
     deadline_seconds: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Jobs only: stopped and failed after this many seconds."

@@ -389,7 +389,7 @@ def test_example_json_round_trip() -> None:
         ({**COMMAND, "spec.template.max_wait_ms": 4}, "spec.template.max_wait_ms"),
         ({"spec.template.max_batch_size": 0}, "spec.template.max_batch_size"),
         ({"spec.template.max_batch_size": 4097}, "spec.template.max_batch_size"),
-        ({"spec.template.max_batch_size": 2.0}, "spec.template.max_batch_size"),
+        ({"spec.template.max_batch_size": 2.5}, "spec.template.max_batch_size"),
         ({"spec.template.max_wait_ms": -1}, "spec.template.max_wait_ms"),
         ({"spec.template.max_wait_ms": "5ms"}, "spec.template.max_wait_ms"),
         ({"spec.template.max_wait_ms": True}, "spec.template.max_wait_ms"),
@@ -424,7 +424,7 @@ def test_example_json_round_trip() -> None:
         ({"spec.autoscale": {"max_replicas": 0}}, "spec.autoscale.max_replicas"),
         ({"spec.autoscale": {"max_replicas": 1001}}, "spec.autoscale.max_replicas"),
         ({"spec.autoscale": {"min_replicas": -1}}, "spec.autoscale.min_replicas"),
-        ({"spec.autoscale": {"min_replicas": 1.0}}, "spec.autoscale.min_replicas"),
+        ({"spec.autoscale": {"min_replicas": 1.5}}, "spec.autoscale.min_replicas"),
         ({"spec.autoscale": {"target_in_flight": 0}}, "spec.autoscale.target_in_flight"),
         (
             {"spec.autoscale": {"scale_up_delay_seconds": -1}},

@@ -10,7 +10,7 @@ import yaml
 
 from gpufrac.errors import InputError
 from gpufrac.model import manifest
-from gpufrac.model.manifest import load_manifest_file, parse_manifests
+from gpufrac.model.manifest import load_manifest_file, parse_manifests, read_objects
 from gpufrac.model.manifest_fields import load_documents
 from gpufrac.model.workload import GpuRequest, HealthCheck, WorkloadSpec
 
@@ -346,7 +346,7 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
             "spec.health.initial_delay_seconds",
         ),
         (
-            {**SERVICE, "spec.health": {**HTTP, "initial_delay_seconds": 1.0}},
+            {**SERVICE, "spec.health": {**HTTP, "initial_delay_seconds": 1.5}},
             "spec.health.initial_delay_seconds",
         ),
         # resources
@@ -369,7 +369,7 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         (gpu(count=1, vram="1GiB"), "spec.resources.gpu.vram"),
         (gpu(count=0), "spec.resources.gpu.count"),
         (gpu(count=True), "spec.resources.gpu.count"),
-        (gpu(count=1.0), "spec.resources.gpu.count"),
+        (gpu(count=1.5), "spec.resources.gpu.count"),  # 1.0 is 1, as in JSON Schema
         (gpu(count="2"), "spec.resources.gpu.count"),
         (gpu(fraction=0), "spec.resources.gpu.fraction"),
         (gpu(fraction=1), "spec.resources.gpu.fraction"),
@@ -519,9 +519,49 @@ def test_number_in_env_fix_says_to_quote_it() -> None:
     assert err.fix is not None and "quote" in err.fix
 
 
-def test_unquoted_yaml_boolean_is_not_a_string() -> None:
+def test_yaml_is_read_as_yaml_1_2_with_a_warning_where_yaml_1_1_reads_otherwise() -> None:
+    # YAML 1.2's core schema, as JSON Schema tools read a file: `no` is a string, true a boolean
     text = dump(doc()).replace("name: w", "name: w\n  tenant: no")
-    assert error_of(text).field == "metadata.tenant"
+    (read,) = read_objects(text)
+    assert read.obj.tenant == "no"
+    (warning,) = read.warnings
+    assert warning.startswith("metadata.tenant: 'no' is a string ('no') (YAML 1.2")
+    assert "a boolean (false) to YAML 1.1 readers: quote it" in warning
+    assert not read_objects(text.replace("tenant: no", "tenant: 'no'"))[0].warnings
+    assert error_of(text.replace("tenant: no", "tenant: false")).field == "metadata.tenant"
+
+
+@pytest.mark.parametrize(
+    ("written", "value", "yaml11"),
+    [
+        ("yes", "yes", "a boolean (true)"),
+        ("Off", "Off", "a boolean (false)"),
+        ("2024-01-01", "2024-01-01", "a date (2024-01-01)"),
+        ("1_000", "1_000", "an integer (1000)"),
+        ("1:30", "1:30", "an integer (90)"),
+        ("0b101", "0b101", "an integer (5)"),
+    ],
+)
+def test_a_yaml_1_1_reading_is_named_by_its_field(written: str, value: str, yaml11: str) -> None:
+    text = dump(doc()).replace("name: w", f"name: w\n  labels:\n    on: {written}")
+    (read,) = read_objects(text)
+    assert read.obj.labels == {"on": value}
+    assert [w.split(":", 1)[0] for w in read.warnings] == [
+        "metadata.labels.on (the key)",
+        "metadata.labels.on",
+    ]
+    assert f"but {yaml11} to YAML 1.1 readers" in read.warnings[1]
+
+
+def test_numbers_read_as_yaml_1_2() -> None:
+    text = dump(doc({"spec.resources.gpu": {"memory": "1GiB", "compute": 10}}))
+    (read,) = read_objects(text.replace("compute: 10", "compute: 010"))
+    assert read.obj.gpu.compute_pct == 10  # decimal in YAML 1.2, octal 8 in YAML 1.1
+    assert read.warnings == (
+        "spec.resources.gpu.compute: '010' is an integer (10) (YAML 1.2, as gpufrac reads it), "
+        "but an integer (8) to YAML 1.1 readers: write it as 10 to be read alike everywhere",
+    )
+    assert read_objects(text.replace("compute: 10", "compute: 0o12"))[0].obj.gpu.compute_pct == 10
 
 
 # --- DNS labels -----------------------------------------------------------------------------------
