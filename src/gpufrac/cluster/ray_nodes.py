@@ -131,6 +131,9 @@ class RayNodes:
         data_root: str,
         bootstrap: Callable[[str], str],
     ) -> None:
+        # Ray's own handler of fatal signals (absl's) takes SIGTERM too, and aborts the process 3 s
+        # later (an alarm): a control plane stopping its node agents would be cut short (-6)
+        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
         import ray
 
         self.bootstrap = bootstrap  # each node's own credential, approved at once
