@@ -289,6 +289,7 @@ def main(out: Path) -> dict[str, Any]:
 
         # Ray actors: on gpufrac leases, and with plain num_gpus fractions
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         import gpufrac.ray
 
@@ -343,7 +344,18 @@ def main(out: Path) -> dict[str, Any]:
             seen["lease_b"] = "placed"
         except gpufrac.ray.LeaseWaits as e:
             seen["lease_b"] = f"waits: {e}"
-        plain = [Probe.options(num_gpus=0.5).remote() for _ in range(2)]  # type: ignore[attr-defined]
+        # on one node (Ray spreads a second actor once a node is half used, as the lease's token
+        # of a GPU may make it), not the lease's, where that token is taken
+        other = next(n for n in NODES if n != held_a.node)
+        plain = [
+            Probe.options(  # type: ignore[attr-defined]
+                num_gpus=0.5,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    gpufrac.ray.ray_node_id(other), soft=False
+                ),
+            ).remote()
+            for _ in range(2)
+        ]
         seen["plain_ray"] = ray.get([p.where.remote() for p in plain], timeout=60)
         seen["plain_ray_gpus"] = ray.get([p.gpus.remote() for p in plain], timeout=60)
         for p in plain:  # their GPU in Ray's count back: a leased task asks Ray for a token of it
@@ -485,6 +497,16 @@ def main(out: Path) -> dict[str, Any]:
         seen["lost"] = lost
         seen["old_copies_alive"] = _live_pids(out / "nodes" / lost, "mover")
         seen["apply_to_running_p50_s"] = round(statistics.median(starts), 2)
+
+        # Ray ending on a node (its worker killed, as `ray stop` there does): the agent ends too
+        first = sorted(_pids_matching(agents))[0]
+        host = _parent(first)
+        assert host > 1, (first, host)  # (never kill(0): this process group)
+        os.kill(host, signal.SIGKILL)
+        deadline = time.monotonic() + 10  # (ended, it is a zombie of its namespace's first
+        while first in _pids_matching(agents) and time.monotonic() < deadline:  # process: no
+            time.sleep(0.1)  # command line)
+        seen["agent_left_after_its_actor"] = first in _pids_matching(agents)
 
         # the control plane stopped cleanly (SIGTERM): it stops the node agents it started
         agent_pids = _pids_matching(agents)

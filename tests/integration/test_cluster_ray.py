@@ -99,7 +99,8 @@ def test_a_control_plane_restart_restarts_nothing(seen: dict[str, Any]) -> None:
 def test_a_cleanly_stopped_control_plane_stops_the_node_agents_it_started(
     seen: dict[str, Any],
 ) -> None:
-    assert seen["agents_before_stop"] >= 2  # the nodes left after one was killed
+    assert seen["agent_left_after_its_actor"] is False  # its Ray worker gone: the agent too
+    assert seen["agents_before_stop"] >= 1  # the nodes left after one was killed, less that one
     assert seen["control_stop_rc"] == 128 + 15  # SIGTERM, handled: through its clean-up
     assert seen["agents_left_after_stop"] == [] and seen["agent_hosts_left"] == []
     assert seen["control_stop_to_agents_gone_s"] < 20
