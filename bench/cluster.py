@@ -792,6 +792,9 @@ def on_ray() -> int:
     print(f"| apply to running on a remote node, p50 of 3 | {seen['apply_to_running_p50_s']} |")
     print(f"| node loss to replaced (lease 8 s) | {seen['node_loss_to_replaced_s']} |")
     print(f"| control plane restart to ready | {seen['control_restart_to_ready_s']} |")
+    print(f"| a Ray task on a lease of its own (lease, worker) | {seen['task_on_own_lease_s']} |")
+    pooled = seen["pool_leases_s"] + seen["pool_16_s"]
+    print(f"| a Ray task on a pool of 2 leases, mean of 16 (leases included) | {pooled / 16:.2f} |")
     ok = seen["node_loss_to_replaced_s"] < 15 and seen["restart_kept"]
     print(
         "target (node loss to replaced < 15 s, restart restarts nothing): "

@@ -7,16 +7,23 @@ would (``{"memory": "20GiB"}``, ``{"mig": "1g.18gb"}``, ``{"fraction": 0.25, "co
 the control plane places it like any workload (MIG instance, MPS share or time-slice, with
 priority, quotas and QoS), or it waits where nothing fits. A placed lease gives the Ray options
 that start the actor on the lease's node with the lease's environment (``CUDA_VISIBLE_DEVICES`` set
-to the MIG device or GPU, MPS limits, QoS variables)::
+to the MIG device or GPU, MPS limits, QoS variables) and a token GPU request, so that Ray's own
+view agrees: ``ray.get_gpu_ids()`` there is the lease's device (``["MIG-..."]``), as Ray returns
+the ids of a worker started with ``CUDA_VISIBLE_DEVICES`` set::
 
     import gpufrac.ray
 
     with gpufrac.ray.lease({"memory": "20GiB"}, server="http://head:8470") as held:
         model = Model.options(**held.options).remote()
-        ...
+        refs = held.map(embed, batches)  # one lease serves many tasks (one Ray worker, reused)
 
     # or: the lease goes back by itself once the actor has ended
-    model, held = gpufrac.ray.actor(Model, {"memory": "20GiB"}, server="http://head:8470")
+    model, held = gpufrac.ray.actor(Model, {"memory": "20GiB"}, "arg", server="http://head:8470",
+                                    dtype="bf16")  # the lease's keywords; the rest: Model's
+
+    # several leases at once, tasks spread over them
+    with gpufrac.ray.pool({"memory": "10GiB"}, size=4, server="http://head:8470") as leases:
+        refs = leases.map(embed, batches)
 
 A lease is a workload of the control plane (``ray-...``, holding its slice with a small process
 while the actor runs there), so ``gpufrac get workloads`` shows it, and deleting it gives it back.
@@ -32,11 +39,20 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 
 NODE_LABEL = "gpufrac.io/node"
+# What a leased task or actor asks of Ray's GPU counter for a lease of one device: the smallest
+# amount Ray takes (it counts in units of 1/10000), so that Ray assigns the worker a GPU (and
+# ``ray.get_gpu_ids()`` is not ``[]``) without its counter standing in for gpufrac's fractions
+RAY_GPU_TOKEN = 0.0001
+LEASE_KEYWORDS = frozenset(
+    ("server", "token", "tenant", "sharing", "priority", "node_selector", "timeout_s", "ttl_s")
+)
 
 
 class LeaseWaits(Exception):
@@ -57,6 +73,7 @@ class Lease:
             k: v for k, v in view["env"].items() if k != "GPUFRAC_ATTEMPT"
         }  # what a workload on that slice is handed
         self.released = False
+        self._options: dict[str, Any] | None = None
         self._stop = threading.Event()
         # kept alive from this process: a driver that ends without releasing it (a crash,
         # kill -9) stops saying so, and the control plane gives it back after ttl_s
@@ -75,17 +92,41 @@ class Lease:
                 )
 
     @property
+    def devices(self) -> list[str]:
+        """The lease's devices (its ``CUDA_VISIBLE_DEVICES``: a MIG device or GPU UUIDs), which
+        ``ray.get_gpu_ids()`` returns in its tasks and actors."""
+        value = self.env.get("CUDA_VISIBLE_DEVICES", "")
+        return [d for d in value.split(",") if d]
+
+    @property
     def options(self) -> dict[str, Any]:
         """``Actor.options(**lease.options)`` / ``task.options(...)``: on the lease's node, with its
-        environment."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        environment, and with a GPU of Ray's (``num_gpus``: a token for one device, whole GPUs
+        for several), so that Ray's view (``ray.get_gpu_ids()``, the accelerator ids Ray's
+        libraries read) is the lease's device. Worked out once per lease."""
+        if self._options is None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        return {
-            "scheduling_strategy": NodeAffinitySchedulingStrategy(
-                ray_node_id(self.node), soft=False
-            ),
-            "runtime_env": {"env_vars": dict(self.env)},
-        }
+            node = ray_node(self.node)
+            self._options = {
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(
+                    str(node["NodeID"]), soft=False
+                ),
+                "num_gpus": ray_gpu_request(
+                    self.devices, float((node.get("Resources") or {}).get("GPU", 0)), self.node
+                ),
+                "runtime_env": {"env_vars": dict(self.env)},
+            }
+        return dict(self._options)
+
+    def remote(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run Ray task ``fn`` (a ``ray.remote`` function) on this lease: its ``ObjectRef``. Tasks
+        of one lease share its slice and its Ray workers (started once, then reused)."""
+        return fn.options(**self.options).remote(*args, **kwargs)
+
+    def map(self, fn: Any, items: Iterable[Any]) -> list[Any]:
+        """``fn(item)`` as a Ray task on this lease for each item: their ``ObjectRef``s."""
+        return [self.remote(fn, item) for item in items]
 
     def release(self) -> None:
         self._stop.set()
@@ -112,14 +153,37 @@ class Lease:
         self.release()
 
 
-def ray_node_id(node: str) -> str:
-    """The id of the alive Ray node labelled ``gpufrac.io/node=node``."""
+def ray_node(node: str) -> dict[str, Any]:
+    """The alive Ray node labelled ``gpufrac.io/node=node`` (as ``ray.nodes()`` lists it)."""
     import ray
 
     for n in ray.nodes():  # type: ignore[no-untyped-call]
         if n.get("Alive") and (n.get("Labels") or {}).get(NODE_LABEL) == node:
-            return str(n["NodeID"])
+            return dict(n)
     raise LeaseWaits(f"no alive Ray node is labelled {NODE_LABEL}={node}")
+
+
+def ray_node_id(node: str) -> str:
+    """The id of the alive Ray node labelled ``gpufrac.io/node=node``."""
+    return str(ray_node(node)["NodeID"])
+
+
+def ray_gpu_request(devices: list[str], node_gpus: float, node: str) -> float:
+    """``num_gpus`` for a task or actor on a lease of ``devices`` on a Ray node with ``node_gpus``
+    GPUs of Ray's: a token (``RAY_GPU_TOKEN``) for one device, so that Ray's counter does not
+    stand in for gpufrac's fractions; as many whole GPUs as devices for several (Ray gives a
+    worker several GPU ids only for whole GPUs). Either way Ray maps the ids it assigns onto the
+    worker's ``CUDA_VISIBLE_DEVICES`` (the lease's), so ``ray.get_gpu_ids()`` is the lease's
+    devices. ``ValueError`` naming the fix where the Ray node has too few GPUs of Ray's."""
+    want = RAY_GPU_TOKEN if len(devices) <= 1 else float(len(devices))
+    if node_gpus < want:
+        raise ValueError(
+            f"Ray node {NODE_LABEL}={node} has {node_gpus:g} GPUs of Ray's, and a lease of "
+            f"{len(devices)} device(s) runs its tasks with num_gpus={want:g} (so that "
+            "ray.get_gpu_ids() there is the lease's device): start that Ray node with its GPUs "
+            "(ray start --num-gpus N, or let Ray detect them)"
+        )
+    return want
 
 
 def lease(
@@ -184,13 +248,28 @@ def lease(
     raise LeaseWaits(f"not placed within {timeout_s:g} s: {view.get('reason', '')}")
 
 
-def actor(cls: Any, gpu: dict[str, Any], *args: Any, **lease_args: Any) -> tuple[Any, Lease]:
-    """Start Ray actor class ``cls`` (a ``ray.remote`` class) on a gpufrac lease; the lease is
-    given back once the actor has ended (watched from this process, once a second)."""
+def actor(
+    cls: Any,
+    gpu: dict[str, Any],
+    *args: Any,
+    init_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> tuple[Any, Lease]:
+    """Start Ray actor class ``cls`` (a ``ray.remote`` class) on a gpufrac lease, as
+    ``cls(*args, **kwargs)``; the lease is given back once the actor has ended (watched from
+    this process, once a second). The keywords ``lease`` takes (``server``, ``token``,
+    ``tenant``, ``sharing``, ``priority``, ``node_selector``, ``timeout_s``, ``ttl_s``) go to the
+    lease, every other to the constructor; a constructor keyword of one of those names goes in
+    ``init_kwargs``."""
     import ray
 
+    lease_args = {k: kwargs.pop(k) for k in LEASE_KEYWORDS & kwargs.keys()}
     held = lease(gpu, **lease_args)
-    handle = cls.options(**held.options).remote(*args)
+    try:
+        handle = cls.options(**held.options).remote(*args, **{**kwargs, **(init_kwargs or {})})
+    except BaseException:
+        held.release()
+        raise
 
     def watch() -> None:
         while True:
@@ -205,3 +284,57 @@ def actor(cls: Any, gpu: dict[str, Any], *args: Any, **lease_args: Any) -> tuple
 
     threading.Thread(target=watch, daemon=True, name=f"gpufrac-lease-{held.workload}").start()
     return handle, held
+
+
+class LeasePool:
+    """Several leases held together, serving tasks in turn (``remote``, ``map``); ``release``
+    gives them all back."""
+
+    def __init__(self, leases: list[Lease]) -> None:
+        self.leases = leases
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def remote(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run Ray task ``fn`` on the next lease of the pool, in turn: its ``ObjectRef``."""
+        with self._lock:
+            held = self.leases[self._next % len(self.leases)]
+            self._next += 1
+        return held.remote(fn, *args, **kwargs)
+
+    def map(self, fn: Any, items: Iterable[Any]) -> list[Any]:
+        """``fn(item)`` as a Ray task for each item, spread over the pool's leases in turn."""
+        return [self.remote(fn, item) for item in items]
+
+    def release(self) -> None:
+        for held in self.leases:
+            held.release()
+
+    def __repr__(self) -> str:
+        return f"<LeasePool of {len(self.leases)}: {', '.join(map(repr, self.leases))}>"
+
+    def __enter__(self) -> LeasePool:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+
+def pool(gpu: dict[str, Any], size: int, **lease_args: Any) -> LeasePool:
+    """``size`` leases of ``gpu`` (each as ``lease`` asks for one, with ``lease_args``), asked for
+    at once; if any is not placed, those that were are given back and its ``LeaseWaits`` raised."""
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"pool size {size!r}: give a whole number of leases, 1 or more")
+    with ThreadPoolExecutor(max_workers=min(size, 16), thread_name_prefix="gpufrac-pool") as ex:
+        futures = [ex.submit(lease, gpu, **lease_args) for _ in range(size)]
+    held, failed = [], None
+    for f in futures:
+        try:
+            held.append(f.result())
+        except Exception as e:
+            failed = failed or e
+    if failed is not None:
+        for h in held:
+            h.release()
+        raise failed
+    return LeasePool(held)

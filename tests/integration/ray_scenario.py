@@ -137,6 +137,14 @@ def _kill_node_agents_and_hosts(nodes_dir: Path, own_pids: bool) -> None:
             os.killpg(int(json.loads(child.read_text())["pgid"]), signal.SIGKILL)
 
 
+def _parent(pid: int) -> int:
+    """The parent of process ``pid`` (0 where it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _live_pids(node_dir: Path, name: str) -> list[int]:
     """The shims of workload ``name`` still alive on a node, each holding a copy of it that has not
     ended (a shim outlives its workload's processes). Found by their command lines, as seen from
@@ -281,6 +289,7 @@ def main(out: Path) -> dict[str, Any]:
 
         # Ray actors: on gpufrac leases, and with plain num_gpus fractions
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         import gpufrac.ray
 
@@ -288,23 +297,69 @@ def main(out: Path) -> dict[str, Any]:
 
         @ray.remote(num_cpus=0)
         class Probe:
+            def __init__(self, tag: str = "", *, kind: str = "") -> None:
+                self.made_with = [tag, kind]
+
             def where(self) -> tuple[str, str]:
                 return (
                     os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                     ray.get_runtime_context().get_node_id(),
                 )
 
-        actor_a, held_a = gpufrac.ray.actor(Probe, {"memory": "100GiB"}, server=URL)
+            def gpus(self) -> dict[str, Any]:  # Ray's own view, as Ray libraries read it
+                return {
+                    "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+                    "accelerator_ids": ray.get_runtime_context().get_accelerator_ids()["GPU"],
+                    "env": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                    "made_with": self.made_with,
+                }
+
+        @ray.remote(num_cpus=1)  # at most two at once on a node (--num-cpus 2): two workers
+        def probe_task(_: int = 0) -> dict[str, Any]:
+            return {
+                "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+                "env": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                "lease": os.environ.get("GPUFRAC_WORKLOAD", ""),
+                "node": ray.get_runtime_context().get_node_id(),
+                "pid": os.getpid(),
+            }
+
+        t = time.monotonic()
+        actor_a, held_a = gpufrac.ray.actor(
+            Probe, {"memory": "100GiB"}, "a", server=URL, kind="leased"
+        )  # a constructor's positional and keyword arguments beside the lease's keywords
+        seen["own_lease_s"] = round(time.monotonic() - t, 2)
         seen["lease_a"] = {"node": held_a.node, "env": held_a.env.get("CUDA_VISIBLE_DEVICES")}
         seen["actor_a"] = ray.get(actor_a.where.remote(), timeout=60)
+        seen["actor_a_gpus"] = ray.get(actor_a.gpus.remote(), timeout=60)
+        # a task on a lease: what a task on a lease of its own costs, with the lease's time
+        # above (its worker is started with the lease's environment; the actor has its own)
+        t = time.monotonic()
+        seen["task_a"] = ray.get(held_a.remote(probe_task), timeout=60)
+        seen["first_task_on_lease_s"] = round(time.monotonic() - t, 2)
+        seen["task_on_own_lease_s"] = round(seen["own_lease_s"] + seen["first_task_on_lease_s"], 2)
         seen["lease_a_ray_node"] = gpufrac.ray.ray_node_id(held_a.node)
         try:
             gpufrac.ray.lease({"memory": "100GiB"}, server=URL, timeout_s=3)
             seen["lease_b"] = "placed"
         except gpufrac.ray.LeaseWaits as e:
             seen["lease_b"] = f"waits: {e}"
-        plain = [Probe.options(num_gpus=0.5).remote() for _ in range(2)]  # type: ignore[attr-defined]
+        # on one node (Ray spreads a second actor once a node is half used, as the lease's token
+        # of a GPU may make it), not the lease's, where that token is taken
+        other = next(n for n in NODES if n != held_a.node)
+        plain = [
+            Probe.options(  # type: ignore[attr-defined]
+                num_gpus=0.5,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    gpufrac.ray.ray_node_id(other), soft=False
+                ),
+            ).remote()
+            for _ in range(2)
+        ]
         seen["plain_ray"] = ray.get([p.where.remote() for p in plain], timeout=60)
+        seen["plain_ray_gpus"] = ray.get([p.gpus.remote() for p in plain], timeout=60)
+        for p in plain:  # their GPU in Ray's count back: a leased task asks Ray for a token of it
+            ray.kill(p)
         ray.kill(actor_a)
         wait(
             lambda: (
@@ -327,11 +382,32 @@ def main(out: Path) -> dict[str, Any]:
         )
         seen["orphan_lease_given_back_s"] = round(time.monotonic() - t, 1)
         orphan.released = True  # nothing left to give back at exit
+
+        # a pool of two leases serving 16 tasks in turn: two leases, not 16
+        t = time.monotonic()
+        with gpufrac.ray.pool({"memory": "10GiB"}, size=2, server=URL) as leases:
+            seen["pool_leases_s"] = round(time.monotonic() - t, 2)
+            seen["pool_devices"] = sorted(h.env["CUDA_VISIBLE_DEVICES"] for h in leases.leases)
+            seen["pool_ray_nodes"] = sorted(gpufrac.ray.ray_node_id(h.node) for h in leases.leases)
+            t = time.monotonic()
+            seen["pool_tasks"] = ray.get(leases.map(probe_task, range(16)), timeout=60)
+            seen["pool_16_s"] = round(time.monotonic() - t, 2)  # with the workers' start
+            seen["leases_while_pooled"] = sorted(
+                w["name"]
+                for w in httpx.get(f"{URL}/api/v1/workloads", timeout=5).json()["workloads"]
+                if w["name"].startswith("ray-")
+            )
+            pooled = [h.workload for h in leases.leases]
+        seen["pool_released"] = [
+            httpx.get(f"{URL}/api/v1/workloads/{w}", timeout=5).status_code for w in pooled
+        ]
         ray.shutdown()
 
         # the control plane killed and started again: nothing restarted
         kept = ("embed", "rank", "mover")
         before = {n: view(n)["placement"]["epoch"] for n in kept}
+        agents = f"gpufrac.cli node .*--data-dir {re.escape(str(out / 'nodes'))}"
+        agents_before = sorted(_pids_matching(agents))
         os.killpg(control.pid, signal.SIGKILL)
         control.wait(timeout=10)
         t = time.monotonic()
@@ -343,6 +419,7 @@ def main(out: Path) -> dict[str, Any]:
         after = {n: (view(n)["placement"]["epoch"], view(n)["restarts"]) for n in before}
         seen["restart_kept"] = all(after[n] == (before[n], 0) for n in before)
         seen["restart_epochs"] = {"before": before, "after": after}
+        seen["agents_through_kill"] = [agents_before, sorted(_pids_matching(agents))]
 
         # a node agent frozen (SIGSTOP) past its lease: the shims stop its work, which runs once
         # elsewhere; woken, it stops what it had, is told it was lost, and joins again
@@ -417,6 +494,32 @@ def main(out: Path) -> dict[str, Any]:
         seen["lost"] = lost
         seen["old_copies_alive"] = _live_pids(out / "nodes" / lost, "mover")
         seen["apply_to_running_p50_s"] = round(statistics.median(starts), 2)
+
+        # Ray ending on a node (its worker killed, as `ray stop` there does): the agent ends too
+        first = sorted(_pids_matching(agents))[0]
+        host = _parent(first)
+        assert host > 1, (first, host)  # (never kill(0): this process group)
+        os.kill(host, signal.SIGKILL)
+        deadline = time.monotonic() + 10  # (ended, it is a zombie of its namespace's first
+        while first in _pids_matching(agents) and time.monotonic() < deadline:  # process: no
+            time.sleep(0.1)  # command line)
+        seen["agent_left_after_its_actor"] = first in _pids_matching(agents)
+
+        # the control plane stopped cleanly (SIGTERM): it stops the node agents it started
+        agent_pids = _pids_matching(agents)
+        hosts = {_parent(pid) for pid in agent_pids}  # the Ray actors (ray::AgentHost) running them
+        seen["agents_before_stop"] = len(agent_pids)
+        t = time.monotonic()
+        control.send_signal(signal.SIGTERM)
+        seen["control_stop_rc"] = control.wait(timeout=60)
+        deadline = time.monotonic() + 20
+        while (left := _pids_matching(agents)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        seen["agents_left_after_stop"] = left
+        seen["control_stop_to_agents_gone_s"] = round(time.monotonic() - t, 2)
+        while any(Path(f"/proc/{p}").exists() for p in hosts) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        seen["agent_hosts_left"] = [p for p in hosts if p and Path(f"/proc/{p}").exists()]
         return seen
     finally:
         for p in [*procs, *nodes.values()]:
@@ -437,5 +540,12 @@ if __name__ == "__main__":
     if args[:1] == ["--lo-up"]:  # run by `unshare -n`: the new namespace's loopback is down
         lo_up()
         args = args[1:]
-    result = main(Path(args[0]))
+    try:
+        result = main(Path(args[0]))
+    except BaseException:  # said last on stderr (where the test shows its tail), and gone at once:
+        import traceback  # Ray's exit handler would wait 60 s for the cluster ended above, then
+
+        traceback.print_exc()  # abort, its own words burying these
+        sys.stderr.flush()
+        os._exit(1)
     print(json.dumps(result))

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import typer
@@ -235,6 +235,7 @@ def control_command(
 
     threading.Thread(target=ticks, daemon=True, name="gpufrac-control-ticks").start()
     threading.Thread(target=serve, daemon=True, name="gpufrac-control-serving").start()
+    on_ray: list[Any] = []  # the RayNodes, once connected: stopped with the control plane
     if ray_address is not None:
         from gpufrac.cluster.ray_nodes import RayNodes
 
@@ -243,7 +244,7 @@ def control_command(
             plane must answer its nodes within their fencing time), then keep an agent on each
             labelled node."""
             try:
-                on_ray = RayNodes(ray_address, url, token, node_data_dir, control.bootstrap)
+                ray_nodes = RayNodes(ray_address, url, token, node_data_dir, control.bootstrap)
             except (ImportError, ConnectionError) as e:
                 err_console.print(
                     f"[bold red]error:[/] --ray {ray_address}: {e} (pip install 'gpufrac[ray]', "
@@ -251,8 +252,9 @@ def control_command(
                     highlight=False,
                 )
                 return
+            on_ray.append(ray_nodes)
             while True:
-                for name in on_ray.sync():
+                for name in ray_nodes.sync():
                     console.print(f"  node agent started on Ray node {name}", highlight=False)
                 if stop.wait(5.0):
                     return
@@ -275,6 +277,12 @@ def control_command(
         with control.lock:
             serving.close()
         nodes.stop()
+        for ray_nodes in on_ray:  # not when killed (kill -9): they go on, fenced, taken over
+            stopped = ray_nodes.stop()
+            err_console.print(
+                f"  node agents stopped on Ray nodes: {', '.join(sorted(stopped)) or 'none'}",
+                highlight=False,
+            )
         control.close()
 
 
