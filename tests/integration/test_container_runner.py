@@ -215,3 +215,23 @@ def test_a_published_port_is_the_workloads(runs: Runs, image: str, tmp_path: Pat
     assert runs.owns(run, port=port)
     assert not runs.owns(run, pid=1)
     _ = sys
+
+
+def test_a_container_whose_nodes_lease_runs_out_is_stopped_and_removed(
+    runs: Runs, image: str, tmp_path: Path
+) -> None:
+    from gpufrac.runtime.lease import write_lease
+
+    write_spec(runs, tmp_path)
+    lease = tmp_path / "lease"
+    write_lease(lease, time.time() + 30, 0.5)
+    runs.lease_file = lease  # a cluster node's: each run's shim reads it
+    script = "import time\nwhile True:\n    print(time.time(), flush=True); time.sleep(0.05)"
+    run = launch(runs, "b", image, script)
+    wait_for(lambda: runs.log(run).exists() and runs.log(run).read_text().count("\n") > 3, 30)
+    assert podman_has(container_name(run))
+    write_lease(lease, time.time() - 0.1, 0.5)  # its agent did not renew it: run out now
+    wait_for(lambda: runs.status(run).done, 20)
+    assert (run / "fenced.json").exists()
+    assert "lease ran out" in runs.log(run).read_text()
+    wait_for(lambda: not podman_has(container_name(run)), 20)  # settled: removed
