@@ -4,7 +4,8 @@ The catalog is read from ``data/mig-geometry.json`` (a copy of the project's ref
 serves planning and simulation; on a real GPU the driver's own profile table wins (see
 ``devices.nvml``). Unknown values (for example B200 per-profile memory) stay ``None``: never
 invented. GPUs of which NVIDIA's MIG user guide publishes only profile names, fractions and instance
-counts are in a partial catalog (``partial_catalog``): enough to check a profile name, not to plan.
+counts are in a partial catalog (``partial_catalog``): enough to check a profile name, not to plan;
+a GPU the guide lists but whose profile table gpufrac's copy of it lacks is there without profiles.
 """
 
 from __future__ import annotations
@@ -170,30 +171,38 @@ class PartialProfile:
 @dataclass(frozen=True, slots=True)
 class PartialGpuModel:
     """A MIG GPU whose geometry is only partly published: its profile names are known, its profile
-    ids and placements are not, so its layouts cannot be planned."""
+    ids and placements are not, so its layouts cannot be planned. ``profiles`` is None where
+    NVIDIA's MIG user guide lists the GPU but its profile table was not in the copy the data came
+    from (``profile_table_missing`` says what was checked): then no profile name can be checked."""
 
     key: str
     product: str
     pci_device_ids: tuple[str, ...]
+    memory_gb: int  # the guide's "Memory Size" of the GPU
     max_gpu_instances: int
-    profiles: tuple[PartialProfile, ...]
+    profiles: tuple[PartialProfile, ...] | None
     source: str
+    profile_table_missing: str | None = None
 
     def has_profile(self, name: str) -> bool:
+        """Whether the guide's table lists ``name``; False where the table is not known."""
         wanted = name.strip().lower()
-        return any(p.name == wanted for p in self.profiles)
+        return any(p.name == wanted for p in self.profiles or ())
 
 
 @cache
 def partial_catalog() -> dict[str, PartialGpuModel]:
-    """The GPUs of the partial catalog, by key (``RTX-PRO-6000-96GB``)."""
+    """The GPUs of the partial catalog, by key (``RTX-PRO-6000-96GB``, ``GB200-186GB``)."""
     return {
         key: PartialGpuModel(
             key=key,
             product=str(raw["product"]),
             pci_device_ids=tuple(str(i).upper().replace("0X", "0x") for i in raw["pci_device_ids"]),
+            memory_gb=int(raw["memory_gb"]),
             max_gpu_instances=int(raw["max_gpu_instances"]),
-            profiles=tuple(
+            profiles=None
+            if raw["profiles"] is None
+            else tuple(
                 PartialProfile(
                     str(p["name"]).lower(),
                     str(p["memory_fraction"]),
@@ -203,6 +212,11 @@ def partial_catalog() -> dict[str, PartialGpuModel]:
                 for p in raw["profiles"]
             ),
             source=str(raw["source"]),
+            profile_table_missing=(
+                None
+                if raw.get("profile_table_missing") is None
+                else str(raw["profile_table_missing"])
+            ),
         )
         for key, raw in _reference().get("partial_gpus", {}).items()
     }

@@ -422,6 +422,13 @@ def _unplannable(entry: MigPartedEntry, gpu: GpuState, label: str, where: str) -
             f"{where}: {label} has no MIG geometry in gpufrac's catalog; skipped (its MIG "
             "devices cannot be planned)"
         )
+    if partial.profiles is None:
+        return (
+            f"{where}: {label} is an {partial.product}, whose catalog entry is partial (no profile "
+            "table: the copy of NVIDIA's MIG user guide gpufrac's data was taken from has none for "
+            f"it): gpufrac can neither check nor create its {_format_counts(entry.counts)}; "
+            "skipped (nvidia-mig-parted creates them through the driver)"
+        )
     for profile in entry.counts:
         if not partial.has_profile(profile):
             raise InputError(

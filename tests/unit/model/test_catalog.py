@@ -121,6 +121,7 @@ def test_the_partial_catalog_holds_names_and_fractions_only_and_they_agree() -> 
     rtx = partial_model_for_pci_id("0x2bb510de")
     assert rtx is not None and rtx is partial_catalog()["RTX-PRO-6000-96GB"]
     assert rtx.key not in catalog() and partial_model_for_pci_id("0x233510DE") is None
+    assert rtx.profiles is not None and rtx.memory_gb == 96 and rtx.profile_table_missing is None
     assert {"1g.24gb+gfx", "1g.24gb+me.all", "1g.24gb-me", "4g.96gb+gfx"} <= {
         p.name for p in rtx.profiles
     }
@@ -128,9 +129,40 @@ def test_the_partial_catalog_holds_names_and_fractions_only_and_they_agree() -> 
         name = parse_profile_name(prof.name)
         assert str(name) == prof.name
         assert Fraction(name.gpu_slices, rtx.max_gpu_instances) == Fraction(prof.sm_fraction)
-        assert Fraction(name.memory_gb, 96) == Fraction(prof.memory_fraction)
+        assert Fraction(name.memory_gb, rtx.memory_gb) == Fraction(prof.memory_fraction)
         assert 1 <= prof.max_instances <= rtx.max_gpu_instances
     raw = json.loads(REFERENCE.read_text())["partial_gpus"]["RTX-PRO-6000-96GB"]
     assert not {"profile_id", "placement_starts", "memory_mib"} & {
         k for p in raw["profiles"] for k in p
     }
+
+
+def test_a_gpu_the_guide_lists_without_its_profile_table_is_partial_with_no_profiles() -> None:
+    """The GB200 (0x294110DE, as NVIDIA's mig-parted config filters it): NVIDIA's MIG user guide's
+    'Supported GPUs' table gives 186GB and 7 instances; its profile table was not in the copy
+    available, so no profile is listed (none guessed), none can be checked, and why is recorded."""
+    from gpufrac.model.catalog import partial_catalog, partial_model_for_pci_id
+
+    gb200 = partial_model_for_pci_id("0x294110de")
+    assert gb200 is not None and gb200 is partial_catalog()["GB200-186GB"]
+    assert gb200.key not in catalog() and gb200.product == "NVIDIA GB200"
+    assert (gb200.memory_gb, gb200.max_gpu_instances) == (186, 7)
+    assert gb200.profiles is None and not gb200.has_profile("1g.23gb")
+    assert gb200.profile_table_missing is not None
+    assert "supported-mig-profiles.html" in gb200.profile_table_missing
+    raw = json.loads(REFERENCE.read_text())["partial_gpus"]["GB200-186GB"]
+    assert raw["profiles"] is None
+
+
+def test_the_partial_catalog_and_the_catalog_share_no_device_id_or_key() -> None:
+    """A PCI device id names one model: a partial entry never shadows a plannable one. The GB300
+    (0x31C210DE), B300 (0x318210DE) and GH200 144G HBM3e (0x234810DE) of NVIDIA's mig-parted config
+    are in neither: the guide's 'Supported GPUs' table gpufrac's data was taken from lists none."""
+    from gpufrac.model.catalog import partial_catalog, partial_model_for_pci_id
+
+    full = {i.upper() for m in catalog().values() for i in m.pci_device_ids}
+    partial = [i.upper() for m in partial_catalog().values() for i in m.pci_device_ids]
+    assert len(partial) == len(set(partial)) and not full & set(partial)
+    assert not set(catalog()) & set(partial_catalog())
+    for absent in ("0x31C210DE", "0x318210DE", "0x234810DE"):
+        assert absent not in full and partial_model_for_pci_id(absent) is None

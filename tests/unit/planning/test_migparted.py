@@ -854,3 +854,65 @@ def test_a_gpu_of_the_partial_catalog_has_its_names_checked_and_is_skipped() -> 
         resolve(entry_yaml(OK + "      mig-devices: {1g.18gb: 1}\n"), "a", [rtx])
     assert err.value.message == "profile '1g.18gb' does not exist on RTX-PRO-6000-96GB"
     assert err.value.fix is not None and "1g.24gb+me.all" in err.value.fix
+
+
+# The GB200 HGX and GB300 entries of NVIDIA's mig-parted config-default.yaml ``all-balanced``
+# (deployments/systemd), as written there.
+GB200_BALANCED = """
+version: v1
+mig-configs:
+  all-balanced:
+    - device-filter: ["0x294110DE"]
+      devices: all
+      mig-enabled: true
+      mig-devices:
+        "1g.23gb": 2
+        "2g.47gb": 1
+        "3g.93gb": 1
+    - device-filter: ["0x31C210DE"]
+      devices: all
+      mig-enabled: true
+      mig-devices:
+        "1g.35gb": 2
+        "2g.70gb": 1
+        "3g.139gb": 1
+"""
+
+
+def blackwell_gpu(index: int, name: str, pci: str) -> GpuState:
+    return GpuState(
+        uuid=f"GPU-{index}",
+        index=index,
+        name=name,
+        model=None,
+        pci_device_id=pci,
+        memory_total_mib=190464,
+        memory_used_mib=0,
+        utilization_gpu=0,
+        mig_current="enabled",
+        mig_pending="enabled",
+    )
+
+
+def test_a_partial_gpu_without_a_profile_table_is_skipped_with_what_is_missing() -> None:
+    """A GB200 (partial catalog: the guide lists it, its profile table is not in gpufrac's data)
+    and a GB300 (in neither catalog) beside an H200: both entries are skipped, the GB200's note
+    saying its table is missing and that its profiles can be neither checked nor created."""
+    gb200 = blackwell_gpu(1, "NVIDIA GB200", "0x294110DE")
+    gb300 = blackwell_gpu(2, "NVIDIA GB300", "0x31C210DE")
+    node = [gpu(0), gb200, gb300]
+    resolution = resolve_config(
+        parse_migparted(GB200_BALANCED), "all-balanced", node, models_for(node)
+    )
+    assert resolution.targets == ()
+    gb200_note, gb300_note = resolution.notes
+    assert gb200_note.startswith("mig-configs.all-balanced[0]") and "NVIDIA GB200" in gb200_note
+    assert "partial (no profile table" in gb200_note
+    assert "neither check nor create its 2x 1g.23gb, 1x 2g.47gb, 1x 3g.93gb; skipped" in gb200_note
+    assert gb300_note.startswith("mig-configs.all-balanced[1]")
+    assert "has no MIG geometry in gpufrac's catalog; skipped" in gb300_note
+    # with no table there is nothing to check a name against: any name is skipped, not refused
+    odd = resolve_config(
+        parse_migparted(entry_yaml(OK + "      mig-devices: {1g.18gb: 1}\n")), "a", [gb200], {}
+    )
+    assert odd.targets == () and "neither check nor create its 1x 1g.18gb" in odd.notes[0]
