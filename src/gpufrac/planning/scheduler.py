@@ -493,6 +493,11 @@ class Scheduler:
                     placed = self._commit(st, req, chosen, ())
                     st.commit()
                 self._reserved.pop(key, None)
+                if nest and preempt and self._opened_nest(chosen[0]):
+                    # a new shared instance was made for two waiting needs: the other (and any
+                    # more that fit) take their shares of it now (not from within a retry, whose
+                    # own pass goes on to them)
+                    return [placed, *self.retry_pending(gpus={chosen[0].gpu}, tenant=None)]
                 return [placed]
             if mode == "mig" and not nest and allowed in ("idle", "drain") and self._holds(req):
                 self._reserve(req)
@@ -815,6 +820,11 @@ class Scheduler:
             f", and it needs more than half of the smallest MIG profile that holds it, so it "
             f"shares no MIG instance under {req.nest_mode} (sharing: mig or auto takes a whole one)"
         )
+
+    def _opened_nest(self, c: Candidate) -> bool:
+        """Whether placing ``c`` made its MIG instance shared (it holds one workload now)."""
+        nest = self.state.gpus[c.gpu].nests.get(c.mig) if c.mig is not None else None
+        return nest is not None and len(nest.workloads) == 1
 
     def _waiting_to_nest(self, req: SchedRequest, model: GpuModel, profile: str) -> int:
         """The needs a new shared instance of ``profile`` on ``model`` would serve now: ``req``

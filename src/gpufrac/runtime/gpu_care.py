@@ -43,13 +43,27 @@ class GpuCare:
         return g
 
     def stop_idle_mps(self) -> None:
-        """An MPS daemon whose GPU has no MPS workload left is stopped."""
+        """An MPS daemon whose GPU (or MIG instance shared inside) has no MPS workload left is
+        stopped."""
         if not self.mps.enabled:
             return
         for g in self.scheduler.state.gpus:
             if self.mps.running(g.uuid) and g.mode != "mps":
                 self.mps.stop(g.uuid)
                 self.store.record_event("mps_stopped", g.uuid, "no MPS workload left")
+            if not g.mig:
+                continue
+            for inst in self.dev.gpu(g.uuid).instances:
+                nest = g.nests.get(inst.placement)
+                if (
+                    inst.uuid
+                    and self.mps.running(inst.uuid)
+                    and (nest is None or nest.mode != "mps")
+                ):
+                    self.mps.stop(inst.uuid)
+                    self.store.record_event(
+                        "mps_stopped", inst.uuid, f"no MPS workload left on MIG {inst.placement}"
+                    )
 
     # -- cordon, drain, health ------------------------------------------------------------------
 

@@ -210,10 +210,11 @@ def test_an_explicit_mps_request_alone_waits_saying_why() -> None:
     d = s.submit(w("m", sharing="mps", memory_mib=GIB))[0]
     assert d.outcome == "pending"
     assert "no other request waits to share a new one with it" in (d.reason or "")
-    d2 = s.submit(w("m2", sharing="mps", memory_mib=GIB))[0]  # now two wait: they share one
+    # now two wait: the newcomer makes a shared instance, and the one that waited joins it
+    d2, joined = s.submit(w("m2", sharing="mps", memory_mib=GIB))
     assert d2.outcome == "placed" and d2.mode == "mps"
-    again = s.retry_pending()
-    assert [(x.workload, x.mig) for x in again] == [("a/m", d2.mig)]
+    assert (joined.workload, joined.outcome, joined.mig) == ("a/m", "placed", d2.mig)
+    assert not s.pending
 
 
 def test_a_restore_takes_back_nested_shares_where_they_were() -> None:

@@ -1,0 +1,91 @@
+"""Workloads sharing one MIG instance inside, with real processes on simulated GPUs: each is
+handed the MIG device, MPS workloads that instance's own daemon and pipe, and the QoS domain is
+the instance."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufrac.devices import NvmlDevices, open_simulated
+from gpufrac.model.workload import GpuRequest, WorkloadSpec
+from gpufrac.runtime.agent import Agent
+from tests.conftest import kill_leftover_runs, settle
+
+SLEEP = (sys.executable, "-c", "import time; time.sleep(60)")
+
+
+@pytest.fixture
+def dev(data_dir: Path) -> Iterator[NvmlDevices]:
+    yield open_simulated("h100:1:mig", data_dir)
+    kill_leftover_runs(data_dir)
+
+
+def small(name: str, sharing: str, **gpu: int) -> WorkloadSpec:
+    return WorkloadSpec(
+        name=name,
+        gpu=GpuRequest(**gpu),  # type: ignore[arg-type]
+        command=SLEEP,
+        sharing=sharing,  # type: ignore[arg-type]
+    )
+
+
+def env_of(agent: Agent, key: str) -> dict[str, str]:
+    return next(s.env for s in agent.reconcile() if s.key == key)
+
+
+def test_mps_workloads_share_one_instance_through_its_own_daemon(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    agent = Agent(data_dir, dev)
+    for name in ("a", "b"):
+        agent.apply_workload(small(name, "mps", memory_mib=2048, compute_pct=5))
+    for name in ("a", "b"):
+        settle(agent, f"default/{name}", {"running"})
+    (inst,) = dev.gpus()[0].instances  # one 1g.10gb, shared
+    assert inst.placement.profile == "1g.10gb"
+    a, b = env_of(agent, "default/a"), env_of(agent, "default/b")
+    for env in (a, b):
+        assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"] == inst.uuid
+        assert env["GPUFRAC_QOS_DOMAIN"] == inst.uuid  # QoS between them: the instance
+        assert env["CUDA_MPS_PIPE_DIRECTORY"].endswith(f"/{inst.uuid}/pipe")
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "35"  # 5 % of the GPU: 35 % of a 1g
+        assert env["GPUFRAC_SHARING"] == "mps"
+    assert a["CUDA_MPS_PIPE_DIRECTORY"] == b["CUDA_MPS_PIPE_DIRECTORY"]
+    log = Path(dev.tool_path or "") / "mps-control.log"
+    started = [json.loads(x) for x in log.read_text().splitlines()]
+    daemons = [e for e in started if e["command"] == "-d"]
+    assert [(e["visible"], e["pipe"]) for e in daemons] == [
+        (inst.uuid, a["CUDA_MPS_PIPE_DIRECTORY"])
+    ]  # one daemon, for the MIG device, with that instance's pipe
+    assert "set_default_active_thread_percentage 35" in [e["command"] for e in started]
+    nest = agent.scheduler.state.gpus[0].nests[inst.placement]
+    assert (nest.mode, nest.mem_used, nest.compute_used) == ("mps", 4096, 70)
+    agent.delete("default", "a")
+    agent.delete("default", "b")
+    agent.reconcile()
+    assert "quit" in [json.loads(x)["command"] for x in log.read_text().splitlines()]
+    agent.close()
+
+
+def test_time_sliced_workloads_share_one_instance(data_dir: Path, dev: NvmlDevices) -> None:
+    agent = Agent(data_dir, dev)
+    for name in ("a", "b"):
+        agent.apply_workload(small(name, "timeslice", memory_mib=3072))
+    for name in ("a", "b"):
+        settle(agent, f"default/{name}", {"running"})
+    (inst,) = dev.gpus()[0].instances
+    for name in ("a", "b"):
+        env = env_of(agent, f"default/{name}")
+        assert env["CUDA_VISIBLE_DEVICES"] == inst.uuid
+        assert env["GPUFRAC_GPU_MEMORY_LIMIT_MIB"] == "3072"
+        assert env["GPUFRAC_SHARING"] == "timeslice"
+        assert not any(k.startswith("CUDA_MPS_") for k in env)
+    agent.delete("default", "a")
+    agent.delete("default", "b")
+    agent.close()
