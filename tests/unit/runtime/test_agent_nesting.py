@@ -10,11 +10,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from gpufrac.cli.tables import gpu_rows, table_text
 from gpufrac.devices import NvmlDevices, open_simulated
+from gpufrac.model.caller import ADMIN
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.runtime.agent import Agent
+from gpufrac.runtime.fleet_view import read_fleet
+from gpufrac.runtime.metrics import AgentCollector
 from tests.conftest import kill_leftover_runs, settle
+from tests.prom import samples
 
 SLEEP = (sys.executable, "-c", "import time; time.sleep(60)")
 
@@ -86,6 +92,38 @@ def test_time_sliced_workloads_share_one_instance(data_dir: Path, dev: NvmlDevic
         assert env["GPUFRAC_GPU_MEMORY_LIMIT_MIB"] == "3072"
         assert env["GPUFRAC_SHARING"] == "timeslice"
         assert not any(k.startswith("CUDA_MPS_") for k in env)
+    agent.delete("default", "a")
+    agent.delete("default", "b")
+    agent.close()
+
+
+def test_the_gpu_view_and_metrics_show_the_instance_and_its_shares(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    agent = Agent(data_dir, dev)
+    for name in ("a", "b"):
+        agent.apply_workload(small(name, "timeslice", memory_mib=2048))
+    for name in ("a", "b"):
+        settle(agent, f"default/{name}", {"running"})
+    (inst,) = dev.gpus()[0].instances
+    states = {s.key: s for s in agent.reconcile()}
+    (gpu,) = read_fleet(agent, states, ADMIN)
+    shares = [(a["name"], a["mode"], a["mig"]["profile"]) for a in gpu["allocations"]]
+    assert shares == [("a", "timeslice", "1g.10gb"), ("b", "timeslice", "1g.10gb")]
+    lines = table_text(*gpu_rows([gpu], wide=False)).splitlines()
+    assert lines[2].split()[:5] == ["0", f"{inst.placement}", "2", "sharing", "(timeslice)"]
+    assert [line.split()[:5] for line in lines[3:]] == [
+        ["0", "->", "timeslice", "default/a", "running"],
+        ["0", "->", "timeslice", "default/b", "running"],
+    ]
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(agent, lambda: states))
+    text = generate_latest(registry).decode()
+    (found,) = samples(text, "gpufrac_mig_instance_workloads")
+    assert found[1] == 2
+    assert (found[0]["GPU_I_PROFILE"], found[0]["mode"]) == ("1g.10gb", "timeslice")
+    info = samples(text, "gpufrac_workload_gpu_info", GPU_I_PROFILE="1g.10gb", mode="timeslice")
+    assert sorted(labels["workload"] for labels, _ in info) == ["a", "b"]
     agent.delete("default", "a")
     agent.delete("default", "b")
     agent.close()
