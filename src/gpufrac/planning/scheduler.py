@@ -248,6 +248,36 @@ class Scheduler:
         self.requests[key] = req
         return self._try(req, preempt=True)
 
+    def submit_all(self, specs: Sequence[WorkloadSpec]) -> list[Decision]:
+        """Place workloads that arrive together (a deployment's new replicas): each is known as
+        waiting before the first is tried, so the nesting rule counts them among the needs a new
+        shared MIG instance would serve; then each is tried as ``submit`` tries one, most
+        important first. Returns every decision (a refusal for what no GPU could ever hold)."""
+        keys = [workload_key(spec) for spec in specs]
+        twice = next((k for k in keys if k in self.requests or keys.count(k) > 1), None)
+        if twice is not None:
+            raise InputError(
+                f"workload {twice} is already submitted",
+                field="metadata.name",
+                fix="delete it first, or use another name",
+            )
+        out: list[Decision] = []
+        batch: list[SchedRequest] = []
+        for spec, key in zip(specs, keys, strict=True):
+            req = SchedRequest(spec, next(self._seq), self.settings.kept_to(spec.tenant))
+            refusal = self._never_fits(req)
+            if refusal:
+                out.append(Decision(key, "refused", refusal))
+                continue
+            self.requests[key] = req
+            self.pending[key] = "waiting for the workloads submitted with it to be tried"
+            batch.append(req)
+        for req in sorted(batch, key=lambda r: (-r.priority, r.order)):
+            if req.key in self.pending and req.key not in self.state.allocs:
+                del self.pending[req.key]  # tried now (a shared instance may have taken it)
+                out += self._try(req, preempt=True)
+        return out
+
     def refusal(self, spec: WorkloadSpec) -> str | None:
         """Why no GPU here could ever run ``spec`` (None if one could)."""
         return self._never_fits(SchedRequest(spec, 0, self.settings.kept_to(spec.tenant)))

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpufrac.errors import InputError
 from gpufrac.model.catalog import lookup_model
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
@@ -282,3 +283,23 @@ def test_nested_shares_never_oversubscribe_an_instance(ops: list[tuple], share: 
                 assert nest.mem_used <= instance_memory(H100, pl.profile)
                 if nest.mode == "mps":
                     assert len(nest.workloads) <= mps_clients(H100, pl.profile)
+
+
+def test_needs_submitted_together_share_a_new_instance() -> None:
+    s = Scheduler(mig_fleet())
+    got = s.submit_all([w("r0", memory_mib=2 * GIB), w("r1", memory_mib=2 * GIB)])
+    assert [(d.workload, d.outcome, d.mode) for d in got] == [
+        ("a/r0", "placed", "timeslice"),
+        ("a/r1", "placed", "timeslice"),
+    ]
+    assert got[0].mig == got[1].mig and not s.pending
+    # one by one, each takes an instance of its own
+    t = Scheduler(mig_fleet())
+    one = [t.submit(w(f"r{i}", memory_mib=2 * GIB))[0] for i in range(2)]
+    assert [d.mode for d in one] == ["mig", "mig"] and one[0].mig != one[1].mig
+    # a batch naming a workload twice, or one already there, is refused whole
+    with pytest.raises(InputError, match="already submitted"):
+        s.submit_all([w("x", memory_mib=GIB), w("x", memory_mib=GIB)])
+    with pytest.raises(InputError, match="already submitted"):
+        s.submit_all([w("r0", memory_mib=GIB)])
+    assert "a/x" not in s.requests
