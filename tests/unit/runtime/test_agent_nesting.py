@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpufrac.cli.tables import gpu_rows, table_text
 from gpufrac.devices import NvmlDevices, open_simulated
+from gpufrac.errors import InputError
 from gpufrac.model.caller import ADMIN
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.runtime.agent import Agent
@@ -92,6 +93,10 @@ def test_time_sliced_workloads_share_one_instance(data_dir: Path, dev: NvmlDevic
         assert env["GPUFRAC_GPU_MEMORY_LIMIT_MIB"] == "3072"
         assert env["GPUFRAC_SHARING"] == "timeslice"
         assert not any(k.startswith("CUDA_MPS_") for k in env)
+    # the QoS arbiter starts only once a domain holds two workloads: here, the shared instance
+    agent.reconcile()
+    assert agent.arbiter.running
+    assert {"default/a", "default/b"} <= set(agent.arbiter.stats())
     agent.delete("default", "a")
     agent.delete("default", "b")
     agent.close()
@@ -126,4 +131,19 @@ def test_the_gpu_view_and_metrics_show_the_instance_and_its_shares(
     assert sorted(labels["workload"] for labels, _ in info) == ["a", "b"]
     agent.delete("default", "a")
     agent.delete("default", "b")
+    agent.close()
+
+
+def test_replicas_applied_together_share_a_new_instance(data_dir: Path, dev: NvmlDevices) -> None:
+    agent = Agent(data_dir, dev)
+    got = agent.apply_new_workloads([small(f"r{i}", "auto", memory_mib=2048) for i in range(2)])
+    assert [(d.outcome, d.mode) for d in got] == [("placed", "timeslice")] * 2
+    for i in range(2):
+        settle(agent, f"default/r{i}", {"running"})
+    (inst,) = dev.gpus()[0].instances
+    assert {env_of(agent, f"default/r{i}")["CUDA_VISIBLE_DEVICES"] for i in range(2)} == {inst.uuid}
+    with pytest.raises(InputError, match="stored already"):
+        agent.apply_new_workloads([small("r0", "auto", memory_mib=2048)])
+    agent.delete("default", "r0")
+    agent.delete("default", "r1")
     agent.close()
