@@ -432,7 +432,7 @@ class Scheduler:
             # profile (no MIG change at all); only then may the first in line have a GPU re-cut for
             # it
             unfit: set[int] = set()
-            for req in [r for r in todo if "mig" in r.kinds or self._may_nest(r)]:
+            for req in [r for r in todo if "mig" in r.kinds]:
                 if req.shape in unfit:
                     continue
                 decisions = self._try(req, preempt=False, only=gpus, scope="none")
@@ -833,8 +833,11 @@ class Scheduler:
 
     def _may_nest(self, req: SchedRequest) -> bool:
         """Whether ``req`` may share a MIG instance inside at all: the operator allows it
-        (``mig_nesting``), it asks for nothing else (``nest_mode``), and the fleet has MIG GPUs."""
-        return self.settings.mig_nesting and req.nest_mode is not None and bool(self.state.mig_gpus)
+        (``mig_nesting``), it asks for nothing else (``nest_mode``), and on some MIG GPU model of
+        the fleet it needs at most half the smallest profile that fits it."""
+        if not self.settings.mig_nesting or req.nest_mode is None:
+            return False
+        return any((f := req.nest(m)) is not None and f.half for m in self.state.mig_models)
 
     def _nest_refusal(self, req: SchedRequest) -> str:
         """What a refusal adds for a request that could have shared a MIG instance, were it
