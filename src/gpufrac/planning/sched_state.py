@@ -140,6 +140,14 @@ class SchedGpu:
     def used(self) -> bool:
         return bool(self.allocs)
 
+    def holders(self, pl: MigPlacement) -> set[str]:
+        """The workloads holding MIG instance ``pl``: its owner, or every share of it where it is
+        shared inside (none for an idle instance, or one busy outside gpufrac)."""
+        owner = self.instances.get(pl)
+        if owner == NESTED:
+            return set(self.nests[pl].workloads)
+        return set() if owner is None or owner == EXTERNAL else {owner}
+
 
 @cache
 def additions(model: GpuModel, layout: tuple[MigPlacement, ...]) -> dict[str, MigPlacement]:

@@ -199,6 +199,8 @@ class Executor:
         assert a.gpu_uuid is not None and a.mig is not None
         g = self.scheduler.state.by_uuid.get(a.gpu_uuid)
         owner = None if g is None else g.instances.get(a.mig)
+        if g is not None and g.holders(a.mig):  # its owner, or every share of it
+            owner = ", ".join(sorted(g.holders(a.mig)))
         if owner is not None:
             raise ActionRefused(f"{a.mig} belongs to {owner}; it is not destroyed")
         self.mig.submit(a)

@@ -9,7 +9,7 @@ from gpufrac.errors import InputError
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
 from gpufrac.planning.sched_decision import Decision, displacement_of
-from gpufrac.planning.sched_state import CORDONED, EXTERNAL, SchedGpu
+from gpufrac.planning.sched_state import CORDONED, SchedGpu
 from gpufrac.planning.scheduler import Scheduler
 from gpufrac.runtime.executor import Executor
 from gpufrac.runtime.mig_apply import ApplyRefused, GpuTarget, apply_targets, diff_actions
@@ -87,7 +87,7 @@ class GpuCare:
         self.cordon(uuid, reason)
         g = self.scheduler.state.by_uuid[uuid]
         owners = {a.workload for a in g.allocs.values()}
-        owners |= {o for o in g.instances.values() if o and o != EXTERNAL}
+        owners |= {o for pl in g.instances for o in g.holders(pl)}
         return self._move(sorted(owners), f"moved off GPU {g.index}: {reason}")
 
     def _move(self, keys: list[str], why: str) -> list[Decision]:
@@ -147,7 +147,7 @@ class GpuCare:
                 self.store.pin_mig(uuid)
                 self.scheduler.set_pinned(uuid, True)
             return []
-        owners = {o for pl, o in g.instances.items() if o and o != EXTERNAL and pl not in wanted}
+        owners = {o for pl in g.instances if pl not in wanted for o in g.holders(pl)}
         if mig_enabled != g.mig:
             owners |= {a.workload for a in g.allocs.values()}
         if owners and not drain:

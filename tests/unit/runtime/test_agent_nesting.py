@@ -147,3 +147,54 @@ def test_replicas_applied_together_share_a_new_instance(data_dir: Path, dev: Nvm
     agent.delete("default", "r0")
     agent.delete("default", "r1")
     agent.close()
+
+
+def test_a_share_over_its_memory_is_stopped_and_its_neighbour_runs_on(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    """The instance bounds the shares together, not each: the watchdog bounds each, as on a
+    time-sliced GPU."""
+    agent = Agent(data_dir, dev, stop_grace=2)
+    hog = (
+        "import time\nfrom gpufrac import sdk\n"
+        "sdk.report_gpu_memory(sdk.memory_limit_mib() * 2)\ntime.sleep(60)\n"
+    )
+    specs = [
+        WorkloadSpec(
+            name="hog",
+            gpu=GpuRequest(memory_mib=2048),
+            command=(sys.executable, "-c", hog),
+            sharing="timeslice",
+            restart="never",
+        ),
+        small("calm", "timeslice", memory_mib=2048),
+    ]
+    got = agent.apply_new_workloads(specs)
+    assert got[0].mig == got[1].mig and got[0].mode == "timeslice"
+    state = settle(agent, "default/hog", {"failed"}, timeout=30)
+    assert "over its 2048 MiB limit" in state.reason and "4096 MiB" in state.reason
+    assert settle(agent, "default/calm", {"running"}).phase == "running"
+    agent.delete("default", "calm")
+    agent.close()
+
+
+def test_an_operator_layout_that_takes_a_shared_instance_names_and_moves_its_shares(
+    data_dir: Path, dev: NvmlDevices
+) -> None:
+    from gpufrac.model.mig import MigPlacement
+    from gpufrac.runtime.mig_apply import ApplyRefused
+
+    agent = Agent(data_dir, dev)
+    got = agent.apply_new_workloads([small(f"r{i}", "timeslice", memory_mib=2048) for i in (0, 1)])
+    for i in (0, 1):
+        settle(agent, f"default/r{i}", {"running"})
+    uuid = dev.gpus()[0].uuid
+    elsewhere = [MigPlacement(0, "3g.40gb")]  # the shared instance is not in it
+    with pytest.raises(ApplyRefused, match="default/r0, default/r1"):
+        agent.set_mig_layout(uuid, True, elsewhere)
+    agent.set_mig_layout(uuid, True, elsewhere, drain=True)
+    assert got[0].mig not in {i.placement for i in dev.gpus()[0].instances}
+    for i in (0, 1):  # placed again elsewhere, or waiting: not on the instance that went
+        assert all(a.mig != got[0].mig for a in agent.scheduler.allocations(f"default/r{i}"))
+    assert agent.scheduler.state.violations(False, {}) == []
+    agent.close()
