@@ -189,6 +189,7 @@ def candidates(
 
 def nest_candidates(
     st: ClusterState,
+    ctx: PluginContext,
     req: SchedRequest,
     mode: Mode,
     scope: RecutScope,
@@ -199,8 +200,9 @@ def nest_candidates(
     (``nesting.should_nest``) lets ``req`` share one: shared instances with room first (fullest
     first), else, where a new one would serve at least two waiting needs, a free instance of the
     smallest profile that fits it, one created in free space, or one made by re-cutting idle
-    instances as for a whole instance (``scope``; busy instances are never destroyed).
-    ``only``: on those GPUs alone."""
+    instances as for a whole instance (``scope``; busy instances are never destroyed). A shared
+    instance has room for ``req`` where the filters pass it there (its tenants, MPS compute and
+    clients too). ``only``: on those GPUs alone."""
     for model in st.mig_models:
         fit = req.nest(model)
         need = req.nest_need(model)
@@ -214,10 +216,14 @@ def nest_candidates(
             and st.gpus[gi].nests[pl].milli_used + need.milli <= st.gpus[gi].nests[pl].milli
         ]
         shared.sort(key=lambda x: (st.gpus[x[0]].nests[x[1]].free_mib, x))
-        for gi, pl in shared[:SCAN_LIMIT]:
-            yield Candidate(gi, mode, need, pl, False)
-        if shared or not should_nest(fit, room=False, waiting=waiting(model, fit.profile)):
-            continue
+        room = [
+            cand
+            for gi, pl in shared[:SCAN_LIMIT]
+            if first_refusal(ctx, req, cand := Candidate(gi, mode, need, pl, False)) is None
+        ]
+        yield from room[:CANDIDATES_PER_MODEL]  # the rule: a shared instance with room for it
+        if room or not should_nest(fit, room=False, waiting=waiting(model, fit.profile)):
+            continue  # else: a new one, where it would serve two waiting needs
         free = [
             (gi, pl)
             for gi, pl in st.free_instances.get((model.key, fit.profile), ())

@@ -796,7 +796,13 @@ class Scheduler:
         refused: list[str] = []  # why GPUs with room for it were passed over
         if nest:
             cands = nest_candidates(
-                self.state, req, mode, scope, lambda m, p: self._waiting_to_nest(req, m, p), only
+                self.state,
+                self.ctx,
+                req,
+                mode,
+                scope,
+                lambda m, p: self._waiting_to_nest(req, m, p),
+                only,
             )
         elif only is None:
             cands = candidates(self.state, self.ctx, req, mode, self.policy, scope, passed)
@@ -863,10 +869,13 @@ class Scheduler:
         """The needs a new shared instance of ``profile`` on ``model`` would serve now: ``req``
         and, if one does, another waiting request that would share it (under the same mode); the
         rule asks for two, so the count stops there."""
+        apart = req.nest_mode == "mps" and not self.settings.mps_share_tenants
         for key in self.pending:
             other = self.requests[key]
             if other is req or other.nest_mode != req.nest_mode:
                 continue
+            if apart and other.tenant != req.tenant:
+                continue  # it could not share an MPS instance with this one
             fit = other.nest(model)
             if fit is not None and fit.half and fit.profile == profile:
                 return 2

@@ -303,3 +303,20 @@ def test_needs_submitted_together_share_a_new_instance() -> None:
     with pytest.raises(InputError, match="already submitted"):
         s.submit_all([w("r0", memory_mib=GIB)])
     assert "a/x" not in s.requests
+
+
+def test_another_tenants_mps_instance_is_no_room_and_its_waiting_needs_do_not_count() -> None:
+    s = Scheduler(mig_fleet())
+    small = {"memory_mib": GIB, "compute_pct": 3}
+    got = fill_then_free(s, w("m1", **small), w("m2", **small))
+    # tenant b: a's shared instance has memory and compute left, but is no room for b (MPS)
+    theirs = s.submit_all([w("n1", tenant="b", **small), w("n2", tenant="b", **small)])
+    assert [d.mode for d in theirs] == ["mps", "mps"]
+    assert theirs[0].mig == theirs[1].mig != got[0].mig
+    # one of tenant c waits alongside one of tenant a: no pair to share a new MPS instance
+    t = Scheduler(mig_fleet())
+    placed(t.submit(w("big", mig_profile="7g.80gb")))
+    for spec in (w("x", tenant="a", **small), w("y", tenant="c", **small)):
+        assert t.submit(spec)[0].outcome == "pending"
+    got = t.delete("a", "big")
+    assert [d.mode for d in got] == ["mig", "mig"]
