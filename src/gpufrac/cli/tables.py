@@ -216,6 +216,24 @@ def workload_rows(
 # -- GPUs -----------------------------------------------------------------------------------------
 
 
+def _shared_instance_rows(
+    index: int, inst: dict[str, Any], shares: list[dict[str, Any]], used: int
+) -> list[tuple[list[str], int | None, str, str]]:
+    """A MIG instance shared inside: its row (how many share it, under which mode, what they
+    reserved), then one row per share (``-> mps``)."""
+    mode = shares[0]["mode"]
+    compute = sum(a["compute_pct"] or 0 for a in shares)
+    row = [str(index), f"{inst['profile']}@{inst['start']}", f"{len(shares)} sharing ({mode})"]
+    row += ["-", size(used), size(sum(a["memory_mib"] for a in shares))]
+    row += [size(inst.get("memory_mib")), pct(compute) if compute else "-", "-", "ok"]
+    out = [(row, inst["gi_id"], inst.get("uuid") or "-", "-")]
+    for a in shares:
+        share = [str(index), f"-> {mode}", _holder(a), a["phase"], size(a["used_memory_mib"])]
+        share += [size(a["memory_mib"]), "-", pct(a["compute_pct"]), pct(a["sm_percent"]), "ok"]
+        out.append((share, inst["gi_id"], inst.get("uuid") or "-", "-"))
+    return out
+
+
 def _holder(a: dict[str, Any]) -> str:
     return f"{a['tenant']}/{a['name']}" if a["name"] else "(another tenant)"
 
@@ -257,22 +275,26 @@ def gpu_rows(gpus: list[dict[str, Any]], wide: bool) -> tuple[list[str], list[li
         gpu_row += [size(g.get("memory_used_mib")), size(g.get("reserved_memory_mib"))]
         gpu_row += [size(g.get("memory_total_mib")), pct(compute) if compute else "-"]
         gpu_row += [pct(g.get("utilization_gpu")), gpu_status(g)]
-        part_rows = [(gpu_row, None, g["uuid"], g.get("name", "-"))]
+        part_rows: list[tuple[list[str], int | None, str, str]] = [
+            (gpu_row, None, g["uuid"], g.get("name", "-"))
+        ]
         for inst in g.get("instances", []) if mig else []:
-            a = next(
-                (
-                    a
-                    for a in allocs
-                    if a["mig"]
-                    and (a["mig"]["profile"], a["mig"]["start"]) == (inst["profile"], inst["start"])
-                ),
-                None,
-            )
+            on = [
+                a
+                for a in allocs
+                if a["mig"]
+                and (a["mig"]["profile"], a["mig"]["start"]) == (inst["profile"], inst["start"])
+            ]
             used = sum(
                 p.get("used_memory_mib") or 0
                 for p in g.get("processes", [])
                 if p.get("gi_id") == inst["gi_id"]
             )
+            shares = [a for a in on if a["mode"] != "mig"]
+            if shares:  # shared inside by MPS or time-slices: the instance, then each share
+                part_rows += _shared_instance_rows(g["index"], inst, shares, used)
+                continue
+            a = on[0] if on else None
             who = _holder(a) if a else ("(in use outside gpufrac)" if inst["busy"] else "-")
             row = [str(g["index"]), f"{inst['profile']}@{inst['start']}", who]
             row += [a["phase"] if a else "-"]

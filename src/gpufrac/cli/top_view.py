@@ -165,6 +165,15 @@ class Slice:
     size_mib: int | None  # a MIG instance's own memory, else None (a share of the whole GPU)
 
 
+def _share_label(label: str, a: dict[str, Any] | None) -> str:
+    """An instance's label, with the mode (and MPS compute) of a share where it is shared inside
+    (docs/mig.md): ``1g.10gb@6 mps 35%``."""
+    if a is None or a.get("mode") in (None, "mig"):
+        return label
+    pct = a.get("compute_pct")
+    return f"{label} {a['mode']}" + ("" if pct is None else f" {pct}%")
+
+
 def slices(g: dict[str, Any], allocs: list[dict[str, Any]]) -> list[Slice]:
     out = []
     made = set()
@@ -174,7 +183,7 @@ def slices(g: dict[str, Any], allocs: list[dict[str, Any]]) -> list[Slice]:
         mine: list[dict[str, Any] | None] = [
             a for a in allocs if (a.get("mig") or {}).get("start") == i["start"]
         ]
-        out += [Slice(label, a, i.get("memory_mib")) for a in mine or [None]]
+        out += [Slice(_share_label(label, a), a, i.get("memory_mib")) for a in mine or [None]]
     for a in allocs:
         mig = a.get("mig")
         if mig and mig["start"] not in made:

@@ -12,7 +12,7 @@ or the replica moved), and it retries a request that got no answer on another re
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,10 @@ class ControlServing:
                 fix="ask for less, or add a node it fits on",
             )
         return what
+
+    def apply_replicas(self, specs: Sequence[WorkloadSpec]) -> object:
+        """One by one: the control plane does not place replicas together yet."""
+        return [self.apply_workload(spec) for spec in specs]
 
     def delete(self, tenant: str, name: str) -> object:
         return self.control.delete(tenant, name)

@@ -3,8 +3,9 @@
 ``nvidia-cuda-mps-control``: ``-d`` makes the pipe directory's ``control`` (as the real daemon's
 named pipe is there while it runs), commands read on stdin are answered as by a daemon with no
 server running (``get_server_list`` prints nothing; ``quit`` removes ``control``), and every call
-is recorded, one JSON line each, in ``mps-control.log`` beside the program, so CPU tests see the
-commands the agent sends the real daemon.
+is recorded, one JSON line each (with the pipe directory and ``CUDA_VISIBLE_DEVICES``), in
+``mps-control.log`` beside the program, so CPU tests see the commands the agent sends the real
+daemon and the device each daemon was started for.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
 
 
 def record(command):
-    line = json.dumps({{"command": command, "pipe": pipe, "at": time.time()}})
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # the device a daemon (-d) serves
+    line = json.dumps({{"command": command, "pipe": pipe, "visible": visible, "at": time.time()}})
     with open(os.path.join(here, "{log}"), "a") as f:
         f.write(line + "\\n")
 

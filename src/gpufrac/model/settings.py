@@ -116,6 +116,8 @@ class OperatorSettings:
     qos_quantum_ms: int = 10  # the QoS arbiter's quantum: longest turn while others of a class wait
     qos_preempt: QosPreempt = "overlap"
     mig_reconfigure: MigReconfigure = "idle"
+    # may small workloads share one MIG instance (by MPS or time-slices) inside it (docs/mig.md)
+    mig_nesting: bool = True
     # the share of a shared GPU's busy time a job gets when it does not say (no job waits forever)
     job_min_share_milli: int = 100
     api_max_body_mib: int = 1  # the largest request body the control API reads
@@ -433,6 +435,10 @@ class SettingsDocument(Strict):
     mig_reconfigure: Annotated[MigReconfigure, Word] = Field(
         "idle", description="When workloads waiting for MIG slices may re-cut GPUs."
     )
+    mig_nesting: bool = Field(
+        True,
+        description="Whether small workloads may share one MIG instance by MPS or time-slices.",
+    )
     job_min_share: ShareMilli | None = Field(
         None, description="The min_share of a job that sets none (10% or 0.1; default 10%)."
     )
@@ -532,6 +538,7 @@ class SettingsDocument(Strict):
             qos_quantum_ms=self.qos_quantum_ms,
             qos_preempt=self.qos_preempt,
             mig_reconfigure=self.mig_reconfigure,
+            mig_nesting=self.mig_nesting,
             job_min_share_milli=100 if self.job_min_share is None else self.job_min_share,
             api_max_body_mib=1 if self.api_max_body is None else self.api_max_body,
             max_manifest_bytes=self.max_manifest_bytes,

@@ -204,7 +204,11 @@ class SpecFields(Strict):
         description="May hold only gpu."
     )
     sharing: Annotated[Sharing, Word] = Field(
-        "auto", description="How the GPU is shared; auto lets gpufrac choose."
+        "auto",
+        description=(
+            "How the GPU is shared; auto lets gpufrac choose; mig is a MIG instance of its own"
+            " (mps, timeslice and auto may share one inside: docs/mig.md)."
+        ),
     )
     priority: Priority = Field(
         PRIORITY_NAMES["normal"],

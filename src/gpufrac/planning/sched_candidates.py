@@ -12,12 +12,15 @@ instances (``drain`` lets preemption take busy ones too; see ``sched_preempt``).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Literal
 
+from gpufrac.model.catalog import GpuModel
 from gpufrac.model.settings import MigReconfigure
 from gpufrac.model.workload import MILLI, Mode
 from gpufrac.planning.mig_recut import best_recut
+from gpufrac.planning.nesting import should_nest
 from gpufrac.planning.sched_plugins import Candidate, PluginContext, Policy, first_refusal
 from gpufrac.planning.sched_request import Need, SchedRequest
 from gpufrac.planning.sched_state import ClusterState, SchedGpu, additions
@@ -26,6 +29,8 @@ CANDIDATES_PER_MODEL = 4  # candidates that pass the filters, scored per model
 SCAN_LIMIT = 64  # GPUs looked at per model and pool before giving up on it
 
 RecutScope = Literal["none", "create", "whole_gpu", "idle", "drain"]
+
+Waiting = Callable[[GpuModel, str], int]  # the needs waiting to share a new instance of a profile
 
 
 def recut_scope(setting: MigReconfigure) -> RecutScope:
@@ -180,3 +185,81 @@ def candidates(
                 if done.get(key, 0) >= CANDIDATES_PER_MODEL:
                     break
                 yield Candidate(gi, mode, need)
+
+
+def nest_candidates(
+    st: ClusterState,
+    ctx: PluginContext,
+    req: SchedRequest,
+    mode: Mode,
+    scope: RecutScope,
+    waiting: Waiting,
+    only: set[int] | None = None,
+) -> Iterator[Candidate]:
+    """Shares of MIG instances shared inside under ``mode``, per GPU model where the nesting rule
+    (``nesting.should_nest``) lets ``req`` share one: shared instances with room first (fullest
+    first), else, where a new one would serve at least two waiting needs, a free instance of the
+    smallest profile that fits it, one created in free space, or one made by re-cutting idle
+    instances as for a whole instance (``scope``; busy instances are never destroyed). A shared
+    instance has room for ``req`` where the filters pass it there (its tenants, MPS compute and
+    clients too). ``only``: on those GPUs alone."""
+    for model in st.mig_models:
+        fit = req.nest(model)
+        need = req.nest_need(model)
+        if fit is None or need is None or not fit.half:
+            continue
+        shared = [
+            (gi, pl)
+            for gi, pl in st.nested.get((model.key, mode), ())
+            if (only is None or gi in only)
+            and st.gpus[gi].nests[pl].free_mib >= need.memory_mib
+            and st.gpus[gi].nests[pl].milli_used + need.milli <= st.gpus[gi].nests[pl].milli
+        ]
+        shared.sort(key=lambda x: (st.gpus[x[0]].nests[x[1]].free_mib, x))
+        room = [
+            cand
+            for gi, pl in shared[:SCAN_LIMIT]
+            if first_refusal(ctx, req, cand := Candidate(gi, mode, need, pl, False)) is None
+        ]
+        yield from room[:CANDIDATES_PER_MODEL]  # the rule: a shared instance with room for it
+        if room or not should_nest(fit, room=False, waiting=waiting(model, fit.profile)):
+            continue  # else: a new one, where it would serve two waiting needs
+        free = [
+            (gi, pl)
+            for gi, pl in st.free_instances.get((model.key, fit.profile), ())
+            if only is None or gi in only
+        ]
+        for gi, pl in sorted(free, key=lambda x: (-len(st.gpus[x[0]].allocs), x))[
+            :CANDIDATES_PER_MODEL
+        ]:
+            yield Candidate(gi, mode, need, pl, False)
+        if free or scope == "none":
+            continue
+        addable = [
+            gi for gi in st.addable.get((model.key, fit.profile), ()) if only is None or gi in only
+        ]
+        made = 0
+        for gi in sorted(addable, key=lambda i: (-len(st.gpus[i].instances), i))[
+            :CANDIDATES_PER_MODEL
+        ]:
+            new = st.addition(st.gpus[gi], fit.profile)
+            if new is not None:
+                made += 1
+                yield Candidate(gi, mode, need, new, True)
+        if made:
+            continue
+        recuts = (
+            _recuts(st, model.key, fit.profile, need, scope)
+            if only is None
+            else (
+                c
+                for gi in sorted(only)
+                if st.gpus[gi].mig
+                and st.gpus[gi].model.key == model.key
+                and not st.gpus[gi].pinned
+                and scope not in ("none", "create")
+                and (c := _recut_on(st.gpus[gi], fit.profile, need, scope)) is not None
+            )
+        )
+        for c in recuts:
+            yield replace(c, mode=mode)

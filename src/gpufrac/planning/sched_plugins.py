@@ -24,8 +24,9 @@ from gpufrac.model.mig import MigPlacement
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.units import format_mib
 from gpufrac.model.workload import MILLI, Mode
+from gpufrac.planning.nesting import instance_memory, instance_milli, mps_clients
 from gpufrac.planning.sched_request import Need, SchedRequest
-from gpufrac.planning.sched_state import Allocation
+from gpufrac.planning.sched_state import Allocation, Nest
 
 Policy = Literal["binpack", "spread", "first-fit"]  # first-fit: the benchmark's baseline
 StatusCode = Literal["unschedulable", "unresolvable"]
@@ -78,6 +79,8 @@ class GpuInfo(Protocol):
     def allocs(self) -> Mapping[str, Allocation]: ...
     @property
     def instances(self) -> Mapping[MigPlacement, str | None]: ...
+    @property
+    def nests(self) -> Mapping[MigPlacement, Nest]: ...
     @property
     def node(self) -> str: ...
     @property
@@ -175,6 +178,8 @@ def capacity(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | No
         if c.mig is None or (not c.create and g.instances.get(c.mig, "") is not None):
             return taken(f"GPU {g.index}: MIG instance taken")
         return None
+    if c.mig is not None:
+        return _nest_capacity(g, c)
     if g.mig:
         return Status("unresolvable", f"GPU {g.index} is in MIG mode", "capacity")
     if c.mode == "exclusive":
@@ -190,11 +195,48 @@ def capacity(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | No
     return None
 
 
+def _nest_capacity(g: GpuInfo, c: Candidate) -> Status | None:
+    """Room for a share of the MIG instance ``c.mig``, shared inside under ``c.mode``: a free
+    instance (or one created for it) starts empty; a shared one must be of that mode and have the
+    memory, the shares, the MPS compute and an MPS client left."""
+    assert c.mig is not None
+    if not g.mig:
+        return Status("unresolvable", f"GPU {g.index} is not in MIG mode", "capacity")
+    name = f"GPU {g.index} MIG {c.mig}"
+    nest = g.nests.get(c.mig)
+    if nest is None:
+        if not c.create and g.instances.get(c.mig, "") is not None:
+            return Status("unschedulable", f"{name} is taken whole", "capacity")
+        used_mib, used_milli, used_pct, clients = 0, 0, 0, 0
+    elif nest.mode != c.mode:
+        return Status("unschedulable", f"{name} is shared under {nest.mode}", "capacity")
+    else:
+        used_mib, used_milli = nest.mem_used, nest.milli_used
+        used_pct, clients = nest.compute_used, len(nest.workloads)
+    mib = instance_memory(g.model, c.mig.profile)
+    if used_mib + c.need.memory_mib > mib:
+        return Status("unschedulable", f"{name} has {format_mib(mib - used_mib)} free", "capacity")
+    if used_milli + c.need.milli > instance_milli(g.model, c.mig.profile):
+        return Status("unschedulable", f"{name}: its compute shares are taken", "capacity")
+    if c.mode == "mps":
+        if used_pct + (c.need.compute_pct or 0) > 100:
+            return Status("unschedulable", f"{name}: MPS compute is {used_pct}% taken", "capacity")
+        if clients >= mps_clients(g.model, c.mig.profile):
+            return Status("unschedulable", f"{name}: it has its most MPS clients", "capacity")
+    return None
+
+
 def mps_tenants(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:
-    """One MPS client's fatal fault reaches every client: tenants do not share an MPS GPU unless
-    allowed."""
+    """One MPS client's fatal fault reaches every client: tenants do not share an MPS GPU (or MPS
+    inside a MIG instance) unless allowed."""
     g = ctx.gpus[c.gpu]
     if c.mode != "mps" or ctx.settings.mps_share_tenants:
+        return None
+    if c.mig is not None:
+        nest = g.nests.get(c.mig)
+        if nest is not None and any(t != req.tenant for t in nest.tenants):
+            why = f"GPU {g.index} MIG {c.mig} runs MPS clients of another tenant"
+            return Status("unschedulable", why, "mps_tenants")
         return None
     if any(t != req.tenant for t in g.tenants):
         why = f"GPU {g.index} runs MPS clients of another tenant"
@@ -267,6 +309,14 @@ def packing(ctx: PluginContext, req: SchedRequest, c: Candidate) -> int:
     # starting on an unused GPU costs a whole GPU, a small one a little more (it will hold less)
     largest = ctx.largest_gpu_mib
     opens = 0 if g.allocs else MILLI + (largest - g.total_mib) * MILLI // largest
+    if c.mig is not None and c.mode != "mig":  # a share of an instance shared inside
+        # what is left of the instance afterwards; a new shared instance costs what it holds
+        # (and a new one to create, a little more), so shared instances fill before new ones
+        nest = g.nests.get(c.mig)
+        left = instance_milli(g.model, c.mig.profile) - c.need.milli
+        left -= 0 if nest is None else nest.milli_used
+        fresh = 0 if nest is not None else MILLI // 2 + (100 if c.create else 0)
+        return -left - fresh - opens if ctx.policy != "spread" else left
     if c.mode == "mig":
         used = sum(1 for owner in g.instances.values() if owner is not None) - (
             2 if c.create else 0

@@ -17,7 +17,8 @@ from gpufrac.model.units import format_gib
 from gpufrac.model.workload import Mode
 
 # the causes, in the order their clauses are shown: ``mig_queue`` is a MIG request held behind
-# an earlier one of its tenant (docs/scheduler.md), ``capacity`` the room under each mode tried
+# an earlier one of its tenant (docs/scheduler.md), ``capacity`` the room under each mode tried,
+# ``mig_nesting`` why an ``mps`` or ``timeslice`` request shares no MIG instance (docs/mig.md)
 Cause = Literal[
     "quota",
     "tenant_nodes",
@@ -26,11 +27,19 @@ Cause = Literal[
     "node_lost",
     "mig_queue",
     "capacity",
+    "mig_nesting",
     "preemption",
 ]
 CAUSES: tuple[Cause, ...] = get_args(Cause)
 OneClause = Literal[
-    "quota", "tenant_nodes", "node_selector", "cordon", "node_lost", "mig_queue", "preemption"
+    "quota",
+    "tenant_nodes",
+    "node_selector",
+    "cordon",
+    "node_lost",
+    "mig_queue",
+    "mig_nesting",
+    "preemption",
 ]
 MAX_NAMED = 4  # GPUs or nodes named in one clause; the rest are counted
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from gpufrac.model.catalog import GpuModel
 from gpufrac.model.workload import MILLI, Mode, WorkloadSpec
 from gpufrac.planning.demand import smallest_fitting
+from gpufrac.planning.nesting import NestFit, nest_mode, nested_fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +122,13 @@ class SchedRequest:
 
     __slots__ = (
         "_needs",
+        "_nests",
         "_profiles",
         "kept_to",
         "key",
         "kinds",
         "modes",
+        "nest_mode",
         "order",
         "priority",
         "selector",
@@ -150,8 +153,11 @@ class SchedRequest:
         # the kinds of GPU it can use: "mig" (a GPU in MIG mode), "plain" (one that is not)
         self.kinds = frozenset("mig" if m == "mig" else "plain" for m in self.modes)
         self.order = order  # submission order: ties in priority go first come, first served
+        # the mode it would share a MIG instance under (None: it never shares one)
+        self.nest_mode = nest_mode(spec)
         self._needs: dict[tuple[str, Mode, str | None], Need] = {}
         self._profiles: dict[str, str | None] = {}
+        self._nests: dict[str, NestFit | None] = {}
 
     def missing_labels(self, node_labels: Mapping[str, str]) -> list[str]:
         """The ``spec.node_selector`` labels a node with ``node_labels`` lacks, as ``key=value``."""
@@ -183,8 +189,28 @@ class SchedRequest:
         profile = self.mig_profile(model)
         return None if profile is None else self.need(model, "mig", profile)
 
+    def nest(self, model: GpuModel) -> NestFit | None:
+        """What it takes inside a shared MIG instance of ``model`` (None: it never shares one
+        there)."""
+        if model.key not in self._nests:
+            self._nests[model.key] = (
+                None
+                if self.nest_mode is None
+                else nested_fit(self.spec, model, memory_of(self.spec, model))
+            )
+        return self._nests[model.key]
+
+    def nest_need(self, model: GpuModel) -> Need | None:
+        """``nest`` as a ``Need``: its memory, its share of the GPU and, under MPS, its percent of
+        the instance's compute."""
+        fit = self.nest(model)
+        if fit is None:
+            return None
+        pct = fit.instance_pct if self.nest_mode == "mps" and fit.capped else None
+        return Need(fit.memory_mib, fit.milli, pct)
+
     def with_spec(self, spec: WorkloadSpec) -> SchedRequest:
         """The same submission with a spec changed live (priority, QoS): needs stay valid."""
         out = SchedRequest(spec, self.order, dict(self.kept_to))
-        out._needs, out._profiles = self._needs, self._profiles
+        out._needs, out._profiles, out._nests = self._needs, self._profiles, self._nests
         return out

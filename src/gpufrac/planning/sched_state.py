@@ -9,7 +9,9 @@ step:
 * per model the empty whole GPUs;
 * per (model, profile) the free MIG instances, and the MIG GPUs where an instance of that profile
   could still be created (looked up in the model's enumerated layouts, cached per layout);
-* per model the MIG GPUs with an idle instance (where a re-cut could make room).
+* per model the MIG GPUs with an idle instance (where a re-cut could make room);
+* per (model, mode) the MIG instances shared inside by MPS or time-slices (``Nest``: a MIG instance
+  as a shareable device, its memory, shares and MPS compute accounted per workload).
 
 Trial changes go through a ``Statement`` (KAI-Scheduler's): every change made through it is undone
 by ``rollback``, in reverse order, and kept by ``commit``.
@@ -30,12 +32,14 @@ from gpufrac.model.catalog import GpuModel
 from gpufrac.model.gpu import GpuState
 from gpufrac.model.mig import MigPlacement, check_layout
 from gpufrac.model.workload import MILLI, Mode
+from gpufrac.planning.nesting import instance_memory, instance_milli, mps_clients
 from gpufrac.planning.patterns import geometry
 
 SHARED_MODES: tuple[Mode, ...] = ("timeslice", "mps")
 EXTERNAL = (
     "(in use outside gpufrac)"  # the owner of a MIG instance busy with a process nobody placed
 )
+NESTED = "(shared inside)"  # the owner of a MIG instance shared by several workloads (``Nest``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,31 @@ class Allocation:
     milli: int  # share of the GPU, for quotas and for capacity (1000 = whole)
     compute_pct: int | None = None  # MPS active-thread percentage
     mig: MigPlacement | None = None
+
+
+@dataclass
+class Nest:
+    """A MIG instance shared inside by MPS or time-slices: a device of its own with its capacity
+    (``memory_mib``, ``milli``: its share of the GPU) and what its workloads hold of it. MPS
+    compute is in percent of the instance."""
+
+    mode: Mode
+    memory_mib: int
+    milli: int
+    mem_used: int = 0
+    milli_used: int = 0
+    compute_used: int = 0
+    tenants: Counter[str] = field(default_factory=Counter)
+    workloads: set[str] = field(default_factory=set)
+
+    @property
+    def free_mib(self) -> int:
+        return self.memory_mib - self.mem_used
+
+
+def nested(a: Allocation) -> bool:
+    """Whether ``a`` is a share of a MIG instance shared inside (not the instance whole)."""
+    return a.mig is not None and a.mode in SHARED_MODES
 
 
 Closure = Literal["cordoned", "node_lost"]  # why a GPU takes no new work
@@ -84,7 +113,8 @@ class SchedGpu:
     tenants: Counter[str] = field(default_factory=Counter)
     instances: dict[MigPlacement, str | None] = field(
         default_factory=dict
-    )  # MIG: instance -> workload
+    )  # MIG: instance -> workload (``NESTED`` where several share it)
+    nests: dict[MigPlacement, Nest] = field(default_factory=dict)  # MIG instances shared inside
     pinned: bool = False  # an operator set its MIG layout: no instance is created or destroyed
     node: str = ""  # the machine it is in ("" where the fleet is one machine with no name)
     node_labels: Mapping[str, str] = field(default_factory=dict)  # that machine's labels
@@ -109,6 +139,14 @@ class SchedGpu:
     @property
     def used(self) -> bool:
         return bool(self.allocs)
+
+    def holders(self, pl: MigPlacement) -> set[str]:
+        """The workloads holding MIG instance ``pl``: its owner, or every share of it where it is
+        shared inside (none for an idle instance, or one busy outside gpufrac)."""
+        owner = self.instances.get(pl)
+        if owner == NESTED:
+            return set(self.nests[pl].workloads)
+        return set() if owner is None or owner == EXTERNAL else {owner}
 
 
 @cache
@@ -144,6 +182,8 @@ class ClusterState:
         self.addable: dict[tuple[str, str], set[int]] = defaultdict(set)
         self.idle_mig: dict[str, set[int]] = defaultdict(set)  # MIG GPUs with instances, all unused
         self.with_idle: dict[str, set[int]] = defaultdict(set)  # MIG GPUs with an unused instance
+        # per (model, mode): the MIG instances shared inside under that mode
+        self.nested: dict[tuple[str, str], set[tuple[int, MigPlacement]]] = defaultdict(set)
         self.closed: set[int] = {g.index for g in gpus if not g.schedulable}  # no new work there
         for g in gpus:
             if g.mig:
@@ -178,6 +218,8 @@ class ClusterState:
                 self.addable[(g.model.key, name.name)].discard(g.index)
             for pl in g.instances:
                 self.free_instances[(g.model.key, pl.profile)].discard((g.index, pl))
+            for pl, nest in g.nests.items():
+                self.nested[(g.model.key, nest.mode)].discard((g.index, pl))
             return
         if g.mode is None:
             lst = self.empty[g.model.key]
@@ -206,6 +248,8 @@ class ClusterState:
         for pl, owner in g.instances.items():
             if owner is None:
                 self.free_instances[(g.model.key, pl.profile)].add((g.index, pl))
+        for pl, nest in g.nests.items():
+            self.nested[(g.model.key, nest.mode)].add((g.index, pl))
         if g.pinned:
             return
         if g.instances and all(owner is None for owner in g.instances.values()):
@@ -299,7 +343,10 @@ class ClusterState:
         for a in allocs:
             g = self.gpus[a.gpu]
             self._unindex(g)
-            if a.mig is not None:
+            if nested(a):
+                assert a.mig is not None
+                self._join(g, a, a.mig)
+            elif a.mig is not None:
                 g.instances[a.mig] = a.workload
             else:
                 g.mode = a.mode
@@ -351,7 +398,10 @@ class ClusterState:
             g.tenants[a.tenant] -= 1
             if not g.tenants[a.tenant]:
                 del g.tenants[a.tenant]
-            if a.mig is not None:
+            if nested(a):
+                assert a.mig is not None
+                self._leave(g, a, a.mig)
+            elif a.mig is not None:
                 g.instances[a.mig] = None
             else:
                 g.mem_used -= a.memory_mib
@@ -363,6 +413,35 @@ class ClusterState:
             self.tenant_milli[a.tenant] -= a.milli
             self._index(g)
         return allocs
+
+    def _join(self, g: SchedGpu, a: Allocation, pl: MigPlacement) -> None:
+        """``a`` takes its share of the instance ``pl``, which becomes shared if it is not."""
+        nest = g.nests.get(pl)
+        if nest is None:
+            assert g.instances.get(pl, "") is None, "only a free instance becomes shared"
+            nest = g.nests[pl] = Nest(
+                a.mode, instance_memory(g.model, pl.profile), instance_milli(g.model, pl.profile)
+            )
+            g.instances[pl] = NESTED
+        nest.mem_used += a.memory_mib
+        nest.milli_used += a.milli
+        nest.compute_used += a.compute_pct or 0
+        nest.tenants[a.tenant] += 1
+        nest.workloads.add(a.workload)
+
+    def _leave(self, g: SchedGpu, a: Allocation, pl: MigPlacement) -> None:
+        """The inverse of ``_join``: the last share gone, the instance is free (idle) again."""
+        nest = g.nests[pl]
+        nest.mem_used -= a.memory_mib
+        nest.milli_used -= a.milli
+        nest.compute_used -= a.compute_pct or 0
+        nest.tenants[a.tenant] -= 1
+        if not nest.tenants[a.tenant]:
+            del nest.tenants[a.tenant]
+        nest.workloads.discard(a.workload)
+        if not nest.workloads:
+            del g.nests[pl]
+            g.instances[pl] = None
 
     def min_priority(self) -> int:
         """The lowest priority of any placed workload (no preemption can help a request at or below
@@ -383,13 +462,14 @@ class ClusterState:
         for g in self.gpus:
             plain = [a for a in g.allocs.values() if a.mig is None]
             if g.mig:
-                owners = Counter(a.mig for a in g.allocs.values())
+                owners = Counter(a.mig for a in g.allocs.values() if not nested(a))
                 if plain or any(n > 1 for n in owners.values()):
                     out.append(f"GPU {g.index}: a MIG instance holds more than one workload")
                 if any(pl not in g.instances for pl in owners):
                     out.append(f"GPU {g.index}: allocation on a MIG instance that does not exist")
                 if check_layout(g.model, tuple(sorted(g.instances))):
                     out.append(f"GPU {g.index}: invalid MIG layout")
+                out += _nest_violations(g, mps_share_tenants, set(owners))
             else:
                 if sum(a.memory_mib for a in plain) > g.total_mib:
                     out.append(f"GPU {g.index}: memory oversubscribed")
@@ -412,6 +492,38 @@ class ClusterState:
             if qmilli is not None and milli[tenant] > qmilli:
                 out.append(f"tenant {tenant}: GPU quota exceeded")
         return out
+
+
+def _nest_violations(
+    g: SchedGpu, mps_share_tenants: bool, whole: set[MigPlacement | None]
+) -> list[str]:
+    """What is wrong with the instances of MIG GPU ``g`` shared inside, from its allocations."""
+    out = []
+    shares: dict[MigPlacement, list[Allocation]] = defaultdict(list)
+    for a in g.allocs.values():
+        if nested(a) and a.mig is not None:
+            shares[a.mig].append(a)
+    if set(shares) != set(g.nests) or any(g.instances.get(pl) != NESTED for pl in shares):
+        out.append(f"GPU {g.index}: shared MIG instances out of step with their workloads")
+    for pl, allocs in shares.items():
+        name = f"GPU {g.index} MIG {pl}"
+        if pl in whole:
+            out.append(f"{name}: held whole and shared at once")
+        if sum(a.memory_mib for a in allocs) > instance_memory(g.model, pl.profile):
+            out.append(f"{name}: memory oversubscribed")
+        if sum(a.milli for a in allocs) > instance_milli(g.model, pl.profile):
+            out.append(f"{name}: more shares than the instance has")
+        modes = {a.mode for a in allocs}
+        if len(modes) > 1:
+            out.append(f"{name}: mixed sharing modes {modes}")
+        if "mps" in modes:
+            if sum(a.compute_pct or 0 for a in allocs) > 100:
+                out.append(f"{name}: MPS compute over 100%")
+            if len(allocs) > mps_clients(g.model, pl.profile):
+                out.append(f"{name}: more MPS clients than the instance takes")
+            if not mps_share_tenants and len({a.tenant for a in allocs}) > 1:
+                out.append(f"{name}: tenants share an MPS instance")
+    return out
 
 
 class Statement:

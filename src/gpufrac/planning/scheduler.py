@@ -40,6 +40,7 @@ from gpufrac.planning.sched_candidates import (
     candidates,
     candidates_on,
     mig_candidates_on,
+    nest_candidates,
     recut_scope,
 )
 from gpufrac.planning.sched_decision import (
@@ -66,6 +67,7 @@ from gpufrac.planning.sched_preempt import preemption
 from gpufrac.planning.sched_reasons import MAX_NAMED, Reasons, cordoned, lost_nodes
 from gpufrac.planning.sched_request import Need, SchedRequest
 from gpufrac.planning.sched_state import (
+    SHARED_MODES,
     Allocation,
     ClusterState,
     SchedGpu,
@@ -246,6 +248,36 @@ class Scheduler:
         self.requests[key] = req
         return self._try(req, preempt=True)
 
+    def submit_all(self, specs: Sequence[WorkloadSpec]) -> list[Decision]:
+        """Place workloads that arrive together (a deployment's new replicas): each is known as
+        waiting before the first is tried, so the nesting rule counts them among the needs a new
+        shared MIG instance would serve; then each is tried as ``submit`` tries one, most
+        important first. Returns every decision (a refusal for what no GPU could ever hold)."""
+        keys = [workload_key(spec) for spec in specs]
+        twice = next((k for k in keys if k in self.requests or keys.count(k) > 1), None)
+        if twice is not None:
+            raise InputError(
+                f"workload {twice} is already submitted",
+                field="metadata.name",
+                fix="delete it first, or use another name",
+            )
+        out: list[Decision] = []
+        batch: list[SchedRequest] = []
+        for spec, key in zip(specs, keys, strict=True):
+            req = SchedRequest(spec, next(self._seq), self.settings.kept_to(spec.tenant))
+            refusal = self._never_fits(req)
+            if refusal:
+                out.append(Decision(key, "refused", refusal))
+                continue
+            self.requests[key] = req
+            self.pending[key] = "waiting for the workloads submitted with it to be tried"
+            batch.append(req)
+        for req in sorted(batch, key=lambda r: (-r.priority, r.order)):
+            if req.key in self.pending and req.key not in self.state.allocs:
+                del self.pending[req.key]  # tried now (a shared instance may have taken it)
+                out += self._try(req, preempt=True)
+        return out
+
     def refusal(self, spec: WorkloadSpec) -> str | None:
         """Why no GPU here could ever run ``spec`` (None if one could)."""
         return self._never_fits(SchedRequest(spec, 0, self.settings.kept_to(spec.tenant)))
@@ -325,7 +357,13 @@ class Scheduler:
             if (decision.mig is not None) != g.mig:
                 return f"GPU {g.index}'s MIG mode changed"
             profile = decision.mig.profile if decision.mig is not None else None
-            need = req.need(g.model, decision.mode, profile)
+            if decision.mig is not None and decision.mode in SHARED_MODES:
+                shared = req.nest_need(g.model)  # a share of a MIG instance shared inside
+                if shared is None:
+                    return "it no longer shares a MIG instance"
+                need = shared
+            else:
+                need = req.need(g.model, decision.mode, profile)
             create = decision.mig is not None and decision.mig not in g.instances
             # a re-cut not yet made (decided before a restart, or by a cluster's control plane):
             # the idle instances it destroys go in the same trial
@@ -384,7 +422,8 @@ class Scheduler:
         todo = []
         for key in self.pending:
             req = self.requests[key]
-            if kinds is not None and req.tenant != tenant and not req.kinds & kinds:
+            usable = req.kinds | ({"mig"} if self._may_nest(req) else set())
+            if kinds is not None and req.tenant != tenant and not usable & kinds:
                 continue  # the freed GPUs are of a kind this workload cannot use
             todo.append(req)
         todo.sort(key=lambda r: (-r.priority, r.order))
@@ -447,11 +486,17 @@ class Scheduler:
             )
             self.pending[key] = reason
             return [Decision(key, "pending", reason)]
-        for mode in req.modes:
-            if scope == "none" and mode != "mig":
+        steps: list[tuple[Mode, bool]] = [(m, False) for m in req.modes]
+        if req.nest_mode is not None and self._may_nest(req):
+            # sharing a MIG instance inside comes first, where the nesting rule lets it
+            steps.insert(0, (req.nest_mode, True))
+        for mode, nest in steps:
+            if scope == "none" and mode != "mig" and not nest:
                 continue
             allowed = scope or self.recut
-            if mode == "mig" and allowed in ("idle", "drain"):
+            if nest:
+                chosen = self._choose(req, mode, reasons, only, allowed, nest=True)
+            elif mode == "mig" and allowed in ("idle", "drain"):
                 # a free instance or free space first, anywhere; a re-cut only if none, and only
                 # when no earlier MIG request of at least this priority waits that later ones
                 # have already gone ahead of RECUT_BYPASS times (it then serves the queue in order,
@@ -478,8 +523,13 @@ class Scheduler:
                     placed = self._commit(st, req, chosen, ())
                     st.commit()
                 self._reserved.pop(key, None)
+                if nest and preempt and self._opened_nest(chosen[0]):
+                    # a new shared instance was made for two waiting needs: the other (and any
+                    # more that fit) take their shares of it now (not from within a retry, whose
+                    # own pass goes on to them)
+                    return [placed, *self.retry_pending(gpus={chosen[0].gpu}, tenant=None)]
                 return [placed]
-            if mode == "mig" and allowed in ("idle", "drain") and self._holds(req):
+            if mode == "mig" and not nest and allowed in ("idle", "drain") and self._holds(req):
                 self._reserve(req)
         if only is not None or scope is not None:  # a cheap retry found nothing: the reason stays
             return [self.pending.decision(key)]
@@ -733,18 +783,31 @@ class Scheduler:
         reasons: Reasons,
         only: set[int] | None,
         scope: RecutScope,
+        *,
+        nest: bool = False,
     ) -> list[Candidate] | None:
+        """The best candidate under ``mode`` (``nest``: a share of a MIG instance shared inside
+        under it), or None with why in ``reasons``."""
         if mode == "exclusive":
             return self._whole_gpus(req, reasons)
         best: tuple[int, Candidate] | None = None
         passed: dict[str, int] = {}  # per GPU model, candidates that got through the filters
         barred: dict[str, Status | None] = {}  # per GPU model, the pre-filters' answer
         refused: list[str] = []  # why GPUs with room for it were passed over
-        cands = (
-            candidates(self.state, self.ctx, req, mode, self.policy, scope, passed)
-            if only is None
-            else candidates_on(self.state, req, mode, only, scope)
-        )
+        if nest:
+            cands = nest_candidates(
+                self.state,
+                self.ctx,
+                req,
+                mode,
+                scope,
+                lambda m, p: self._waiting_to_nest(req, m, p),
+                only,
+            )
+        elif only is None:
+            cands = candidates(self.state, self.ctx, req, mode, self.policy, scope, passed)
+        else:
+            cands = candidates_on(self.state, req, mode, only, scope)
         kept = self._kept_from(req)
         for cand in cands:
             if cand.gpu in kept:
@@ -764,10 +827,78 @@ class Scheduler:
             if best is None or value > best[0]:
                 best = (value, cand)
         if best is None:
-            if only is None:
+            if nest:
+                if req.spec.sharing != "auto":  # for auto, the MIG clause says it
+                    reasons.add("mig_nesting", self._why_no_nest(req, refused))
+            elif only is None:
                 reasons.set_capacity(mode, lambda: self._capacity(req, mode, reasons, refused))
             return None
         return [best[1]]
+
+    # -- sharing inside a MIG instance -------------------------------------------------------------
+
+    def _may_nest(self, req: SchedRequest) -> bool:
+        """Whether ``req`` may share a MIG instance inside at all: the operator allows it
+        (``mig_nesting``), it asks for nothing else (``nest_mode``), and on some MIG GPU model of
+        the fleet it needs at most half the smallest profile that fits it."""
+        if not self.settings.mig_nesting or req.nest_mode is None:
+            return False
+        return any((f := req.nest(m)) is not None and f.half for m in self.state.mig_models)
+
+    def _nest_refusal(self, req: SchedRequest) -> str:
+        """What a refusal adds for a request that could have shared a MIG instance, were it
+        allowed or small enough ("" where that is not why)."""
+        if req.nest_mode is None or not self.state.mig_gpus:
+            return ""
+        if not self.settings.mig_nesting:
+            return (
+                f", and {req.nest_mode} inside a MIG instance is off (mig_nesting: false in "
+                "gpufrac.yaml; sharing: mig asks for an instance of its own)"
+            )
+        return (
+            f", and it needs more than half of the smallest MIG profile that holds it, so it "
+            f"shares no MIG instance under {req.nest_mode} (sharing: mig or auto takes a whole one)"
+        )
+
+    def _opened_nest(self, c: Candidate) -> bool:
+        """Whether placing ``c`` made its MIG instance shared (it holds one workload now)."""
+        nest = self.state.gpus[c.gpu].nests.get(c.mig) if c.mig is not None else None
+        return nest is not None and len(nest.workloads) == 1
+
+    def _waiting_to_nest(self, req: SchedRequest, model: GpuModel, profile: str) -> int:
+        """The needs a new shared instance of ``profile`` on ``model`` would serve now: ``req``
+        and, if one does, another waiting request that would share it (under the same mode); the
+        rule asks for two, so the count stops there."""
+        apart = req.nest_mode == "mps" and not self.settings.mps_share_tenants
+        for key in self.pending:
+            other = self.requests[key]
+            if other is req or other.nest_mode != req.nest_mode:
+                continue
+            if apart and other.tenant != req.tenant:
+                continue  # it could not share an MPS instance with this one
+            fit = other.nest(model)
+            if fit is not None and fit.half and fit.profile == profile:
+                return 2
+        return 1
+
+    def _why_no_nest(self, req: SchedRequest, refused: list[str]) -> str:
+        """Why ``req`` (an ``mps`` or ``timeslice`` request) shares no MIG instance."""
+        mode = req.nest_mode
+        fits = [(m, f) for m in self.state.mig_models if (f := req.nest(m)) is not None]
+        if not fits:
+            return f"{mode} inside MIG: no MIG profile of the fleet holds it"
+        if not any(f.half for _, f in fits):
+            m, f = fits[0]
+            return (
+                f"{mode} inside MIG: it needs more than half of {f.profile}, the smallest MIG "
+                f"profile of the {m.key} that holds it, so it takes no share of one"
+            )
+        if refused:
+            return f"{mode} inside MIG: {', '.join(refused)}"
+        return (
+            f"{mode} inside MIG: no shared MIG instance has room for it, and no other request "
+            "waits to share a new one with it (a new shared instance needs two)"
+        )
 
     def _heed(self, status: Status, reasons: Reasons, refused: list[str]) -> None:
         """A pre-filter's or filter's refusal, under its cause: the node selector and closed GPUs
@@ -953,6 +1084,8 @@ class Scheduler:
                     ok = ok or any(
                         req.need(m, mode).memory_mib <= m.memory_total_mib for m in st.plain_models
                     )
+            if self._may_nest(req):
+                ok = ok or any((f := req.nest(m)) is not None and f.half for m in st.mig_models)
             if not ok:
                 what = gpu.mig_profile or (
                     format_mib(gpu.memory_mib)
@@ -970,6 +1103,7 @@ class Scheduler:
                     return (
                         f"no GPU in the fleet could ever hold {what} under "
                         f"{' or '.join(req.modes)} sharing: it has no GPU {kind}"
+                        + self._nest_refusal(req)
                     )
                 modes = " or ".join(had)
                 return f"no GPU in the fleet could ever hold {what} under {modes} sharing"

@@ -37,7 +37,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -389,6 +389,33 @@ class Agent:
         decisions = self.scheduler.submit(spec)
         self.executor.record(decisions)
         return ("replaced" if stored is not None else "created"), decisions[0]
+
+    def apply_new_workloads(self, specs: Sequence[WorkloadSpec]) -> list[Decision]:
+        """Store and schedule workloads that arrive together and none of which is stored yet (a
+        deployment's new replicas), through ``Scheduler.submit_all``: all are known as waiting
+        before the first is tried, so small ones may share a new MIG instance (docs/mig.md). Each
+        is checked first; one that no GPU here could ever hold is refused and not stored. Returns
+        every decision."""
+        for spec in specs:
+            self.check_workload(spec)
+            if self.store.workload(spec.tenant, spec.name) is not None:
+                raise InputError(
+                    f"workload {workload_key(spec)} is stored already",
+                    field="metadata.name",
+                    fix="apply it alone (apply_workload replaces it)",
+                )
+        out: list[Decision] = []
+        kept = []
+        for spec in specs:
+            refusal = self.scheduler.refusal(spec)
+            if refusal is not None:
+                out.append(Decision(workload_key(spec), "refused", refusal))
+                continue
+            self.store.put_workload(spec.tenant, spec.name, spec_to_json(spec))
+            kept.append(spec)
+        decisions = self.scheduler.submit_all(kept)
+        self.executor.record(decisions)
+        return out + decisions
 
     def place(self, spec: WorkloadSpec, decision: Decision) -> Decision:
         """Carry out a placement decided elsewhere (a cluster's control plane, docs/cluster.md):

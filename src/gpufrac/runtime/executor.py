@@ -35,6 +35,7 @@ from typing import assert_never
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.deployment import LABEL
 from gpufrac.model.engines import ENGINE_ARGS_ENV
+from gpufrac.model.mig import MigPlacement
 from gpufrac.model.workload import VolumeMount, WorkloadSpec, spec_from_json
 from gpufrac.planning.sched_decision import (
     Completion,
@@ -96,11 +97,16 @@ class Executor:
 
     # -- decisions ------------------------------------------------------------------------------
 
-    def _bound_mps(self, gpu_uuid: str) -> None:
-        """The GPU's MPS servers bounded to the largest limits among its MPS workloads, so none
-        lifts its limits (handed in its environment) past them (runtime/mps.py)."""
-        g = next((g for g in self.scheduler.state.gpus if g.uuid == gpu_uuid), None)
-        allocs = [a for a in g.allocs.values() if a.mode == "mps"] if g is not None else []
+    def _bound_mps(self, gpu_uuid: str, mig: MigPlacement | None, daemon: str) -> None:
+        """The MPS servers of ``daemon`` (the GPU's, or the MIG instance ``mig`` shared inside)
+        bounded to the largest limits among its MPS workloads, so none lifts its limits (handed in
+        its environment) past them (runtime/mps.py)."""
+        g = self.scheduler.state.by_uuid.get(gpu_uuid)
+        allocs = (
+            [a for a in g.allocs.values() if a.mode == "mps" and a.mig == mig]
+            if g is not None
+            else []
+        )
         if not allocs:
             return
         pct = (
@@ -108,7 +114,7 @@ class Executor:
             if any(a.compute_pct is None for a in allocs)
             else max(a.compute_pct or 0 for a in allocs)
         )
-        self.mps.bound(gpu_uuid, max(a.memory_mib for a in allocs), pct)
+        self.mps.bound(daemon, max(a.memory_mib for a in allocs), pct)
 
     def record(self, decisions: Sequence[Decision]) -> list[Displacement]:
         """Store each decision with its workload's generation, carry out its evictions now and
@@ -193,6 +199,8 @@ class Executor:
         assert a.gpu_uuid is not None and a.mig is not None
         g = self.scheduler.state.by_uuid.get(a.gpu_uuid)
         owner = None if g is None else g.instances.get(a.mig)
+        if g is not None and g.holders(a.mig):  # its owner, or every share of it
+            owner = ", ".join(sorted(g.holders(a.mig)))
         if owner is not None:
             raise ActionRefused(f"{a.mig} belongs to {owner}; it is not destroyed")
         self.mig.submit(a)
@@ -220,17 +228,19 @@ class Executor:
         attempts = self.runs.attempts(tenant, name, stored.generation)
         if attempts and self.runs.live(attempts[-1]):
             return  # one runs already (or is on its way): never twice
+        daemon = decision.gpus[0] if decision.gpus else None  # whose MPS daemon, under MPS
         if decision.mig is not None:
             inst = self.dev.gpu(decision.gpus[0]).instance_at(decision.mig)
             # a GPU instance gets its device (and UUID) with its compute instance, a step later:
             # started before that, the workload would be handed no device at all
             if inst is None or not inst.uuid:
                 raise ActionRefused(f"its MIG instance {decision.mig} is not there (yet)")
+            daemon = inst.uuid  # MPS inside a MIG instance: the instance's own daemon
         spec = spec_from_json(stored.spec)
-        if decision.mode == "mps" and decision.gpus and self.mps.ensure(decision.gpus[0]):
-            self.store.record_event("mps_started", decision.gpus[0], "MPS control daemon started")
-        if decision.mode == "mps" and decision.gpus:
-            self._bound_mps(decision.gpus[0])
+        if decision.mode == "mps" and daemon is not None:
+            if self.mps.ensure(daemon):
+                self.store.record_event("mps_started", daemon, "MPS control daemon started")
+            self._bound_mps(decision.gpus[0], decision.mig, daemon)
         attempt = len(attempts) + 1
         allocs = self.scheduler.allocations(a.workload)
         handed = self.handover.grant(spec, decision, allocs)

@@ -9,7 +9,7 @@ from gpufrac.errors import InputError
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
 from gpufrac.planning.sched_decision import Decision, displacement_of
-from gpufrac.planning.sched_state import CORDONED, EXTERNAL, SchedGpu
+from gpufrac.planning.sched_state import CORDONED, SchedGpu
 from gpufrac.planning.scheduler import Scheduler
 from gpufrac.runtime.executor import Executor
 from gpufrac.runtime.mig_apply import ApplyRefused, GpuTarget, apply_targets, diff_actions
@@ -43,13 +43,27 @@ class GpuCare:
         return g
 
     def stop_idle_mps(self) -> None:
-        """An MPS daemon whose GPU has no MPS workload left is stopped."""
+        """An MPS daemon whose GPU (or MIG instance shared inside) has no MPS workload left is
+        stopped."""
         if not self.mps.enabled:
             return
         for g in self.scheduler.state.gpus:
             if self.mps.running(g.uuid) and g.mode != "mps":
                 self.mps.stop(g.uuid)
                 self.store.record_event("mps_stopped", g.uuid, "no MPS workload left")
+            if not g.mig:
+                continue
+            for inst in self.dev.gpu(g.uuid).instances:
+                nest = g.nests.get(inst.placement)
+                if (
+                    inst.uuid
+                    and self.mps.running(inst.uuid)
+                    and (nest is None or nest.mode != "mps")
+                ):
+                    self.mps.stop(inst.uuid)
+                    self.store.record_event(
+                        "mps_stopped", inst.uuid, f"no MPS workload left on MIG {inst.placement}"
+                    )
 
     # -- cordon, drain, health ------------------------------------------------------------------
 
@@ -73,7 +87,7 @@ class GpuCare:
         self.cordon(uuid, reason)
         g = self.scheduler.state.by_uuid[uuid]
         owners = {a.workload for a in g.allocs.values()}
-        owners |= {o for o in g.instances.values() if o and o != EXTERNAL}
+        owners |= {o for pl in g.instances for o in g.holders(pl)}
         return self._move(sorted(owners), f"moved off GPU {g.index}: {reason}")
 
     def _move(self, keys: list[str], why: str) -> list[Decision]:
@@ -133,7 +147,7 @@ class GpuCare:
                 self.store.pin_mig(uuid)
                 self.scheduler.set_pinned(uuid, True)
             return []
-        owners = {o for pl, o in g.instances.items() if o and o != EXTERNAL and pl not in wanted}
+        owners = {o for pl in g.instances if pl not in wanted for o in g.holders(pl)}
         if mig_enabled != g.mig:
             owners |= {a.workload for a in g.allocs.values()}
         if owners and not drain:

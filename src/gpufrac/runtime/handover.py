@@ -6,7 +6,9 @@
   once its instance exists); ``GPUFRAC_*`` variables carry the memory limit and the QoS arbiter's
   address and class for the SDK; on MPS the ``CUDA_MPS_*`` variables carry the pipe directory, the
   pinned memory limit, the active-thread percentage and the client priority. docs/design.md lists
-  them.
+  them. A workload sharing a MIG instance under MPS gets that instance's own daemon (its pipe
+  directory is keyed by the MIG device UUID, the daemon started with ``CUDA_VISIBLE_DEVICES`` set
+  to it: ``mps_device``).
 * ``devices``: the same GPU or MIG device UUIDs, for a runner that must make them visible itself
   (a container's CDI names or ``--device``);
 * ``mounts``: on MPS, the pipe directory (a container must see it to reach the MPS server).
@@ -37,6 +39,14 @@ def qos_domain(d: Decision, env: dict[str, str]) -> str:
     if d.mig is not None and env.get("CUDA_VISIBLE_DEVICES"):
         return env["CUDA_VISIBLE_DEVICES"].split(",")[0]
     return d.gpus[0] if d.gpus else ""
+
+
+def mps_device(d: Decision, devices: list[str]) -> str | None:
+    """The device whose MPS daemon an MPS workload uses: the MIG instance it shares (its MIG device
+    UUID, once the instance exists), else its GPU. None where there is none yet."""
+    if d.mig is not None:
+        return devices[0] if devices else None
+    return d.gpus[0] if d.gpus else None
 
 
 # the agent's own variables a workload gets (where programs are, language and time zone); nothing
@@ -100,12 +110,11 @@ class Handover:
         # by their host pids, which the kernel reports across PID namespaces)
         arbiter = os.path.dirname(self.arbiter_address)
         mounts: tuple[BindMount, ...] = (BindMount(Path(arbiter), arbiter, read_only=True),)
-        if decision.mode == "mps" and decision.gpus and allocs:
-            env.update(
-                self.mps.client_env(decision.gpus[0], allocs[0].memory_mib, allocs[0].compute_pct)
-            )
+        daemon = mps_device(decision, devices)
+        if decision.mode == "mps" and daemon is not None and allocs:
+            env.update(self.mps.client_env(daemon, allocs[0].memory_mib, allocs[0].compute_pct))
             env["CUDA_MPS_CLIENT_PRIORITY"] = str(mps_client_priority(spec.qos))
-            pipe = self.mps.pipe_dir(decision.gpus[0])
+            pipe = self.mps.pipe_dir(daemon)
             mounts += (BindMount(pipe, str(pipe)),)
             # a container reaches the MPS daemon through its pipe directory, and shares memory
             # with its server in the host's IPC namespace (as MPS clients in containers must:

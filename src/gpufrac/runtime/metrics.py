@@ -10,7 +10,10 @@ stay apart on one dashboard. Per workload, gpufrac's names, labelled ``tenant`` 
 ``gpufrac_workload_gpu_info``) also carry the GPU's DCGM labels, so they join with the DCGM
 exporter's series. A value NVML does not give
 (utilization rates on a MIG instance, per-client SM use under MPS) is left out, never reported as
-zero; a MIG workload's SM use is its instance's engine activity (GPM), the instance being its alone.
+zero; a MIG workload's SM use is its instance's engine activity (GPM), where the instance is its
+alone. A MIG instance shared inside by MPS or time-slices (docs/mig.md) has
+``gpufrac_mig_instance_workloads`` (how many share it, labelled with its mode), and each of its
+workloads' series carry its ``GPU_I_ID`` and ``GPU_I_PROFILE``.
 
 Each app has its own registry, and every family is built afresh on each
 scrape, so nothing of a workload that is gone lingers and no global state is shared between agents.
@@ -209,7 +212,25 @@ def workload_families(
         "pending": Family(
             "gpufrac_workload_pending_seconds", "gauge", "How long a pending workload has waited."
         ),
+        "nested": Family(
+            "gpufrac_mig_instance_workloads",
+            "gauge",
+            "Workloads sharing one MIG instance inside (by MPS or time-slices, the mode label).",
+        ),
     }
+    for sg in agent.scheduler.state.gpus:
+        dg = gpus.get(sg.uuid)
+        for pl, nest in sorted(sg.nests.items()):
+            inst = dg.instance_at(pl) if dg is not None else None
+            shared: dict[str, object] = {
+                "gpu": dg.index if dg is not None else None,
+                "UUID": sg.uuid,
+                "Hostname": agent.node,
+                "GPU_I_ID": inst.gi_id if inst is not None else None,
+                "GPU_I_PROFILE": pl.profile,
+                "mode": nest.mode,
+            }
+            f["nested"].add(shared, len(nest.workloads))
     sm_by_gpu = {
         u: agent.health.process_utilization(u)
         for u, g in gpus.items()
@@ -260,15 +281,15 @@ def workload_families(
                 {**first, "source": "simulated" if dev.simulated else None}, use.mib * MIB
             )
             by_pid = sm_by_gpu.get(d.gpus[0])
-            if d.mig is not None:
-                # NVML gives no per-process SM use on MIG; the instance is the workload's alone (no
-                # MIG instance holds two), so its engine activity (GPM, per instance) is the
-                # workload's
+            if d.mig is not None and d.mode == "mig":
+                # NVML gives no per-process SM use on MIG; an instance held whole is the
+                # workload's alone, so its engine activity (GPM, per instance) is the workload's
+                # (one shared inside has no per-workload reading: left out)
                 g = gpus.get(d.gpus[0])
                 inst = g.instance_at(d.mig) if g is not None else None
                 if inst is not None and inst.gr_engine_active is not None:
                     f["sm"].add(first, round(100 * inst.gr_engine_active, 3))
             # MPS: NVML's per-process SM use is the MPS server's, not each client's
-            elif by_pid is not None and d.mode != "mps":
+            elif by_pid is not None and d.mode != "mps" and d.mig is None:
                 f["sm"].add(first, sum(by_pid.get(pid, 0) for pid in use.pids))
     yield from (family.metric for family in f.values())

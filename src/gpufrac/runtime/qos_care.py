@@ -131,7 +131,9 @@ class QosCare:
         if self.busy_until.get(key, 0.0) > time.monotonic():
             return True
         if not d.gpus or d.mig is not None:
-            return False  # alone on its MIG instance: nothing to arbitrate against anyway
+            # alone on its MIG instance: nothing to arbitrate against; sharing one inside, NVML
+            # gives no per-process reading there: its SDK turns and the gateway tell
+            return False
         gpu = d.gpus[0]
         if gpu not in readings:
             try:

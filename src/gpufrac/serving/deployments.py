@@ -18,7 +18,7 @@ import random
 import secrets
 import socket
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -100,6 +100,9 @@ class ServingHost(Protocol):
 
     def apply_workload(self, spec: WorkloadSpec) -> object: ...
 
+    def apply_replicas(self, specs: Sequence[WorkloadSpec]) -> object:
+        """Apply new replicas that start together (placed together where the host can)."""
+
     def delete(self, tenant: str, name: str) -> object: ...
 
     def note_busy(self, key: str) -> None:
@@ -132,6 +135,15 @@ class AgentServing:
 
     def apply_workload(self, spec: WorkloadSpec) -> object:
         return self.agent.apply_workload(spec)
+
+    def apply_replicas(self, specs: Sequence[WorkloadSpec]) -> object:
+        """New replicas are scheduled together (``Agent.apply_new_workloads``: small ones may share
+        a new MIG instance); one whose name is stored already (an old template's) is replaced as
+        ``apply_workload`` replaces it."""
+        stored = [s for s in specs if self.agent.store.workload(s.tenant, s.name) is not None]
+        for spec in stored:
+            self.agent.apply_workload(spec)
+        return self.agent.apply_new_workloads([s for s in specs if s not in stored])
 
     def delete(self, tenant: str, name: str) -> object:
         return self.agent.delete(tenant, name)
@@ -340,9 +352,13 @@ class Deployments:
         store = self.runner.store  # as an apply counts them: workloads and deployments
         stored = store.workload_count(d.tenant) + store.deployment_count(d.tenant)
         over = max(0, missing - max(0, cap - stored))
-        for index in [i for i in range(want * 2 + 1) if i not in have][: missing - over]:
-            self.runner.apply_workload(
-                d.replica_spec(index, self._free_port(), secrets.token_urlsafe(24))
+        indexes = [i for i in range(want * 2 + 1) if i not in have][: missing - over]
+        if indexes:  # started together: small replicas may share a MIG instance (docs/mig.md)
+            self.runner.apply_replicas(
+                [
+                    d.replica_spec(index, self._free_port(), secrets.token_urlsafe(24))
+                    for index in indexes
+                ]
             )
         # surplus replicas of this template: those not ready first, then the highest indexes
         surplus = sorted(current, key=lambda r: (r.ready, -int(r.name.rsplit("-", 1)[1])))

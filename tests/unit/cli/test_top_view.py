@@ -209,3 +209,15 @@ def test_fetch_keeps_the_last_answer_when_the_agent_is_not_there() -> None:
         after = fetch(client, SNAP)
     assert after.error is not None and "ConnectError" in after.error
     assert after.workloads == SNAP.workloads and after.at == SNAP.at
+
+
+def test_the_shares_of_a_mig_instance_shared_inside_show_under_it() -> None:
+    inst = {"profile": "1g.18gb", "start": 6, "gi_id": 1, "memory_mib": 16 * GIB}
+    share = {"profile": "1g.18gb", "start": 6, "gi_id": 1}
+    g = gpu(0, mig=True, instances=[inst], allocations=[
+        alloc("search", "embed", mig=share, memory_mib=3 * GIB, compute_pct=35),
+        alloc("search", "rerank", mig=share, memory_mib=2 * GIB, compute_pct=20),
+    ])  # fmt: skip
+    screen = text(render(replace(SNAP, gpus=(g,), workloads=()), ViewState()))
+    assert "-/3.0/16.0G" in line_with(screen, "1g.18gb@6 mps 35%", "search/embed")
+    assert "-/2.0/16.0G" in line_with(screen, "1g.18gb@6 mps 20%", "search/rerank")

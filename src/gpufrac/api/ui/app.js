@@ -354,15 +354,19 @@ function migDrawing(g) {
   const allocs = g.allocations || [];
   for (const inst of g.instances || []) {
     const [mem, compute] = slotsOf(g, geo, inst);
-    const a = allocs.find((x) => x.mig && x.mig.start === inst.start && x.mig.profile === inst.profile);
-    const key = a ? wlKey(a) : null;
+    const on = allocs.filter((x) => x.mig && x.mig.start === inst.start && x.mig.profile === inst.profile);
+    const shares = on.filter((x) => x.mode !== "mig"); // shared inside by MPS or time-slices
+    const a = on[0];
+    const key = a && !shares.length ? wlKey(a) : null;
     const x = inst.start * slotW + 3;
     const w = mem * slotW - 6;
     const fill = a ? color(key, true) : "#ffffff";
     const stroke = a ? color(key, false) : "#9aa0a6";
     const g1 = s("g", { class: "instance", "data-profile": inst.profile, "data-start": inst.start });
     g1.append(s("rect", { x, y: 19, width: w, height: 86, rx: 4, fill, stroke, "stroke-width": 1.5, "stroke-dasharray": a ? null : "4 3" }));
-    const who = a ? (key || "another tenant") : "idle instance";
+    const who = shares.length
+      ? `${shares.length} sharing (${shares[0].mode}): ${shares.map((x) => wlKey(x) || "another tenant").join(", ")}`
+      : a ? (key || "another tenant") : "idle instance";
     g1.append(s("text", { x: x + 6, y: 34, "font-size": 12, "font-weight": 600, fill: "#1d1f21" }, `${inst.profile}@${inst.start}`));
     g1.append(s("text", { x: x + 6, y: 49, "font-size": 11, fill: "#1d1f21", "font-style": key ? null : "italic" }, clip(who, w / 6.5)));
     // compute slices: one square each
@@ -371,7 +375,8 @@ function migDrawing(g) {
     }
     // memory used against the instance's memory
     const total = inst.memory_mib || (g.memory_total_mib / slots) * mem;
-    const used = a ? a.used_memory_mib : null;
+    const known = on.filter((x) => x.used_memory_mib !== null && x.used_memory_mib !== undefined);
+    const used = known.length ? known.reduce((n, x) => n + x.used_memory_mib, 0) : null;
     g1.append(s("rect", { x: x + 6, y: 76, width: w - 12, height: 8, fill: "#ffffff", stroke, "stroke-width": 0.5 }));
     if (used !== null && used !== undefined && total) {
       g1.append(s("rect", { x: x + 6, y: 76, width: Math.min(1, used / total) * (w - 12), height: 8, fill: stroke }));
@@ -438,7 +443,7 @@ function sharedDrawing(g) {
 function shareList(g, mig) {
   const items = (g.allocations || []).map((a) => {
     const key = wlKey(a);
-    const where = a.mig ? `${a.mig.profile}@${a.mig.start}` : a.mode;
+    const where = a.mig ? `${a.mig.profile}@${a.mig.start}${a.mode !== "mig" ? ` ${a.mode}` : ""}` : a.mode;
     const compute = a.compute_pct ? ` · compute ${a.sm_percent === null || a.sm_percent === undefined ? "–" : `${a.sm_percent}%`} / ${a.compute_pct}%` : a.sm_percent !== null && a.sm_percent !== undefined ? ` · SM ${a.sm_percent}%` : "";
     return h(
       "li",
