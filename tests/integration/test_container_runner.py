@@ -140,6 +140,15 @@ def test_a_container_job_sees_its_cdi_device_and_mps_mounts_then_leaves_nothing(
     assert seen["caps"] == "0000000000000000" and seen["nnp"] == "1"
     assert "/work" not in (seen["path"] or "")  # not the agent's PATH
     print(f"container job: start to end {took:.2f}s")
+    # the engine's client (root) got nothing of the workload's environment: the container did,
+    # from a file only root reads; the image only as it is here, never read as an option
+    client = json.loads((run / "spec.json").read_text())
+    assert client["env"] == {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    assert (run / "container.env").stat().st_mode & 0o777 == 0o600
+    assert "HELLO=world\n" in (run / "container.env").read_text()
+    argv = client["command"]
+    assert argv[argv.index("--") + 1] == image and argv[argv.index("--pull") + 1] == "never"
+    assert runs.handed_env(run)["NVIDIA_VISIBLE_DEVICES"] == "MIG-abc"  # as the agent reads it
     name = container_name(run)
     assert not podman_has(name)  # settled: removed
     assert not cdi(runs).path.exists()  # the last container gone: its CDI spec too

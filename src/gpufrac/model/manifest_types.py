@@ -172,6 +172,34 @@ Text = Annotated[
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+# An image reference as container engines read one (the distribution reference grammar):
+# [registry[:port]/]path[:tag][@digest], or an image id. Nothing else reaches an engine's
+# command line (a name starting with '-' would be read as an option).
+_DOMAIN_PART = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_REF = re.compile(
+    rf"^(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+
+
+def _image_ref(value: str) -> str:
+    if len(value) > 255 or not _IMAGE_REF.fullmatch(value):
+        raise problem(
+            f"{value!r} is not an image reference",
+            "write one as `podman images` lists it: [REGISTRY/]NAME[:TAG][@DIGEST], e.g. "
+            "localhost/my-model:1",
+        )
+    return value
+
+
+ImageRef = Annotated[
+    str,
+    AfterValidator(_image_ref),
+    WithJsonSchema({"type": "string", "pattern": _IMAGE_REF.pattern, "maxLength": 255}),
+]
+
 
 def _env_name(value: str) -> str:
     if not _ENV_NAME.fullmatch(value):  # match() and $ take a trailing newline

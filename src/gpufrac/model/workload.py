@@ -35,6 +35,8 @@ HANDED_ENV = frozenset(
         "GPUFRAC_QOS_MIN_SHARE_MILLI",
         "GPUFRAC_ATTEMPT",
         "GPUFRAC_ENGINE_ARGS",
+        "GPUFRAC_DEVICE_UUID",  # a container's, from its CDI device (simulated GPUs)
+        "GPUFRAC_REPLICA_KEY",  # a replica's secret with its gateway
     }
 )
 HANDED_ENV_PREFIXES = ("CUDA_MPS_",)  # MPS's: the pipe directory, the limits, the priority

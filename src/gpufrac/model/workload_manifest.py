@@ -22,6 +22,7 @@ from gpufrac.model.gpu_manifest import SHARING_BROKEN, Resources, check_sharing
 from gpufrac.model.manifest_types import (
     DnsLabel,
     Hint,
+    ImageRef,
     LabelKey,
     NodeLabelKey,
     NodeLabelValue,
@@ -239,7 +240,7 @@ class SpecFields(Strict):
         "each machine); multi-GPU requests always stay on one node.",
     )
 
-    image: Text | None = Field(
+    image: ImageRef | None = Field(
         None,
         description="A container image on the node (podman or docker, the operator's): the "
         "workload runs as a container of it, command being the container's command. It must "
@@ -274,6 +275,16 @@ class SpecFields(Strict):
             broken.append(
                 (("mounts",), "is for containers only", "give spec.image, or remove mounts")
             )
+        if self.image is not None:  # a container's env reaches it through a file of lines
+            for key, value in self.env.items():
+                if set(value) & {"\n", "\r"}:
+                    broken.append(
+                        (
+                            ("env", key),
+                            "holds a line break, which a container's environment cannot",
+                            "put the text in a file the container mounts, and its path here",
+                        )
+                    )
         report("Spec", broken)
         return self
 

@@ -31,6 +31,7 @@ with the last container.
 from __future__ import annotations
 
 import json
+import os
 import pwd
 import resource
 import shutil
@@ -58,6 +59,9 @@ LABEL = "gpufrac.run"
 CDI_LABEL = "gpufrac.cdi"  # the kind of the CDI spec its devices come from
 RECORD = "container.json"  # what the engine said of the ended container (written once)
 NAMED = "container-name.json"  # its container's and cgroup parent's names, as started
+ENV_FILE = "container.env"  # the container's environment, for the engine (--env-file)
+ENV_JSON = "container-env.json"  # the same, as the agent reads it back
+CLIENT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUNC = "/usr/sbin/runc"  # podman's default crun cannot run in cgroup v1/v2 hybrid mode
 PODMAN_INIT = "/usr/libexec/podman/catatonit"  # what podman's --init runs (containers.conf)
 
@@ -178,9 +182,9 @@ class ContainerRunner:
             ) from None
         match engine.name:
             case "podman":
-                found = engine.run("image", "exists", image).returncode == 0
+                found = engine.run("image", "exists", "--", image).returncode == 0
             case "docker":
-                found = engine.run("image", "inspect", image).returncode == 0
+                found = engine.run("image", "inspect", "--", image).returncode == 0
             case "auto":
                 raise AssertionError("an engine found is podman or docker")
             case _:
@@ -246,17 +250,19 @@ class ContainerRunner:
             argv += ["-v", f"{m.source}:{m.target}:{'ro' if m.read_only else 'rw'}"]
         if what.workdir:
             argv += ["-w", what.workdir]
-        for key in sorted(spec.env):
-            argv += ["-e", key]  # its value from the client's environment: not on a command line
-        return [*argv, spec.image, *what.command]
+        # its environment from a file only root reads: never on a command line, and never the
+        # client's own (the engine runs as root: a tenant's PATH or LD_PRELOAD would be its)
+        argv += ["--env-file", str(handle.run_dir / ENV_FILE)]
+        # the image only as it is here (nothing pulled), and after "--": never read as an option
+        return [*argv, "--pull", "never", "--", spec.image, *what.command]
 
     # -- the seam -------------------------------------------------------------------------------
 
     def start(self, handle: RunHandle, what: Launch) -> None:
         spec = what.container
         assert spec is not None, "the container runner needs Launch.container"
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-        env.update(spec.env)
+        write_env_file(handle.run_dir / ENV_FILE, spec.env)
+        _write(handle.run_dir / ENV_JSON, dict(spec.env))
         # named once: a removed workload's run directory moves (``.gone``) but keeps its names
         _write(
             handle.run_dir / NAMED,
@@ -264,7 +270,7 @@ class ContainerRunner:
         )
         client = Launch(
             self.command(handle, what),
-            env,
+            {"PATH": CLIENT_PATH},  # the engine's client gets nothing of the workload's
             None,
             None,  # the engine runs rootful; the container as the tenant (--user)
             None,
@@ -342,7 +348,8 @@ class ContainerRunner:
         return self.processes.pausable(handle)
 
     def env(self, handle: RunHandle) -> Mapping[str, str]:
-        return self.processes.env(handle)
+        raw = _read(handle.run_dir / ENV_JSON)
+        return {str(k): str(v) for k, v in raw.items()}
 
     def log(self, handle: RunHandle) -> Path:
         return self.processes.log(handle)
@@ -410,3 +417,14 @@ def _write(path: Path, value: dict[str, object]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(value))
     tmp.replace(path)
+
+
+def write_env_file(path: Path, env: Mapping[str, str]) -> None:
+    """The container's environment as the engines' ``--env-file`` reads it: ``NAME=value`` a line,
+    owner-only. A value cannot hold a line break there (``model.workload.container_env_problems``
+    refuses one at apply)."""
+    for key, value in env.items():
+        assert not set(value) & {"\n", "\r", "\0"}, f"{key}: a line break in a container's env"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.writelines(f"{key}={env[key]}\n" for key in sorted(env))

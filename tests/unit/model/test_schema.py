@@ -131,6 +131,11 @@ def changed(base: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         (DEPLOYMENT, "spec.template.health", {"tcp": {"port": 80}}),
         (DEPLOYMENT, "spec.autoscale", {"max": 3}),
         (DEPLOYMENT, "metadata.name", "a" * 51),
+        # not image references: never an engine's option
+        (WORKLOAD, "spec.image", "-h"),
+        (WORKLOAD, "spec.image", "--privileged"),
+        (WORKLOAD, "spec.image", "localhost/x:1 -v"),
+        (DEPLOYMENT, "spec.template.image", "-v"),
         # what gpufrac hands every workload itself
         (WORKLOAD, "spec.env", {"CUDA_VISIBLE_DEVICES": "0"}),
         (WORKLOAD, "spec.env", {"GPUFRAC_ARBITER": "/tmp/x"}),
@@ -166,6 +171,8 @@ def test_the_schema_refuses_what_the_parser_refuses(
         (WORKLOAD, "spec.min_share", "12.5%"),
         (WORKLOAD, "spec.priority", -7),
         (WORKLOAD, "spec.env", {"A_1": "1"}),
+        (WORKLOAD, "spec.image", "nvcr.io/nvidia/tritonserver:24.05-py3"),
+        (WORKLOAD, "spec.image", "localhost:5000/team/model@sha256:" + "ab" * 32),
         (WORKLOAD, "spec.env", {"GPUFRAC_TORCH_MEMORY_FRACTION": "0.3", "CUDA_MPS": "x"}),
         (WORKLOAD, "metadata.labels", {"app.kubernetes.io/name": "x"}),
         (DEPLOYMENT, "spec.autoscale", {"min_replicas": 0, "p99_latency_ms": 100}),
