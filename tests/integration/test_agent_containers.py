@@ -440,3 +440,40 @@ def test_a_mount_whose_link_leads_out_after_apply_is_refused_at_its_start(
         agent.delete("default", "linked")
         agent.close()
         CdiSpecs(Path(settings.containers.cdi_dir), kind).remove()
+
+
+def test_a_mount_a_tenant_could_swap_is_refused_at_apply_and_nothing_is_stored(
+    data_dir: Path, dev: NvmlDevices, tmp_path: Path, image: str
+) -> None:
+    """A tenant's directory under the allowed path, holding the directory mounted: its owner
+    could swap that for a link to /etc between the check and the mount (the hostile review did,
+    4 times in 5), so it is refused; the tenant's directory itself (its parent root's) is fine."""
+    import os
+
+    from gpufrac.errors import InputError
+
+    allowed = tmp_path / "share"
+    (allowed / "bob" / "d").mkdir(parents=True)
+    os.chown(allowed / "bob", 200001, 200001)
+    kind = f"gpufrac.io/agent{abs(hash(str(tmp_path))) % 10**8}"
+    settings = OperatorSettings(
+        containers=ContainerSettings(
+            engine="podman", allowed_mounts=("/usr", str(allowed)), cdi_kind=kind
+        )
+    )
+    agent = Agent(data_dir, dev, settings, stop_grace=1.0)
+    try:
+        base = container("swap", image, "print('ran')", gpu=GpuRequest(memory_mib=1024))
+        inner = replace(base, mounts=(VolumeMount(str(allowed / "bob" / "d"), "/d"),))
+        with pytest.raises(InputError) as e:
+            agent.apply_workload(inner)
+        assert e.value.field == "spec.mounts[0].source"
+        assert f"uid 200001 owns {allowed / 'bob'}" in e.value.message
+        assert agent.store.workload("default", "swap") is None
+        own = replace(base, mounts=(VolumeMount(str(allowed / "bob"), "/d"),))
+        assert agent.apply_workload(own)[0] == "created"
+    finally:
+        agent.delete("default", "swap")
+        agent.runs.wait_stopped(10)
+        agent.close()
+        CdiSpecs(Path(settings.containers.cdi_dir), kind).remove()

@@ -156,13 +156,30 @@ def _absolute(value: str) -> str:
 AbsolutePath = Annotated[Text, AfterValidator(_absolute), Hint(fix=_ABSOLUTE_FIX)]
 
 
+def _mountable(value: str) -> str:
+    if set(value) & {":", ",", "\n"}:
+        raise problem(
+            "holds ':', ',' or a line break, which a container engine's mount cannot",
+            "mount a path without them (a symbolic link to it, say, within the allowed paths)",
+        )
+    return value
+
+
+MountPath = Annotated[
+    AbsolutePath,
+    AfterValidator(_mountable),
+    WithJsonSchema({"type": "string", "pattern": r"^/[^:,\n]*$"}),
+]
+
+
 class MountField(Strict):
     """A host path a container sees (within the operator's allowed paths)."""
 
-    source: AbsolutePath = Field(
-        description="The host path; it must lie within gpufrac.yaml's containers.allowed_mounts."
+    source: MountPath = Field(
+        description="The host path; it must lie within gpufrac.yaml's containers.allowed_mounts, "
+        "exist, and be a path only root can change (every directory on the way to it)."
     )
-    target: AbsolutePath = Field(description="Where the container sees it.")
+    target: MountPath = Field(description="Where the container sees it.")
     read_only: bool = Field(True, description="Mounted read-only (the default).")
 
 

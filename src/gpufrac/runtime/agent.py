@@ -51,7 +51,13 @@ from gpufrac.model.gpu import GpuState
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
 from gpufrac.model.settings import OperatorSettings
-from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_from_json, spec_to_json
+from gpufrac.model.workload import (
+    VolumeMount,
+    WorkloadSpec,
+    spec_diff,
+    spec_from_json,
+    spec_to_json,
+)
 from gpufrac.planning.sched_candidates import RecutScope
 from gpufrac.planning.sched_decision import (
     Completion,
@@ -296,7 +302,7 @@ class Agent:
             self.failures,
             self.mig,
             self.sandbox,
-            lambda mounts: self.settings.check_mounts(mounts, os.path.realpath),
+            self._checked_mounts,
         )
         self.gpu_care = GpuCare(
             self.store, self.scheduler, dev, self.health, self.mps, self.executor
@@ -355,9 +361,16 @@ class Agent:
         nothing is pulled)."""
         self.settings.check_priority(spec.tenant, spec.priority)
         self.settings.check_user(spec.tenant, spec.user)
-        self.settings.check_mounts(spec.mounts, os.path.realpath)
+        self._checked_mounts(spec.mounts)
         if spec.image is not None:
             self.runs.check_image(spec.image)
+
+    def _checked_mounts(self, mounts: tuple[VolumeMount, ...]) -> tuple[str, ...]:
+        """Where each container mount leads: within the operator's allowed paths, there, and a
+        path only root can change (checked at apply and again at every start)."""
+        sources = self.settings.check_mounts(mounts, os.path.realpath)
+        self.runs.check_mount_sources(mounts, sources)
+        return sources
 
     def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision | None]:
         """Store ``spec`` and schedule it. Returns (what happened, the decision):

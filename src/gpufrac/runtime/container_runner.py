@@ -35,6 +35,7 @@ import os
 import pwd
 import resource
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -43,6 +44,7 @@ from typing import assert_never
 
 from gpufrac.errors import InputError
 from gpufrac.model.settings import ContainerEngine, ContainerSettings
+from gpufrac.model.workload import VolumeMount
 from gpufrac.runtime.cdi import CdiSpecs
 from gpufrac.runtime.cgroups import HostLimits, Layout, remove_tree
 from gpufrac.runtime.process_runner import ProcessRunner
@@ -428,3 +430,57 @@ def write_env_file(path: Path, env: Mapping[str, str]) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.writelines(f"{key}={env[key]}\n" for key in sorted(env))
+
+
+def check_mount_sources(mounts: Sequence[VolumeMount], sources: Sequence[str]) -> None:
+    """Each mount's source, resolved (``sources``: where each leads, as checked against the
+    operator's allowed paths), must exist and be a path only root can change: a directory on the
+    way that another user may write lets that user swap what the path leads to between this check
+    and the engine's mount (a symbolic link to /etc, say). ``InputError`` at
+    ``spec.mounts[i].source``."""
+    for i, (m, source) in enumerate(zip(mounts, sources, strict=True)):
+        field = f"spec.mounts[{i}].source"
+        if not os.path.exists(source):
+            raise InputError(
+                f"{m.source} does not exist on this machine",
+                field=field,
+                fix="mount a path that exists (made before the workload is applied)",
+            )
+        who = changeable_by(source)
+        if who is not None:
+            raise InputError(
+                f"{m.source} leads to {source}, and {who}: it could be swapped for another path "
+                "between gpufrac's check and the mount",
+                field=field,
+                fix="mount a path whose directories only root can change (a tenant's own "
+                "directory is fine when its parent is root's)",
+            )
+
+
+def changeable_by(path: str) -> str | None:
+    """Who other than root may change what the absolute, resolved ``path`` leads to, said as a
+    clause (None: root alone). A directory on the way lets whoever may write it rename or replace
+    its entries: its owner, its group (other than root's), everyone; in a sticky directory
+    (``/tmp``) only an entry's owner may, so a root-owned entry there is safe."""
+    here = Path("/")
+    for name in Path(path).parts[1:]:
+        st = os.stat(here)
+        entry = here / name
+        writers = []
+        if st.st_uid != 0:
+            writers.append(f"uid {st.st_uid} owns {here}")
+        if st.st_mode & stat.S_IWGRP and st.st_gid != 0:
+            writers.append(f"group {st.st_gid} may write {here}")
+        if st.st_mode & stat.S_IWOTH:
+            writers.append(f"everyone may write {here}")
+        if writers and st.st_mode & stat.S_ISVTX and st.st_uid == 0:
+            try:
+                owner = os.lstat(entry).st_uid
+            except OSError:
+                owner = -1
+            if owner == 0:
+                writers = []  # sticky: only the entry's owner, root, may rename or remove it
+        if writers:
+            return writers[0]
+        here = entry
+    return None

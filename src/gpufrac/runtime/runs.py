@@ -26,8 +26,9 @@ from typing import Literal, assert_never, get_args
 
 from gpufrac.model.deployment import REPLICA_KEY_ENV
 from gpufrac.model.settings import ContainerSettings
+from gpufrac.model.workload import VolumeMount
 from gpufrac.runtime.cgroups import HostLimits, Layout, detect
-from gpufrac.runtime.container_runner import ContainerRunner
+from gpufrac.runtime.container_runner import ContainerRunner, check_mount_sources
 from gpufrac.runtime.process_runner import ProcessRunner, port_owners
 from gpufrac.runtime.python_view import PythonView
 from gpufrac.runtime.runner import (
@@ -149,6 +150,11 @@ class Runs:
         found = self.runner("container")
         assert isinstance(found, ContainerRunner)
         return found
+
+    def check_mount_sources(self, mounts: Sequence[VolumeMount], sources: Sequence[str]) -> None:
+        """Where each container mount leads exists and only root can change it
+        (``container_runner.check_mount_sources``)."""
+        check_mount_sources(mounts, sources)
 
     def check_image(self, image: str) -> None:
         """Refuse (``InputError`` on ``spec.image``) an image the container engine does not have
