@@ -324,60 +324,137 @@ def _raw(link: ArbiterLink) -> socket.socket:
     return s
 
 
-def test_bad_lines_are_answered_and_workloads_cannot_give_agent_commands(link, spawn) -> None:  # type: ignore[no-untyped-def]
+_CLIENT = """
+import json, socket, sys
+address, script = sys.argv[1], sys.argv[2]
+sys.stdin.readline()  # registered as a workload's by now
+
+def conn():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(address)
+    s.settimeout(10)
+    return s
+
+def said(s):
+    return s.recv(4096).decode(errors="replace")
+
+out = {}
+exec(script)
+print(json.dumps(out), flush=True)
+sys.stdin.readline()  # its connections held until the test is done
+"""
+
+
+def _member_client(
+    link: ArbiterLink, members: dict[str, MemberSpec], script: str
+) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    """A process registered as a workload's (its own group, alone in a domain of its own, so
+    never paused) that runs ``script`` against the arbiter's socket and says what it saw (``out``);
+    it keeps its connections until its stdin closes."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CLIENT, link.address, script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    members["t/tester"] = MemberSpec("tester-only", QosParams(0, 1, 0), proc.pid)
+    link.sync(members)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    return proc, json.loads(proc.stdout.readline())
+
+
+def _first_line_of_a_stranger(link: ArbiterLink) -> bytes:
+    """What a process no workload holds (its own session) is told when it connects."""
+    code = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.settimeout(10)\n"
+        "sys.stdout.buffer.write(s.recv(4096))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, link.address],
+        capture_output=True,
+        timeout=30,
+        start_new_session=True,
+        check=True,
+    )
+    return out.stdout
+
+
+def test_bad_lines_are_answered_and_workloads_cannot_give_agent_commands(  # type: ignore[no-untyped-def]
+    link, spawn, members
+) -> None:
     bg = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
     )
+    lines = [
+        'H {"qos": [1]}',
+        "H not json",
+        "Z",
+        'S {"key": "x", "domain": "gpu-0", "pgid": ' + str(bg.pid) + "}",
+        "Q",
+    ]
+    script = (
+        f"s = conn()\nout['answers'] = []\nfor line in {lines!r}:\n"
+        "    s.sendall(line.encode() + b'\\n'); out['answers'].append(said(s))\n"
+        # a line longer than any message is cut off, with the connection
+        "long = conn(); long.sendall(b'H ' + b'x' * 70_000)\n"
+        "out['long'] = [said(long), said(long)]\n"
+        # and on a connection whose hello was refused, no turn at all
+        "out['after'] = []\nfor line in ('A', 'R'):\n"
+        "    s.sendall(line.encode() + b'\\n'); out['after'].append(said(s))\n"
+    )
+    client, seen = _member_client(link, members, script)
     try:
-        s = _raw(link)
-        for line in (
-            b'H {"qos": [1]}',
-            b"H not json",
-            b"Z",
-            b'S {"key": "x", "domain": "gpu-0", "pgid": %d}' % bg.pid,
-            b"Q",
-        ):
-            s.sendall(line + b"\n")
-            assert s.recv(4096).startswith(b"E "), line
+        answers = seen["answers"]
+        assert isinstance(answers, list)
+        assert answers[0].startswith("K "), answers  # a member's hello (its qos claim ignored)
+        assert all(a.startswith("E ") for a in answers[1:]), answers
         time.sleep(0.2)
         assert proc_state(bg.pid) != "T" and "x" not in link.stats()
-        # a line longer than any message is cut off, with the connection
-        long = _raw(link)
-        long.sendall(b"H " + b"x" * 70_000)
-        assert long.recv(4096).startswith(b"E ") and long.recv(4096) == b""
-        # a process the agent did not start is no workload, whatever it claims to be
-        s.sendall(b'H {"workload": "t/raw", "domain": "gpu-0", "qos": {"rank": 100}}\n')
-        assert s.recv(4096).startswith(b"E ") and "t/raw" not in link.stats()
-        for line in (b"A", b"R"):  # and on a connection whose hello was refused, no turn at all
-            s.sendall(line + b"\n")
-            answer = s.recv(4096)
-            assert answer.startswith(b"E ") and b"hello was refused" in answer, (line, answer)
+        long = seen["long"]
+        assert isinstance(long, list) and long[0].startswith("E ") and long[1] == "", long
+        after = seen["after"]
+        assert isinstance(after, list)
+        assert all(a.startswith("E ") and "hello was refused" in a for a in after), after
+        # a process the agent did not start is no workload: not kept, whatever it would claim
+        told = _first_line_of_a_stranger(link)
+        assert told.startswith(b"E ") and b"unknown peer" in told, told
         spawn("t/real", 0)  # the arbiter survived all of it and still grants turns
         wait_for(lambda: link.stats().get("t/real", {}).get("turns", 0) > 5, what="turns")
     finally:
+        client.kill()
+        client.wait(timeout=10)
         bg.kill()
         bg.wait(timeout=10)
 
 
-def test_one_process_cannot_use_up_the_arbiters_connections(link, spawn) -> None:  # type: ignore[no-untyped-def]
-    """From the hostile review: 20,000 connections from one process took every descriptor of
-    the arbiter, which then spun and refused every workload's client."""
-    from gpufrac.runtime.arbiter_server import MAX_CONNS_PER_GROUP
+def test_one_process_cannot_use_up_the_arbiters_connections(link, spawn, members) -> None:  # type: ignore[no-untyped-def]
+    """From the hostile reviews: 20,000 connections from one process took every descriptor of
+    the arbiter, which then spun and refused every workload's client; later, 1,054 from processes
+    of one container that each left its process group (setsid) and said nothing."""
+    from gpufrac.runtime.arbiter_server import MAX_CONNS_PER_MEMBER
 
-    flood = [_raw(link) for _ in range(MAX_CONNS_PER_GROUP + 20)]
+    n = MAX_CONNS_PER_MEMBER
+    script = (
+        f"socks = [conn() for _ in range({n + 20})]\n"
+        f"answers = [said(s) for s in socks[{n}:]]\n"
+        "out['refused'] = sum('too many connections' in a for a in answers)\n"
+    )
+    client, seen = _member_client(link, members, script)
     try:
-        refused = 0
-        for s in flood[MAX_CONNS_PER_GROUP:]:
-            s.settimeout(5)
-            got = s.recv(4096)
-            refused += got.startswith(b"E ") and b"too many connections" in got
-        assert refused == 20
-        assert link.stats() == {}  # the agent's own connection still answers
-        spawn("t/real", 0)  # and a workload's client (another process group) is still taken
+        assert seen["refused"] == 20, seen
+        assert "t/tester" in link.stats()  # the agent's own connection still answers
+        # a process that left the workload's group is no workload's: not kept at all
+        told = _first_line_of_a_stranger(link)
+        assert told.startswith(b"E ") and b"unknown peer" in told, told
+        spawn("t/real", 0)  # and another workload's client is still taken
         wait_for(lambda: link.stats().get("t/real", {}).get("turns", 0) > 5, what="turns")
     finally:
-        for s in flood:
-            s.close()
+        client.kill()
+        client.wait(timeout=10)
 
 
 def test_an_idle_arbiter_stops_at_once_on_sigterm(link) -> None:  # type: ignore[no-untyped-def]

@@ -63,7 +63,7 @@ SLOTS = 4096
 REAP_SECONDS = 0.25
 MAX_LINE = 64 * 1024  # the longest message line; a client sending more is cut off
 MAX_CONNS = 1024  # SDK clients at once, all workloads together (fewer if descriptors are fewer)
-MAX_CONNS_PER_GROUP = 64  # of one process group: one workload cannot take them all
+MAX_CONNS_PER_MEMBER = 64  # of one workload (its cgroup or group): it cannot take them all
 _UNIX_PATH_MAX = 100
 
 
@@ -91,6 +91,7 @@ class _Conn:
         self.sock, self.cid, self.admin = sock, cid, admin
         self.pid = pid  # the peer's process, as the kernel reports it (SO_PEERCRED)
         self.group = group  # its process group when it connected (a workload's)
+        self.owner: str | None = None  # the member whose process it is, as found when it connected
         self.buf = b""
         self.member: str | None = None
         self.refused: str | None = None  # why its hello was refused: no turn on it until one holds
@@ -269,16 +270,28 @@ class ArbiterServer:
             group = os.getpgid(pid) if pid is not None else None
         except ProcessLookupError:
             group = None
-        same = sum(1 for c in self.conns.values() if c.group == group)
-        if len(self.conns) >= self.max_conns or same >= MAX_CONNS_PER_GROUP:
-            # one process (or workload) cannot use up the arbiter's descriptors: refused, its SDK
-            # runs as without an arbiter and asks again a second later
+        # whose it is, from the kernel's word (its cgroup, else its process group): a process
+        # no workload the agent started holds is not kept (it could hold descriptors forever)
+        owner = self._owner_of(pid)
+        same = sum(1 for c in self.conns.values() if c.owner == owner)
+        why = (
+            "unknown peer: no workload the agent started runs in this process's cgroup or group"
+            if owner is None
+            else "too many connections"
+            if len(self.conns) >= self.max_conns or same >= MAX_CONNS_PER_MEMBER
+            else None
+        )
+        if why is not None:
+            # one workload cannot use up the arbiter's descriptors, even from processes that left
+            # its process group (setsid: its cgroup still holds them): refused, its SDK runs as
+            # without an arbiter and asks again a second later
             with contextlib.suppress(OSError):
-                sock.sendall(b"E " + json.dumps({"error": "too many connections"}).encode() + b"\n")
+                sock.sendall(b"E " + json.dumps({"error": why}).encode() + b"\n")
             sock.close()
             return
         sock.setblocking(False)
         conn = _Conn(sock, self.next_cid, pid=pid, group=group)
+        conn.owner = owner
         self.next_cid += 1
         self.conns[conn.cid] = conn
         self.sel.register(sock, selectors.EVENT_READ, conn)
@@ -391,6 +404,15 @@ class ArbiterServer:
             self.running = False
         else:
             raise ValueError(f"unknown message {op!r}")
+
+    def _owner_of(self, pid: int | None) -> str | None:
+        """The member whose cgroup or process group holds process ``pid`` (None: no member's)."""
+        if pid is None:
+            return None
+        return next(
+            (key for key, target in self.targets.items() if target.holds(pid)),
+            None,
+        )
 
     def _member_of_peer(self, conn: _Conn) -> Member:
         """The member whose cgroup or process group the peer is in: only the agent registers
