@@ -477,3 +477,31 @@ def test_a_mount_a_tenant_could_swap_is_refused_at_apply_and_nothing_is_stored(
         agent.runs.wait_stopped(10)
         agent.close()
         CdiSpecs(Path(settings.containers.cdi_dir), kind).remove()
+
+
+def test_a_container_port_below_1024_is_refused_at_apply(
+    data_dir: Path, dev: NvmlDevices, settings: OperatorSettings, image: str
+) -> None:
+    """The engine (root) publishes a container's ports: one below 1024 is one its tenant could
+    never listen on itself (the hostile review had conmon listen on 127.0.0.1:80 for a tenant)."""
+    from gpufrac.errors import InputError
+
+    agent = Agent(data_dir, dev, settings, stop_grace=1.0)
+    try:
+        web = container(
+            "web",
+            image,
+            "pass",
+            gpu=GpuRequest(memory_mib=1024),
+            type="service",
+            health=HealthCheck("tcp", 80),
+        )
+        with pytest.raises(InputError) as e:
+            agent.apply_workload(web)
+        assert e.value.field == "spec.health" and "port 80" in e.value.message
+        assert agent.store.workload("default", "web") is None
+        assert agent.apply_workload(replace(web, health=HealthCheck("tcp", 8080)))[0] == "created"
+    finally:
+        agent.delete("default", "web")
+        agent.runs.wait_stopped(10)
+        agent.close()

@@ -73,7 +73,7 @@ from gpufrac.planning.scheduler import Scheduler, workload_key
 from gpufrac.planning.views import ApplyResult
 from gpufrac.runtime.arbiter_link import ArbiterLink
 from gpufrac.runtime.cgroups import Layout
-from gpufrac.runtime.executor import EVICTED, Executor
+from gpufrac.runtime.executor import EVICTED, Executor, published_ports
 from gpufrac.runtime.failures import BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS, Failures
 from gpufrac.runtime.gpu_care import GpuCare
 from gpufrac.runtime.handover import Handover
@@ -364,6 +364,21 @@ class Agent:
         self._checked_mounts(spec.mounts)
         if spec.image is not None:
             self.runs.check_image(spec.image)
+            self._check_ports(spec)
+
+    @staticmethod
+    def _check_ports(spec: WorkloadSpec) -> None:
+        """A container's ports are published on the host by the engine, which runs as root: a
+        port below 1024 there is one its tenant could never listen on itself."""
+        for port in published_ports(spec):
+            if port < 1024:
+                health = spec.health is not None and spec.health.port == port
+                raise InputError(
+                    f"port {port} would be published on this machine by the container engine "
+                    "(root): a workload's ports are 1024 and above",
+                    field="spec.health" if health else "spec.env.PORT",
+                    fix="listen on a port from 1024 up (8000, say)",
+                )
 
     def _checked_mounts(self, mounts: tuple[VolumeMount, ...]) -> tuple[str, ...]:
         """Where each container mount leads: within the operator's allowed paths, there, and a
