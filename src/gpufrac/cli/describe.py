@@ -33,6 +33,15 @@ def describe_lines(w: dict[str, Any], gpus: list[dict[str, Any]]) -> list[str]:
     ]
     if w.get("reason"):
         lines.append(f"Reason:      {w['reason']}")
+    if spec.get("image"):  # a container: of which image, and what of the host it sees
+        lines.append(
+            f"Image:       {spec['image']}" + (f" ({spec['engine']})" if spec.get("engine") else "")
+        )
+        for m in spec.get("mounts") or []:
+            mode = "ro" if m.get("read_only", True) else "rw"
+            lines.append(f"Mount:       {m.get('source')} -> {m.get('target')} ({mode})")
+    elif spec.get("engine"):
+        lines.append(f"Engine:      {spec['engine']}")
     exit_code = "-" if w.get("exit_code") is None else str(w["exit_code"])
     # restarts: after a failure or an exit; evictions: stopped to make room (moved, preempted)
     lines.append(

@@ -179,3 +179,19 @@ def test_a_workloads_log_line_cannot_drive_the_terminal() -> None:
     shown = _shown_escaped(line)
     assert not any((ord(c) < 32 and c != "\t") or 0x7F <= ord(c) <= 0x9F for c in shown)
     assert shown == "\\x1b]0;TITLE\\x07\\x1b[31mRED\\x1b[0m\\x0d\\x1b[Kfake\tok \\x9b2J é"
+
+
+def test_describe_says_a_workload_is_a_container_of_which_image_and_what_it_mounts() -> None:
+    spec = {
+        "type": "job",
+        "restart": "never",
+        "gpu": {"memory_mib": 8192},
+        "image": "localhost/model:1",
+        "engine": "vllm",
+        "mounts": [{"source": "/srv/models", "target": "/models", "read_only": True}],
+    }
+    lines = describe_lines(workload(spec=spec), [MIG_GPU, MPS_GPU])
+    assert "Image:       localhost/model:1 (vllm)" in lines
+    assert "Mount:       /srv/models -> /models (ro)" in lines
+    process = describe_lines(workload(), [MIG_GPU, MPS_GPU])
+    assert not any(line.startswith(("Image:", "Mount:")) for line in process)
