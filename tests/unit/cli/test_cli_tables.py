@@ -190,8 +190,8 @@ def test_describe_says_a_workload_is_a_container_of_which_image_and_what_it_moun
         "engine": "vllm",
         "mounts": [{"source": "/srv/models", "target": "/models", "read_only": True}],
     }
-    lines = describe_lines(workload(spec=spec), [MIG_GPU, MPS_GPU])
+    lines = describe_lines(workload(spec=spec, placement=None), [MIG_GPU, MPS_GPU])
     assert "Image:       localhost/model:1 (vllm)" in lines
     assert "Mount:       /srv/models -> /models (ro)" in lines
-    process = describe_lines(workload(), [MIG_GPU, MPS_GPU])
+    process = describe_lines(workload(placement=None), [MIG_GPU, MPS_GPU])
     assert not any(line.startswith(("Image:", "Mount:")) for line in process)
