@@ -97,6 +97,14 @@ class ControlService(Protocol):
         nothing was decided)."""
         ...
 
+    def apply_new_workloads(
+        self, specs: Sequence[WorkloadSpec]
+    ) -> list[tuple[ApplyResult, Decision | None]]:
+        """Store and schedule workloads of one manifest none of which is stored yet, together:
+        all known as waiting before the first is tried (so small ones may share a new MIG
+        instance, docs/mig.md), each answered as ``apply_workload`` answers, in order."""
+        ...
+
     def warnings(self, spec: WorkloadSpec, decision: Decision | None) -> list[str]:
         """What ``apply`` says of a request that was probably not meant as written."""
         ...

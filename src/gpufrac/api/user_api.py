@@ -78,8 +78,15 @@ from gpufrac.model.deployment import DeploymentSpec, shown_spec
 from gpufrac.model.manifest import read_objects
 from gpufrac.model.mig import layout_from_json
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_to_json
-from gpufrac.planning.sched_decision import decision_to_json
-from gpufrac.planning.views import Capability, LogTail, NodeInfo, Verdict, WorkloadView
+from gpufrac.planning.sched_decision import Decision, Displacement, decision_to_json
+from gpufrac.planning.views import (
+    ApplyResult,
+    Capability,
+    LogTail,
+    NodeInfo,
+    Verdict,
+    WorkloadView,
+)
 from gpufrac.serving.deployments import gateway_path
 
 # what an operation may answer besides its own answer: every one but the health check needs a token,
@@ -102,6 +109,11 @@ MISSING: dict[Capability, str] = {
     "clear-unknown": "a cluster's control plane does not hold the outcomes of runs: clear it on "
     "the node's agent (gpufrac clear-unknown --server NODE_AGENT; docs/agent.md)",
 }
+
+
+# how many new workloads of a manifest are placed together under the server's lock at once: enough
+# for the nesting rule (two waiting needs), few enough that nobody waits long for the lock
+NEW_AT_ONCE = 32
 
 
 def utf8_text(body: bytes) -> str:
@@ -452,12 +464,30 @@ def user_api(
                         problems.found.extend((e.at(r.where) if r.where else e).errors)
                 problems.raise_any()
                 service.check_room(specs, deployments)
+            # the new workloads of a manifest, a batch at a time, together: all known as waiting
+            # before the first is tried, so small ones may share a new MIG instance
+            together: dict[int, tuple[ApplyResult, Decision | None, list[Displacement]]] = {}
+            with service.lock:
+                fresh = [s for s in specs if service.stored_spec(s.tenant, s.name) is None]
+            for start in range(0, len(fresh), NEW_AT_ONCE) if len(fresh) > 1 else ():
+                batch = fresh[start : start + NEW_AT_ONCE]
+                time.sleep(0)
+                with service.lock:
+                    if all(service.stored_spec(s.tenant, s.name) is None for s in batch):
+                        with service.displacements() as told:
+                            answers = service.apply_new_workloads(batch)
+                        for i, (s, (what, decision)) in enumerate(zip(batch, answers, strict=True)):
+                            together[id(s)] = (what, decision, told if i == 0 else [])
             for spec in specs:
                 time.sleep(0)  # hand the lock to whoever waits for it
-                with service.lock:
-                    before = service.stored_spec(spec.tenant, spec.name)
-                    with service.displacements() as told:
-                        what, decision = service.apply_workload(spec)
+                if id(spec) in together:
+                    what, decision, told = together[id(spec)]
+                    before = None
+                else:
+                    with service.lock:
+                        before = service.stored_spec(spec.tenant, spec.name)
+                        with service.displacements() as told:
+                            what, decision = service.apply_workload(spec)
                 diff = (
                     spec_diff(before, spec_to_json(spec))
                     if before is not None and what in ("replaced", "updated")

@@ -103,6 +103,12 @@ class ControlPlaneService:
     def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision | None]:
         return self.control.apply_workload(spec)
 
+    def apply_new_workloads(
+        self, specs: Sequence[WorkloadSpec]
+    ) -> list[tuple[ApplyResult, Decision | None]]:
+        # placed one by one (a node's work waits for its heartbeat: docs/mig.md says so)
+        return [self.control.apply_workload(spec) for spec in specs]
+
     def warnings(self, spec: WorkloadSpec, decision: Decision | None) -> list[str]:
         return self.control.core.scheduler.warnings(spec, decision)
 

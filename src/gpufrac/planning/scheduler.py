@@ -285,8 +285,13 @@ class Scheduler:
     def warnings(self, spec: WorkloadSpec, decision: Decision | None) -> list[str]:
         """What ``apply`` says about a request that was probably not meant as written (the MIG
         profile it was placed on, where it was)."""
-        profile = None
-        if decision is not None and decision.mig is not None and decision.gpus:
+        profile = None  # a share nested in an instance takes its memory, not the instance
+        if (
+            decision is not None
+            and decision.mig is not None
+            and decision.gpus
+            and (decision.mode == "mig")
+        ):
             g = self.state.by_uuid.get(decision.gpus[0])
             if g is not None and g.model.has_profile(decision.mig.profile):
                 profile = g.model.profile(decision.mig.profile)

@@ -23,7 +23,13 @@ from gpufrac.model.event import Event
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.migplan import MigAction
 from gpufrac.model.workload import WorkloadSpec, spec_from_json
-from gpufrac.planning.sched_decision import Decision, Displacement, StoredPlacement, gpus_of
+from gpufrac.planning.sched_decision import (
+    Decision,
+    Displacement,
+    StoredPlacement,
+    gpus_of,
+    workload_key,
+)
 from gpufrac.planning.views import (
     ApplyResult,
     Capability,
@@ -175,6 +181,19 @@ class AgentService:
 
     def apply_workload(self, spec: WorkloadSpec) -> tuple[ApplyResult, Decision | None]:
         return self.agent.apply_workload(spec)
+
+    def apply_new_workloads(
+        self, specs: Sequence[WorkloadSpec]
+    ) -> list[tuple[ApplyResult, Decision | None]]:
+        decided: dict[str, Decision] = {}
+        for d in self.agent.apply_new_workloads(specs):
+            decided.setdefault(d.workload, d)  # its own first, as apply_workload answers
+        out: list[tuple[ApplyResult, Decision | None]] = []
+        for spec in specs:
+            got = decided.get(workload_key(spec))
+            refused = got is not None and got.outcome == "refused"
+            out.append(("refused" if refused else "created", got))
+        return out
 
     def warnings(self, spec: WorkloadSpec, decision: Decision | None) -> list[str]:
         return self.agent.warnings(spec, decision)
