@@ -244,3 +244,27 @@ def test_a_container_whose_nodes_lease_runs_out_is_stopped_and_removed(
     assert (run / "fenced.json").exists()
     assert "lease ran out" in runs.log(run).read_text()
     wait_for(lambda: not podman_has(container_name(run)), 20)  # settled: removed
+
+
+def test_a_command_not_in_the_image_is_a_failed_start_naming_it(
+    runs: Runs, image: str, tmp_path: Path
+) -> None:
+    write_spec(runs, tmp_path)
+    env = {"NVIDIA_VISIBLE_DEVICES": "MIG-abc"}
+    run = runs.launch(
+        "t",
+        "a",
+        1,
+        1,
+        ["/no/such/program", "--flag"],
+        env=env,
+        workdir=None,
+        user=65534,
+        group=65534,
+        grant=Grant(env, ("MIG-abc",)),
+        container=ContainerLaunch(image, env, (BindMount(Path("/usr"), "/usr", True),)),
+    )
+    wait_for(lambda: runs.status(run).done, 30)
+    status = runs.status(run)
+    assert status.exit_code == 127, (status, runs.log(run).read_text()[-500:])
+    assert status.error == "cannot start '/no/such/program': not found in the container's image"

@@ -55,6 +55,7 @@ from gpufrac.runtime.runner import (
     RunnerKind,
     RunStatus,
 )
+from gpufrac.runtime.shim import LOG as LOG_NAME
 from gpufrac.runtime.shim import cgroup_name
 
 LABEL = "gpufrac.run"
@@ -310,7 +311,7 @@ class ContainerRunner:
         return self.processes.members(handle, pids)
 
     def status(self, handle: RunHandle) -> RunStatus:
-        status = self.processes.status(handle)
+        status = _explained(handle, self.processes.status(handle))
         # ended, or its shim is gone (killed; or the run directory moved aside for a removed
         # workload, which its shim no longer answers for): what is left of it goes now
         if status.done or not (status.shim_alive or self.processes.launching(handle, status)):
@@ -484,3 +485,37 @@ def changeable_by(path: str) -> str | None:
             return writers[0]
         here = entry
     return None
+
+
+# what the engines' init (catatonit, docker-init/tini) says when the command is not in the image
+_NO_COMMAND = ("failed to exec pid1", "exec ", "executable file not found")
+
+
+def _explained(handle: RunHandle, status: RunStatus) -> RunStatus:
+    """A container whose command is not in its image ends at once with its init's message in the
+    log and exit 1 (127 without an init): said as a failed start naming the command, as a
+    process's missing program is."""
+    if not status.done or status.error or status.exit_code not in (1, 127):
+        return status
+    try:
+        with open(handle.run_dir / LOG_NAME, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return status
+    if not any(n in tail for n in _NO_COMMAND) or "No such file or directory" not in tail:
+        return status
+    wanted = _container_command(_read(handle.run_dir / "spec.json").get("command")) or "?"
+    return replace(
+        status,
+        exit_code=127,
+        error=f"cannot start {wanted!r}: not found in the container's image",
+    )
+
+
+def _container_command(argv: object) -> str | None:
+    """The container's own program in the engine's command line: the word after the image."""
+    if not isinstance(argv, list) or "--" not in argv:
+        return None
+    at = argv.index("--") + 2  # "--", the image, then its command
+    return str(argv[at]) if at < len(argv) else None
