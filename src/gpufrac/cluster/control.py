@@ -818,6 +818,43 @@ class ControlPlane:
             self._persist(before, also=(key,))
             return ("replaced" if stored is not None else "created"), decision
 
+    def apply_new_workloads(
+        self, specs: Sequence[WorkloadSpec]
+    ) -> list[tuple[ApplyResult, Decision]]:
+        """New workloads of one manifest, placed together (``ClusterCore.decide_all``); each
+        answered as ``apply_workload`` answers. Where one is stored already, or nodes are still
+        to join (a workload then waits for them), they are applied one by one."""
+        for spec in specs:
+            self.check_workload(spec)
+        with self.lock:
+            stored = any(self.store.workload(s.tenant, s.name) is not None for s in specs)
+            if stored or self.awaiting or not self.core.nodes:
+                return [self.apply_workload(s) for s in specs]
+            out: dict[str, tuple[ApplyResult, Decision]] = {}
+            fresh = []
+            for spec in specs:
+                refusal = self.core.scheduler.refusal(spec)
+                if refusal is not None:
+                    out[workload_key(spec)] = (
+                        "refused",
+                        Decision(workload_key(spec), "refused", refusal),
+                    )
+                else:
+                    fresh.append(spec)
+            before = dict(self.core.assigned)
+            for spec in fresh:
+                self.store.put_workload(spec.tenant, spec.name, spec_to_json(spec))
+            for d in self.core.decide_all(fresh):
+                out[d.workload] = ("created", d)
+            keys = tuple(workload_key(s) for s in fresh)
+            for key in keys:
+                self.views.pop(key, None)
+                self.carried.pop(key, None)
+                self.moves.pop(key, None)
+            self._tell()
+            self._persist(before, also=keys)
+            return [out[workload_key(s)] for s in specs]
+
     def delete(self, tenant: str, name: str) -> bool:
         with self.lock:
             if not self.store.delete_workload(tenant, name):

@@ -106,8 +106,7 @@ class ControlPlaneService:
     def apply_new_workloads(
         self, specs: Sequence[WorkloadSpec]
     ) -> list[tuple[ApplyResult, Decision | None]]:
-        # placed one by one (a node's work waits for its heartbeat: docs/mig.md says so)
-        return [self.control.apply_workload(spec) for spec in specs]
+        return list(self.control.apply_new_workloads(specs))
 
     def warnings(self, spec: WorkloadSpec, decision: Decision | None) -> list[str]:
         return self.control.core.scheduler.warnings(spec, decision)

@@ -23,7 +23,7 @@ its own: the caller passes ``now`` (monotonic seconds) and carries the answers t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -299,6 +299,18 @@ class ClusterCore:
             self.scheduler.restore(spec, Decision(key, "pending", waits))
             return self.scheduler.pending.decision(key)
         return self._place(self.scheduler.submit(spec))
+
+    def decide_all(self, specs: Sequence[WorkloadSpec]) -> list[Decision]:
+        """Store and place new workloads that arrive together (``Scheduler.submit_all``: all
+        waiting before the first is tried, so small ones may share a new MIG instance). Returns
+        each one's own decision first, in order, then the rest (evictions)."""
+        for spec in specs:
+            self.specs[workload_key(spec)] = spec
+        decisions = self._placed(self.scheduler.submit_all(specs))
+        own: dict[str, Decision] = {}
+        for d in decisions:
+            own.setdefault(d.workload, d)
+        return [own[workload_key(s)] for s in specs if workload_key(s) in own]
 
     def cordon(self, uuid: str, reason: str) -> None:
         """No new work on GPU ``uuid`` (``NODE/UUID``); what runs there stays. ``KeyError``: no

@@ -4,6 +4,7 @@ and the work waiting for them, with its store on disk and a clock of the test's.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 from gpufrac.cluster.control import ControlPlane
@@ -157,3 +158,22 @@ def test_the_control_plane_checks_the_operators_bounds_at_apply(tmp_path: Path) 
     assert control.store.workload("a", "m") is None
     inside = replace(outside, mounts=(VolumeMount("/data/models", "/m"),))
     assert control.apply_workload(inside)[0] == "created"
+
+
+def test_new_workloads_applied_together_share_a_mig_instance_on_a_node(tmp_path: Path) -> None:
+    """A manifest's new small workloads are placed together on a cluster too, so they share a
+    new MIG instance (docs/mig.md, the nesting rule); one by one, the first takes a whole one."""
+    control = ControlPlane(tmp_path, clock=Clock())
+    control.admitted_join(
+        "m1", control.bootstrap("m1"), {}, [SchedGpu("GPU-m", 0, H200, mig=True)], None
+    )
+    small = [replace(w(n, memory_mib=3 * GIB), sharing="timeslice") for n in ("s1", "s2")]
+    answers = control.apply_new_workloads(small)
+    assert [r for r, _ in answers] == ["created", "created"]
+    placed = [d for _, d in answers]
+    assert all(d.outcome == "placed" and d.mode == "timeslice" for d in placed), placed
+    assert placed[0].mig is not None and placed[0].mig == placed[1].mig  # one instance, shared
+    assert {a.workload for a in control.heartbeat("m1", Report(), {}).run} == {"a/s1", "a/s2"}
+    # stored already: applied one by one, as before (unchanged here)
+    again = control.apply_new_workloads(small)
+    assert [r for r, _ in again] == ["unchanged", "unchanged"]
