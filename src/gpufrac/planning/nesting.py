@@ -10,7 +10,9 @@ hardware isolation from its neighbours stays.
 The rule (``should_nest``): a request shares an instance when its need is at most half the
 smallest profile that fits it (memory, and compute where asked), and either a shared instance of
 that GPU model already has room for it, or a new one would serve at least two waiting needs (this
-one and another that waits for the same profile and mode); otherwise it takes a whole instance.
+one and another that waits for the same profile and mode); otherwise it takes a whole instance
+(a request that asked for ``mps`` or ``timeslice`` by name: a new instance under that mode, opened
+for it alone, that later ones may join: the scheduler's last step).
 """
 
 from __future__ import annotations

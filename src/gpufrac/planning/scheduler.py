@@ -491,16 +491,21 @@ class Scheduler:
             )
             self.pending[key] = reason
             return [Decision(key, "pending", reason)]
-        steps: list[tuple[Mode, bool]] = [(m, False) for m in req.modes]
+        steps: list[tuple[Mode, bool, bool]] = [(m, False, False) for m in req.modes]
         if req.nest_mode is not None and self._may_nest(req):
             # sharing a MIG instance inside comes first, where the nesting rule lets it
-            steps.insert(0, (req.nest_mode, True))
-        for mode, nest in steps:
+            steps.insert(0, (req.nest_mode, True, False))
+            if req.spec.sharing in ("mps", "timeslice"):
+                # at last, for a request that asked for that mode (no whole instance is one of
+                # it): a new instance run under its mode, opened for it alone, which later small
+                # requests of that mode may join
+                steps.append((req.nest_mode, True, True))
+        for mode, nest, alone in steps:
             if scope == "none" and mode != "mig" and not nest:
                 continue
             allowed = scope or self.recut
             if nest:
-                chosen = self._choose(req, mode, reasons, only, allowed, nest=True)
+                chosen = self._choose(req, mode, reasons, only, allowed, nest=True, alone=alone)
             elif mode == "mig" and allowed in ("idle", "drain"):
                 # a free instance or free space first, anywhere; a re-cut only if none, and only
                 # when no earlier MIG request of at least this priority waits that later ones
@@ -790,9 +795,11 @@ class Scheduler:
         scope: RecutScope,
         *,
         nest: bool = False,
+        alone: bool = False,
     ) -> list[Candidate] | None:
         """The best candidate under ``mode`` (``nest``: a share of a MIG instance shared inside
-        under it), or None with why in ``reasons``."""
+        under it; ``alone``: a new such instance may be opened for it alone), or None with why in
+        ``reasons``."""
         if mode == "exclusive":
             return self._whole_gpus(req, reasons)
         best: tuple[int, Candidate] | None = None
@@ -806,7 +813,7 @@ class Scheduler:
                 req,
                 mode,
                 scope,
-                lambda m, p: self._waiting_to_nest(req, m, p),
+                lambda m, p: 2 if alone else self._waiting_to_nest(req, m, p),
                 only,
             )
         elif only is None:

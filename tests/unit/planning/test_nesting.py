@@ -206,16 +206,20 @@ def test_an_mps_request_too_large_to_share_an_instance_is_refused_with_the_reaso
     assert "more than half of the smallest MIG profile" in (d.reason or "")
 
 
-def test_an_explicit_mps_request_alone_waits_saying_why() -> None:
+def test_an_explicit_mps_request_alone_opens_an_instance_of_its_mode_that_others_join() -> None:
+    """No whole instance is an MPS one: a request that asked for mps (or timeslice) and shares no
+    instance with room takes a new instance run under its mode, which the next small one joins
+    (it waited before: the new user's review found it waiting while instances were free)."""
     s = Scheduler(mig_fleet())
     d = s.submit(w("m", sharing="mps", memory_mib=GIB))[0]
-    assert d.outcome == "pending"
-    assert "no other request waits to share a new one with it" in (d.reason or "")
-    # now two wait: the newcomer makes a shared instance, and the one that waited joins it
-    d2, joined = s.submit(w("m2", sharing="mps", memory_mib=GIB))
-    assert d2.outcome == "placed" and d2.mode == "mps"
-    assert (joined.workload, joined.outcome, joined.mig) == ("a/m", "placed", d2.mig)
+    assert d.outcome == "placed" and d.mode == "mps" and d.mig is not None
+    d2 = s.submit(w("m2", sharing="mps", memory_mib=GIB))[0]
+    assert (d2.outcome, d2.mode, d2.mig) == ("placed", "mps", d.mig)  # joined it
+    assert s.state.gpus[0].nests[d.mig].workloads == {"a/m", "a/m2"}
     assert not s.pending
+    # auto still takes a whole instance when it is alone
+    d3 = s.submit(w("a1", memory_mib=GIB))[0]
+    assert d3.mode == "mig" and d3.mig is not None and d3.mig != d.mig
 
 
 def test_a_restore_takes_back_nested_shares_where_they_were() -> None:
