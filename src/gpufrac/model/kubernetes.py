@@ -134,6 +134,12 @@ def equivalent(raw: dict[str, Any]) -> Equivalent:
             notes.append(
                 "Kubernetes' command replaces the image's entrypoint; gpufrac's is given to it"
             )
+        elif not command:
+            notes.append(
+                "the Pod runs its image's own entrypoint, but gpufrac runs the command given: "
+                "write spec.command as the image's ENTRYPOINT and CMD (podman image inspect "
+                "--format '{{.Config.Entrypoint}} {{.Config.Cmd}}' IMAGE)"
+            )
     elif not command:
         notes.append("it names no command or image: write spec.command")
     env = {

@@ -228,3 +228,10 @@ def test_a_gpufrac_document_with_a_mistyped_api_version_is_not_called_kubernetes
     err = refusal(raw)
     assert "Kubernetes" not in str(err)
     assert err.field == "apiVersion" and err.fix == "write apiVersion: gpufrac/v1"
+
+
+def test_a_pod_that_runs_its_images_entrypoint_is_told_to_write_the_command() -> None:
+    body = pod({"nvidia.com/gpu": 1})
+    del body["spec"]["containers"][0]["command"]
+    err = refusal({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, **body})
+    assert err.fix is not None and "write spec.command as the image's ENTRYPOINT and CMD" in err.fix
