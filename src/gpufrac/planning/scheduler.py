@@ -251,8 +251,8 @@ class Scheduler:
     def submit_all(self, specs: Sequence[WorkloadSpec]) -> list[Decision]:
         """Place workloads that arrive together (a deployment's new replicas): each is known as
         waiting before the first is tried, so the nesting rule counts them among the needs a new
-        shared MIG instance would serve; then each is tried as ``submit`` tries one, most
-        important first. Returns every decision (a refusal for what no GPU could ever hold)."""
+        shared MIG instance would serve; then each is tried as ``submit`` tries one, in the order
+        they came. Returns every decision (a refusal for what no GPU could ever hold)."""
         keys = [workload_key(spec) for spec in specs]
         twice = next((k for k in keys if k in self.requests or keys.count(k) > 1), None)
         if twice is not None:
@@ -272,7 +272,7 @@ class Scheduler:
             self.requests[key] = req
             self.pending[key] = "waiting for the workloads submitted with it to be tried"
             batch.append(req)
-        for req in sorted(batch, key=lambda r: (-r.priority, r.order)):
+        for req in batch:  # in the order they came (a manifest's documents), as one at a time
             if req.key in self.pending and req.key not in self.state.allocs:
                 del self.pending[req.key]  # tried now (a shared instance may have taken it)
                 out += self._try(req, preempt=True)

@@ -78,6 +78,9 @@ class ReplicaState(Protocol):
     def decision(self) -> Decision | None: ...
 
 
+REPLICA_PORT_CHECKED = REPLICA_PORTS[0]  # a port of the range replicas get, for apply's checks
+
+
 class ServingHost(Protocol):
     """Whoever runs a deployment's replicas, seen narrowly: one machine's agent
     (``AgentServing``), or a cluster's control plane, which places them over its nodes."""
@@ -217,7 +220,8 @@ class Deployments:
         """Its replicas will be workloads of its tenant: the same bounds (``InputError``), checked
         before anything of a manifest is stored."""
         try:
-            self.runner.check_workload(spec.replica_spec(0, 0))
+            # a replica's port is the gateway's to give (from REPLICA_PORTS)
+            self.runner.check_workload(spec.replica_spec(0, REPLICA_PORT_CHECKED))
         except InputError as e:
             raise InputError(
                 e.message, field=(e.field or "").replace("spec.", "spec.template.", 1), fix=e.fix
