@@ -60,11 +60,20 @@ def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2) + "\n")
 
 
+def _shown(text: str) -> str:
+    """Text for the terminal: control characters (an escape sequence a sender put in a name)
+    written as \\xNN, never acted on; line breaks and tabs stay."""
+    return "".join(
+        f"\\x{ord(c):02x}" if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F else c
+        for c in text
+    )
+
+
 def fail(message: str, code: int, hint: str | None = None) -> typer.Exit:
     # a message is text, never markup: "[prefix/]name" in a fix is shown as written
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(_shown(message))}", highlight=False)
     if hint:
-        err_console.print(f"[yellow]hint:[/] {escape(hint)}", highlight=False)
+        err_console.print(f"[yellow]hint:[/] {escape(_shown(hint))}", highlight=False)
     return typer.Exit(code)
 
 

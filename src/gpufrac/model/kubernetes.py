@@ -11,6 +11,7 @@ in, a mapping and notes out.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,8 +73,9 @@ def kubernetes_refusal(raw: dict[str, Any], api_version: str) -> InputError:
     (or, where its GPU request cannot be read or it runs no pod, why)."""
     kind = str(raw["kind"])
     name = _get(raw, "metadata", "name")
-    what = f"a Kubernetes {kind}" + (f" ({name})" if isinstance(name, str) else "")
-    message = f"is {what} (apiVersion {raw['apiVersion']}), not a gpufrac manifest"
+    # the sender's text, with its control characters (a line break, an escape) written out
+    what = f"a Kubernetes {_plain(kind)}" + (f" ({_plain(name)})" if isinstance(name, str) else "")
+    message = f"is {what} (apiVersion {_plain(str(raw['apiVersion']))}), not a gpufrac manifest"
     if kind not in _TEMPLATE_AT:
         return InputError(
             message,
@@ -234,16 +236,19 @@ def _fields(r: GpuRequest) -> dict[str, Any]:
 
 def _cpus(value: object) -> float | int | None:
     """A Kubernetes CPU quantity (``2``, ``500m``, ``"1.5"``) as a number of CPUs."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return value
-    if not isinstance(value, str):
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number: float = value
+    elif isinstance(value, str) and len(value) <= 32:
+        text = value.strip()
+        try:
+            number = int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+        except (ValueError, OverflowError):
+            return None
+    else:
         return None
-    text = value.strip()
-    try:
-        number = int(text[:-1]) / 1000 if text.endswith("m") else float(text)
-    except ValueError:
+    if not math.isfinite(number) or not 0 < number <= 1e6:  # inf, 1e400, nan: not a CPU count
         return None
-    return (int(number) if number == int(number) else number) if number > 0 else None
+    return int(number) if number == int(number) else number
 
 
 def _label(value: object) -> str:
@@ -266,3 +271,9 @@ def _mapping(value: object) -> dict[str, Any]:
 
 def _list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+def _plain(text: str) -> str:
+    """``text`` with each control character written as ``\\xNN`` (one line, acted on by no
+    terminal)."""
+    return "".join(f"\\x{ord(c):02x}" if ord(c) < 32 or 0x7F <= ord(c) <= 0x9F else c for c in text)

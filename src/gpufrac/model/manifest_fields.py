@@ -157,6 +157,33 @@ def _not_finite(where: str) -> InputError:
     )
 
 
+MAX_INT_DIGITS = 18  # a whole number of at most 18 digits (any base): every bound is below it
+_CORE_SCALAR_TAGS = frozenset({_BOOL_TAG, _INT_TAG, _FLOAT_TAG, _NULL_TAG, _STR_TAG})
+_CORE_NODE_TAGS = frozenset({"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"})
+
+
+def _too_large(where: str) -> InputError:
+    return InputError(
+        f"is a whole number of more than {MAX_INT_DIGITS} digits",
+        field=where or None,
+        fix="write a number within the field's range",
+    )
+
+
+def _tagged(where: str, tag: str) -> InputError:
+    return InputError(
+        f"has the YAML tag {tag!r}, which gpufrac does not read",
+        field=where or None,
+        fix="remove the tag (!, !!): write a plain value, quoted where it is text",
+    )
+
+
+def _int_digits(text: str) -> int:
+    """How many digits a YAML 1.2 integer literal has (its sign and 0x/0o left out)."""
+    t = text.lstrip("+-")
+    return len(t[2:] if t[:2] in ("0x", "0o") else t)
+
+
 def _nul(where: str) -> InputError:
     return InputError(
         "holds a NUL character (\\0)", field=where or None, fix="remove it: no program takes one"
@@ -187,6 +214,12 @@ def _check_document(node: yaml.Node, max_chars: int, notes: list[str] | None = N
             )
         if isinstance(n, yaml.ScalarNode):
             chars += len(n.value)
+            if n.tag not in _CORE_SCALAR_TAGS or (n.tag != _STR_TAG and _explicit(n)):
+                raise _tagged(
+                    where, n.tag
+                )  # a tag the reader has no value for: no constructor runs
+            if n.tag == _INT_TAG and _int_digits(n.value) > MAX_INT_DIGITS:
+                raise _too_large(where)
             if n.tag == _FLOAT_TAG and not math.isfinite(_yaml_float(n.value)):
                 raise _not_finite(where)
             if "\x00" in n.value:
@@ -194,6 +227,8 @@ def _check_document(node: yaml.Node, max_chars: int, notes: list[str] | None = N
             if notes is not None and (differs := _yaml11_differs(n)):
                 at = f"{join(where, n.value)} (the key)" if is_key else where
                 found.add((n.start_mark.line, n.start_mark.column, f"{at}: {differs}"))
+        elif n.tag not in _CORE_NODE_TAGS:
+            raise _tagged(where, n.tag)
         elif isinstance(n, yaml.SequenceNode):
             stack.extend(
                 (child, depth + 1, f"{where}[{i}]", False) for i, child in enumerate(n.value)
@@ -228,6 +263,8 @@ def _check_json(value: Any) -> None:
         v, where = stack.pop()
         if isinstance(v, float) and not math.isfinite(v):
             raise _not_finite(where)
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**MAX_INT_DIGITS:
+            raise _too_large(where)
         if isinstance(v, str) and "\x00" in v:
             raise _nul(where)
         if isinstance(v, dict):
@@ -542,3 +579,12 @@ def read_dns_label(value: object, field: str) -> str:
     if not _DNS_LABEL.fullmatch(text):  # match() and $ take a trailing newline
         raise InputError(f"{text!r} is not a DNS label", field=field, fix=DNS_LABEL_FIX)
     return text
+
+
+def _explicit(n: yaml.ScalarNode) -> bool:
+    """Whether a scalar's tag was written (``!!bool 1``) rather than resolved from its text: a plain
+    scalar resolves to the tag its text implies, so a tag that differs was written."""
+    if n.style:
+        return n.tag != _STR_TAG  # quoted: a string, unless a tag was written
+    resolved = CoreYamlLoader.resolve(_CORE, yaml.ScalarNode, n.value, (True, False))
+    return bool(resolved != n.tag)

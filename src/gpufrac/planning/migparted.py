@@ -85,6 +85,36 @@ class Resolution:
 
 # --- reading -------------------------------------------------------------------------------------
 
+MAX_VALUES = 100_000  # the manifest reader's bound: aliases may not multiply a file past it
+MAX_WHOLE = 10**18
+
+
+def _bounded(raw: object, source: str) -> None:
+    """Refuse a file whose value, aliases expanded, holds more than ``MAX_VALUES`` values, or a
+    whole number of more than 18 digits (it could not be said back: a hostile review's 0xfff...)."""
+    stack: list[object] = [raw]
+    seen = 0
+    while stack:
+        v = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise InputError(
+                f"expands to more than {MAX_VALUES:,} values",
+                field=source,
+                fix="write the values out; YAML aliases (*name) may not multiply a file",
+            )
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= MAX_WHOLE:
+            raise InputError(
+                "holds a whole number of more than 18 digits",
+                field=source,
+                fix="write GPU indexes, counts and ids as they are (small numbers)",
+            )
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
 
 def parse_migparted(text: str, *, source: str = "config") -> MigPartedConfig:
     """Read a mig-parted config (YAML or JSON). Every problem is an InputError naming its field.
@@ -98,6 +128,7 @@ def parse_migparted(text: str, *, source: str = "config") -> MigPartedConfig:
         )  # a SafeLoader subclass: as safe as safe_load
     except yaml.YAMLError as exc:
         raise InputError(f"not valid YAML: {exc}", field=source) from None
+    _bounded(raw, source)
     if not isinstance(raw, dict):
         raise InputError(
             "must be a mapping with 'version' and 'mig-configs'",

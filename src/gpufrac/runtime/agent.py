@@ -622,7 +622,9 @@ class Agent:
             self.executor.record_mig()
             self._upkeep()
             self.runs.sweep()
+            self.memory.new_pass()
             states = [self._step(w) for w in self.store.workloads()]
+            self.memory.new_pass()  # views between passes read afresh
             self.qos.sync(
                 [
                     Running(s.key, s.generation, s.decision, s.env)

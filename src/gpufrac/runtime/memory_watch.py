@@ -31,11 +31,21 @@ class MemoryUse:
 class MemoryWatch:
     def __init__(self, dev: NvmlDevices) -> None:
         self.dev = dev
+        # each GPU as read once in a pass: a full read (its instances, processes, GPM) for each
+        # of 300 workloads on one GPU held the agent's lock for seconds (the hostile review)
+        self._read: dict[str, GpuState] = {}
+
+    def new_pass(self) -> None:
+        """What was read belongs to the pass before: read each GPU afresh when next asked."""
+        self._read.clear()
 
     def use(self, gpu_uuid: str, members: Members, gpu: GpuState | None = None) -> MemoryUse:
         """GPU memory held now by the workload's processes (``members``: which of the GPU's are
-        its), as NVML reports it (``gpu``: the GPU as just read, where the caller has it)."""
-        state = gpu if gpu is not None else self.dev.gpu(gpu_uuid)
+        its), as NVML reports it (``gpu``: the GPU as just read, where the caller has it; else as
+        read once in this pass)."""
+        state = gpu if gpu is not None else self._read.get(gpu_uuid)
+        if state is None:
+            state = self._read[gpu_uuid] = self.dev.gpu(gpu_uuid)
         mine = members(p.pid for p in state.processes) if state.processes else frozenset()
         procs = [p for p in state.processes if p.pid in mine]
         return MemoryUse(sum(p.used_memory_mib or 0 for p in procs), tuple(p.pid for p in procs))

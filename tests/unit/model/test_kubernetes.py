@@ -235,3 +235,17 @@ def test_a_pod_that_runs_its_images_entrypoint_is_told_to_write_the_command() ->
     del body["spec"]["containers"][0]["command"]
     err = refusal({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, **body})
     assert err.fix is not None and "write spec.command as the image's ENTRYPOINT and CMD" in err.fix
+
+
+def test_a_name_with_control_characters_is_said_without_them() -> None:
+    body = pod({"nvidia.com/gpu": 1})
+    name = "\x1b[2J\x1b[31mPWN\x1b[0m\nerror: all good"
+    err = refusal({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, **body})
+    assert "\\x1b[2J" in err.message and "\\x0aerror: all good" in err.message
+    assert not any(ord(c) < 32 for c in err.message)
+
+
+def test_a_cpu_limit_that_is_no_finite_number_is_left_out() -> None:
+    for cpu in ("inf", "nan", "-1", "1" + "0" * 40):
+        shown_spec = shown(refusal(obj("Deployment", pod({"nvidia.com/gpu": 1, "cpu": cpu}))))
+        assert shown_spec.cpus_milli is None, cpu
