@@ -83,10 +83,14 @@ class MigInstanceBody(Body):
 
 
 class MigBody(Body):
-    """``POST /api/v1/gpus/{gpu}/mig``."""
+    """``POST /api/v1/gpus/{gpu}/mig``. ``instances`` must be given: the layout is exactly them, so
+    an empty body would destroy every idle instance (the hostile review's ``{}``); ``[]`` says so
+    on purpose (and is what turning MIG off sends)."""
 
     mig_enabled: bool = True
-    instances: list[MigInstanceBody] = Field(default_factory=list)
+    instances: list[MigInstanceBody] = Field(
+        description="the layout, every instance ([] removes them all; required)",
+    )
     drain: bool = Field(False, description="move workloads off instances that go")
     allow_mode_change: bool = Field(False, description="turn MIG mode on or off as asked")
     pin: bool = Field(True, description="keep the layout as set until released")

@@ -27,7 +27,7 @@ def problems(model: type[BaseModel], raw: Any) -> list[tuple[str | None, str, st
     ("raw", "expected"),
     [
         (
-            {"instancez": [], "mig_enabeld": True},
+            {"instances": [], "instancez": [], "mig_enabeld": True},
             [
                 (
                     "body",
@@ -40,11 +40,17 @@ def problems(model: type[BaseModel], raw: Any) -> list[tuple[str | None, str, st
             {"instances": [{"profile": "1g.18gb", "start": 0, "size": 1}]},
             [("instances[0]", "unknown field(s) 'size'", "use only profile, start")],
         ),
-        ({"drain": "no"}, [("drain", "must be true or false, not the string 'no'", BOOL_FIX)]),
         (
-            {"mig_enabled": 1},
+            {"instances": [], "drain": "no"},
+            [("drain", "must be true or false, not the string 'no'", BOOL_FIX)],
+        ),
+        (
+            {"instances": [], "mig_enabled": 1},
             [("mig_enabled", "must be true or false, not the number 1", BOOL_FIX)],
         ),
+        # the layout is exactly the instances: a body without them (which would destroy every
+        # idle instance) is refused
+        ({}, [("instances", "is missing", "send {...}")]),
         (
             {"instances": [{"profile": "1g.18gb", "start": -1}]},
             [("instances[0].start", "-1 is below 0", "give 0 or more")],
