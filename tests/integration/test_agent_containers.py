@@ -64,6 +64,16 @@ def settings(tmp_path: Path) -> Iterator[OperatorSettings]:
     CdiSpecs(Path("/etc/cdi"), kind).remove()
 
 
+def allowing(tmp_path: Path, allowed: Path) -> OperatorSettings:
+    """Containers by podman that may mount /usr and ``allowed``, with a CDI kind of the test's."""
+    kind = f"gpufrac.io/agent{abs(hash(str(tmp_path))) % 10**8}"
+    return OperatorSettings(
+        containers=ContainerSettings(
+            engine="podman", allowed_mounts=("/usr", str(allowed)), cdi_kind=kind
+        )
+    )
+
+
 def podman(*args: str) -> str:
     return subprocess.run([*PODMAN, *args], capture_output=True, text=True, check=False).stdout
 
@@ -412,12 +422,8 @@ def test_a_mount_whose_link_leads_out_after_apply_is_refused_at_its_start(
     allowed.mkdir()
     outside.mkdir()
     (allowed / "data").mkdir()
-    kind = f"gpufrac.io/agent{abs(hash(str(tmp_path))) % 10**8}"
-    settings = OperatorSettings(
-        containers=ContainerSettings(
-            engine="podman", allowed_mounts=("/usr", str(allowed)), cdi_kind=kind
-        )
-    )
+    settings = allowing(tmp_path, allowed)
+    kind = settings.containers.cdi_kind
     agent = Agent(data_dir, dev, settings, stop_grace=1.0)
     try:
         w = replace(
@@ -455,12 +461,8 @@ def test_a_mount_a_tenant_could_swap_is_refused_at_apply_and_nothing_is_stored(
     allowed = tmp_path / "share"
     (allowed / "bob" / "d").mkdir(parents=True)
     os.chown(allowed / "bob", 200001, 200001)
-    kind = f"gpufrac.io/agent{abs(hash(str(tmp_path))) % 10**8}"
-    settings = OperatorSettings(
-        containers=ContainerSettings(
-            engine="podman", allowed_mounts=("/usr", str(allowed)), cdi_kind=kind
-        )
-    )
+    settings = allowing(tmp_path, allowed)
+    kind = settings.containers.cdi_kind
     agent = Agent(data_dir, dev, settings, stop_grace=1.0)
     try:
         base = container("swap", image, "print('ran')", gpu=GpuRequest(memory_mib=1024))
