@@ -186,12 +186,17 @@ def port_owners(port: int) -> set[int] | None:
         if not proc.isdigit():
             continue
         try:
-            for fd in os.listdir(f"/proc/{proc}/fd"):
-                if os.readlink(f"/proc/{proc}/fd/{fd}") in wanted:
-                    owners.add(int(proc))
-                    break
+            fds = os.listdir(f"/proc/{proc}/fd")
         except OSError:  # gone, or not ours to read
             continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{proc}/fd/{fd}")
+            except OSError:  # closed since it was listed: the process's other fds still count
+                continue
+            if link in wanted:
+                owners.add(int(proc))
+                break
     return owners or None
 
 
