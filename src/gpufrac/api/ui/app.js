@@ -111,6 +111,15 @@ async function api(path) {
   return r.json();
 }
 
+// Every request answered before the page acts on a failure: a refused token shows the login once,
+// with no request of the old token still in flight behind it.
+async function allAnswered(requests) {
+  const answers = await Promise.allSettled(requests);
+  const failed = answers.filter((a) => a.status === "rejected").map((a) => a.reason);
+  if (failed.length) throw failed.find((e) => e instanceof AuthNeeded) || failed[0];
+  return answers.map((a) => a.value);
+}
+
 function setStatus(text, kind) {
   const el = byId("status");
   el.textContent = text;
@@ -177,7 +186,7 @@ function begin() {
 
 async function poll(first) {
   try {
-    const [gpus, workloads, deployments] = await Promise.all([
+    const [gpus, workloads, deployments] = await allAnswered([
       api("/api/v1/gpus"),
       api("/api/v1/workloads"),
       api("/api/v1/deployments"),
