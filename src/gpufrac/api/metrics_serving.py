@@ -101,6 +101,12 @@ def serving_families(deployments: Deployments) -> Iterator[Metric]:
             "counter",
             "The autoscaler's decisions: up and down (replicas), boost and unboost (QoS weight).",
         ),
+        "moved": Family(
+            "gpufrac_deployment_replica_moves",
+            "counter",
+            "Replicas moved to make room for a waiting MIG request (a replacement ready, the"
+            " replica drained): moves, not restarts (docs/scheduler.md, Moves).",
+        ),
     }
     for d, _ in deployments.specs():
         lab = {"tenant": d.tenant, "deployment": d.name}
@@ -108,6 +114,7 @@ def serving_families(deployments: Deployments) -> Iterator[Metric]:
         if counts is not None:
             for state, n in zip(("wanted", "ready", "draining"), counts, strict=True):
                 f["replicas"].add({**lab, "state": state}, n)
+        f["moved"].add(lab, deployments.moves_done.get(d.key, 0))
         for direction, n in deployments.scale_counts.get(d.key, {}).items():
             f["scaled"].add({**lab, "direction": direction}, n)
         traffic: dict[str, Any] = deployments.traffic.get(route_name(d), {})

@@ -281,6 +281,8 @@ class ClusterCore:
             d = self._place(self.scheduler.submit(a.spec))
             to = self.assigned[a.workload].node if d.outcome == "placed" else None
             moved.append(Moved(a.workload, a.node, to, why if to else f"{why}; {d.reason}"))
+        # moves that make room (docs/scheduler.md): plans given up or begun, services restarted
+        self._placed(self.scheduler.plan_moves())
         return moved
 
     # -- desired state ---------------------------------------------------------------------------

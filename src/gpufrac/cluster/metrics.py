@@ -41,9 +41,17 @@ class ControlCollector:
                 state.add({"node": n.name}, n.state == "alive")
                 gpus.add({"node": n.name}, n.gpus)
                 age.add({"node": n.name}, round(n.last_heartbeat_s or 0.0, 3))
+            moves = Family(
+                "gpufrac_scheduler_moves",
+                "counter",
+                "Moves begun to make room for waiting MIG requests since the control plane"
+                " started (docs/scheduler.md, Moves).",
+            )
+            moves.add({}, control.core.scheduler.move_budget.begun)
             yield state.metric
             yield gpus.metric
             yield age.metric
+            yield moves.metric
             phases: Counter[tuple[str, str, str]] = Counter()
             pending = Family(
                 "gpufrac_workload_pending_seconds",

@@ -25,6 +25,7 @@ from gpufrac.model.deployment import LABEL
 from gpufrac.model.event import Event
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import WorkloadSpec
+from gpufrac.planning.moves import Move
 from gpufrac.planning.sched_decision import ANOTHER_TENANTS, Decision
 from gpufrac.runtime.failures import Failures
 from gpufrac.runtime.store import Store
@@ -105,6 +106,9 @@ class ControlServing:
 
     def gpu_busy(self, key: str, st: ReplicaState) -> float | None:
         return None  # per-process SM use stays on the node
+
+    def moving(self) -> Mapping[str, Move]:
+        return self.control.core.scheduler.moving
 
     def where(self, key: str) -> tuple[str, str | None]:
         a = self.control.core.assigned.get(key)

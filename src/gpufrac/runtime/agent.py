@@ -282,7 +282,7 @@ class Agent:
             node=self.node,
             node_labels=settings.node_labels,
         )
-        self.scheduler = Scheduler(gpus, settings, recut=recut)
+        self.scheduler = Scheduler(gpus, settings, recut=recut, clock=clock)
         self.mps = MpsDaemons(
             shared_dir(data_dir) / "mps",
             log_root=data_dir / "mps",
@@ -621,6 +621,8 @@ class Agent:
         with self.lock:
             self.executor.record_mig()
             self._upkeep()
+            # moves that make room (docs/scheduler.md): plans given up or begun, services restarted
+            self.executor.record(self.scheduler.plan_moves())
             self.runs.sweep()
             self.memory.new_pass()
             states = [self._step(w) for w in self.store.workloads()]

@@ -217,7 +217,14 @@ def workload_families(
             "gauge",
             "Workloads sharing one MIG instance inside (by MPS or time-slices, the mode label).",
         ),
+        "moves": Family(
+            "gpufrac_scheduler_moves",
+            "counter",
+            "Moves begun to make room for waiting MIG requests (replicas replaced, movable"
+            " services restarted) since the agent started (docs/scheduler.md, Moves).",
+        ),
     }
+    f["moves"].add({"Hostname": agent.node}, agent.scheduler.move_budget.begun)
     for sg in agent.scheduler.state.gpus:
         dg = gpus.get(sg.uuid)
         for pl, nest in sorted(sg.nests.items()):

@@ -48,6 +48,7 @@ from gpufrac.serving.autoscaler import (
 
 if TYPE_CHECKING:
     from gpufrac.model.settings import OperatorSettings
+    from gpufrac.planning.moves import Move
     from gpufrac.planning.sched_decision import Decision
     from gpufrac.runtime.agent import Agent
     from gpufrac.runtime.failures import Failures
@@ -122,6 +123,10 @@ class ServingHost(Protocol):
         """The address the workload listens at for the gateway, and its node (None on one
         machine)."""
 
+    def moving(self) -> Mapping[str, Move]:
+        """The replicas the scheduler moves to make room (``Scheduler.moving``): each is
+        replaced by a new replica first, and drained once that one serves."""
+
 
 class AgentServing:
     """One machine's agent as a ``ServingHost``."""
@@ -173,6 +178,10 @@ class AgentServing:
     def where(self, key: str) -> tuple[str, str | None]:
         return "127.0.0.1", None
 
+    def moving(self) -> Mapping[str, Move]:
+        with self.agent.lock:
+            return self.agent.scheduler.moving
+
 
 class Deployments:
     def __init__(
@@ -208,8 +217,10 @@ class Deployments:
         # unboost), and the replicas wanted, ready (serving) and draining after the last pass
         self.scale_counts: dict[str, dict[ScaleDirection, int]] = {}
         self.replica_counts: dict[str, tuple[int, int, int]] = {}
+        self.moves_done: dict[str, int] = {}  # per deployment key: replicas moved (drained)
         self._sent: dict[str, str] = {}
         self._settled = False  # the running gateway was told "G" (every deployment was sent)
+        self._moving: dict[str, Move] = {}  # replicas being moved, as last told (events once)
         # during a reconcile pass: every deployment's replicas and the ports taken, read once
         self._index: dict[tuple[str, str], list[WorkloadSpec]] | None = None
         self._ports: set[int] | None = None
@@ -347,9 +358,20 @@ class Deployments:
             if int(seen.get("outstanding", 0)) > 0:  # requests in flight: busy on its GPU
                 self.runner.note_busy(f"{d.tenant}/{name}")
         replicas = self.views(d, states)
-        current = [r for r in replicas if r.template == d.template_hash and not r.draining]
+        moving = self._moves_of(d, replicas)
+        # a replica being moved counts as one of an old template: a replacement is made for it,
+        # and it goes (drained) only once enough others are ready (make-before-break)
+        current = [
+            r
+            for r in replicas
+            if r.template == d.template_hash and not r.draining and r.name not in moving
+        ]
         want = self._wanted(d, scaled, current, traffic, now)
-        have = {int(r.name.rsplit("-", 1)[1]) for r in current}
+        # a new replica's index is none of the current ones' nor a moved one's (its name stays
+        # its own until it is deleted)
+        have = {int(r.name.rsplit("-", 1)[1]) for r in current} | {
+            int(name.rsplit("-", 1)[1]) for name in moving
+        }
         missing = max(0, want - len(current))
         # replicas are the tenant's workloads: no more of them than its bound on stored workloads
         cap, setting = self.runner.settings.workload_cap(d.tenant)
@@ -369,14 +391,31 @@ class Deployments:
         retire = [r.name for r in surplus[: max(0, len(current) - want)]]
         # replicas of an old template: one not ready serves nothing and goes at once; a ready one
         # goes only while the ready replicas left still number at least ``want`` (new before old)
-        old = [r for r in replicas if r.template != d.template_hash and not r.draining]
+        old = [
+            r
+            for r in replicas
+            if (r.template != d.template_hash or r.name in moving) and not r.draining
+        ]
         retire += [r.name for r in old if not r.ready]
         ready_old = [r for r in old if r.ready]
         ready_new = sum(1 for r in current if r.ready and r.name not in retire)
         spare = len(ready_old) if want == 0 else max(0, ready_new + len(ready_old) - want)
         retire += [r.name for r in ready_old[:spare]]
         for name in retire:
-            self.draining.setdefault(f"{d.tenant}/{name}", now)
+            key = f"{d.tenant}/{name}"
+            if key not in self.draining and name in moving:
+                m = moving[name]
+                ready = ", ".join(r.name for r in current if r.ready) or "a new replica"
+                self.runner.store.record_event(
+                    "moved",
+                    key,
+                    f"moved to make room for {m.cause}: replaced by {ready} (ready), it drains "
+                    "and is deleted",
+                    {"deployment": d.key, "gpu": m.gpu, "mig": m.placement.to_json()},
+                    cause=m.cause,
+                )
+                self.moves_done[d.key] = self.moves_done.get(d.key, 0) + 1
+            self.draining.setdefault(key, now)
         serving = [r for r in replicas if r.ready and f"{d.tenant}/{r.name}" not in self.draining]
         self.replica_counts[d.key] = (
             want,
@@ -392,6 +431,30 @@ class Deployments:
                 field="spec.replicas",
                 fix=f"scale it down, delete other workloads, or have the operator raise {setting}",
             )
+
+    def _moves_of(self, d: DeploymentSpec, replicas: list[ReplicaView]) -> dict[str, Move]:
+        """The replicas of ``d`` being moved (by name), each told once when its move begins."""
+        all_moving = self.runner.moving()
+        out = {}
+        for r in replicas:
+            key = f"{d.tenant}/{r.name}"
+            m = all_moving.get(key)
+            if m is None or key in self.draining:
+                self._moving.pop(key, None)
+                continue
+            out[r.name] = m
+            if self._moving.get(key) != m:
+                self._moving[key] = m
+                self.runner.store.record_event(
+                    "moving",
+                    key,
+                    f"moving to make room for {m.cause} (it leaves its {m.placement.profile} "
+                    f"on {m.gpu}): a replacement replica starts first; this one serves until "
+                    "that one is ready",
+                    {"deployment": d.key},
+                    cause=m.cause,
+                )
+        return out
 
     def _wanted(
         self,

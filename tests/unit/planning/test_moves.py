@@ -4,6 +4,8 @@ request meanwhile; the budget holds; a plan that does not finish is given up."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gpufrac.errors import InputError
@@ -44,10 +46,10 @@ def replica(name: str, tenant: str = "a") -> WorkloadSpec:
     )
 
 
-def job(name: str, profile: str = "1g.10gb", tenant: str = "a", **kw: object) -> WorkloadSpec:
+def job(name: str, profile: str = "1g.10gb", tenant: str = "a", **kw: Any) -> WorkloadSpec:
     return WorkloadSpec(
         name=name, tenant=tenant, gpu=GpuRequest(mig_profile=profile), command=("x",), **kw
-    )  # type: ignore[arg-type]
+    )
 
 
 def at(s: Scheduler, spec: WorkloadSpec, gpu: int, start: int, profile: str = "1g.10gb") -> None:
@@ -65,7 +67,9 @@ def at(s: Scheduler, spec: WorkloadSpec, gpu: int, start: int, profile: str = "1
     assert s.allocations(f"{spec.tenant}/{spec.name}"), "restored where asked"
 
 
-def fragmented(settings: OperatorSettings | None = None, first: WorkloadSpec | None = None):
+def fragmented(
+    settings: OperatorSettings | None = None, first: WorkloadSpec | None = None
+) -> tuple[Scheduler, Clock]:
     """GPU 0: a replica (or ``first``) on a 1g.10gb; GPU 1: a job on a 1g.10gb, room for more.
     A 7g.80gb fits neither."""
     clock = Clock()
