@@ -19,6 +19,7 @@ from gpufrac.model.gpu import Health, MigMode
 from gpufrac.model.gpu_manifest import PROFILE_PATTERN
 from gpufrac.model.migplan import MigActionKind
 from gpufrac.model.workload import Mode, QosMode
+from gpufrac.planning.moves import MoveHow
 from gpufrac.planning.sched_decision import ActionKind, DisplaceAction, EndPhase, Outcome
 from gpufrac.planning.views import Capability
 
@@ -125,6 +126,16 @@ class SchedActionJson(Answer):
     reason: str = ""
 
 
+class MoveJson(Answer):
+    """Running work moved to make room for a waiting request (docs/scheduler.md, Moves)."""
+
+    workload: str
+    gpu: str
+    mig: MigPlacementJson
+    how: MoveHow
+    cause: str
+
+
 class DecisionJson(Answer):
     """Where a workload runs, why it waits, or why it is refused (docs/json.md)."""
 
@@ -138,6 +149,9 @@ class DecisionJson(Answer):
     actions: list[SchedActionJson] = Field(default_factory=list)
     cause: str | None = Field(
         None, description="the workload that took its place (its reason names it), if one did"
+    )
+    moves: list[MoveJson] = Field(
+        default_factory=list, description="running work moved to make room for it, if any"
     )
 
 

@@ -47,9 +47,12 @@ def decision_seen_by(who: Caller, d: Decision) -> Decision:
     return replace(
         d,
         cause=None if d.cause is None else named(who, d.cause),
-        reason=shown_text(who, d.reason, [d.cause]),
+        reason=shown_text(who, d.reason, [d.cause, *d.evicted, *(m.workload for m in d.moves)]),
         evicted=tuple(named(who, k) for k in d.evicted),
         actions=tuple(a.renamed(workload=lambda k: named(who, k)) for a in d.actions),
+        moves=tuple(
+            replace(m, workload=named(who, m.workload), cause=named(who, m.cause)) for m in d.moves
+        ),
     )
 
 

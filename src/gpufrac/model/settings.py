@@ -118,6 +118,12 @@ class OperatorSettings:
     mig_reconfigure: MigReconfigure = "idle"
     # may small workloads share one MIG instance (by MPS or time-slices) inside it (docs/mig.md)
     mig_nesting: bool = True
+    # may running deployment replicas and movable services be moved (make-before-break) to make
+    # room for a MIG request that fragmentation keeps out (docs/scheduler.md, "Moves"), and how
+    # many: moves begun in any minute, and of one workload in any hour
+    mig_moves: bool = True
+    max_moves_per_minute: int = 6
+    max_moves_per_workload_per_hour: int = 2
     # the share of a shared GPU's busy time a job gets when it does not say (no job waits forever)
     job_min_share_milli: int = 100
     api_max_body_mib: int = 1  # the largest request body the control API reads
@@ -439,6 +445,17 @@ class SettingsDocument(Strict):
         True,
         description="Whether small workloads may share one MIG instance by MPS or time-slices.",
     )
+    mig_moves: bool = Field(
+        True,
+        description="Whether running replicas and movable services may be moved to make room for "
+        "a MIG request that fragmentation keeps out (docs/scheduler.md, Moves).",
+    )
+    max_moves_per_minute: Annotated[int, Field(ge=0, le=1000)] = Field(
+        6, description="The most moves begun in any minute (0 to 1000; 0: none)."
+    )
+    max_moves_per_workload_per_hour: Annotated[int, Field(ge=0, le=1000)] = Field(
+        2, description="The most moves of one workload in any hour (0 to 1000; 0: none)."
+    )
     job_min_share: ShareMilli | None = Field(
         None, description="The min_share of a job that sets none (10% or 0.1; default 10%)."
     )
@@ -539,6 +556,9 @@ class SettingsDocument(Strict):
             qos_preempt=self.qos_preempt,
             mig_reconfigure=self.mig_reconfigure,
             mig_nesting=self.mig_nesting,
+            mig_moves=self.mig_moves,
+            max_moves_per_minute=self.max_moves_per_minute,
+            max_moves_per_workload_per_hour=self.max_moves_per_workload_per_hour,
             job_min_share_milli=100 if self.job_min_share is None else self.job_min_share,
             api_max_body_mib=1 if self.api_max_body is None else self.api_max_body,
             max_manifest_bytes=self.max_manifest_bytes,

@@ -154,6 +154,8 @@ class WorkloadSpec:
     image: str | None = None
     engine: Engine | None = None  # which engine's memory flags to set (model/engines.py)
     mounts: tuple[VolumeMount, ...] = ()  # a container's bind mounts
+    # a service gpufrac may restart elsewhere to make room (a deployment's replica always may)
+    movable: bool = False
 
     def __hash__(self) -> int:
         return hash((self.tenant, self.name))
@@ -171,6 +173,8 @@ def spec_to_json(spec: WorkloadSpec) -> dict[str, Any]:
         del raw["mounts"]
     else:
         raw["mounts"] = [asdict(m) for m in spec.mounts]
+    if not spec.movable:
+        del raw["movable"]  # specs stored before moves existed stay the same
     for key in ("host_memory_mib", "cpus_milli", "pids", "image", "engine"):
         if raw[key] is None:
             del raw[key]  # likewise: specs stored before host limits existed stay the same

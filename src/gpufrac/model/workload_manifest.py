@@ -350,6 +350,11 @@ def _workload_spec_json_schema(schema: dict[str, Any]) -> None:
             *SPEC_BROKEN,
             {"required": ["health"], "not": service},  # health on a job
             {**job_only, **service},  # backoff_limit or deadline_seconds on a service
+            {  # movable: true on a job
+                "required": ["movable"],
+                "properties": {"movable": {"const": True}},
+                "not": service,
+            },
         ]
     }
 
@@ -378,6 +383,12 @@ class WorkloadSpecFields(SpecFields):
     deadline_seconds: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Jobs only: stopped and failed after this many seconds."
     )
+    movable: bool = Field(
+        False,
+        description="Services only: gpufrac may restart it on another MIG instance to make "
+        "room for a request that fragmentation keeps out (docs/scheduler.md, Moves; it is down "
+        "between). A deployment's replicas are always movable, without a gap.",
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -400,6 +411,14 @@ class WorkloadSpecFields(SpecFields):
                         "spec.restart",
                     )
                 )
+        if self.movable and self.type != "service":
+            broken.append(
+                (
+                    ("movable",),
+                    "a job is never moved (it would lose its progress)",
+                    "remove movable, or set type: service",
+                )
+            )
         report("WorkloadSpec", broken)
         return self
 
@@ -425,4 +444,5 @@ class WorkloadDocument(Strict):
             restart=spec.restart or DEFAULT_RESTART[spec.type],
             backoff_limit=spec.backoff_limit,
             deadline_seconds=spec.deadline_seconds,
+            movable=spec.movable,
         )

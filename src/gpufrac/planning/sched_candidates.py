@@ -12,7 +12,7 @@ instances (``drain`` lets preemption take busy ones too; see ``sched_preempt``).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import replace
 from typing import Literal
 
@@ -80,7 +80,12 @@ def _recut_on(g: SchedGpu, profile: str, need: Need, scope: RecutScope) -> Candi
 
 
 def _recuts(
-    st: ClusterState, model_key: str, profile: str, need: Need, scope: RecutScope
+    st: ClusterState,
+    model_key: str,
+    profile: str,
+    need: Need,
+    scope: RecutScope,
+    kept: Collection[int] = (),
 ) -> Iterator[Candidate]:
     """Re-cuts on the model's MIG GPUs with idle instances, fewest instances destroyed first."""
     if scope in ("none", "create"):
@@ -88,7 +93,7 @@ def _recuts(
     pool = st.idle_mig if scope == "whole_gpu" else st.with_idle
     found = [
         c
-        for gi in sorted(pool.get(model_key, ()))[:SCAN_LIMIT]
+        for gi in sorted(g for g in pool.get(model_key, ()) if g not in kept)[:SCAN_LIMIT]
         if (c := _recut_on(st.gpus[gi], profile, need, scope)) is not None
     ]
     found.sort(key=lambda c: (len(c.destroy), c.gpu))
@@ -115,9 +120,11 @@ def candidates(
     policy: Policy,
     scope: RecutScope,
     passed: dict[str, int] | None = None,
+    kept: Collection[int] = (),
 ) -> Iterator[Candidate]:
     """Candidates per GPU model, best first by the state's indexes; a model is left as soon as
-    ``passed`` says enough of its candidates got through the filters."""
+    ``passed`` says enough of its candidates got through the filters. MIG GPUs in ``kept`` (kept
+    for another request) offer none: their free instances do not hide room elsewhere."""
     done = passed if passed is not None else {}
     spread = policy == "spread"
     first_fit = policy == "first-fit"
@@ -129,7 +136,7 @@ def candidates(
             if profile is None:
                 continue
             need = req.need(model, "mig", profile)
-            free = st.free_instances.get((key, profile), set())
+            free = {x for x in st.free_instances.get((key, profile), set()) if x[0] not in kept}
             order = (
                 (lambda x: x[0])
                 if first_fit
@@ -140,7 +147,7 @@ def candidates(
                 n += 1
             if n or scope == "none":
                 continue
-            addable = st.addable.get((key, profile), set())
+            addable = {gi for gi in st.addable.get((key, profile), set()) if gi not in kept}
             order2 = (
                 (lambda i: i)
                 if first_fit
@@ -153,7 +160,7 @@ def candidates(
                     yield Candidate(gi, mode, need, new, True)
             if n:
                 continue
-            yield from _recuts(st, model.key, profile, need, scope)
+            yield from _recuts(st, model.key, profile, need, scope, kept)
             continue
         need = req.need(model, mode)
         if need.memory_mib > model.memory_total_mib:

@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol, TypeVar, assert_never, get_args
 
 from gpufrac.model.mig import MigPlacement
 from gpufrac.model.workload import MODES, Mode, WorkloadSpec
+from gpufrac.planning.moves import MOVE_HOWS, Move
 
 T = TypeVar("T", bound=str)
 
@@ -149,6 +150,8 @@ class Decision:
     actions: tuple[SchedAction, ...] = ()
     # the workload whose placement took this one's place (a preemption): its reason names it
     cause: str | None = None
+    # running work moved to make room for this waiting request (``planning/moves.py``)
+    moves: tuple[Move, ...] = ()
 
     def mig_actions(self) -> tuple[SchedAction, ...]:
         """The MIG changes (destroys, then the create) this placement needs before its start."""
@@ -166,6 +169,7 @@ def decision_to_json(d: Decision) -> dict[str, object]:
         "evicted": list(d.evicted),
         "actions": [a.to_json() for a in d.actions],
         "cause": d.cause,
+        "moves": [m.to_json() for m in d.moves],
     }
 
 
@@ -250,6 +254,19 @@ def decision_from_json(raw: dict[str, Any]) -> Decision:
         evicted=tuple(raw.get("evicted", ())),
         actions=tuple(action_from_json(a) for a in raw.get("actions", ())),
         cause=raw.get("cause"),
+        moves=tuple(move_from_json(m) for m in raw.get("moves", ())),
+    )
+
+
+def move_from_json(raw: dict[str, Any]) -> Move:
+    placement = _placement(raw.get("mig"))
+    assert placement is not None, "a move leaves an instance"
+    return Move(
+        workload=raw["workload"],
+        gpu=raw["gpu"],
+        placement=placement,
+        how=_choice(raw["how"], MOVE_HOWS, "how"),
+        cause=raw["cause"],
     )
 
 

@@ -20,6 +20,7 @@ Decisions are values (``Decision`` with its ``SchedAction`` list) that the node 
 from __future__ import annotations
 
 import itertools
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -33,7 +34,17 @@ from gpufrac.model.mig import MigPlacement, check_layout
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.units import format_mib
 from gpufrac.model.workload import Mode, WorkloadSpec
-from gpufrac.planning.mig_recut import best_recut
+from gpufrac.planning.mig_recut import Recut, best_recut
+from gpufrac.planning.moves import (
+    MOVE_SUFFIX,
+    MOVE_TIMEOUT_S,
+    Move,
+    MoveBudget,
+    MoveHow,
+    MovePlan,
+    budget_key,
+    move_how,
+)
 from gpufrac.planning.sched_candidates import (
     CANDIDATES_PER_MODEL,
     RecutScope,
@@ -195,6 +206,15 @@ def gpu_name(g: SchedGpu) -> str:
     return g.uuid if g.node and g.uuid.startswith(f"{g.node}/") else str(g.index)
 
 
+# moves: the waiting requests a pass plans for at most, and the GPUs looked at for one
+MOVE_REQUESTS_PER_PASS = 8
+MOVE_OPTIONS = 8
+MOVE_SAID: dict[MoveHow, str] = {
+    "replace": "a replica: replaced first, then drained",
+    "restart": "restarted elsewhere",
+}
+
+
 class Scheduler:
     def __init__(
         self,
@@ -203,7 +223,9 @@ class Scheduler:
         *,
         policy: Policy | None = None,
         recut: RecutScope | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: the time moves are counted by (``planning/moves.py``), in seconds."""
         self.state = ClusterState(gpus)
         self.settings = settings or OperatorSettings()
         self.policy: Policy = policy or self.settings.placement_policy
@@ -215,6 +237,13 @@ class Scheduler:
         # a held MIG request (see _holds) -> the GPU kept for it: requests it outranks take nothing
         # there, so the GPU's busy instances end and it can be re-cut for the one that waits
         self._reserved: dict[str, int] = {}
+        # a waiting MIG request -> the moves begun to make room for it, and the GPU kept for it
+        self._plans: dict[str, MovePlan] = {}
+        self._gave_up: dict[str, float] = {}  # a request whose moves timed out -> when
+        self.clock = clock
+        self.move_budget = MoveBudget(
+            self.settings.max_moves_per_minute, self.settings.max_moves_per_workload_per_hour, clock
+        )
         self.ctx = SchedContext(self.state, self.requests, self.settings, self.policy)
 
     # -- what it knows ---------------------------------------------------------------------------
@@ -228,6 +257,19 @@ class Scheduler:
 
     def allocations(self, key: str) -> list[Allocation]:
         return self.state.allocs.get(key, [])
+
+    @property
+    def moving(self) -> dict[str, Move]:
+        """The deployment replicas being moved (``how == "replace"``) whose move is still wanted:
+        the caller starts a replacement of each, and deletes the replica once its replacement
+        serves. A replica missing here is no longer to be moved (its request was placed, deleted,
+        or its moves timed out)."""
+        return {
+            m.workload: m
+            for plan in self._plans.values()
+            for m in plan.moves
+            if m.workload in plan.left
+        }
 
     # -- the public operations -----------------------------------------------------------------
 
@@ -406,6 +448,10 @@ class Scheduler:
         self.pending.pop(key, None)
         self._passed.pop(key, None)
         self._reserved.pop(key, None)
+        self._plans.pop(key, None)
+        self._gave_up.pop(key, None)
+        for plan in self._plans.values():  # a replica moved: its replacement serves, it went
+            plan.left.discard(key)
         freed = self.state.release(key)
         if not freed:
             return []
@@ -533,6 +579,7 @@ class Scheduler:
                     placed = self._commit(st, req, chosen, ())
                     st.commit()
                 self._reserved.pop(key, None)
+                self._plans.pop(key, None)
                 if nest and preempt and self._opened_nest(chosen[0]):
                     # a new shared instance was made for two waiting needs: the other (and any
                     # more that fit) take their shares of it now (not from within a retry, whose
@@ -541,6 +588,9 @@ class Scheduler:
                 return [placed]
             if mode == "mig" and not nest and allowed in ("idle", "drain") and self._holds(req):
                 self._reserve(req)
+        if key in self._plans:  # moves under way make room for it: its reason says so
+            self.pending[key] = self._plans[key].reason
+            return [self.pending.decision(key)]
         if only is not None or scope is not None:  # a cheap retry found nothing: the reason stays
             return [self.pending.decision(key)]
         policy = self.settings.preemption(req.tenant, req.spec.preemption)
@@ -568,6 +618,10 @@ class Scheduler:
         self._closed_reasons(req, reasons)
         reason = reasons.text() or "no GPU has room"
         self.pending[key] = reason
+        if preempt:
+            moved = self._plan_moves(req)
+            if moved is not None:
+                return moved
         return [Decision(key, "pending", reason)]
 
     def _selected_nodes(self, req: SchedRequest) -> str:
@@ -649,10 +703,20 @@ class Scheduler:
         later ones have gone ahead of it by a re-cut ``RECUT_BYPASS`` times."""
         return self._passed.get(req.key, 0) >= RECUT_BYPASS
 
+    def _offers(self, req: SchedRequest, g: SchedGpu) -> bool:
+        """Whether MIG GPU ``g`` has a free instance of ``req``'s profile, or room for one."""
+        profile = req.mig_profile(g.model)
+        if profile is None:
+            return False
+        key = (g.model.key, profile)
+        return any(gi == g.index for gi, _ in self.state.free_instances.get(key, ())) or (
+            g.index in self.state.addable.get(key, ())
+        )
+
     def _kept_from(self, req: SchedRequest) -> set[int]:
         """The GPUs kept for held MIG requests of ``req``'s tenant that come before it (higher
-        priority, or equal and earlier)."""
-        kept = set()
+        priority, or equal and earlier), and those being emptied by moves for another request."""
+        kept = {plan.gpu for key, plan in self._plans.items() if key != req.key}
         for key, gi in self._reserved.items():
             other = self.requests.get(key)
             if (
@@ -697,6 +761,226 @@ class Scheduler:
         """Whether an earlier MIG request of the same tenant, of at least ``req``'s priority, waits
         and holds the re-cuts behind it (``_holds``)."""
         return any(self._holds(other) for other in self._earlier(req))
+
+    # -- moves that make room (planning/moves.py) --------------------------------------------------
+
+    def plan_moves(self) -> list[Decision]:
+        """Called now and then (each reconcile pass): give up move plans that did not let their
+        request in within ``MOVE_TIMEOUT_S`` (the request's new reason in a decision), forget those
+        whose request was placed or deleted, and begin moves for waiting MIG requests that have
+        none (most important first, as the budget allows: a request refused for the budget now is
+        tried again later). Returns the decisions: the waiting requests' (with their ``moves``),
+        and those of the services restarted elsewhere."""
+        out: list[Decision] = []
+        now = self.clock()
+        for key, plan in list(self._plans.items()):
+            if key not in self.pending:
+                del self._plans[key]
+            elif now - plan.begun > MOVE_TIMEOUT_S:
+                del self._plans[key]
+                self._gave_up[key] = now  # no new moves for it for as long
+                reason = (
+                    f"{self.pending[key]}; the moves begun for it {now - plan.begun:.0f} s ago "
+                    f"did not let it in within {MOVE_TIMEOUT_S:.0f} s (a replacement never "
+                    "became ready, or its GPU changed): given up, the replicas stay where they are"
+                )
+                self.pending[key] = reason
+                out.append(Decision(key, "pending", reason))
+        if not self.settings.mig_moves or self.move_budget.refusal(["?"]) is not None:
+            return out
+        for key in [k for k, t in self._gave_up.items() if now - t > MOVE_TIMEOUT_S]:
+            del self._gave_up[key]
+        todo = sorted(
+            (
+                self.requests[k]
+                for k in self.pending.mig
+                if k not in self._plans and k not in self._gave_up
+            ),
+            key=lambda r: (-r.priority, r.order),
+        )
+        tried: set[int] = set()
+        for req in todo[:MOVE_REQUESTS_PER_PASS]:
+            if req.shape in tried:
+                continue
+            tried.add(req.shape)
+            moved = self._plan_moves(req)
+            if moved is not None:
+                out += moved
+        return out
+
+    def _plan_moves(self, req: SchedRequest) -> list[Decision] | None:
+        """Begin the fewest moves of movable work off one MIG GPU that let ``req`` (waiting) in by
+        a re-cut there, each mover having room elsewhere now; None if there are none (or the
+        operator allows none, or the budget has no room)."""
+        if (
+            not self.settings.mig_moves
+            or self.recut == "none"
+            or "mig" not in req.kinds
+            or req.key in self._plans
+        ):
+            return None
+        for g, recut in self._move_options(req):
+            keys = [budget_key(self.requests[v].spec) for v in recut.evict]
+            if self.move_budget.refusal(keys) is not None:
+                continue
+            if self._movers_fit(req, g, recut.evict):
+                return self._begin_moves(req, g, recut)
+        return None
+
+    def _move_options(self, req: SchedRequest) -> list[tuple[SchedGpu, Recut]]:
+        """The MIG GPUs where moving movable work (and destroying idle instances) makes room for
+        ``req``'s profile, cheapest first: fewest moves, then the fewest busy memory slots."""
+        kept = self._kept_from(req)
+        moving = {w for plan in self._plans.values() for w in plan.left}
+        options: list[tuple[tuple[int, int, int], SchedGpu, Recut]] = []
+        for g in self.state.mig_gpus:
+            if g.index in kept or g.pinned or not g.schedulable or not req.admits(g.node_labels):
+                continue
+            profile = req.mig_profile(g.model)
+            if profile is None:
+                continue
+            if self._prefilter(req, req.need(g.model, "mig", profile), 1) is not None:
+                continue  # its quota keeps it out there, moves or not
+            movable = frozenset(
+                o
+                for o in g.instances.values()
+                if o is not None and o not in moving and self._may_move(o, req)
+            )
+            if not movable:
+                continue
+            recut = best_recut(g.model, g.instances, profile, movable)
+            if recut is None or not recut.evict:
+                continue
+            slots = sum(
+                g.model.profile(pl.profile).memory_slots
+                for pl in recut.destroy
+                if g.instances.get(pl) is not None
+            )
+            options.append(((len(recut.evict), slots, g.index), g, recut))
+        options.sort(key=lambda o: o[0])
+        return [(g, recut) for _, g, recut in options[:MOVE_OPTIONS]]
+
+    def _may_move(self, key: str, req: SchedRequest) -> bool:
+        """Whether workload ``key`` may be moved for ``req``: a deployment's replica (replaced
+        first, nothing lost), or a movable service of no higher priority (restarted)."""
+        other = self.requests.get(key)
+        if other is None:
+            return False  # an instance taken outside gpufrac, or shared inside (NESTED)
+        match move_how(other.spec):
+            case "replace":
+                return True
+            case "restart":
+                return other.priority <= req.priority
+            case None:
+                return False
+            case _ as never:
+                assert_never(never)
+
+    def _movers_fit(self, req: SchedRequest, g: SchedGpu, movers: Sequence[str]) -> bool:
+        """Whether each of ``movers`` has room off GPU ``g`` now, together (a trial, rolled back):
+        a replica's replacement starts while the replica still runs, so its room is extra."""
+        self._plans[req.key] = MovePlan(req.key, g.index, (), self.clock(), "")  # g kept
+        trial = self.state.statement()
+        stand_ins: list[str] = []
+        try:
+            for v in movers:
+                spec = self.requests[v].spec
+                tmp = SchedRequest(
+                    replace(spec, name=spec.name + MOVE_SUFFIX),
+                    0,
+                    self.settings.kept_to(spec.tenant),
+                )
+                self.requests[tmp.key] = tmp
+                stand_ins.append(tmp.key)
+                chosen = self._elsewhere(tmp)
+                if chosen is None:
+                    return False
+                self._commit(trial, tmp, chosen, ())
+            return True
+        finally:
+            trial.rollback()
+            for k in stand_ins:
+                del self.requests[k]
+                self.pending.pop(k, None)
+            del self._plans[req.key]
+
+    def _elsewhere(self, req: SchedRequest) -> list[Candidate] | None:
+        """Where ``req`` fits now without preempting anyone, off the GPUs kept for others (a
+        re-cut of idle instances at most)."""
+        scope: RecutScope = "idle" if self.recut == "drain" else self.recut
+        for mode in req.modes:
+            reasons = Reasons()
+            if mode == "exclusive":
+                chosen = self._whole_gpus(req, reasons)
+            else:
+                chosen = self._choose(req, mode, reasons, None, scope)
+            if chosen:
+                return chosen
+        return None
+
+    def _begin_moves(self, req: SchedRequest, g: SchedGpu, recut: Recut) -> list[Decision]:
+        """Spend the budget, keep ``g`` for ``req``, restart the movable services elsewhere now
+        (as preemption moves its victims), and leave the replicas' replacements to the caller
+        (``moving``); ``req`` is placed at once where only services were in the way."""
+        at = {o: pl for pl, o in g.instances.items() if o is not None}
+        moves = []
+        for v in recut.evict:
+            how = move_how(self.requests[v].spec)
+            assert how is not None
+            moves.append(Move(v, g.uuid, at[v], how, req.key))
+        self.move_budget.spend(budget_key(self.requests[m.workload].spec) for m in moves)
+        profile = recut.create.profile
+        where = gpu_name(g)
+        said = ", ".join(f"{m.workload} ({MOVE_SAID[m.how]})" for m in moves)
+        reason = (
+            f"waiting for {len(moves)} move(s) that make room for a {profile} on GPU {where}: "
+            f"{said}"
+        )
+        replaced = {m.workload for m in moves if m.how == "replace"}
+        self._plans[req.key] = MovePlan(
+            req.key, g.index, tuple(moves), self.clock(), reason, replaced
+        )
+        self.pending[req.key] = reason
+        restarted: list[Decision] = []
+        evicts: list[SchedAction] = []
+        for m in moves:
+            if m.how != "restart":
+                continue
+            why = f"moved to make room for {req.key} (a {profile} on {where})"
+            mover = self.requests[m.workload]
+            with self.state.statement() as st:
+                st.release(m.workload)
+                chosen = self._elsewhere(mover)
+                if chosen is None:  # the trial found it room: only a bug gets here
+                    st.rollback()
+                    continue
+                placed = self._commit(st, mover, chosen, ())
+                st.commit()
+            evicts.append(SchedAction("evict", m.workload, reason=why))
+            restarted.append(replace(placed, cause=req.key))
+        evicted = tuple(a.workload for a in evicts)
+        if not replaced:  # only services were in the way: they went, it fits now
+            del self.pending[req.key]
+            now = self._try(req, preempt=False)
+            first = now[0]
+            return [
+                replace(
+                    first, evicted=evicted, actions=(*evicts, *first.actions), moves=tuple(moves)
+                ),
+                *restarted,
+                *now[1:],
+            ]
+        return [
+            Decision(
+                req.key,
+                "pending",
+                reason,
+                evicted=evicted,
+                actions=tuple(evicts),
+                moves=tuple(moves),
+            ),
+            *restarted,
+        ]
 
     def _preempt(
         self, req: SchedRequest, victims: list[str], chosen: list[Candidate]
@@ -806,6 +1090,11 @@ class Scheduler:
         passed: dict[str, int] = {}  # per GPU model, candidates that got through the filters
         barred: dict[str, Status | None] = {}  # per GPU model, the pre-filters' answer
         refused: list[str] = []  # why GPUs with room for it were passed over
+        kept = self._kept_from(req)
+        if mode == "mig" and not nest:
+            for gi in sorted(kept):  # offered nothing (candidates), yet had room: said
+                if self._offers(req, self.state.gpus[gi]):
+                    note(refused, f"GPU {gi} is kept for a MIG request waiting before it")
         if nest:
             cands = nest_candidates(
                 self.state,
@@ -817,10 +1106,9 @@ class Scheduler:
                 only,
             )
         elif only is None:
-            cands = candidates(self.state, self.ctx, req, mode, self.policy, scope, passed)
+            cands = candidates(self.state, self.ctx, req, mode, self.policy, scope, passed, kept)
         else:
             cands = candidates_on(self.state, req, mode, only, scope)
-        kept = self._kept_from(req)
         for cand in cands:
             if cand.gpu in kept:
                 note(refused, f"GPU {cand.gpu} is kept for a MIG request waiting before it")

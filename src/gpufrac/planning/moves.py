@@ -1,0 +1,136 @@
+"""Moves that make room: running work moved off a fragmented MIG GPU so a waiting request fits.
+
+Pure.
+
+A MIG request can wait although the GPUs hold enough free memory slots in all, because no one GPU
+has them where its profile can go: small busy instances sit in the way. Re-cuts destroy idle
+instances only (``mig_recut``), preemption (``drain``) evicts lower-priority work; neither moves
+running work. The scheduler (``Scheduler.plan_moves``) may move what is movable instead:
+
+* a deployment's replica (label ``gpufrac.io/deployment``), **replaced**: the caller starts a
+  replacement replica first (the GPU being emptied is kept for the waiting request, so it lands
+  elsewhere), lets it take traffic, then drains and deletes the old one; its going lets the
+  request in by a re-cut. Nothing is lost, and the move costs a replica's cold start.
+* a service with ``spec.movable: true``, **restarted**: released and placed elsewhere at once, as
+  a preempted workload is (its port stays; it is down between); the request is placed by the same
+  decision.
+* a job never (a save-and-resume hook would be needed first).
+
+Moves are bounded by a budget (``MoveBudget``): moves begun in any minute, and of one workload (a
+deployment counts as one) in any hour, so nothing thrashes. What this module holds: the move
+records, which workloads may move and how, and the budget; the search is the scheduler's (it needs
+its candidates and filters).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from gpufrac.model.deployment import LABEL as DEPLOYMENT_LABEL
+from gpufrac.model.mig import MigPlacement
+from gpufrac.model.workload import WorkloadSpec
+
+MoveHow = Literal["replace", "restart"]
+MOVE_HOWS: tuple[MoveHow, ...] = get_args(MoveHow)
+
+# a plan whose moves have not let its request in after this long is given up: its GPU is no longer
+# kept, and the replicas still in place stay where they are (a replacement that never became ready)
+MOVE_TIMEOUT_S = 600.0
+MOVE_SUFFIX = "~move"  # the name of a trial request standing for a mover's replacement
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """``workload`` leaves instance ``placement`` of GPU ``gpu`` (a UUID) so that ``cause`` (a
+    waiting request) can have a profile there."""
+
+    workload: str
+    gpu: str
+    placement: MigPlacement
+    how: MoveHow
+    cause: str
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "workload": self.workload,
+            "gpu": self.gpu,
+            "mig": self.placement.to_json(),
+            "how": self.how,
+            "cause": self.cause,
+        }
+
+
+@dataclass(slots=True)
+class MovePlan:
+    """The moves begun for one waiting request, and the GPU kept for it meanwhile."""
+
+    request: str
+    gpu: int  # the GPU's index in the scheduler's state
+    moves: tuple[Move, ...]
+    begun: float
+    reason: str  # the request's reason while it waits for them
+    left: set[str] = field(default_factory=set)  # movers still in place (replacements pending)
+
+
+def move_how(spec: WorkloadSpec) -> MoveHow | None:
+    """How ``spec`` may be moved, or None if it may not be."""
+    if DEPLOYMENT_LABEL in spec.labels:
+        return "replace"
+    if spec.movable and spec.type == "service":
+        return "restart"
+    return None
+
+
+def budget_key(spec: WorkloadSpec) -> str:
+    """Whose moves count together against the per-workload budget: a deployment's (its replicas
+    are replaced by new ones of other names), else the workload's own."""
+    group = spec.labels.get(DEPLOYMENT_LABEL)
+    return f"{spec.tenant}/{group}" if group is not None else f"{spec.tenant}/{spec.name}"
+
+
+class MoveBudget:
+    """Moves begun in any minute (``per_minute``) and of one key in any hour
+    (``per_workload_hour``), by the times the clock gave when each began."""
+
+    def __init__(self, per_minute: int, per_workload_hour: int, clock: Callable[[], float]) -> None:
+        self.per_minute, self.per_workload_hour = per_minute, per_workload_hour
+        self.clock = clock
+        self._recent: deque[float] = deque()  # every move begun in the last minute
+        self._by_key: dict[str, deque[float]] = {}  # per key, its moves of the last hour
+        self.begun = 0  # in all, since start
+
+    def _trim(self, now: float) -> None:
+        while self._recent and self._recent[0] <= now - 60.0:
+            self._recent.popleft()
+        for key in [k for k, q in self._by_key.items() if not q or q[-1] <= now - 3600.0]:
+            del self._by_key[key]
+
+    def refusal(self, keys: Iterable[str]) -> str | None:
+        """Why moves of ``keys`` (one per move) may not begin now, or None if they may."""
+        now = self.clock()
+        self._trim(now)
+        keys = list(keys)
+        if len(self._recent) + len(keys) > self.per_minute:
+            return (
+                f"{len(self._recent)} move(s) begun in the last minute, at most "
+                f"{self.per_minute} (max_moves_per_minute in gpufrac.yaml)"
+            )
+        for key in set(keys):
+            q = self._by_key.get(key, deque())
+            recent = sum(1 for t in q if t > now - 3600.0)
+            if recent + keys.count(key) > self.per_workload_hour:
+                return (
+                    f"{key} was moved {recent} time(s) in the last hour, at most "
+                    f"{self.per_workload_hour} (max_moves_per_workload_per_hour in gpufrac.yaml)"
+                )
+        return None
+
+    def spend(self, keys: Iterable[str]) -> None:
+        now = self.clock()
+        for key in keys:
+            self._recent.append(now)
+            self._by_key.setdefault(key, deque()).append(now)
+            self.begun += 1

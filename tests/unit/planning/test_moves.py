@@ -1,0 +1,214 @@
+"""Moves that make room (planning/moves.py, ``Scheduler.plan_moves``): a replica is replaced off a
+fragmented MIG GPU, a movable service restarted, a job never moved; the GPU is kept for the waiting
+request meanwhile; the budget holds; a plan that does not finish is given up."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufrac.errors import InputError
+from gpufrac.model.catalog import lookup_model
+from gpufrac.model.deployment import LABEL
+from gpufrac.model.manifest import parse_manifests
+from gpufrac.model.mig import MigPlacement
+from gpufrac.model.settings import OperatorSettings
+from gpufrac.model.workload import GpuRequest, WorkloadSpec
+from gpufrac.planning.moves import MoveBudget
+from gpufrac.planning.sched_decision import decision_from_json, decision_to_json
+from gpufrac.planning.sched_state import SchedGpu
+from gpufrac.planning.scheduler import Decision, Scheduler
+
+H100 = lookup_model("h100")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fleet(n: int) -> list[SchedGpu]:
+    return [SchedGpu(f"GPU-{i}", i, H100, mig=True) for i in range(n)]
+
+
+def replica(name: str, tenant: str = "a") -> WorkloadSpec:
+    return WorkloadSpec(
+        name=name,
+        tenant=tenant,
+        gpu=GpuRequest(mig_profile="1g.10gb"),
+        command=("serve",),
+        type="service",
+        labels={LABEL: name.rsplit("-", 1)[0]},
+    )
+
+
+def job(name: str, profile: str = "1g.10gb", tenant: str = "a", **kw: object) -> WorkloadSpec:
+    return WorkloadSpec(
+        name=name, tenant=tenant, gpu=GpuRequest(mig_profile=profile), command=("x",), **kw
+    )  # type: ignore[arg-type]
+
+
+def at(s: Scheduler, spec: WorkloadSpec, gpu: int, start: int, profile: str = "1g.10gb") -> None:
+    """Put ``spec`` on GPU ``gpu``'s instance at ``start`` (as an agent restores a placement)."""
+    s.restore(
+        spec,
+        Decision(
+            f"{spec.tenant}/{spec.name}",
+            "placed",
+            mode="mig",
+            gpus=(f"GPU-{gpu}",),
+            mig=MigPlacement(start, profile),
+        ),
+    )
+    assert s.allocations(f"{spec.tenant}/{spec.name}"), "restored where asked"
+
+
+def fragmented(settings: OperatorSettings | None = None, first: WorkloadSpec | None = None):
+    """GPU 0: a replica (or ``first``) on a 1g.10gb; GPU 1: a job on a 1g.10gb, room for more.
+    A 7g.80gb fits neither."""
+    clock = Clock()
+    s = Scheduler(fleet(2), settings or OperatorSettings(), clock=clock)
+    at(s, first or replica("web-0"), 0, 6)
+    at(s, job("train"), 1, 6)
+    return s, clock
+
+
+def test_a_replica_in_the_way_is_replaced_elsewhere_and_the_request_placed_once_it_goes() -> None:
+    s, _ = fragmented()
+    decisions = s.submit(job("big", "7g.80gb"))
+    big = decisions[0]
+    assert big.outcome == "pending"
+    assert [(m.workload, m.gpu, m.how, m.cause) for m in big.moves] == [
+        ("a/web-0", "GPU-0", "replace", "a/big")
+    ]
+    assert "waiting for 1 move(s)" in big.reason and "a/web-0" in big.reason
+    assert list(s.moving) == ["a/web-0"]
+    # the replacement lands off the GPU kept for the request, though it has room
+    repl = s.submit(replica("web-1"))[0]
+    assert repl.outcome == "placed" and repl.gpus == ("GPU-1",)
+    # another small request keeps off it too
+    other = s.submit(job("small", tenant="b"))[0]
+    assert other.outcome == "placed" and other.gpus == ("GPU-1",)
+    # the replica drained and deleted: the request is placed by a re-cut there
+    after = s.delete("a", "web-0")
+    placed = next(d for d in after if d.workload == "a/big")
+    assert placed.outcome == "placed" and placed.gpus == ("GPU-0",)
+    kinds = [a.kind for a in placed.actions]
+    assert kinds == ["destroy_mig_instance", "create_mig_instance", "start"]
+    assert s.moving == {}
+    # a record of the decision with its moves reads back the same
+    assert decision_from_json(decision_to_json(big)) == big
+
+
+def test_a_job_is_never_moved() -> None:
+    s, _ = fragmented(first=job("eval"))
+    big = s.submit(job("big", "7g.80gb"))[0]
+    assert big.outcome == "pending" and big.moves == ()
+    assert s.moving == {}
+    assert s.plan_moves() == []
+
+
+def test_moves_off_when_the_operator_says_so() -> None:
+    s, _ = fragmented(OperatorSettings(mig_moves=False))
+    big = s.submit(job("big", "7g.80gb"))[0]
+    assert big.outcome == "pending" and big.moves == ()
+
+
+def test_a_movable_service_is_restarted_elsewhere_and_the_request_placed_at_once() -> None:
+    svc = job("api", type="service", movable=True)
+    s, _ = fragmented(first=svc)
+    decisions = s.submit(job("big", "7g.80gb"))
+    big = decisions[0]
+    assert big.outcome == "placed" and big.gpus == ("GPU-0",)
+    assert big.evicted == ("a/api",)
+    assert [m.how for m in big.moves] == ["restart"]
+    assert (
+        big.actions[0].kind == "evict" and "moved to make room for a/big" in big.actions[0].reason
+    )
+    moved = next(d for d in decisions if d.workload == "a/api")
+    assert moved.outcome == "placed" and moved.gpus == ("GPU-1",) and moved.cause == "a/big"
+
+
+def test_a_movable_service_of_higher_priority_is_not_restarted_for_a_lower_request() -> None:
+    s, _ = fragmented(first=job("api", type="service", movable=True, priority=100))
+    big = s.submit(job("big", "7g.80gb", priority=50))[0]
+    assert big.outcome == "pending" and big.moves == ()
+
+
+def test_no_move_where_the_mover_has_no_room_elsewhere() -> None:
+    clock = Clock()
+    s = Scheduler(fleet(2), OperatorSettings(), clock=clock)
+    at(s, replica("web-0"), 0, 6)
+    s.submit(job("full", "7g.80gb"))  # GPU 1 whole: the replacement would have nowhere to go
+    big = s.submit(job("big", "7g.80gb"))[0]
+    assert big.outcome == "pending" and big.moves == ()
+    assert s.moving == {}
+
+
+def test_the_budget_per_minute_holds_and_a_request_refused_for_it_gets_its_moves_later() -> None:
+    clock = Clock()
+    s = Scheduler(fleet(3), OperatorSettings(max_moves_per_minute=1), clock=clock)
+    at(s, replica("web-0"), 0, 6)
+    at(s, replica("api-0"), 1, 6)
+    at(s, job("train"), 2, 6)
+    first = s.submit(job("big", "7g.80gb"))[0]
+    second = s.submit(job("big2", "7g.80gb"))[0]
+    assert len(first.moves) == 1 and second.moves == ()
+    assert s.plan_moves() == []  # still within the minute
+    clock.now += 61
+    later = s.plan_moves()
+    assert [(d.workload, [m.workload for m in d.moves]) for d in later] == [("a/big2", ["a/api-0"])]
+
+
+def test_the_budget_per_workload_counts_a_deployments_replicas_together() -> None:
+    budget = MoveBudget(100, 2, Clock())
+    budget.spend(["a/web", "a/web"])
+    assert "a/web was moved 2 time(s) in the last hour" in (budget.refusal(["a/web"]) or "")
+    assert budget.refusal(["a/api"]) is None
+    budget.clock.now += 3601  # type: ignore[attr-defined]
+    assert budget.refusal(["a/web"]) is None
+
+
+def test_a_plan_that_does_not_finish_is_given_up_and_its_gpu_no_longer_kept() -> None:
+    s, clock = fragmented()
+    assert s.submit(job("big", "7g.80gb"))[0].moves
+    clock.now += 601
+    given_up = s.plan_moves()
+    assert given_up[0].workload == "a/big" and "given up" in given_up[0].reason
+    assert s.moving == {}
+    # GPU 0 takes other work again
+    assert s.submit(job("small", "4g.40gb"))[0].gpus == ("GPU-0",)
+
+
+def test_a_request_placed_otherwise_ends_its_moves() -> None:
+    s, _ = fragmented()
+    assert s.submit(job("big", "7g.80gb"))[0].moves
+    s.delete("a", "train")  # GPU 1 empties: the request takes it
+    assert s.moving == {}
+    assert s.allocations("a/big")[0].gpu == 1
+
+
+def test_a_deleted_request_ends_its_moves() -> None:
+    s, _ = fragmented()
+    assert s.submit(job("big", "7g.80gb"))[0].moves
+    s.delete("a", "big")
+    assert s.moving == {}
+
+
+def test_spec_movable_is_for_services_only() -> None:
+    doc = """
+apiVersion: gpufrac/v1
+kind: Workload
+metadata: {name: j}
+spec:
+  command: [x]
+  movable: true
+  resources: {gpu: {mig: 1g.10gb}}
+"""
+    with pytest.raises(InputError) as e:
+        parse_manifests(doc)
+    assert "movable" in str(e.value) and "type: service" in str(e.value)
+    ok = parse_manifests(doc.replace("movable: true", "movable: true\n  type: service"))
+    assert ok[0].movable
