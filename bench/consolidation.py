@@ -247,9 +247,15 @@ def memory_mib(model: str, precision: str) -> int:
     return -(-math.ceil(weights + overhead) // 256) * 256
 
 
+def profile_mib(name: str) -> int:
+    mib = H100.profile(name).memory_mib
+    assert mib is not None, name
+    return mib
+
+
 def cold_start_s(mib: int) -> float:
     """How long a replacement replica takes to be ready once placed: loading its weights."""
-    return 30.0 + 90.0 * mib / H100.profile("7g.80gb").memory_mib
+    return 30.0 + 90.0 * mib / profile_mib("7g.80gb")
 
 
 @dataclass(frozen=True)
@@ -269,7 +275,7 @@ class Arrival:
     @property
     def mib(self) -> int:
         if self.job is not None:
-            return H100.profile(self.job.profile).memory_mib
+            return profile_mib(self.job.profile)
         return memory_mib(self.model, self.precision)
 
     @property
@@ -378,7 +384,7 @@ def layout_profile(d: Arrival) -> str | None:
     fit = [
         H100.profile(pl.profile)
         for pl in STATIC_LAYOUT
-        if H100.profile(pl.profile).memory_mib >= d.mib
+        if profile_mib(pl.profile) >= d.mib
         and H100.profile(pl.profile).compute_slices * 100 >= (d.compute_pct or 0) * 7
     ]
     return min(fit, key=lambda p: (p.memory_slots, p.compute_slices)).name if fit else None
@@ -940,7 +946,7 @@ def mixed_stream(
             mine = every[policy.name]
             gpus = [r["gpus_n"] for r in mine]
             base = [r["gpus_n"] for r in every[PER_WORKLOAD.name]]
-            row: dict[str, object] = {
+            avg: dict[str, object] = {
                 "policy": policy.name,
                 "gpus": (
                     f"{statistics.fmean(float(str(g)) for g in gpus):.1f}"
@@ -955,7 +961,7 @@ def mixed_stream(
                 "busy_destroyed": tallies[f"mixed {policy.name}"].busy_destroyed,
                 "budget": budget(policy, tallies[f"mixed {policy.name}"]),
             }
-            mean.append(row)
+            mean.append(avg)
         print(table(mean, f"mixed stream, mean over seeds {','.join(map(str, seeds))}", MIXED_COLS))
     return verdicts
 
