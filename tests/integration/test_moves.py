@@ -99,7 +99,7 @@ def test_a_replica_is_moved_under_traffic_and_the_large_request_placed(
     big = workload(agent, "big")
     assert big["phase"] == "pending", big
     why = big["placement"]["reason"]
-    assert "waiting for 1 move(s)" in why and f"default/{web0}" in why, why
+    assert "waiting for 1 move(s)" in why and "1 replica(s) replaced first" in why, why
     moves = big["placement"]["moves"]
     assert [(m["workload"], m["how"]) for m in moves] == [(f"default/{web0}", "replace")]
     out = subprocess.run(
@@ -108,7 +108,8 @@ def test_a_replica_is_moved_under_traffic_and_the_large_request_placed(
         text=True,
         timeout=30,
     )
-    assert "move" in out.stdout and web0 in out.stdout, out.stdout + out.stderr
+    line = next((x for x in out.stdout.splitlines() if x.strip().startswith("Move:")), "")
+    assert f"default/{web0} off its 1g.10gb" in line, out.stdout + out.stderr
 
     wait_for(lambda: workload(agent, "big")["phase"] == "running", 90, "the 7g.80gb running")
     traffic.join(timeout=60)

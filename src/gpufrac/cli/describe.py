@@ -3,7 +3,7 @@ environment, history), not raw JSON. A finished workload still says where it ran
 
 from __future__ import annotations
 
-from typing import Any, assert_never
+from typing import TYPE_CHECKING, Any, assert_never
 
 from gpufrac.cli.tables import (
     allocation_of,
@@ -15,6 +15,9 @@ from gpufrac.cli.tables import (
     size,
     when,
 )
+
+if TYPE_CHECKING:
+    from gpufrac.api.schemas import MoveJson
 
 
 def _section(title: str, fields: list[tuple[str, str]]) -> list[str]:
@@ -61,6 +64,12 @@ def describe_lines(w: dict[str, Any], gpus: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def move_text(m: MoveJson) -> str:
+    """One move made for this workload: whose, from where, and how."""
+    how = "replaced by a new replica, then drained" if m.how == "replace" else "restarted elsewhere"
+    return f"{m.workload} off its {m.mig.profile} at start {m.mig.start} on {m.gpu} ({how})"
+
+
 def placement_lines(w: dict[str, Any], gpus: list[dict[str, Any]]) -> list[str]:
     from gpufrac.api.schemas import CompletedJson, DecisionJson, WhereJson, placement_answer
 
@@ -77,9 +86,12 @@ def placement_lines(w: dict[str, Any], gpus: list[dict[str, Any]]) -> list[str]:
             assert_never(placed)
     alloc = allocation_of(w, gpus)
     uuids = [] if where is None else where.gpus
+    moved = (
+        [("Move", move_text(m)) for m in placed.moves] if isinstance(placed, DecisionJson) else []
+    )
     if where is None or not uuids:
         why = (placed.reason if placed is not None else "") or w.get("reason") or "not placed yet"
-        return _section("Placement", [("Where", "nowhere"), ("Why", why)])
+        return _section("Placement", [("Where", "nowhere"), ("Why", why), *moved])
     index, node = gpu_place(uuids, gpus)
     fields = [
         ("Node", node),
@@ -113,7 +125,7 @@ def placement_lines(w: dict[str, Any], gpus: list[dict[str, Any]]) -> list[str]:
         if alloc.get("sm_percent") is not None:
             fields.append(("SM use", pct(alloc["sm_percent"])))
     title = "Placement (finished; where it ran)" if finished else "Placement"
-    return _section(title, fields)
+    return _section(title, [*fields, *moved])
 
 
 def qos_fields(q: dict[str, Any]) -> list[tuple[str, str]]:

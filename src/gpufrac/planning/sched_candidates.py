@@ -137,10 +137,14 @@ def candidates(
                 continue
             need = req.need(model, "mig", profile)
             free = {x for x in st.free_instances.get((key, profile), set()) if x[0] not in kept}
+            # the instance's start last: the same state always gives the same choice (the set's
+            # order follows string hashing, which changes from process to process)
             order = (
-                (lambda x: x[0])
+                (lambda x: (x[0], x[1].start))
                 if first_fit
-                else (lambda x: (len(st.gpus[x[0]].allocs) * (1 if spread else -1), x[0]))
+                else (
+                    lambda x: (len(st.gpus[x[0]].allocs) * (1 if spread else -1), x[0], x[1].start)
+                )
             )
             for gi, pl in sorted(free, key=order)[:CANDIDATES_PER_MODEL]:
                 yield Candidate(gi, mode, need, pl, False)

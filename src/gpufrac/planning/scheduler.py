@@ -36,6 +36,7 @@ from gpufrac.model.units import format_mib
 from gpufrac.model.workload import Mode, WorkloadSpec
 from gpufrac.planning.mig_recut import Recut, best_recut
 from gpufrac.planning.moves import (
+    MOVE_HOWS,
     MOVE_SUFFIX,
     MOVE_TIMEOUT_S,
     Move,
@@ -210,8 +211,8 @@ def gpu_name(g: SchedGpu) -> str:
 MOVE_REQUESTS_PER_PASS = 8
 MOVE_OPTIONS = 8
 MOVE_SAID: dict[MoveHow, str] = {
-    "replace": "a replica: replaced first, then drained",
-    "restart": "restarted elsewhere",
+    "replace": "replica(s) replaced first, then drained",
+    "restart": "movable service(s) restarted elsewhere",
 }
 
 
@@ -931,7 +932,10 @@ class Scheduler:
         self.move_budget.spend(budget_key(self.requests[m.workload].spec) for m in moves)
         profile = recut.create.profile
         where = gpu_name(g)
-        said = ", ".join(f"{m.workload} ({MOVE_SAID[m.how]})" for m in moves)
+        # counted, not named: the reason reaches the request's tenant as it is, and the movers
+        # may be another tenant's (the decision's ``moves`` name them, rendered per reader)
+        hows = [m.how for m in moves]
+        said = "; ".join(f"{hows.count(h)} {MOVE_SAID[h]}" for h in MOVE_HOWS if h in hows)
         reason = (
             f"waiting for {len(moves)} move(s) that make room for a {profile} on GPU {where}: "
             f"{said}"
