@@ -377,7 +377,9 @@ class Deployments:
         cap, setting = self.runner.settings.workload_cap(d.tenant)
         store = self.runner.store  # as an apply counts them: workloads and deployments
         stored = store.workload_count(d.tenant) + store.deployment_count(d.tenant)
-        over = max(0, missing - max(0, cap - stored))
+        # a moved replica's replacement may pass the bound for as long as the move lasts (the
+        # two are one replica of the deployment, and the move is the scheduler's, not the tenant's)
+        over = max(0, missing - max(0, cap - stored + len(moving)))
         indexes = [i for i in range(want * 2 + 1) if i not in have][: missing - over]
         if indexes:  # started together: small replicas may share a MIG instance (docs/mig.md)
             self.runner.apply_replicas(
