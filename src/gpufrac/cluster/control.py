@@ -673,7 +673,9 @@ class ControlPlane:
                 else:
                     self.store.record_event("pending", m.workload, m.reason)
             self._tell()  # placed again elsewhere, a lost node's work may have evicted some
-            self._persist(before, ended=ended)
+            # a request whose moves began (or were given up) waits on: its decision says why
+            planned = tuple(d.workload for d in self.core.planned)
+            self._persist(before, ended=ended, also=planned)
             return moved
 
     def nodes(self) -> list[NodeInfo]:

@@ -24,7 +24,7 @@ its own: the caller passes ``now`` (monotonic seconds) and carries the answers t
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gpufrac.model.settings import OperatorSettings
@@ -138,6 +138,7 @@ class ClusterCore:
         self.cordoned: dict[str, str] = {}  # GPU (NODE/UUID) -> why it takes no new work
         # the workloads decisions took the place of, until the caller takes them (``take_told``)
         self.displaced: list[Displacement] = []
+        self.planned: list[Decision] = []  # the last tick's decisions of moves that make room
         self._epoch = first_epoch - 1
 
     # -- nodes -----------------------------------------------------------------------------------
@@ -281,8 +282,9 @@ class ClusterCore:
             d = self._place(self.scheduler.submit(a.spec))
             to = self.assigned[a.workload].node if d.outcome == "placed" else None
             moved.append(Moved(a.workload, a.node, to, why if to else f"{why}; {d.reason}"))
-        # moves that make room (docs/scheduler.md): plans given up or begun, services restarted
-        self._placed(self.scheduler.plan_moves())
+        # moves that make room (docs/scheduler.md): plans given up or begun, services restarted;
+        # kept for the caller, which stores a waiting request's new decision (its moves)
+        self.planned = self._placed(self.scheduler.plan_moves())
         return moved
 
     # -- desired state ---------------------------------------------------------------------------
@@ -353,7 +355,8 @@ class ClusterCore:
             return a.decision
         if key in self.ended:
             return Decision(key, "pending", f"it ended ({self.ended[key]})")
-        return self.scheduler.pending.decision(key)
+        # with the moves under way that make room for it (docs/scheduler.md)
+        return replace(self.scheduler.pending.decision(key), moves=self.scheduler.moves_of(key))
 
     def take_displaced(self) -> list[Displacement]:
         """The workloads decisions took the place of since the last call (each once): evicted (it

@@ -272,6 +272,12 @@ class Scheduler:
             if m.workload in plan.left
         }
 
+    def moves_of(self, key: str) -> tuple[Move, ...]:
+        """The moves begun for ``key`` while it waits for them; none without a plan (never begun,
+        given up, or its request placed or deleted)."""
+        plan = self._plans.get(key)
+        return () if plan is None else plan.moves
+
     # -- the public operations -----------------------------------------------------------------
 
     def submit(self, spec: WorkloadSpec) -> list[Decision]:
