@@ -37,6 +37,7 @@ OWN_PREFIXES = (
     "gpufrac_deployment_",
     "gpufrac_autoscaler_",
     "gpufrac_workload_pending_seconds",  # what waits in a cluster waits here (cluster.metrics)
+    "gpufrac_scheduler_moves",  # the control plane moves work in a cluster; a node never does
 )
 
 Target = tuple[str, str, str]  # node, its API's address, its credential
