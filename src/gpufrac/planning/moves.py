@@ -72,7 +72,14 @@ class MovePlan:
     moves: tuple[Move, ...]
     begun: float
     reason: str  # the request's reason while it waits for them
-    left: set[str] = field(default_factory=set)  # movers still in place (replacements pending)
+    left: set[str] = field(default_factory=set)  # replicas still in place (replacements pending)
+    restarted: bool = (
+        False  # its movable services were restarted elsewhere (once no replica is left)
+    )
+
+    @property
+    def restarts(self) -> bool:
+        return any(m.how == "restart" for m in self.moves)
 
 
 def move_how(spec: WorkloadSpec) -> MoveHow | None:

@@ -18,7 +18,8 @@ from gpufrac.model.workload import Mode
 
 # the causes, in the order their clauses are shown: ``mig_queue`` is a MIG request held behind
 # an earlier one of its tenant (docs/scheduler.md), ``capacity`` the room under each mode tried,
-# ``mig_nesting`` why an ``mps`` or ``timeslice`` request shares no MIG instance (docs/mig.md)
+# ``mig_nesting`` why an ``mps`` or ``timeslice`` request shares no MIG instance (docs/mig.md),
+# ``moves`` why moving running work makes no room (docs/scheduler.md, "Moves that make room")
 Cause = Literal[
     "quota",
     "tenant_nodes",
@@ -28,6 +29,7 @@ Cause = Literal[
     "mig_queue",
     "capacity",
     "mig_nesting",
+    "moves",
     "preemption",
 ]
 CAUSES: tuple[Cause, ...] = get_args(Cause)
@@ -39,6 +41,7 @@ OneClause = Literal[
     "node_lost",
     "mig_queue",
     "mig_nesting",
+    "moves",
     "preemption",
 ]
 MAX_NAMED = 4  # GPUs or nodes named in one clause; the rest are counted

@@ -586,7 +586,9 @@ class Scheduler:
                     placed = self._commit(st, req, chosen, ())
                     st.commit()
                 self._reserved.pop(key, None)
-                self._plans.pop(key, None)
+                made_room = self._plans.pop(key, None)
+                if made_room is not None:  # the moves that made room for it stay on its record
+                    placed = replace(placed, moves=made_room.moves)
                 if nest and preempt and self._opened_nest(chosen[0]):
                     # a new shared instance was made for two waiting needs: the other (and any
                     # more that fit) take their shares of it now (not from within a retry, whose
@@ -600,6 +602,13 @@ class Scheduler:
             return [self.pending.decision(key)]
         if only is not None or scope is not None:  # a cheap retry found nothing: the reason stays
             return [self.pending.decision(key)]
+        no_move = None  # why no move makes room (a clause of its reason)
+        if preempt:  # moves lose nothing: tried before anyone is evicted
+            self.pending[key] = reasons.text() or "no GPU has room"
+            moved = self._plan_moves(req)
+            if isinstance(moved, list):
+                return moved
+            no_move = moved
         policy = self.settings.preemption(req.tenant, req.spec.preemption)
         if preempt and policy != "never":
             plan = preemption(self.state, req, self.settings, self.recut)
@@ -623,12 +632,10 @@ class Scheduler:
         if req.selector:
             reasons.add("node_selector", self._selected_nodes(req))
         self._closed_reasons(req, reasons)
+        if no_move is not None:
+            reasons.add("moves", no_move)
         reason = reasons.text() or "no GPU has room"
         self.pending[key] = reason
-        if preempt:
-            moved = self._plan_moves(req)
-            if moved is not None:
-                return moved
         return [Decision(key, "pending", reason)]
 
     def _selected_nodes(self, req: SchedRequest) -> str:
@@ -793,6 +800,9 @@ class Scheduler:
                 )
                 self.pending[key] = reason
                 out.append(Decision(key, "pending", reason))
+            elif not plan.left and not plan.restarted and plan.restarts:
+                # the replicas went: the movable services' turn, then the request's
+                out += self._restart_movers(self.requests[key], plan)
         if not self.settings.mig_moves or self.move_budget.refusal(["?"]) is not None:
             return out
         for key in [k for k, t in self._gave_up.items() if now - t > MOVE_TIMEOUT_S]:
@@ -811,27 +821,64 @@ class Scheduler:
                 continue
             tried.add(req.shape)
             moved = self._plan_moves(req)
-            if moved is not None:
+            if isinstance(moved, list):
                 out += moved
         return out
 
-    def _plan_moves(self, req: SchedRequest) -> list[Decision] | None:
+    def _plan_moves(self, req: SchedRequest) -> list[Decision] | str | None:
         """Begin the fewest moves of movable work off one MIG GPU that let ``req`` (waiting) in by
-        a re-cut there, each mover having room elsewhere now; None if there are none (or the
-        operator allows none, or the budget has no room)."""
-        if (
-            not self.settings.mig_moves
-            or self.recut == "none"
-            or "mig" not in req.kinds
-            or req.key in self._plans
-        ):
+        a re-cut there, each mover having room elsewhere now: the decisions. Else why no move
+        makes room, for its reason (counted, never naming another's work), or None where moves
+        have nothing to say (not a MIG request, moves under way, nothing in the way)."""
+        if self.recut == "none" or "mig" not in req.kinds or req.key in self._plans:
             return None
-        for g, recut in self._move_options(req):
+        options = self._move_options(req)
+        if not options:
+            return self._unmovable(req)
+        first = f"GPU {gpu_name(options[0][0])}"
+        if not self.settings.mig_moves:
+            return (
+                f"moving running work would make room on {first}, but moves are off "
+                "(mig_moves: false in gpufrac.yaml)"
+            )
+        if req.key in self._gave_up:
+            return (
+                f"the moves begun for it did not let it in within {MOVE_TIMEOUT_S:.0f} s: none "
+                "are begun again for as long"
+            )
+        held = None
+        for g, recut in options:
             keys = [budget_key(self.requests[v].spec) for v in recut.evict]
-            if self.move_budget.refusal(keys) is not None:
+            refusal = self.move_budget.refusal(keys)
+            if refusal is not None:
+                held = held or refusal
                 continue
             if self._movers_fit(req, g, recut.evict):
                 return self._begin_moves(req, g, recut)
+        if held is not None:
+            return f"a move would make room on {first}, held back for now: {held}"
+        return (
+            f"moving running work would make room on {first}, but what would move has no room "
+            "elsewhere now"
+        )
+
+    def _unmovable(self, req: SchedRequest) -> str | None:
+        """Where moving what is in the way would make room for ``req`` were it movable: said, for
+        its reason (what may move, not whose work is there)."""
+        for g in self.state.mig_gpus:
+            if g.pinned or not g.schedulable or not req.admits(g.node_labels):
+                continue
+            profile = req.mig_profile(g.model)
+            owners = frozenset(o for o in g.instances.values() if o is not None)
+            if profile is None or not owners:
+                continue
+            recut = best_recut(g.model, g.instances, profile, owners)
+            if recut is not None and recut.evict:
+                return (
+                    f"moving what is in the way on GPU {gpu_name(g)} would make room, but it may "
+                    "not move (a job never moves; a service only with spec.movable: true and no "
+                    "higher priority; a deployment's replica always; no share inside an instance)"
+                )
         return None
 
     def _move_options(self, req: SchedRequest) -> list[tuple[SchedGpu, Recut]]:
@@ -926,9 +973,11 @@ class Scheduler:
         return None
 
     def _begin_moves(self, req: SchedRequest, g: SchedGpu, recut: Recut) -> list[Decision]:
-        """Spend the budget, keep ``g`` for ``req``, restart the movable services elsewhere now
-        (as preemption moves its victims), and leave the replicas' replacements to the caller
-        (``moving``); ``req`` is placed at once where only services were in the way."""
+        """Spend the budget, keep ``g`` for ``req``, and leave the replicas' replacements to the
+        caller (``moving``); the movable services are restarted elsewhere once no replica is left
+        to go (``_restart_movers``: at once where only services are in the way, so ``req`` is
+        placed by the same decision; else by ``plan_moves`` after the replicas went, so a plan
+        given up or a request deleted meanwhile restarts no service for nothing)."""
         at = {o: pl for pl, o in g.instances.items() if o is not None}
         moves = []
         for v in recut.evict:
@@ -937,31 +986,45 @@ class Scheduler:
             moves.append(Move(v, g.uuid, at[v], how, req.key))
         self.move_budget.spend(budget_key(self.requests[m.workload].spec) for m in moves)
         profile = recut.create.profile
-        where = gpu_name(g)
         # counted, not named: the reason reaches the request's tenant as it is, and the movers
         # may be another tenant's (the decision's ``moves`` name them, rendered per reader)
         hows = [m.how for m in moves]
         said = "; ".join(f"{hows.count(h)} {MOVE_SAID[h]}" for h in MOVE_HOWS if h in hows)
-        reason = (
-            f"waiting for {len(moves)} move(s) that make room for a {profile} on GPU {where}: "
-            f"{said}"
-        )
         replaced = {m.workload for m in moves if m.how == "replace"}
-        self._plans[req.key] = MovePlan(
-            req.key, g.index, tuple(moves), self.clock(), reason, replaced
+        if replaced and "restart" in hows:
+            said += " once the replicas are gone"
+        reason = (
+            f"waiting for {len(moves)} move(s) that make room for a {profile} on GPU "
+            f"{gpu_name(g)}: {said}"
         )
+        plan = MovePlan(req.key, g.index, tuple(moves), self.clock(), reason, replaced)
+        self._plans[req.key] = plan
         self.pending[req.key] = reason
+        if replaced:
+            return [Decision(req.key, "pending", reason, moves=plan.moves)]
+        return self._restart_movers(req, plan)
+
+    def _restart_movers(self, req: SchedRequest, plan: MovePlan) -> list[Decision]:
+        """Restart ``plan``'s movable services elsewhere (as preemption moves its victims), then
+        try ``req`` again: its decision (placed, with the services' evictions, or waiting), then
+        the services'."""
+        plan.restarted = True
+        g = self.state.gpus[plan.gpu]
+        why = (
+            f"moved to make room for {req.key} (a {req.mig_profile(g.model)} on GPU {gpu_name(g)})"
+        )
         restarted: list[Decision] = []
         evicts: list[SchedAction] = []
-        for m in moves:
-            if m.how != "restart":
+        for m in plan.moves:
+            if m.how != "restart" or m.workload not in self.requests:
                 continue
-            why = f"moved to make room for {req.key} (a {profile} on {where})"
+            if all(a.gpu != plan.gpu for a in self.state.allocs.get(m.workload, [])):
+                continue  # it is no longer there
             mover = self.requests[m.workload]
             with self.state.statement() as st:
                 st.release(m.workload)
                 chosen = self._elsewhere(mover)
-                if chosen is None:  # the trial found it room: only a bug gets here
+                if chosen is None:  # its room went meanwhile: it stays, the plan runs out
                     st.rollback()
                     continue
                 placed = self._commit(st, mover, chosen, ())
@@ -969,27 +1032,13 @@ class Scheduler:
             evicts.append(SchedAction("evict", m.workload, reason=why))
             restarted.append(replace(placed, cause=req.key))
         evicted = tuple(a.workload for a in evicts)
-        if not replaced:  # only services were in the way: they went, it fits now
-            del self.pending[req.key]
-            now = self._try(req, preempt=False)
-            first = now[0]
-            return [
-                replace(
-                    first, evicted=evicted, actions=(*evicts, *first.actions), moves=tuple(moves)
-                ),
-                *restarted,
-                *now[1:],
-            ]
+        self.pending.pop(req.key, None)
+        now = self._try(req, preempt=False)
+        first = now[0]
         return [
-            Decision(
-                req.key,
-                "pending",
-                reason,
-                evicted=evicted,
-                actions=tuple(evicts),
-                moves=tuple(moves),
-            ),
+            replace(first, evicted=evicted, actions=(*evicts, *first.actions), moves=plan.moves),
             *restarted,
+            *now[1:],
         ]
 
     def _preempt(

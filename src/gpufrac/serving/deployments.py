@@ -220,7 +220,8 @@ class Deployments:
         self.moves_done: dict[str, int] = {}  # per deployment key: replicas moved (drained)
         self._sent: dict[str, str] = {}
         self._settled = False  # the running gateway was told "G" (every deployment was sent)
-        self._moving: dict[str, Move] = {}  # replicas being moved, as last told (events once)
+        # replicas being moved, as last told (events once): key -> (its deployment's key, move)
+        self._moving: dict[str, tuple[str, Move]] = {}
         # during a reconcile pass: every deployment's replicas and the ports taken, read once
         self._index: dict[tuple[str, str], list[WorkloadSpec]] | None = None
         self._ports: set[int] | None = None
@@ -435,18 +436,30 @@ class Deployments:
             )
 
     def _moves_of(self, d: DeploymentSpec, replicas: list[ReplicaView]) -> dict[str, Move]:
-        """The replicas of ``d`` being moved (by name), each told once when its move begins."""
+        """The replicas of ``d`` being moved (by name), each told when its move begins, and when
+        it ends without the replica going (its request placed otherwise or deleted, or the move
+        given up: it stays, and the replacement is the surplus)."""
         all_moving = self.runner.moving()
         out = {}
         for r in replicas:
             key = f"{d.tenant}/{r.name}"
             m = all_moving.get(key)
+            told = self._moving.get(key, ("", None))[1]
             if m is None or key in self.draining:
+                if told is not None and key not in self.draining:
+                    self.runner.store.record_event(
+                        "move_ended",
+                        key,
+                        f"no longer moved: {told.cause} was placed or deleted, or the move was "
+                        "given up; it stays where it is (a replacement not needed now goes)",
+                        {"deployment": d.key},
+                        cause=told.cause,
+                    )
                 self._moving.pop(key, None)
                 continue
             out[r.name] = m
-            if self._moving.get(key) != m:
-                self._moving[key] = m
+            if told != m:
+                self._moving[key] = (d.key, m)
                 self.runner.store.record_event(
                     "moving",
                     key,
@@ -456,6 +469,9 @@ class Deployments:
                     {"deployment": d.key},
                     cause=m.cause,
                 )
+        names = {f"{d.tenant}/{r.name}" for r in replicas}
+        for key in [k for k, (dk, _) in self._moving.items() if dk == d.key and k not in names]:
+            del self._moving[key]  # gone (drained and deleted)
         return out
 
     def _wanted(

@@ -219,3 +219,70 @@ spec:
     assert "movable" in str(e.value) and "type: service" in str(e.value)
     ok = parse_manifests(doc.replace("movable: true", "movable: true\n  type: service"))
     assert ok[0].movable
+
+
+def test_the_reason_says_why_no_move_makes_room() -> None:
+    s, _ = fragmented(first=job("eval"))  # a job in the way
+    big = s.submit(job("big", "7g.80gb"))[0]
+    assert "moving what is in the way on GPU 0 would make room, but it may not move" in big.reason
+    assert "eval" not in big.reason and "train" not in big.reason  # counted, never named
+    off, _ = fragmented(OperatorSettings(mig_moves=False))
+    reason = off.submit(job("big", "7g.80gb"))[0].reason
+    assert "moves are off (mig_moves: false in gpufrac.yaml)" in reason
+    held, _ = fragmented(OperatorSettings(max_moves_per_minute=0))
+    reason = held.submit(job("big", "7g.80gb"))[0].reason
+    assert "held back for now" in reason and "max_moves_per_minute in gpufrac.yaml" in reason
+
+
+def test_a_move_is_tried_before_anyone_is_evicted() -> None:
+    """With ``drain`` the request could evict the low-priority job on GPU 1; moving the replica
+    off GPU 0 loses nothing, so that is done instead."""
+    clock = Clock()
+    s = Scheduler(fleet(2), OperatorSettings(mig_reconfigure="drain"), clock=clock)
+    at(s, replica("web-0"), 0, 6)
+    at(s, job("train", priority=0), 1, 6)
+    big = s.submit(job("big", "7g.80gb", priority=100))[0]
+    assert big.outcome == "pending" and big.evicted == ()
+    assert [m.workload for m in big.moves] == ["a/web-0"]
+    assert s.allocations("a/train"), "the job still runs"
+
+
+def test_with_replicas_and_a_service_in_the_way_the_service_restarts_only_after_the_replicas() -> (
+    None
+):
+    clock = Clock()
+    s = Scheduler(fleet(2), OperatorSettings(), clock=clock)
+    at(s, replica("web-0"), 0, 6)
+    at(s, job("api", type="service", movable=True), 0, 5)
+    at(s, job("train"), 1, 6)
+    big = s.submit(job("big", "7g.80gb"))[0]
+    assert sorted(m.how for m in big.moves) == ["replace", "restart"]
+    assert big.evicted == () and "once the replicas are gone" in big.reason
+    assert s.allocations("a/api")[0].gpu == 0, "not restarted yet"
+    s.submit(replica("web-1"))
+    s.delete("a", "web-0")
+    assert s.allocations("a/api")[0].gpu == 0 and not s.allocations("a/big")
+    then = s.plan_moves()  # the next pass: the service's turn, and the request's
+    placed = then[0]
+    assert placed.workload == "a/big" and placed.outcome == "placed" and placed.gpus == ("GPU-0",)
+    assert placed.evicted == ("a/api",) and len(placed.moves) == 2
+    assert next(d for d in then if d.workload == "a/api").gpus == ("GPU-1",)
+
+
+def test_a_request_deleted_before_the_replicas_went_restarts_no_service() -> None:
+    clock = Clock()
+    s = Scheduler(fleet(2), OperatorSettings(), clock=clock)
+    at(s, replica("web-0"), 0, 6)
+    at(s, job("api", type="service", movable=True), 0, 5)
+    at(s, job("train"), 1, 6)
+    assert s.submit(job("big", "7g.80gb"))[0].moves
+    s.delete("a", "big")
+    assert s.plan_moves() == [] and s.allocations("a/api")[0].gpu == 0
+
+
+def test_the_placed_request_keeps_the_moves_that_made_room() -> None:
+    s, _ = fragmented()
+    s.submit(job("big", "7g.80gb"))
+    s.submit(replica("web-1"))
+    placed = next(d for d in s.delete("a", "web-0") if d.workload == "a/big")
+    assert [m.workload for m in placed.moves] == ["a/web-0"]
