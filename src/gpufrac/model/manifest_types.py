@@ -243,13 +243,38 @@ WorkloadEnvName = Annotated[
 ]
 
 
+# the label keys gpufrac sets itself on a deployment's replicas (model/deployment.py: LABEL,
+# TEMPLATE_LABEL; written out here, below that module): never a user's, or a job could pass for a
+# replica (moved as one, or retired by a deployment of that name)
+RESERVED_LABELS = ("gpufrac.io/deployment", "gpufrac.io/template")
+
+
 def _label_key(value: str) -> str:
     if not value:
         raise problem(f"{value!r} is not a valid name", "names must be non-empty strings")
+    if value.lower() in RESERVED_LABELS:
+        raise problem(
+            f"{value!r} is gpufrac's own label (it marks a deployment's replicas)",
+            "use another label (a deployment's replicas get it from gpufrac)",
+        )
     return value
 
 
-LabelKey = Annotated[str, AfterValidator(_label_key), WithJsonSchema({"type": "string"})]
+def _any_case(text: str) -> str:
+    """A JSON Schema (ECMA) pattern for ``text`` in any case."""
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else re.escape(c) for c in text)
+
+
+LabelKey = Annotated[
+    str,
+    AfterValidator(_label_key),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "not": {"pattern": f"^({'|'.join(_any_case(k) for k in RESERVED_LABELS)})$"},
+        }
+    ),
+]
 
 
 # a node's label, as Kubernetes writes them (what operators already put on their nodes): an optional

@@ -451,7 +451,9 @@ class SettingsDocument(Strict):
         "a MIG request that fragmentation keeps out (docs/scheduler.md, Moves).",
     )
     max_moves_per_minute: Annotated[int, Field(ge=0, le=1000)] = Field(
-        6, description="The most moves begun in any minute (0 to 1000; 0: none)."
+        6,
+        description="The most moves begun in any minute for one tenant's requests (0 to 1000; "
+        "0: none).",
     )
     max_moves_per_workload_per_hour: Annotated[int, Field(ge=0, le=1000)] = Field(
         2, description="The most moves of one workload in any hour (0 to 1000; 0: none)."

@@ -355,6 +355,13 @@ def _workload_spec_json_schema(schema: dict[str, Any]) -> None:
                 "properties": {"movable": {"const": True}},
                 "not": service,
             },
+            {  # movable: true with restart: never
+                "required": ["movable", "restart"],
+                "properties": {
+                    "movable": {"const": True},
+                    "restart": {"pattern": words_pattern(["never"])},
+                },
+            },
         ]
     }
 
@@ -417,6 +424,15 @@ class WorkloadSpecFields(SpecFields):
                     ("movable",),
                     "a job is never moved (it would lose its progress)",
                     "remove movable, or set type: service",
+                )
+            )
+        elif self.movable and self.restart == "never":
+            broken.append(
+                (
+                    ("movable",),
+                    "a movable service is started again elsewhere when it is moved, which "
+                    "restart: never forbids",
+                    "remove movable, or set restart: always or on-failure",
                 )
             )
         report("WorkloadSpec", broken)

@@ -16,10 +16,10 @@ running work. The scheduler (``Scheduler.plan_moves``) may move what is movable 
   decision.
 * a job never (a save-and-resume hook would be needed first).
 
-Moves are bounded by a budget (``MoveBudget``): moves begun in any minute, and of one workload (a
-deployment counts as one) in any hour, so nothing thrashes. What this module holds: the move
-records, which workloads may move and how, and the budget; the search is the scheduler's (it needs
-its candidates and filters).
+Moves are bounded by a budget (``MoveBudget``): moves begun for one tenant's requests in any
+minute, and of one workload (a deployment counts as one) in any hour, so nothing thrashes. What
+this module holds: the move records, which workloads may move and how, and the budget; the
+search is the scheduler's (it needs its candidates and filters).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class MovePlan:
 
 def move_how(spec: WorkloadSpec) -> MoveHow | None:
     """How ``spec`` may be moved, or None if it may not be."""
-    if DEPLOYMENT_LABEL in spec.labels:
+    if DEPLOYMENT_LABEL in spec.labels and spec.type == "service":  # the label is gpufrac's own
         return "replace"
     if spec.movable and spec.type == "service":
         return "restart"
@@ -99,45 +99,52 @@ def budget_key(spec: WorkloadSpec) -> str:
 
 
 class MoveBudget:
-    """Moves begun in any minute (``per_minute``) and of one key in any hour
-    (``per_workload_hour``), by the times the clock gave when each began."""
+    """Moves begun for one tenant's requests in any minute (``per_minute``: one tenant cannot
+    spend another's), and of one key in any hour (``per_workload_hour``: a deployment's replicas
+    are one key, so no tenant makes another's deployment pay cold starts more often), by the
+    times the clock gave when each began."""
 
     def __init__(self, per_minute: int, per_workload_hour: int, clock: Callable[[], float]) -> None:
         self.per_minute, self.per_workload_hour = per_minute, per_workload_hour
         self.clock = clock
-        self._recent: deque[float] = deque()  # every move begun in the last minute
+        self._recent: dict[str, deque[float]] = {}  # per requesting tenant, the last minute's
         self._by_key: dict[str, deque[float]] = {}  # per key, its moves of the last hour
         self.begun = 0  # in all, since start
 
     def _trim(self, now: float) -> None:
-        while self._recent and self._recent[0] <= now - 60.0:
-            self._recent.popleft()
-        for key in [k for k, q in self._by_key.items() if not q or q[-1] <= now - 3600.0]:
-            del self._by_key[key]
+        for windows, span in ((self._recent, 60.0), (self._by_key, 3600.0)):
+            for key in list(windows):
+                q = windows[key]
+                while q and q[0] <= now - span:
+                    q.popleft()
+                if not q:
+                    del windows[key]
 
-    def refusal(self, keys: Iterable[str]) -> str | None:
-        """Why moves of ``keys`` (one per move) may not begin now, or None if they may."""
+    def refusal(self, tenant: str, keys: Iterable[str]) -> str | None:
+        """Why moves of ``keys`` (one per move) for a request of ``tenant`` may not begin now, or
+        None if they may. Names no workload: it becomes the request's reason, which its tenant
+        reads, and the movers may be another tenant's."""
         now = self.clock()
         self._trim(now)
         keys = list(keys)
-        if len(self._recent) + len(keys) > self.per_minute:
+        recent = len(self._recent.get(tenant, ()))
+        if recent + len(keys) > self.per_minute:
             return (
-                f"{len(self._recent)} move(s) begun in the last minute, at most "
-                f"{self.per_minute} (max_moves_per_minute in gpufrac.yaml)"
+                f"{recent} move(s) begun for tenant {tenant}'s requests in the last minute, at "
+                f"most {self.per_minute} (max_moves_per_minute in gpufrac.yaml)"
             )
         for key in set(keys):
-            q = self._by_key.get(key, deque())
-            recent = sum(1 for t in q if t > now - 3600.0)
-            if recent + keys.count(key) > self.per_workload_hour:
+            moved = len(self._by_key.get(key, ()))
+            if moved + keys.count(key) > self.per_workload_hour:
                 return (
-                    f"{key} was moved {recent} time(s) in the last hour, at most "
+                    f"work in the way was moved {moved} time(s) in the last hour, at most "
                     f"{self.per_workload_hour} (max_moves_per_workload_per_hour in gpufrac.yaml)"
                 )
         return None
 
-    def spend(self, keys: Iterable[str]) -> None:
+    def spend(self, tenant: str, keys: Iterable[str]) -> None:
         now = self.clock()
         for key in keys:
-            self._recent.append(now)
+            self._recent.setdefault(tenant, deque()).append(now)
             self._by_key.setdefault(key, deque()).append(now)
             self.begun += 1

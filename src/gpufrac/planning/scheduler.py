@@ -209,6 +209,7 @@ def gpu_name(g: SchedGpu) -> str:
 
 # moves: the waiting requests a pass plans for at most, and the GPUs looked at for one
 MOVE_REQUESTS_PER_PASS = 8
+MOVE_SCAN_PER_PASS = 64
 MOVE_OPTIONS = 8
 MOVE_SAID: dict[MoveHow, str] = {
     "replace": "replica(s) replaced first, then drained",
@@ -241,6 +242,8 @@ class Scheduler:
         # a waiting MIG request -> the moves begun to make room for it, and the GPU kept for it
         self._plans: dict[str, MovePlan] = {}
         self._gave_up: dict[str, float] = {}  # a request whose moves timed out -> when
+        self._unkept: set[int] = set()  # GPUs a dropped plan kept: what waits is tried there
+        self._scan = 0  # where the next pass's look for moves begins in the queue (round robin)
         self.clock = clock
         self.move_budget = MoveBudget(
             self.settings.max_moves_per_minute, self.settings.max_moves_per_workload_per_hour, clock
@@ -455,7 +458,9 @@ class Scheduler:
         self.pending.pop(key, None)
         self._passed.pop(key, None)
         self._reserved.pop(key, None)
-        self._plans.pop(key, None)
+        dropped = self._plans.pop(key, None)
+        if dropped is not None:
+            self._unkept.add(dropped.gpu)
         self._gave_up.pop(key, None)
         for plan in self._plans.values():  # a replica moved: its replacement serves, it went
             plan.left.discard(key)
@@ -589,6 +594,12 @@ class Scheduler:
                 made_room = self._plans.pop(key, None)
                 if made_room is not None:  # the moves that made room for it stay on its record
                     placed = replace(placed, moves=made_room.moves)
+                    if made_room.gpu not in {c.gpu for c in chosen}:
+                        self._unkept.add(made_room.gpu)
+                taken = {c.gpu for c in chosen}
+                for outrun in [k for k, p in self._plans.items() if p.gpu in taken]:
+                    # a request of higher priority took the GPU a plan kept: that plan is over
+                    del self._plans[outrun]
                 if nest and preempt and self._opened_nest(chosen[0]):
                     # a new shared instance was made for two waiting needs: the other (and any
                     # more that fit) take their shares of it now (not from within a retry, whose
@@ -730,7 +741,11 @@ class Scheduler:
     def _kept_from(self, req: SchedRequest) -> set[int]:
         """The GPUs kept for held MIG requests of ``req``'s tenant that come before it (higher
         priority, or equal and earlier), and those being emptied by moves for another request."""
-        kept = {plan.gpu for key, plan in self._plans.items() if key != req.key}
+        kept = {
+            plan.gpu
+            for key, plan in self._plans.items()
+            if key != req.key and self.requests[key].priority >= req.priority
+        }
         for key, gi in self._reserved.items():
             other = self.requests.get(key)
             if (
@@ -790,8 +805,10 @@ class Scheduler:
         for key, plan in list(self._plans.items()):
             if key not in self.pending:
                 del self._plans[key]
+                self._unkept.add(plan.gpu)
             elif now - plan.begun > MOVE_TIMEOUT_S:
                 del self._plans[key]
+                self._unkept.add(plan.gpu)
                 self._gave_up[key] = now  # no new moves for it for as long
                 reason = (
                     f"{self.pending[key]}; the moves begun for it {now - plan.begun:.0f} s ago "
@@ -803,7 +820,10 @@ class Scheduler:
             elif not plan.left and not plan.restarted and plan.restarts:
                 # the replicas went: the movable services' turn, then the request's
                 out += self._restart_movers(self.requests[key], plan)
-        if not self.settings.mig_moves or self.move_budget.refusal(["?"]) is not None:
+        if self._unkept:  # what waited for a GPU a plan kept may have it now
+            unkept, self._unkept = self._unkept, set()
+            out += self.retry_pending(gpus=unkept, tenant=None)
+        if not self.settings.mig_moves:
             return out
         for key in [k for k, t in self._gave_up.items() if now - t > MOVE_TIMEOUT_S]:
             del self._gave_up[key]
@@ -815,14 +835,28 @@ class Scheduler:
             ),
             key=lambda r: (-r.priority, r.order),
         )
-        tried: set[int] = set()
-        for req in todo[:MOVE_REQUESTS_PER_PASS]:
-            if req.shape in tried:
-                continue
-            tried.add(req.shape)
+        # one request of each shape (its twins fare the same), at most MOVE_SCAN_PER_PASS of them
+        # a pass, taken in turn from where the last pass stopped: requests no move can help do
+        # not keep the rest from ever being looked at
+        shapes: dict[int, SchedRequest] = {}
+        for req in todo:
+            shapes.setdefault(req.shape, req)
+        firsts = list(shapes.values())
+        if not firsts:
+            return out
+        start = self._scan % len(firsts)
+        turn = (firsts[start:] + firsts[:start])[:MOVE_SCAN_PER_PASS]
+        self._scan = start + len(turn)
+        begun = 0
+        for req in turn:
+            if req.key not in self.pending or req.key in self._plans:
+                continue  # placed, or given moves, by this pass already
             moved = self._plan_moves(req)
             if isinstance(moved, list):
                 out += moved
+                begun += 1
+                if begun >= MOVE_REQUESTS_PER_PASS:
+                    break
         return out
 
     def _plan_moves(self, req: SchedRequest) -> list[Decision] | str | None:
@@ -849,7 +883,7 @@ class Scheduler:
         held = None
         for g, recut in options:
             keys = [budget_key(self.requests[v].spec) for v in recut.evict]
-            refusal = self.move_budget.refusal(keys)
+            refusal = self.move_budget.refusal(req.tenant, keys)
             if refusal is not None:
                 held = held or refusal
                 continue
@@ -920,10 +954,15 @@ class Scheduler:
         other = self.requests.get(key)
         if other is None:
             return False  # an instance taken outside gpufrac, or shared inside (NESTED)
+        theirs = other.tenant != req.tenant
         match move_how(other.spec):
-            case "replace":
-                return True
-            case "restart":
+            case "replace":  # nothing lost, but a cold start: another tenant's for no lower need
+                return not theirs or other.priority <= req.priority
+            case "restart":  # down while it restarts: as preemption would allow, and no higher
+                if theirs and self.settings.preemption(req.tenant, req.spec.preemption) != (
+                    "lower-priority"
+                ):
+                    return False
                 return other.priority <= req.priority
             case None:
                 return False
@@ -984,7 +1023,9 @@ class Scheduler:
             how = move_how(self.requests[v].spec)
             assert how is not None
             moves.append(Move(v, g.uuid, at[v], how, req.key))
-        self.move_budget.spend(budget_key(self.requests[m.workload].spec) for m in moves)
+        self.move_budget.spend(
+            req.tenant, (budget_key(self.requests[m.workload].spec) for m in moves)
+        )
         profile = recut.create.profile
         # counted, not named: the reason reaches the request's tenant as it is, and the movers
         # may be another tenant's (the decision's ``moves`` name them, rendered per reader)

@@ -4,6 +4,7 @@ request meanwhile; the budget holds; a plan that does not finish is given up."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from gpufrac.model.catalog import lookup_model
 from gpufrac.model.deployment import LABEL
 from gpufrac.model.manifest import parse_manifests
 from gpufrac.model.mig import MigPlacement
-from gpufrac.model.settings import OperatorSettings
+from gpufrac.model.settings import OperatorSettings, TenantQuota
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.planning.moves import MoveBudget
 from gpufrac.planning.sched_decision import decision_from_json, decision_to_json
@@ -171,11 +172,20 @@ def test_the_budget_per_minute_holds_and_a_request_refused_for_it_gets_its_moves
 
 def test_the_budget_per_workload_counts_a_deployments_replicas_together() -> None:
     budget = MoveBudget(100, 2, Clock())
-    budget.spend(["a/web", "a/web"])
-    assert "a/web was moved 2 time(s) in the last hour" in (budget.refusal(["a/web"]) or "")
-    assert budget.refusal(["a/api"]) is None
+    budget.spend("b", ["a/web", "a/web"])
+    why = budget.refusal("b", ["a/web"]) or ""
+    assert "work in the way was moved 2 time(s) in the last hour" in why
+    assert "a/web" not in why  # the reason reaches the requester: no other tenant's name
+    assert budget.refusal("b", ["a/api"]) is None
     budget.clock.now += 3601  # type: ignore[attr-defined]
-    assert budget.refusal(["a/web"]) is None
+    assert budget.refusal("b", ["a/web"]) is None
+
+
+def test_the_budget_per_minute_is_each_tenants_own() -> None:
+    budget = MoveBudget(2, 100, Clock())
+    budget.spend("b", ["x/one", "x/two"])
+    assert "tenant b's requests" in (budget.refusal("b", ["x/three"]) or "")
+    assert budget.refusal("a", ["x/three"]) is None  # b's moves do not use up a's
 
 
 def test_a_plan_that_does_not_finish_is_given_up_and_its_gpu_no_longer_kept() -> None:
@@ -286,3 +296,91 @@ def test_the_placed_request_keeps_the_moves_that_made_room() -> None:
     s.submit(replica("web-1"))
     placed = next(d for d in s.delete("a", "web-0") if d.workload == "a/big")
     assert [m.workload for m in placed.moves] == ["a/web-0"]
+
+
+# -- from the hostile review -----------------------------------------------------------------------
+
+
+def test_a_job_with_the_deployment_label_is_no_replica_and_the_label_is_refused() -> None:
+    s, _ = fragmented(first=job("fake-0", labels={LABEL: "fake"}))
+    big = s.submit(job("big", "7g.80gb"))[0]
+    assert big.moves == () and "may not move" in big.reason
+    doc = """
+apiVersion: gpufrac/v1
+kind: Workload
+metadata: {name: j, labels: {gpufrac.io/deployment: fake}}
+spec: {command: [x], resources: {gpu: {mig: 1g.10gb}}}
+"""
+    with pytest.raises(InputError) as e:
+        parse_manifests(doc)
+    assert "metadata.labels['gpufrac.io/deployment']" in str(e.value)
+
+
+def test_a_dropped_plans_gpu_goes_to_what_waited_for_it() -> None:
+    s, _ = fragmented()
+    at(s, job("block"), 1, 0)  # no 4g.40gb on GPU 1
+    assert s.submit(job("big", "7g.80gb"))[0].moves
+    held = s.submit(job("mid", "4g.40gb"))[0]  # GPU 0 has room, but it is kept
+    assert held.outcome == "pending"
+    s.delete("a", "big")  # the plan ends: GPU 0 is no longer kept
+    placed = [d for d in s.plan_moves() if d.outcome == "placed"]
+    assert [(d.workload, d.gpus) for d in placed] == [("a/mid", ("GPU-0",))]
+
+
+def test_requests_no_move_helps_do_not_keep_others_from_moves() -> None:
+    s, _ = fragmented()
+    for i in range(20):  # ahead in the queue, each its own shape: a node selector no node has
+        s.submit(job(f"lost{i}", "7g.80gb", node_selector={"zone": f"z{i}"}))
+    at(s, job("fill"), 1, 0)  # GPU 1 full: the replica has nowhere to go ...
+    at(s, job("fill2"), 1, 1)
+    at(s, job("fill3", "2g.20gb"), 1, 2, "2g.20gb")
+    at(s, job("fill4", "2g.20gb"), 1, 4, "2g.20gb")
+    big = s.submit(job("big", "7g.80gb"))[0]
+    assert big.moves == () and "no room elsewhere now" in big.reason
+    for name in ("fill", "fill2", "fill3", "fill4"):  # ... until now: the next pass moves it
+        s.delete("a", name)
+    begun = [d for _ in range(2) for d in s.plan_moves() if d.moves]
+    assert [d.workload for d in begun] == ["a/big"]
+
+
+def test_another_tenants_service_is_restarted_only_where_its_tenant_may_evict_theirs() -> None:
+    own = OperatorSettings(tenants={"b": TenantQuota(preemption="own-tenant")})
+    s, _ = fragmented(own, first=job("api", type="service", movable=True))
+    big = s.submit(job("big", "7g.80gb", tenant="b"))[0]
+    assert big.moves == () and big.outcome == "pending"
+    open_ = OperatorSettings(tenants={"b": TenantQuota(preemption="lower-priority")})
+    s, _ = fragmented(open_, first=job("api", type="service", movable=True))
+    assert s.submit(job("big", "7g.80gb", tenant="b"))[0].outcome == "placed"
+
+
+def test_another_tenants_replica_of_higher_priority_is_not_moved_for_a_lower_request() -> None:
+    high = replace(replica("web-0"), priority=100)
+    s, _ = fragmented(first=high)
+    assert s.submit(job("big", "7g.80gb", tenant="b", priority=50))[0].moves == ()
+    s, _ = fragmented(first=high)  # its own tenant's may
+    assert s.submit(job("big", "7g.80gb", priority=50))[0].moves
+
+
+def test_a_higher_priority_request_takes_a_gpu_kept_for_a_lower_one() -> None:
+    s, _ = fragmented()
+    assert s.submit(job("big", "7g.80gb", priority=0))[0].moves
+    urgent = s.submit(job("urgent", "4g.40gb", priority=100))[0]
+    assert urgent.outcome == "placed" and urgent.gpus == ("GPU-0",)
+    assert s.moving == {}  # the plan is over: its GPU was taken
+
+
+def test_a_movable_service_may_not_say_restart_never() -> None:
+    doc = """
+apiVersion: gpufrac/v1
+kind: Workload
+metadata: {name: s}
+spec:
+  type: service
+  movable: true
+  restart: never
+  command: [x]
+  resources: {gpu: {mig: 1g.10gb}}
+"""
+    with pytest.raises(InputError) as e:
+        parse_manifests(doc)
+    assert "spec.movable" in str(e.value) and "restart: never" in str(e.value)
