@@ -456,7 +456,9 @@ class SettingsDocument(Strict):
         "0: none).",
     )
     max_moves_per_workload_per_hour: Annotated[int, Field(ge=0, le=1000)] = Field(
-        2, description="The most moves of one workload in any hour (0 to 1000; 0: none)."
+        2,
+        description="The most moves of one workload in any hour for one tenant's requests (0 to "
+        "1000; 0: none).",
     )
     job_min_share: ShareMilli | None = Field(
         None, description="The min_share of a job that sets none (10% or 0.1; default 10%)."

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from gpufrac.model.deployment import LABEL as DEPLOYMENT_LABEL
 from gpufrac.model.mig import MigPlacement
@@ -99,26 +99,25 @@ def budget_key(spec: WorkloadSpec) -> str:
 
 
 class MoveBudget:
-    """Moves begun for one tenant's requests in any minute (``per_minute``: one tenant cannot
-    spend another's), and of one key in any hour (``per_workload_hour``: a deployment's replicas
-    are one key, so no tenant makes another's deployment pay cold starts more often), by the
-    times the clock gave when each began."""
+    """Moves begun for one tenant's requests in any minute (``per_minute``) and, for one tenant's
+    requests, of one key in any hour (``per_workload_hour``: a deployment's replicas are one key):
+    no tenant spends another's budget (nor makes a deployment's owner unable to move it), and no
+    tenant makes another's deployment pay cold starts more often. By the times the clock gave
+    when each began."""
 
     def __init__(self, per_minute: int, per_workload_hour: int, clock: Callable[[], float]) -> None:
         self.per_minute, self.per_workload_hour = per_minute, per_workload_hour
         self.clock = clock
         self._recent: dict[str, deque[float]] = {}  # per requesting tenant, the last minute's
-        self._by_key: dict[str, deque[float]] = {}  # per key, its moves of the last hour
+        # per (requesting tenant, key): its moves of the last hour, so no tenant spends another's
+        self._by_key: dict[tuple[str, str], deque[float]] = {}
         self.begun = 0  # in all, since start
 
     def _trim(self, now: float) -> None:
-        for windows, span in ((self._recent, 60.0), (self._by_key, 3600.0)):
-            for key in list(windows):
-                q = windows[key]
-                while q and q[0] <= now - span:
-                    q.popleft()
-                if not q:
-                    del windows[key]
+        for key in list(self._recent):
+            _drop_older(self._recent, key, now - 60.0)
+        for pair in list(self._by_key):
+            _drop_older(self._by_key, pair, now - 3600.0)
 
     def refusal(self, tenant: str, keys: Iterable[str]) -> str | None:
         """Why moves of ``keys`` (one per move) for a request of ``tenant`` may not begin now, or
@@ -134,7 +133,7 @@ class MoveBudget:
                 f"most {self.per_minute} (max_moves_per_minute in gpufrac.yaml)"
             )
         for key in set(keys):
-            moved = len(self._by_key.get(key, ()))
+            moved = len(self._by_key.get((tenant, key), ()))
             if moved + keys.count(key) > self.per_workload_hour:
                 return (
                     f"work in the way was moved {moved} time(s) in the last hour, at most "
@@ -146,5 +145,14 @@ class MoveBudget:
         now = self.clock()
         for key in keys:
             self._recent.setdefault(tenant, deque()).append(now)
-            self._by_key.setdefault(key, deque()).append(now)
+            self._by_key.setdefault((tenant, key), deque()).append(now)
             self.begun += 1
+
+
+def _drop_older(windows: dict[Any, deque[float]], key: object, before: float) -> None:
+    """Drop the times up to ``before`` from ``windows[key]``, and the key with its last."""
+    q = windows[key]
+    while q and q[0] <= before:
+        q.popleft()
+    if not q:
+        del windows[key]

@@ -241,8 +241,12 @@ class Scheduler:
         self._reserved: dict[str, int] = {}
         # a waiting MIG request -> the moves begun to make room for it, and the GPU kept for it
         self._plans: dict[str, MovePlan] = {}
-        self._gave_up: dict[str, float] = {}  # a request whose moves timed out -> when
+        # (tenant, GPU) where moves for the tenant's request timed out -> when: no new ones there
+        # for as long (a request of another name would keep the GPU again)
+        self._gave_up: dict[tuple[str, int], float] = {}
         self._unkept: set[int] = set()  # GPUs a dropped plan kept: what waits is tried there
+        self._replan: set[str] = set()  # requests whose plan a higher one outran: tried afresh
+        self._avoid: set[int] = set()  # GPUs a mover's room is looked for off (``_elsewhere``)
         self._scan = 0  # where the next pass's look for moves begins in the queue (round robin)
         self.clock = clock
         self.move_budget = MoveBudget(
@@ -461,7 +465,7 @@ class Scheduler:
         dropped = self._plans.pop(key, None)
         if dropped is not None:
             self._unkept.add(dropped.gpu)
-        self._gave_up.pop(key, None)
+        self._replan.discard(key)
         for plan in self._plans.values():  # a replica moved: its replacement serves, it went
             plan.left.discard(key)
         freed = self.state.release(key)
@@ -598,8 +602,10 @@ class Scheduler:
                         self._unkept.add(made_room.gpu)
                 taken = {c.gpu for c in chosen}
                 for outrun in [k for k, p in self._plans.items() if p.gpu in taken]:
-                    # a request of higher priority took the GPU a plan kept: that plan is over
-                    del self._plans[outrun]
+                    # a request of higher priority took the GPU a plan kept: that plan is over;
+                    # what waited for the GPU, and its request, are tried afresh next pass
+                    self._unkept.add(self._plans.pop(outrun).gpu)
+                    self._replan.add(outrun)
                 if nest and preempt and self._opened_nest(chosen[0]):
                     # a new shared instance was made for two waiting needs: the other (and any
                     # more that fit) take their shares of it now (not from within a retry, whose
@@ -741,10 +747,11 @@ class Scheduler:
     def _kept_from(self, req: SchedRequest) -> set[int]:
         """The GPUs kept for held MIG requests of ``req``'s tenant that come before it (higher
         priority, or equal and earlier), and those being emptied by moves for another request."""
-        kept = {
+        kept = set(self._avoid) | {
             plan.gpu
             for key, plan in self._plans.items()
-            if key != req.key and self.requests[key].priority >= req.priority
+            if key != req.key
+            and (self.requests[key].priority >= req.priority or self._replaces(req, plan))
         }
         for key, gi in self._reserved.items():
             other = self.requests.get(key)
@@ -759,6 +766,22 @@ class Scheduler:
             ):
                 kept.add(gi)
         return kept
+
+    def _replaces(self, req: SchedRequest, plan: MovePlan) -> bool:
+        """Whether ``req`` is a replica of a deployment one of whose replicas ``plan`` moves (its
+        replacement, whatever its priority, goes elsewhere)."""
+        group = req.spec.labels.get(DEPLOYMENT_LABEL)
+        if group is None:
+            return False
+        for key in plan.left:
+            mover = self.requests.get(key)
+            if (
+                mover is not None
+                and mover.tenant == req.tenant
+                and mover.spec.labels.get(DEPLOYMENT_LABEL) == group
+            ):
+                return True
+        return False
 
     def _reserve(self, req: SchedRequest) -> None:
         """Keep a GPU for held ``req``: the MIG GPU where its profile would destroy the fewest busy
@@ -809,7 +832,7 @@ class Scheduler:
             elif now - plan.begun > MOVE_TIMEOUT_S:
                 del self._plans[key]
                 self._unkept.add(plan.gpu)
-                self._gave_up[key] = now  # no new moves for it for as long
+                self._gave_up[(self.requests[key].tenant, plan.gpu)] = now
                 reason = (
                     f"{self.pending[key]}; the moves begun for it {now - plan.begun:.0f} s ago "
                     f"did not let it in within {MOVE_TIMEOUT_S:.0f} s (a replacement never "
@@ -818,21 +841,37 @@ class Scheduler:
                 self.pending[key] = reason
                 out.append(Decision(key, "pending", reason))
             elif not plan.left and not plan.restarted and plan.restarts:
-                # the replicas went: the movable services' turn, then the request's
-                out += self._restart_movers(self.requests[key], plan)
+                # the replicas went: the movable services' turn (if they still may), then the
+                # request's
+                req = self.requests[key]
+                if all(self._may_move(m.workload, req) for m in plan.moves if m.how == "restart"):
+                    out += self._restart_movers(req, plan)
+                else:  # a service's priority, or its tenant's setting, changed since
+                    del self._plans[key]
+                    self._unkept.add(plan.gpu)
+                    self._replan.add(key)
         if self._unkept:  # what waited for a GPU a plan kept may have it now
             unkept, self._unkept = self._unkept, set()
             out += self.retry_pending(gpus=unkept, tenant=None)
+        for where in [w for w, t in self._gave_up.items() if now - t > MOVE_TIMEOUT_S]:
+            del self._gave_up[where]
+        for key in sorted(self._replan):  # a plan another outran: its reason and moves afresh
+            self._replan.discard(key)
+            if key not in self.pending or key in self._plans:
+                continue
+            fresh = self._try(self.requests[key], preempt=False)
+            if fresh[0].outcome != "placed":
+                moved = self._plan_moves(self.requests[key])
+                if isinstance(moved, list):
+                    fresh = moved
+                elif moved is not None:
+                    self.pending[key] = f"{self.pending[key]}; {moved}"
+                    fresh = [self.pending.decision(key)]
+            out += fresh
         if not self.settings.mig_moves:
             return out
-        for key in [k for k, t in self._gave_up.items() if now - t > MOVE_TIMEOUT_S]:
-            del self._gave_up[key]
         todo = sorted(
-            (
-                self.requests[k]
-                for k in self.pending.mig
-                if k not in self._plans and k not in self._gave_up
-            ),
+            (self.requests[k] for k in self.pending.mig if k not in self._plans),
             key=lambda r: (-r.priority, r.order),
         )
         # one request of each shape (its twins fare the same), at most MOVE_SCAN_PER_PASS of them
@@ -868,17 +907,19 @@ class Scheduler:
             return None
         options = self._move_options(req)
         if not options:
+            given_up = sorted(gi for t, gi in self._gave_up if t == req.tenant)
+            if given_up:
+                return (
+                    f"moves begun for tenant {req.tenant}'s request on GPU "
+                    f"{gpu_name(self.state.gpus[given_up[0]])} did not let it in within "
+                    f"{MOVE_TIMEOUT_S:.0f} s: none are begun there again for as long"
+                )
             return self._unmovable(req)
         first = f"GPU {gpu_name(options[0][0])}"
         if not self.settings.mig_moves:
             return (
                 f"moving running work would make room on {first}, but moves are off "
                 "(mig_moves: false in gpufrac.yaml)"
-            )
-        if req.key in self._gave_up:
-            return (
-                f"the moves begun for it did not let it in within {MOVE_TIMEOUT_S:.0f} s: none "
-                "are begun again for as long"
             )
         held = None
         for g, recut in options:
@@ -910,8 +951,9 @@ class Scheduler:
             if recut is not None and recut.evict:
                 return (
                     f"moving what is in the way on GPU {gpu_name(g)} would make room, but it may "
-                    "not move (a job never moves; a service only with spec.movable: true and no "
-                    "higher priority; a deployment's replica always; no share inside an instance)"
+                    "not move now (a job never moves; a service only with spec.movable: true, of "
+                    "no higher priority; another tenant's replica only for a request of at least "
+                    "its priority; nothing already being moved; no share inside an instance)"
                 )
         return None
 
@@ -923,6 +965,8 @@ class Scheduler:
         options: list[tuple[tuple[int, int, int], SchedGpu, Recut]] = []
         for g in self.state.mig_gpus:
             if g.index in kept or g.pinned or not g.schedulable or not req.admits(g.node_labels):
+                continue
+            if (req.tenant, g.index) in self._gave_up:
                 continue
             profile = req.mig_profile(g.model)
             if profile is None:
@@ -958,7 +1002,9 @@ class Scheduler:
         match move_how(other.spec):
             case "replace":  # nothing lost, but a cold start: another tenant's for no lower need
                 return not theirs or other.priority <= req.priority
-            case "restart":  # down while it restarts: as preemption would allow, and no higher
+            case "restart":  # down while it restarts: only where its tenant may evict others'
+                # work at all, and of no higher priority (equal too: unlike an eviction, it runs
+                # on elsewhere)
                 if theirs and self.settings.preemption(req.tenant, req.spec.preemption) != (
                     "lower-priority"
                 ):
@@ -985,7 +1031,7 @@ class Scheduler:
                 )
                 self.requests[tmp.key] = tmp
                 stand_ins.append(tmp.key)
-                chosen = self._elsewhere(tmp)
+                chosen = self._elsewhere(tmp, g.index)
                 if chosen is None:
                     return False
                 self._commit(trial, tmp, chosen, ())
@@ -997,19 +1043,24 @@ class Scheduler:
                 self.pending.pop(k, None)
             del self._plans[req.key]
 
-    def _elsewhere(self, req: SchedRequest) -> list[Candidate] | None:
-        """Where ``req`` fits now without preempting anyone, off the GPUs kept for others (a
-        re-cut of idle instances at most)."""
+    def _elsewhere(self, req: SchedRequest, off: int) -> list[Candidate] | None:
+        """Where ``req`` fits now without preempting anyone, off GPU ``off`` (the one being
+        emptied, whatever the priorities) and the GPUs kept for others (a re-cut of idle
+        instances at most)."""
         scope: RecutScope = "idle" if self.recut == "drain" else self.recut
-        for mode in req.modes:
-            reasons = Reasons()
-            if mode == "exclusive":
-                chosen = self._whole_gpus(req, reasons)
-            else:
-                chosen = self._choose(req, mode, reasons, None, scope)
-            if chosen:
-                return chosen
-        return None
+        self._avoid = {off}
+        try:
+            for mode in req.modes:
+                reasons = Reasons()
+                if mode == "exclusive":
+                    chosen = self._whole_gpus(req, reasons)
+                else:
+                    chosen = self._choose(req, mode, reasons, None, scope)
+                if chosen:
+                    return chosen
+            return None
+        finally:
+            self._avoid = set()
 
     def _begin_moves(self, req: SchedRequest, g: SchedGpu, recut: Recut) -> list[Decision]:
         """Spend the budget, keep ``g`` for ``req``, and leave the replicas' replacements to the
@@ -1064,7 +1115,7 @@ class Scheduler:
             mover = self.requests[m.workload]
             with self.state.statement() as st:
                 st.release(m.workload)
-                chosen = self._elsewhere(mover)
+                chosen = self._elsewhere(mover, plan.gpu)
                 if chosen is None:  # its room went meanwhile: it stays, the plan runs out
                     st.rollback()
                     continue

@@ -408,12 +408,12 @@ class Deployments:
             key = f"{d.tenant}/{name}"
             if key not in self.draining and name in moving:
                 m = moving[name]
-                ready = ", ".join(r.name for r in current if r.ready) or "a new replica"
+                ready = ", ".join(r.name for r in current if r.ready)
+                beside = f"{ready} ready beside it" if ready else "it was not ready"
                 self.runner.store.record_event(
                     "moved",
                     key,
-                    f"moved to make room for {m.cause}: replaced by {ready} (ready), it drains "
-                    "and is deleted",
+                    f"moved to make room for {m.cause}: {beside}; it drains and is deleted",
                     {"deployment": d.key, "gpu": m.gpu, "mig": m.placement.to_json()},
                     cause=m.cause,
                 )

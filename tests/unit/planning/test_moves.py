@@ -384,3 +384,86 @@ spec:
     with pytest.raises(InputError) as e:
         parse_manifests(doc)
     assert "spec.movable" in str(e.value) and "restart: never" in str(e.value)
+
+
+# -- from the second hostile review ----------------------------------------------------------------
+
+
+def test_a_plan_outrun_by_a_higher_request_retries_what_waited_and_its_own_request() -> None:
+    clock = Clock()
+    s = Scheduler(fleet(3), OperatorSettings(), clock=clock)
+    at(s, replica("web-0"), 0, 6)
+    at(s, job("full", "7g.80gb", tenant="c"), 1, 0, "7g.80gb")
+    at(s, job("g2a", "4g.40gb", tenant="c"), 2, 0, "4g.40gb")
+    at(s, job("g2b", "2g.20gb", tenant="c"), 2, 4, "2g.20gb")
+    assert s.submit(job("big", "7g.80gb"))[0].moves
+    assert s.submit(job("small", "2g.20gb", tenant="b"))[0].outcome == "pending"  # GPU 0 kept
+    hi = s.submit(job("hi", "2g.20gb", tenant="c", priority=60))[0]
+    assert hi.gpus == ("GPU-0",)  # the plan is over
+    after = {d.workload: d for d in s.plan_moves()}
+    assert after["b/small"].outcome == "placed" and after["b/small"].gpus == ("GPU-0",)
+    assert "waiting for 1 move(s)" not in (s.pending.get("a/big") or "")
+
+
+def test_another_tenant_cannot_spend_a_deployments_hourly_moves_for_its_owner() -> None:
+    clock = Clock()
+    s = Scheduler(fleet(3), OperatorSettings(), clock=clock)
+    at(s, replica("web-0", "b"), 0, 6)
+    at(s, job("t1", tenant="c"), 1, 6)
+    at(s, job("t2", tenant="c"), 2, 6)
+    for i in range(2):  # a begins a move of b's replica and withdraws, twice
+        assert s.submit(job(f"grief{i}", "7g.80gb", tenant="a"))[0].moves
+        s.delete("a", f"grief{i}")
+        s.plan_moves()
+        clock.now += 5
+    assert s.submit(job("grief2", "7g.80gb", tenant="a"))[0].moves == ()  # a's two are spent
+    s.delete("a", "grief2")
+    assert s.submit(job("own", "7g.80gb", tenant="b"))[0].moves  # b's own are not
+
+
+def test_a_service_whose_priority_rose_meanwhile_is_not_restarted_and_the_plan_ends() -> None:
+    clock = Clock()
+    st = OperatorSettings(tenants={"a": TenantQuota(preemption="lower-priority")})
+    s = Scheduler(fleet(2), st, clock=clock)
+    at(s, replica("web-0"), 0, 6)
+    api = job("api", tenant="b", type="service", movable=True)
+    at(s, api, 0, 5)
+    at(s, job("train", tenant="c"), 1, 6)
+    assert len(s.submit(job("big", "7g.80gb"))[0].moves) == 2
+    s.update_live(replace(api, priority=90))
+    s.submit(replica("web-1"))
+    s.delete("a", "web-0")
+    after = s.plan_moves()
+    assert all("b/api" not in d.evicted for d in after)
+    assert s.allocations("b/api")[0].gpu == 0 and s.moves_of("a/big") == ()
+
+
+def test_a_replacement_of_higher_priority_still_goes_off_the_gpu_being_emptied() -> None:
+    s = Scheduler(fleet(2), OperatorSettings(), clock=Clock())
+    at(s, replace(replica("web-0"), priority=90), 0, 6)
+    at(s, job("full", "7g.80gb", tenant="c"), 1, 0, "7g.80gb")
+    # the only room for a replacement is GPU 0 itself: no move is begun
+    big = s.submit(job("big", "7g.80gb", priority=10))[0]
+    assert big.moves == () and s.move_budget.begun == 0
+    s = Scheduler(fleet(2), OperatorSettings(), clock=Clock())
+    at(s, replace(replica("web-0"), priority=90), 0, 6)
+    at(s, job("half", "4g.40gb", tenant="c"), 1, 0, "4g.40gb")  # room for a 1g on GPU 1
+    assert s.submit(job("big", "7g.80gb", priority=10))[0].moves
+    repl = s.submit(replace(replica("web-1"), priority=90))[0]
+    assert repl.gpus == ("GPU-1",)  # not back onto GPU 0, which it outranks the request for
+    assert s.moves_of("a/big")
+
+
+def test_a_request_of_another_name_gets_no_new_moves_on_a_gpu_where_its_tenants_timed_out() -> None:
+    clock = Clock()
+    s = Scheduler(fleet(2), OperatorSettings(), clock=clock)
+    at(s, replica("web-0"), 0, 6)
+    at(s, job("train", tenant="c"), 1, 6)
+    assert s.submit(job("big1", "7g.80gb"))[0].moves
+    s.submit(replica("web-1"))  # a replacement that never becomes ready
+    clock.now += 601
+    s.plan_moves()  # given up
+    s.delete("a", "web-1")
+    s.delete("a", "big1")
+    again = s.submit(job("big2", "7g.80gb"))[0]
+    assert again.moves == () and "none are begun there again for as long" in again.reason
