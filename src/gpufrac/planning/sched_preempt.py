@@ -31,6 +31,8 @@ def preemption(
     st: ClusterState, req: SchedRequest, settings: OperatorSettings, scope: RecutScope
 ) -> Option | None:
     """The cheapest set of lower-priority workloads whose eviction makes room, and where it goes."""
+    if req.spec.gpu.devices > 1:
+        return None  # a share of several GPUs evicts no one (it waits for room on each)
     best: tuple[tuple[int, int, int], list[str], list[Candidate]] | None = None
     lowest = st.min_priority()
     floor = (1, lowest, lowest)  # one victim of the lowest priority there is: nothing beats it
@@ -117,7 +119,7 @@ def _whole_gpus(
     settings: OperatorSettings,
     may_evict: Callable[[Allocation], bool],
 ) -> Iterator[Option]:
-    count = req.spec.gpu.count or 1
+    count = req.spec.gpu.gpus
     by_node: dict[str, list[tuple[int, int, list[str]]]] = {}  # a request's GPUs share one node
     for g in st.plain_gpus:
         if not g.schedulable or not req.admits(g.node_labels):
