@@ -3,13 +3,15 @@
 On time-sliced and MPS GPUs (a MIG instance is a hard limit by itself) each reconcile pass sums the
 GPU memory NVML reports for the processes of a workload (its runner says which are: its cgroup and
 its process group, ``Runs.members``), records the peak with the run (its ``usage`` note), and says
-when the workload is over its limit; the agent then stops it. ``use`` is the same reading for
-metrics and views.
+when the workload is over its limit; the agent then stops it. A workload with a share of each of
+several GPUs has its limit on each: each of its GPUs is read and checked on its own (the peak kept
+is the most it held on one). ``use`` is the same reading for metrics and views (``use_all``: on
+every GPU of a workload, added up).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +52,16 @@ class MemoryWatch:
         procs = [p for p in state.processes if p.pid in mine]
         return MemoryUse(sum(p.used_memory_mib or 0 for p in procs), tuple(p.pid for p in procs))
 
+    def use_all(
+        self, gpu_uuids: Sequence[str], members: Members, gpus: Mapping[str, GpuState] | None = None
+    ) -> MemoryUse:
+        """``use`` on each of a workload's GPUs, added up (its processes on any of them)."""
+        uses = [
+            self.use(uuid, members, None if gpus is None else gpus.get(uuid)) for uuid in gpu_uuids
+        ]
+        pids = tuple(dict.fromkeys(p for u in uses for p in u.pids))
+        return MemoryUse(sum(u.mib for u in uses), pids)
+
     def over_limit(
         self,
         decision: Decision,
@@ -61,10 +73,17 @@ class MemoryWatch:
         here: a MIG instance is a hard limit by itself). Keeps the peak in the run."""
         if decision.mode not in ("timeslice", "mps") or not decision.gpus or limit_mib is None:
             return ""
-        used = self.use(decision.gpus[0], members).mib
+        used_on = {uuid: self.use(uuid, members).mib for uuid in decision.gpus}
+        used = max(used_on.values())  # the limit is each GPU's
         usage = read_note(run_dir, "usage")
         if used > int(str(usage.get("peak_mib", 0))):
             write_note(run_dir, "usage", {"peak_mib": used, "limit_mib": limit_mib})
         if used <= limit_mib:
             return ""
-        return f"stopped: it used {used} MiB of GPU memory, over its {limit_mib} MiB limit"
+        if len(used_on) == 1:
+            return f"stopped: it used {used} MiB of GPU memory, over its {limit_mib} MiB limit"
+        over = next(uuid for uuid, mib in used_on.items() if mib == used)
+        return (
+            f"stopped: it used {used} MiB of GPU memory on {over}, over its {limit_mib} MiB "
+            "limit on each of its GPUs"
+        )
