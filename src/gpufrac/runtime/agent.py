@@ -547,25 +547,25 @@ class Agent:
         gpus: Mapping[str, GpuState] | None = None,
         state: WorkloadState | None = None,
     ) -> MemoryUse | None:
-        """GPU memory held now by a running workload's processes on its GPUs (each of them, added
-        up, for a share of several), as NVML reports it (``gpus``:
+        """GPU memory held now by a running workload's processes, as NVML reports it (``gpus``:
         the GPUs as just read, where the caller read them all once; ``state``: the workload as
         the last pass saw it, which spares reading its run directory)."""
         if state is not None:
             d = state.decision
             if not state.running or d is None or not d.gpus:
                 return None
+            uuid = d.gpus[0]
             run = self.runs.latest(tenant, name, state.generation)
             if run is None:
                 return None
-            return self.memory.use_all(d.gpus, self._owner(run), gpus)
+            return self.memory.use(uuid, self._owner(run), None if gpus is None else gpus.get(uuid))
         stored = self.store.workload(tenant, name)
         placed = self.store.placement(tenant, name)
         if stored is None or placed is None:
             return None
         match placed.record:
             case Decision() as d if d.gpus:
-                uuids = d.gpus
+                uuid = d.gpus[0]
             case Decision() | Completion():
                 return None  # it waits, or it finished and gave its GPU back
             case _:
@@ -573,7 +573,7 @@ class Agent:
         run = self.runs.latest(tenant, name, stored.generation)
         if run is None or self.runs.status(run).child_pid is None:
             return None
-        return self.memory.use_all(uuids, self._owner(run), gpus)
+        return self.memory.use(uuid, self._owner(run), None if gpus is None else gpus.get(uuid))
 
     def _owner(self, run: Path) -> Callable[[Iterable[int]], frozenset[int]]:
         """Which of some processes are the run's workload's (its runner tells)."""

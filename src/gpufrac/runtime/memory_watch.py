@@ -5,13 +5,13 @@ GPU memory NVML reports for the processes of a workload (its runner says which a
 its process group, ``Runs.members``), records the peak with the run (its ``usage`` note), and says
 when the workload is over its limit; the agent then stops it. A workload with a share of each of
 several GPUs has its limit on each: each of its GPUs is read and checked on its own (the peak kept
-is the most it held on one). ``use`` is the same reading for metrics and views (``use_all``: on
-every GPU of a workload, added up).
+is the most it held on one). ``use`` is the same reading for metrics and views (of one GPU: a
+workload's first, where it has several, as its metrics' labels say).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,16 +51,6 @@ class MemoryWatch:
         mine = members(p.pid for p in state.processes) if state.processes else frozenset()
         procs = [p for p in state.processes if p.pid in mine]
         return MemoryUse(sum(p.used_memory_mib or 0 for p in procs), tuple(p.pid for p in procs))
-
-    def use_all(
-        self, gpu_uuids: Sequence[str], members: Members, gpus: Mapping[str, GpuState] | None = None
-    ) -> MemoryUse:
-        """``use`` on each of a workload's GPUs, added up (its processes on any of them)."""
-        uses = [
-            self.use(uuid, members, None if gpus is None else gpus.get(uuid)) for uuid in gpu_uuids
-        ]
-        pids = tuple(dict.fromkeys(p for u in uses for p in u.pids))
-        return MemoryUse(sum(u.mib for u in uses), pids)
 
     def over_limit(
         self,
