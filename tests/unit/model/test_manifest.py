@@ -711,7 +711,16 @@ MANIFEST_EXAMPLES = {
     "memory-timeslice.yaml": ["memory"],
     "memory-mps.yaml": ["memory"],
     "mig-profile.yaml": ["mig", "mig"],
-    "hami-kai-aliases.yaml": ["memory", "memory", "memory", "mig", "fraction", "memory"],
+    "hami-kai-aliases.yaml": [
+        "memory",
+        "memory",
+        "memory",
+        "mig",
+        "fraction",
+        "memory",
+        "memory",
+        "fraction",
+    ],
     "service-with-health.yaml": ["memory"],
     "quickstart.yaml": ["memory", "mig", "memory", "memory", "memory", "memory", "memory"],
 }
