@@ -1095,6 +1095,8 @@ class Scheduler:
     ) -> list[Decision]:
         """Evict ``victims`` and place ``req`` where they were, all or nothing; then let each victim
         find room elsewhere at once (never by preempting in turn)."""
+        # a victim on several GPUs (whole, or a share of each) leaves room on the others too
+        held = {a.gpu for v in victims for a in self.state.allocs.get(v, [])}
         with self.state.statement() as st:
             for v in victims:
                 st.release(v)
@@ -1112,7 +1114,7 @@ class Scheduler:
         if placed.mode == "mig":  # the victims' instances became the newcomer's: none is left over
             return [placed, *moved]
         # what the eviction freed beyond the newcomer's need goes to whoever waits for it
-        freed = {a.gpu for a in self.state.allocs.get(req.key, [])}
+        freed = held | {a.gpu for a in self.state.allocs.get(req.key, [])}
         return [placed, *moved, *self.retry_pending(gpus=freed)]
 
     def _restorer(self, key: str) -> Callable[[], None]:

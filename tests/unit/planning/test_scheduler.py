@@ -525,3 +525,20 @@ def test_a_share_of_several_gpus_is_restored_on_each_of_its_gpus() -> None:
     again.restore(spec, d)
     assert again.allocations("a/x") == s.allocations("a/x")
     assert "a/x" not in again.pending
+
+
+def test_a_share_of_several_gpus_evicted_leaves_room_on_each_of_its_gpus() -> None:
+    """Evicted from one GPU, a share of two GPUs gives up the other's share too: what waits for
+    room there is placed at once."""
+    s = Scheduler(nodes(2))
+    s.submit(w("pair", priority=0, memory_mib=100 * GIB, devices=2))  # on GPUs 0 and 1
+    s.submit(w("left", priority=0, sharing="timeslice", memory_mib=40 * GIB))  # on one of them
+    assert (
+        one(s.submit(w("waits", priority=0, sharing="timeslice", memory_mib=60 * GIB))).outcome
+        == "pending"
+    )
+    decisions = s.submit(w("urgent", priority=100, sharing="timeslice", memory_mib=100 * GIB))
+    outcomes = {d.workload: d.outcome for d in decisions}
+    assert outcomes["a/urgent"] == "placed" and decisions[0].evicted == ("a/pair",)
+    assert outcomes["a/waits"] == "placed"  # on the GPU the evicted pair left
+    assert s.state.violations(False, {}) == []
