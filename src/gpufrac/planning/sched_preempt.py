@@ -120,13 +120,16 @@ def _whole_gpus(
     may_evict: Callable[[Allocation], bool],
 ) -> Iterator[Option]:
     count = req.spec.gpu.gpus
-    by_node: dict[str, list[tuple[int, int, list[str]]]] = {}  # a request's GPUs share one node
+    # a request's GPUs are of one model on one node, as when nothing is evicted for them
+    by_node: dict[tuple[str, str], list[tuple[int, int, list[str]]]] = {}
     for g in st.plain_gpus:
         if not g.schedulable or not req.admits(g.node_labels):
             continue
         if not all(may_evict(a) for a in g.allocs.values()):
             continue
-        by_node.setdefault(g.node, []).append((len(g.allocs), g.index, sorted(g.allocs)))
+        by_node.setdefault((g.node, g.model.key), []).append(
+            (len(g.allocs), g.index, sorted(g.allocs))
+        )
     for options in by_node.values():
         if len(options) < count:
             continue

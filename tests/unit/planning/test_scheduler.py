@@ -254,9 +254,14 @@ def test_no_oversubscription_and_preemption_only_of_lower_priority(
             s.delete(tenant, name)
         qs = {t: (q.gpu_memory_mib, q.gpus_milli) for t, q in quotas.items()}
         assert s.state.violations(share, qs) == []
-        for key, allocs in s.state.allocs.items():  # a GPU each: never two shares on one
+        # a GPU each, never two shares on one, all of one model on one node
+        for key, allocs in s.state.allocs.items():
             gpus = [a.gpu for a in allocs]
             assert len(gpus) == len(set(gpus)) == s.requests[key].spec.gpu.gpus
+            assert len({(s.state.gpus[g].node, s.state.gpus[g].model.key) for g in gpus}) == 1, (
+                key,
+                s.requests[key].spec.gpu,
+            )
         assert set(s.pending).isdisjoint(s.state.allocs)
         assert all(s.pending.values())
 
@@ -542,3 +547,19 @@ def test_a_share_of_several_gpus_evicted_leaves_room_on_each_of_its_gpus() -> No
     assert outcomes["a/urgent"] == "placed" and decisions[0].evicted == ("a/pair",)
     assert outcomes["a/waits"] == "placed"  # on the GPU the evicted pair left
     assert s.state.violations(False, {}) == []
+
+
+def test_preemption_for_whole_gpus_takes_them_of_one_model() -> None:
+    """Found by the property test: preemption took an H200 and an A100 for one request of two
+    whole GPUs (its GPUs were grouped by node only); placed without eviction, they are of one
+    model."""
+    gpus = [
+        SchedGpu("GPU-0", 0, H200, mig=False),
+        SchedGpu("GPU-1", 1, A100, mig=False),
+        SchedGpu("GPU-2", 2, H200, mig=False),
+    ]
+    s = Scheduler(gpus)
+    for i in range(3):
+        s.submit(w(f"low{i}", priority=0, count=1))
+    d = one(s.submit(w("pair", priority=100, count=2)))
+    assert d.outcome == "placed" and d.gpus == ("GPU-0", "GPU-2")
