@@ -1,7 +1,7 @@
 """A share of each of several GPUs (HAMi's ``nvidia.com/gpu: 2`` with ``gpumem``; issue 31)
 through a real agent on simulated GPUs: the job sees both its GPUs, in its decision's order, with
 its limit on each, and the fleet view shows its share on each GPU; over its limit on its second
-GPU alone, it is stopped."""
+GPU alone, it is stopped; on a cluster it goes to the node that has two GPUs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ import httpx
 import pytest
 
 import gpufrac
-from tests.integration.conftest import RunningAgent, running_agent
+from gpufrac.cluster.core import ClusterCore
+from gpufrac.cluster.node import InProcessLink, NodeAgent
+from gpufrac.devices import open_simulated
+from gpufrac.model.settings import OperatorSettings
+from gpufrac.model.workload import GpuRequest, WorkloadSpec
+from gpufrac.runtime.agent import Agent
+from tests.integration.conftest import RunningAgent, kill_leftover_runs, running_agent
 
 PY = sys.executable
 SRC = Path(gpufrac.__file__).parents[1]  # the gpufrac under test, its SDK too (spec.env)
@@ -74,3 +80,48 @@ def test_a_job_with_a_share_of_two_gpus_sees_both_and_holds_a_share_of_each(
             break
         time.sleep(0.2)
     assert f"11000 MiB of GPU memory on {uuids[1]}, over its 10240 MiB limit" in hog["reason"]
+
+
+def test_a_cluster_places_a_share_of_two_gpus_on_the_node_that_has_two(tmp_path: Path) -> None:
+    """On a cluster (one control-plane core, two real node agents: one GPU and two GPUs), a
+    share of each of two GPUs goes to the node with two, and runs there on both."""
+    core = ClusterCore(lease_s=2.0)
+    link = InProcessLink(core)
+    nodes: dict[str, NodeAgent] = {}
+    for name, fleet in (("n1", "h200:1"), ("n2", "h200:2")):
+        data = tmp_path / name
+        data.mkdir()
+        settings = OperatorSettings(node_name=name, workload_users="agent")
+        agent = Agent(data, open_simulated(fleet, data), settings, stop_grace=0.5)
+        nodes[name] = NodeAgent(agent, link, fence_s=1.0)
+        nodes[name].join()
+    try:
+        spec = WorkloadSpec(
+            name="pair",
+            tenant="a",
+            gpu=GpuRequest(memory_mib=10240, devices=2),
+            command=(PY, "-c", "import time; time.sleep(60)"),
+        )
+        with link.lock:
+            d = core.decide(spec)
+        assert d.outcome == "placed" and core.assigned["a/pair"].node == "n2"
+        two = [f"n2/{g.uuid}" for g in nodes["n2"].agent.dev.gpus()]  # the core names NODE/UUID
+        assert sorted(d.gpus) == sorted(two)
+        phase = ""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and phase != "running":
+            for n in nodes.values():
+                phase = {s.key: s.phase for s in n.step()}.get("a/pair", phase)
+            with link.lock:
+                core.tick(link.clock())
+            time.sleep(0.05)
+        assert phase == "running"
+        agent = nodes["n2"].agent
+        assert [a.gpu for a in agent.scheduler.allocations("a/pair")] == [0, 1]
+    finally:
+        for n in nodes.values():
+            with n.agent.lock:
+                for w in n.agent.store.workloads():
+                    n.agent.delete(w.tenant, w.name)
+            n.agent.close()
+            kill_leftover_runs(n.agent.data_dir)
