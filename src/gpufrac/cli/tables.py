@@ -161,13 +161,14 @@ def share_text(w: dict[str, Any], alloc: dict[str, Any] | None) -> str:
         return str(gpu["mig_profile"])
     if gpu.get("count"):
         return f"{gpu['count']} whole" if gpu["count"] > 1 else "whole"
+    each = f" x{gpu['devices']}" if gpu.get("devices", 1) > 1 else ""  # a share of each GPU
     if gpu.get("fraction_milli"):
-        return f"{gpu['fraction_milli'] / 1000:g} GPU"
+        return f"{gpu['fraction_milli'] / 1000:g} GPU" + each
     compute = f"/{gpu['compute_pct']}%" if gpu.get("compute_pct") else ""
     if gpu.get("memory_mib"):
-        return size(gpu["memory_mib"]) + compute
+        return size(gpu["memory_mib"]) + compute + each
     if gpu.get("memory_pct"):
-        return f"{gpu['memory_pct']}% mem" + compute
+        return f"{gpu['memory_pct']}% mem" + compute + each
     if compute:
         return "all mem" + compute  # a compute cap alone: the GPU's whole memory
     return "-"

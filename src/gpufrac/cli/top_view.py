@@ -358,7 +358,7 @@ def pending_table(snap: Snapshot, view: ViewState) -> Table:
             f"{k}={v}"
             for k, v in (
                 ("mig", ask.get("mig_profile")),
-                ("count", ask.get("count")),
+                ("count", ask.get("count") or (ask["devices"] if ask.get("devices") else None)),
                 ("memory", _mib(ask.get("memory_mib")) if ask.get("memory_mib") else None),
                 ("memory", f"{ask['memory_pct']}%" if ask.get("memory_pct") else None),
                 ("compute", f"{ask['compute_pct']}%" if ask.get("compute_pct") else None),

@@ -138,7 +138,8 @@ class SimulatedFleet:
 
     def reported(self) -> list[dict[str, Any]]:
         """Each live process's report, as the driver would list it: the device is the one the
-        process was handed (its own environment says which), the memory and SM use what it wrote.
+        process was handed (its own environment says which; ``PID.N.json``: the N-th GPU of its
+        ``CUDA_VISIBLE_DEVICES``, for a share of several GPUs), the memory and SM use what it wrote.
         A report whose file is not owned by the process's user is ignored; those of processes that
         are gone are removed."""
         out: list[dict[str, Any]] = []
@@ -148,9 +149,12 @@ class SimulatedFleet:
             return out
         for entry in entries:
             stem = entry.name.removesuffix(".json")
-            if not is_digits(stem) or not entry.name.endswith(".json"):  # a workload names it
+            pid_text, _, device_text = stem.partition(".")  # PID.json, or PID.DEVICE.json
+            if not entry.name.endswith(".json") or not is_digits(pid_text):  # a workload names it
                 continue
-            pid = int(stem)
+            if device_text and not is_digits(device_text):
+                continue
+            pid, device = int(pid_text), int(device_text or 0)
             if not pid_alive(pid):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
@@ -164,6 +168,9 @@ class SimulatedFleet:
             except (OSError, ValueError):
                 continue
             gpu, gi = env.get("GPUFRAC_GPU_UUID"), env.get("GPUFRAC_GI_ID", "")
+            if device:  # the device-th GPU of a share of several (never a MIG device)
+                visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",")
+                gpu, gi = (visible[device] if device < len(visible) else None), ""
             if st.st_uid != uid or not gpu or not isinstance(raw, dict):
                 continue
             mib, sm, tensor = raw.get("mib"), raw.get("sm", 0), raw.get("tensor", 0)

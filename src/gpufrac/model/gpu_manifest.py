@@ -329,8 +329,8 @@ def _gpu_json_schema(schema: dict[str, Any]) -> None:
     """The reader's rules of a request (``_combination``) under every name a field goes by, in one
     ``not: {anyOf: [...]}`` (what generated clients and schemathesis read best): a request of
     some kind; mig alone; memory or memory_percent, not both; fraction without memory,
-    memory_percent or compute; more than one GPU only whole (count alone). A field and its alias
-    both given must agree, and one HAMi MIG resource key at most: beyond a schema."""
+    memory_percent or compute; more than one GPU not beside compute. A field and its alias both
+    given must agree, and one HAMi MIG resource key at most: beyond a schema."""
     names = {
         k: [k, *(a for a, c in GPU_ALIASES.items() if c == k)]
         for k in (*REQUEST_KINDS, "memory_percent", "compute")
@@ -341,7 +341,6 @@ def _gpu_json_schema(schema: dict[str, Any]) -> None:
 
     mig_key = {"not": {"propertyNames": {"not": {"pattern": MIG_KEY}}}}  # some key is one
     others = [n for k, ns in names.items() if k != "mig" for n in ns]
-    shares = [n for k in PER_GPU for n in names[k]]
     broken: list[dict[str, Any]] = [
         {  # no request at all
             "properties": {n: {"not": {}} for ns in names.values() for n in ns},
@@ -354,7 +353,7 @@ def _gpu_json_schema(schema: dict[str, Any]) -> None:
         *(
             {"required": [c, s], "properties": {c: {"not": {"enum": [1, "1"]}}}}
             for c in names["count"]
-            for s in shares
+            for s in names["compute"]
         ),
     ]
     schema["not"] = {"anyOf": broken}
@@ -371,8 +370,8 @@ class Gpu(Strict):
 
     count: Annotated[int, Field(ge=1)] | None = Field(
         None,
-        description="Whole GPUs; beside fraction, memory, memory_percent or compute, that many "
-        "GPUs each with the share (only 1 for now).",
+        description="Whole GPUs; beside fraction, memory or memory_percent, that many GPUs of "
+        "one node each with the share (time-sliced; beside compute only 1).",
     )
     fraction: FractionMilli | None = Field(
         None,
@@ -435,7 +434,8 @@ class Gpu(Strict):
     gpu_fraction_num_devices: AliasCount | None = Field(
         None,
         alias="gpu-fraction-num-devices",
-        description="KAI-Scheduler's name for count beside gpu-fraction (only 1 for now).",
+        description="KAI-Scheduler's name for count beside gpu-fraction: that many GPUs, each "
+        "with the fraction.",
     )
 
     @model_validator(mode="wrap")
@@ -501,13 +501,14 @@ class Gpu(Strict):
         mig = given.get("mig")
         shared = any(k in given for k in PER_GPU)
         return GpuRequest(
-            count=None if shared else given.get("count"),  # beside a share: 1 (_combination)
+            count=None if shared else given.get("count"),  # beside a share: its GPUs (devices)
             fraction_milli=given.get("fraction"),
             memory_mib=given.get("memory"),
             compute_pct=given.get("compute"),
             mig_profile=mig.profile if mig else None,
             mig_model=mig.model if mig else None,
             memory_pct=given.get("memory_percent"),
+            devices=given.get("count", 1) if shared else 1,
         )
 
 
@@ -554,15 +555,14 @@ def _combination(values: dict[str, int | Mig], written: dict[str, str]) -> Broke
             )
         )
     count = values.get("count")
-    if isinstance(count, int) and count > 1 and any(k in values for k in PER_GPU):
-        share = next(written[k] for k in PER_GPU if k in values)
+    if isinstance(count, int) and count > 1 and "compute" in values:
         broken.append(
             (
                 (written["count"],),
-                f"asks for {count} GPUs each with {share}: a share of several GPUs is not "
-                "supported yet",
-                f"ask for {written['count']}: {count} whole GPUs without {share}, or one GPU "
-                f"({written['count']}: 1) with {share}",
+                f"asks for {count} GPUs each with {written['compute']}: a compute cap is "
+                "enforced by MPS, and a workload reaches the MPS server of one GPU only",
+                f"remove {written['compute']} (a share of each of its {count} GPUs is "
+                f"time-sliced), or ask for one GPU ({written['count']}: 1)",
             )
         )
     return broken
@@ -612,26 +612,47 @@ def _request_names(*kinds: str) -> list[str]:
     return [n for k in kinds for n in (k, *(a for a, c in GPU_ALIASES.items() if c == k))]
 
 
-def _never(sharing: tuple[str, ...], *kinds: str) -> dict[str, Any]:
+def _never(
+    sharing: tuple[str, ...], *kinds: str, gpu: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A spec that breaks a rule (for a spec's ``not: {anyOf: [...]}``): its sharing is one of
-    ``sharing`` and it asks for one of ``kinds`` (under any of their names)."""
-    gpu = {"anyOf": [{"required": [n]} for n in _request_names(*kinds)]}
+    ``sharing`` and it asks for one of ``kinds`` (under any of their names), its request matching
+    ``gpu`` too where given."""
+    asks = {"anyOf": [{"required": [n]} for n in _request_names(*kinds)]}
     return {
         "required": ["sharing", "resources"],
         "properties": {
             "sharing": {"pattern": words_pattern(sharing)},
-            "resources": {"required": ["gpu"], "properties": {"gpu": gpu}},
+            "resources": {
+                "required": ["gpu"],
+                "properties": {"gpu": asks if gpu is None else {"allOf": [asks, gpu]}},
+            },
         },
     }
 
+
+_SHARES = {"anyOf": [{"required": [n]} for n in _request_names(*PER_GPU)]}
+# a share of several GPUs: some name of count, not 1, beside a share
+_SEVERAL = {
+    "allOf": [
+        _SHARES,
+        {
+            "anyOf": [
+                {"required": [n], "properties": {n: {"not": {"enum": [1, "1"]}}}}
+                for n in _request_names("count")
+            ]
+        },
+    ]
+}
 
 # check_sharing's rules, as JSON Schema: the specs that break one (a spec's not: {anyOf: ...});
 # sharing left out is auto, which any request may use
 SHARING_BROKEN = [
     _never(("mps", "timeslice", "exclusive"), "mig"),
-    _never(("mig",), "count"),
-    _never(("exclusive",), "fraction", "memory"),
+    _never(("mig",), "count", gpu={"not": _SHARES}),  # whole GPUs (count beside no share)
+    _never(("exclusive",), *PER_GPU),
     _never(("timeslice", "mig"), "compute"),
+    _never(("mps", "mig"), "count", gpu=_SEVERAL),
 ]
 
 
@@ -659,5 +680,17 @@ def check_sharing(gpu: Gpu, sharing: Sharing) -> Broken:
         broken = (
             f"a compute cap ({compute_key}) cannot be enforced with sharing: {sharing}",
             f"a compute cap needs MPS: set sharing: mps or auto, or remove {compute_key}",
+        )
+    elif gpu.request().devices > 1 and sharing in ("mps", "mig"):
+        n = gpu.request().devices
+        why = (
+            "a workload reaches the MPS server of one GPU only"
+            if sharing == "mps"
+            else "a MIG instance is a whole instance of one GPU"
+        )
+        broken = (
+            f"a share of each of {n} GPUs cannot use sharing: {sharing}: {why}",
+            f"set sharing: timeslice or auto (a share of each of {n} GPUs is time-sliced), "
+            "or ask for one GPU (count: 1)",
         )
     return [(("sharing",), *broken)] if broken else []

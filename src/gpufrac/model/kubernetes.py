@@ -222,9 +222,9 @@ def _fields(r: GpuRequest) -> dict[str, Any]:
         return {"count": r.count}
     if r.mig_profile is not None:
         return {"mig": r.mig_profile}
+    out: dict[str, Any] = {} if r.devices == 1 else {"count": r.devices}  # a share of each
     if r.fraction_milli is not None:
-        return {"fraction": r.fraction_milli / MILLI}
-    out: dict[str, Any] = {}
+        return {**out, "fraction": r.fraction_milli / MILLI}
     if r.memory_mib is not None:
         out["memory"] = f"{r.memory_mib}Mi"
     if r.memory_pct is not None:

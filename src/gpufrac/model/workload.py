@@ -76,7 +76,11 @@ class GpuRequest:
     memory (``memory_mib``, or ``memory_pct`` percent of the GPU's memory), optionally with a
     compute cap ``compute_pct``, a compute cap alone (with the GPU's whole memory, as HAMi gives),
     or a MIG profile. On a shared GPU memory and compute are two capacities, each checked on its
-    own (``planning.sched_request.need_on``)."""
+    own (``planning.sched_request.need_on``).
+
+    ``devices``: the number of GPUs a share is on, one share on each of that many different GPUs
+    of one node (a manifest's ``count`` beside a share: HAMi's ``nvidia.com/gpu: N`` with
+    ``gpumem``, KAI's ``gpu-fraction-num-devices``); 1 for every other request."""
 
     count: int | None = None
     fraction_milli: int | None = None
@@ -85,6 +89,12 @@ class GpuRequest:
     mig_profile: str | None = None
     mig_model: str | None = None  # catalog key, where the profile name alone is ambiguous
     memory_pct: int | None = None  # a share of the memory of whichever GPU it is placed on
+    devices: int = 1  # GPUs a share is on, each with the share (never beside count or a profile)
+
+    @property
+    def gpus(self) -> int:
+        """How many GPUs it takes: its whole GPUs, or the GPUs its share is on."""
+        return self.count if self.count is not None else self.devices
 
     @property
     def kind(self) -> RequestKind:
@@ -180,6 +190,8 @@ def spec_to_json(spec: WorkloadSpec) -> dict[str, Any]:
             del raw[key]  # likewise: specs stored before host limits existed stay the same
     if raw["gpu"]["memory_pct"] is None:
         del raw["gpu"]["memory_pct"]  # likewise, for specs from before memory percentages
+    if raw["gpu"]["devices"] == 1:
+        del raw["gpu"]["devices"]  # likewise, for specs from before shares of several GPUs
     return raw
 
 

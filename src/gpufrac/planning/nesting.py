@@ -43,10 +43,12 @@ class NestFit:
 def nest_mode(spec: WorkloadSpec) -> Mode | None:
     """The mode ``spec`` would share an instance under: ``mps`` or ``timeslice`` as it asks, or for
     ``auto`` MPS where it asks for a compute cap, else time-slices (as on a whole GPU). None for
-    what never shares an instance: whole GPUs, a named profile, a fraction of a GPU, ``sharing:
-    mig`` (an instance of its own) or ``exclusive``."""
+    what never shares an instance: whole GPUs, a named profile, a fraction of a GPU, a share of
+    several GPUs, ``sharing: mig`` (an instance of its own) or ``exclusive``."""
     req = spec.gpu
     if req.count is not None or req.mig_profile is not None or req.fraction_milli is not None:
+        return None
+    if req.devices > 1:
         return None
     if req.memory_mib is None and req.memory_pct is None:
         return None  # a compute cap alone takes the whole memory: nothing to share

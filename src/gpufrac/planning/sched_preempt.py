@@ -31,6 +31,8 @@ def preemption(
     st: ClusterState, req: SchedRequest, settings: OperatorSettings, scope: RecutScope
 ) -> Option | None:
     """The cheapest set of lower-priority workloads whose eviction makes room, and where it goes."""
+    if req.spec.gpu.devices > 1:
+        return None  # a share of several GPUs evicts no one (it waits for room on each)
     best: tuple[tuple[int, int, int], list[str], list[Candidate]] | None = None
     lowest = st.min_priority()
     floor = (1, lowest, lowest)  # one victim of the lowest priority there is: nothing beats it
@@ -117,14 +119,17 @@ def _whole_gpus(
     settings: OperatorSettings,
     may_evict: Callable[[Allocation], bool],
 ) -> Iterator[Option]:
-    count = req.spec.gpu.count or 1
-    by_node: dict[str, list[tuple[int, int, list[str]]]] = {}  # a request's GPUs share one node
+    count = req.spec.gpu.gpus
+    # a request's GPUs are of one model on one node, as when nothing is evicted for them
+    by_node: dict[tuple[str, str], list[tuple[int, int, list[str]]]] = {}
     for g in st.plain_gpus:
         if not g.schedulable or not req.admits(g.node_labels):
             continue
         if not all(may_evict(a) for a in g.allocs.values()):
             continue
-        by_node.setdefault(g.node, []).append((len(g.allocs), g.index, sorted(g.allocs)))
+        by_node.setdefault((g.node, g.model.key), []).append(
+            (len(g.allocs), g.index, sorted(g.allocs))
+        )
     for options in by_node.values():
         if len(options) < count:
             continue

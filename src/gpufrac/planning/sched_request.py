@@ -69,6 +69,10 @@ def sharing_modes(spec: WorkloadSpec) -> tuple[Mode, ...]:
         return ("exclusive",)
     if req.mig_profile is not None:
         return ("mig",)
+    if req.devices > 1 and spec.sharing == "auto":
+        # a share of each of several GPUs: time-sliced (a MIG instance is one GPU's, and a
+        # workload reaches one GPU's MPS server); sharing: mps or mig is refused (_never_fits)
+        return ("timeslice",)
     match spec.sharing:
         case "auto":
             return ("mig", "mps" if req.compute_pct is not None else "timeslice")

@@ -516,7 +516,8 @@ class Scheduler:
                     behind.add(req.tenant)
                 continue
             spec = req.spec
-            only = None if gpus is None or spec.tenant == tenant or spec.gpu.count else gpus
+            several = spec.gpu.count or spec.gpu.devices > 1  # GPUs taken together: anywhere
+            only = None if gpus is None or spec.tenant == tenant or several else gpus
             decisions = self._try(req, preempt=False, only=only, behind=req.tenant in behind)
             if decisions[0].outcome == "placed":
                 out.extend(decisions)
@@ -627,7 +628,14 @@ class Scheduler:
                 return moved
             no_move = moved
         policy = self.settings.preemption(req.tenant, req.spec.preemption)
-        if preempt and policy != "never":
+        several = req.spec.gpu.devices > 1  # a share of several GPUs waits: no one is evicted
+        if preempt and several and self.state.min_priority() < req.priority:
+            reasons.add(
+                "preemption",
+                f"a share of each of {req.spec.gpu.devices} GPUs evicts no one: it waits for "
+                "room on each",
+            )
+        elif preempt and policy != "never":
             plan = preemption(self.state, req, self.settings, self.recut)
             if plan is not None:
                 return self._preempt(req, *plan)
@@ -1138,6 +1146,8 @@ class Scheduler:
     ) -> list[Decision]:
         """Evict ``victims`` and place ``req`` where they were, all or nothing; then let each victim
         find room elsewhere at once (never by preempting in turn)."""
+        # a victim on several GPUs (whole, or a share of each) leaves room on the others too
+        held = {a.gpu for v in victims for a in self.state.allocs.get(v, [])}
         with self.state.statement() as st:
             for v in victims:
                 st.release(v)
@@ -1155,7 +1165,7 @@ class Scheduler:
         if placed.mode == "mig":  # the victims' instances became the newcomer's: none is left over
             return [placed, *moved]
         # what the eviction freed beyond the newcomer's need goes to whoever waits for it
-        freed = {a.gpu for a in self.state.allocs.get(req.key, [])}
+        freed = held | {a.gpu for a in self.state.allocs.get(req.key, [])}
         return [placed, *moved, *self.retry_pending(gpus=freed)]
 
     def _restorer(self, key: str) -> Callable[[], None]:
@@ -1237,6 +1247,8 @@ class Scheduler:
         ``reasons``."""
         if mode == "exclusive":
             return self._whole_gpus(req, reasons)
+        if req.spec.gpu.devices > 1 and not nest:
+            return self._share_gpus(req, mode, reasons)
         best: tuple[int, Candidate] | None = None
         passed: dict[str, int] = {}  # per GPU model, candidates that got through the filters
         barred: dict[str, Status | None] = {}  # per GPU model, the pre-filters' answer
@@ -1390,7 +1402,7 @@ class Scheduler:
             n = need(m)
             if n is None:
                 continue
-            status = self._prefilter(req, n, req.spec.gpu.count or 1)
+            status = self._prefilter(req, n, req.spec.gpu.gpus)
             if status is None:
                 fits.add(m.key)
             else:
@@ -1451,8 +1463,69 @@ class Scheduler:
             f"most left on one: {largest / 10:.1f}% of a GPU{in_others}{besides})"
         )
 
+    def _share_gpus(
+        self, req: SchedRequest, mode: Mode, reasons: Reasons
+    ) -> list[Candidate] | None:
+        """A share on each of ``devices`` different GPUs of one model on one node (HAMi's
+        ``nvidia.com/gpu: N`` with ``gpumem``): of each node's GPUs of a model that pass the
+        pre-filters (its quota counts N shares) and the filters (each GPU's memory and shares
+        checked on its own), the N best scored; the node and model whose N score best in all.
+        In GPU index order (the order its ``CUDA_VISIBLE_DEVICES`` lists them)."""
+        n = req.spec.gpu.devices
+        st = self.state
+        kept = self._kept_from(req)
+        barred: dict[str, Status | None] = {}
+        refused: list[str] = []
+        groups: dict[tuple[str, str], list[tuple[int, Candidate]]] = {}
+        open_gpus: Counter[tuple[str, str]] = Counter()  # open to it, room or not
+        closed = 0
+        for g in st.plain_gpus:
+            need = req.need(g.model, mode)
+            if need.memory_mib > g.total_mib or g.index in kept:
+                continue
+            if g.model.key not in barred:
+                barred[g.model.key] = self._prefilter(req, need, n)
+            cand = Candidate(g.index, mode, need)
+            status = barred[g.model.key] or first_refusal(self.ctx, req, cand)
+            if status is None:
+                group = groups.setdefault((g.node, g.model.key), [])
+                group.append((score(self.ctx, req, cand), cand))
+                open_gpus[g.node, g.model.key] += 1
+                continue
+            if status.plugin == "schedulable" and req.admits(g.node_labels):
+                closed += 1
+            elif status.plugin in ("capacity", "mps_tenants"):
+                open_gpus[g.node, g.model.key] += 1
+                continue  # full GPUs: counted in the clause below, not named one by one
+            self._heed(status, reasons, refused)
+        best: tuple[int, list[Candidate]] | None = None
+        for group in groups.values():
+            if len(group) < n:
+                continue
+            group.sort(key=lambda x: (-x[0], x[1].gpu))
+            value = sum(v for v, _ in group[:n])
+            if best is None or value > best[0]:
+                best = (value, [c for _, c in group[:n]])
+        if best is not None:
+            return sorted(best[1], key=lambda c: c.gpu)
+        if not open_gpus:
+            return None  # its quota, labels or closed GPUs say why, in their own clauses
+        most = max((len(v) for v in groups.values()), default=0)
+        mem = format_mib(min(req.need(m, mode).memory_mib for m in st.plain_models))
+        nodes = len({g.node for g in st.plain_gpus}) > 1
+        where = " of one node" if nodes else ""
+        kinds = " of one model" if len(st.plain_models) > 1 else ""
+        on = " on one node" if nodes else ""
+        clause = (
+            f"{mode}: a share of each of {n} GPUs needs {n} {mode} or empty GPUs{kinds}{where} "
+            f"with {mem} and the share asked for free on each; the most such{on} now: {most}"
+            f"{not_counting(closed)}"
+        )
+        reasons.set_capacity(mode, lambda: clause)
+        return None
+
     def _whole_gpus(self, req: SchedRequest, reasons: Reasons) -> list[Candidate] | None:
-        count = req.spec.gpu.count or 1
+        count = req.spec.gpu.gpus
         empty_of = self.state.empty
         for model in sorted(self.state.models, key=lambda m: -len(empty_of.get(m.key, []))):
             need = req.need(model, "exclusive")
@@ -1512,9 +1585,34 @@ class Scheduler:
 
     # -- refusals ------------------------------------------------------------------------------
 
+    def _several_refusal(self, req: SchedRequest) -> str | None:
+        """Why a share of each of several GPUs could never be placed here: no node with that many
+        GPUs of one model without MIG that each could hold the share."""
+        n = req.spec.gpu.devices
+        if n <= 1:
+            return None
+        per_node: Counter[tuple[str, str]] = Counter()
+        for g in self.state.plain_gpus:
+            if all(req.need(g.model, m).memory_mib <= g.total_mib for m in req.modes):
+                per_node[g.node, g.model.key] += 1
+        most = max(per_node.values(), default=0)
+        if most < n:
+            where = " on one node" if len({g.node for g in self.state.plain_gpus}) > 1 else ""
+            return (
+                f"asks for a share of each of {n} GPUs of one model{where}; the fleet has at "
+                f"most {most} such GPU(s) without MIG that could hold the share{where}"
+            )
+        return None
+
     def _never_fits(self, req: SchedRequest) -> str | None:
         st = self.state
         gpu = req.spec.gpu
+        one_gpu = [m for m in req.modes if m in ("mps", "mig")] if gpu.devices > 1 else []
+        if one_gpu:  # a workload reaches one GPU's MPS server; a MIG instance is one GPU's
+            return (
+                f"a share of each of {gpu.devices} GPUs is time-sliced: sharing: {one_gpu[0]} "
+                "gives a workload one GPU (set sharing: timeslice or auto, or ask for count: 1)"
+            )
         if gpu.count is not None:
             if gpu.count > st.plain_count:
                 return (
@@ -1558,6 +1656,9 @@ class Scheduler:
                     )
                 modes = " or ".join(had)
                 return f"no GPU in the fleet could ever hold {what} under {modes} sharing"
+        several = self._several_refusal(req)
+        if several is not None:
+            return several
         quota = self.settings.tenants.get(req.tenant)
         if quota is not None:
             options = []  # what the request takes on each model and mode it could run under
@@ -1569,7 +1670,7 @@ class Scheduler:
                             options.append(need)
                     else:
                         options.append(req.need(m, mode))
-            count = gpu.count or 1
+            count = gpu.gpus
             limit = quota.gpu_memory_mib
             if options and limit is not None and all(n.memory_mib * count > limit for n in options):
                 least = min(n.memory_mib for n in options) * count

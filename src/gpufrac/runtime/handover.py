@@ -9,6 +9,13 @@
   them. A workload sharing a MIG instance under MPS gets that instance's own daemon (its pipe
   directory is keyed by the MIG device UUID, the daemon started with ``CUDA_VISIBLE_DEVICES`` set
   to it: ``mps_device``).
+* a share of each of several GPUs (HAMi's ``nvidia.com/gpu: N`` with ``gpumem``):
+  ``CUDA_VISIBLE_DEVICES`` lists its GPUs in the decision's order (GPU index order);
+  ``GPUFRAC_GPU_MEMORY_LIMIT_MIB`` is its limit on each of them (as for one GPU's share; the
+  memory watch holds it to that limit on each); ``GPUFRAC_GPU_UUID`` and the QoS domain are its
+  first GPU's: the arbiter holds a member in one domain (``runtime/arbiter.py``: one ``Member``
+  per workload, with one ``domain``), so it is arbitrated on its first GPU only, and only
+  time-sliced by the driver on the others;
 * ``devices``: the same GPU or MIG device UUIDs, for a runner that must make them visible itself
   (a container's CDI names or ``--device``);
 * ``mounts``: on MPS, the pipe directory (a container must see it to reach the MPS server).
@@ -35,7 +42,8 @@ from gpufrac.runtime.runner import BindMount, Grant
 
 
 def qos_domain(d: Decision, env: dict[str, str]) -> str:
-    """What the arbiter arbitrates: the MIG instance, else the (first) GPU."""
+    """What the arbiter arbitrates: the MIG instance, else the (first) GPU: a share of several
+    GPUs is a member of its first GPU's domain only (the arbiter holds a member in one)."""
     if d.mig is not None and env.get("CUDA_VISIBLE_DEVICES"):
         return env["CUDA_VISIBLE_DEVICES"].split(",")[0]
     return d.gpus[0] if d.gpus else ""

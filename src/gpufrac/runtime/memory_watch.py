@@ -3,8 +3,10 @@
 On time-sliced and MPS GPUs (a MIG instance is a hard limit by itself) each reconcile pass sums the
 GPU memory NVML reports for the processes of a workload (its runner says which are: its cgroup and
 its process group, ``Runs.members``), records the peak with the run (its ``usage`` note), and says
-when the workload is over its limit; the agent then stops it. ``use`` is the same reading for
-metrics and views.
+when the workload is over its limit; the agent then stops it. A workload with a share of each of
+several GPUs has its limit on each: each of its GPUs is read and checked on its own (the peak kept
+is the most it held on one). ``use`` is the same reading for metrics and views (of one GPU: a
+workload's first, where it has several, as its metrics' labels say).
 """
 
 from __future__ import annotations
@@ -61,10 +63,17 @@ class MemoryWatch:
         here: a MIG instance is a hard limit by itself). Keeps the peak in the run."""
         if decision.mode not in ("timeslice", "mps") or not decision.gpus or limit_mib is None:
             return ""
-        used = self.use(decision.gpus[0], members).mib
+        used_on = {uuid: self.use(uuid, members).mib for uuid in decision.gpus}
+        used = max(used_on.values())  # the limit is each GPU's
         usage = read_note(run_dir, "usage")
         if used > int(str(usage.get("peak_mib", 0))):
             write_note(run_dir, "usage", {"peak_mib": used, "limit_mib": limit_mib})
         if used <= limit_mib:
             return ""
-        return f"stopped: it used {used} MiB of GPU memory, over its {limit_mib} MiB limit"
+        if len(used_on) == 1:
+            return f"stopped: it used {used} MiB of GPU memory, over its {limit_mib} MiB limit"
+        over = next(uuid for uuid, mib in used_on.items() if mib == used)
+        return (
+            f"stopped: it used {used} MiB of GPU memory on {over}, over its {limit_mib} MiB "
+            "limit on each of its GPUs"
+        )

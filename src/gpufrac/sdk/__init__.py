@@ -91,17 +91,20 @@ def report_gpu_memory(mib: int) -> bool:
     return report_gpu_use(mib)
 
 
-def report_gpu_use(mib: int, sm_percent: int = 0, tensor_percent: int = 0) -> bool:
+def report_gpu_use(mib: int, sm_percent: int = 0, tensor_percent: int = 0, device: int = 0) -> bool:
     """Simulated GPUs only: record that this process holds ``mib`` MiB on its GPU (or MIG instance),
     keeps ``sm_percent`` of its SMs busy and its tensor pipes ``tensor_percent`` of the time (at
     most ``sm_percent``: GPM's tensor activity), as NVML would show a real process's use. The report
-    goes to the drop box the agent names in ``GPUFRAC_GPU_REPORTS`` (one file per process); the
-    device it is about is the one this process was handed. False where there is no such channel."""
+    goes to the drop box the agent names in ``GPUFRAC_GPU_REPORTS`` (one file per process and
+    device); the device it is about is the one this process was handed, or for a share of several
+    GPUs its ``device``-th (in ``CUDA_VISIBLE_DEVICES`` order). False where there is no such
+    channel."""
     where = os.environ.get("GPUFRAC_GPU_REPORTS")
     if not where:
         return False
-    path = Path(where) / f"{os.getpid()}.json"
-    tmp = path.with_name(f".{os.getpid()}.tmp")
+    name = f"{os.getpid()}" if device == 0 else f"{os.getpid()}.{int(device)}"
+    path = Path(where) / f"{name}.json"
+    tmp = path.with_name(f".{name}.tmp")
     try:
         tmp.write_text(
             json.dumps({"mib": int(mib), "sm": int(sm_percent), "tensor": int(tensor_percent)})

@@ -167,6 +167,8 @@ def test_workload_rows_show_gpu_index_node_and_share() -> None:
     assert share_text(workload(placement=None, spec={"gpu": asked}), None) == "50% mem/30%"
     asked = {"memory_mib": None, "memory_pct": None, "compute_pct": 30}  # HAMi's gpucores alone
     assert share_text(workload(placement=None, spec={"gpu": asked}), None) == "all mem/30%"
+    asked = {"memory_mib": 10240, "devices": 2}  # a share of each of two GPUs, waiting
+    assert share_text(workload(placement=None, spec={"gpu": asked}), None) == "10GiB x2"
     lines = describe_lines(done, [MIG_GPU, MPS_GPU])
     assert "Placement (finished; where it ran):" in lines
     assert "  GPU:          0 (GPU-a)" in lines

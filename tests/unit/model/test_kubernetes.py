@@ -106,6 +106,25 @@ HAMI_POD = {
             GpuRequest(fraction_milli=500),
         ),
         (obj("StatefulSet", pod({"nvidia.com/gpu": "2"})), "StatefulSet", GpuRequest(count=2)),
+        # HAMi's vGPUs on two GPUs, KAI's fraction of two: a share of each of two GPUs
+        (
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "p"},
+                **pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": "3000"}),
+            },
+            "Pod",
+            GpuRequest(memory_mib=3000, devices=2),
+        ),
+        (
+            obj(
+                "Deployment",
+                pod(annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}),
+            ),
+            "Deployment",
+            GpuRequest(fraction_milli=500, devices=2),
+        ),
         (
             obj(
                 "Job",

@@ -201,6 +201,13 @@ def test_values(changes: dict[str, Any], attribute: str, expected: Any) -> None:
         ({"nvidia.com/mig-MIG 1G.10GB": "1"}, GpuRequest(mig_profile="1g.10gb")),
         ({"nvidia.com/gpu": "1", "gpucores": "30"}, GpuRequest(compute_pct=30)),
         ({"count": 1, "memory_percent": "40%"}, GpuRequest(memory_pct=40)),
+        # a share of each of several GPUs (HAMi's basic form, KAI's num-devices)
+        ({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000}, GpuRequest(memory_mib=3000, devices=2)),
+        ({"count": 3, "memory_percent": "40%"}, GpuRequest(memory_pct=40, devices=3)),
+        (
+            {"gpu-fraction-num-devices": "2", "gpu-fraction": "0.5"},
+            GpuRequest(fraction_milli=500, devices=2),
+        ),
         (
             {"memory": "1GiB", "compute": "30%", "gpucores": 30},
             GpuRequest(memory_mib=1024, compute_pct=30),
@@ -357,15 +364,15 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         ({"spec.resources.gpu": 1}, "spec.resources.gpu"),
         ({"spec.resources.gpu": None}, "spec.resources.gpu"),
         (gpu(), "spec.resources.gpu"),
-        (gpu(count=2, memory="1GiB"), "spec.resources.gpu.count"),
+        # a share of several GPUs: time-sliced, so no compute cap (MPS) beside it
+        (gpu(count=2, memory="1GiB", compute=30), "spec.resources.gpu.count"),
         (gpu(fraction=0.5, mig="1g.18gb"), "spec.resources.gpu.fraction"),
-        (gpu(gpumem=1024, **{"nvidia.com/gpu": "2"}), "spec.resources.gpu['nvidia.com/gpu']"),
+        (
+            gpu(gpumem=1024, gpucores=30, **{"nvidia.com/gpu": "2"}),
+            "spec.resources.gpu['nvidia.com/gpu']",
+        ),
         (gpu(memory=1024, memory_percent=50), "spec.resources.gpu.memory_percent"),
         (gpu(fraction=0.5, memory=1024), "spec.resources.gpu.memory"),
-        (
-            gpu(**{"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}),
-            "spec.resources.gpu.gpu-fraction-num-devices",
-        ),
         (gpu(count=1, vram="1GiB"), "spec.resources.gpu.vram"),
         (gpu(count=0), "spec.resources.gpu.count"),
         (gpu(count=True), "spec.resources.gpu.count"),
@@ -450,6 +457,9 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         ({**gpu(mig="1g.18gb"), "spec.sharing": "mps"}, "spec.sharing"),
         ({**gpu(mig="1g.18gb"), "spec.sharing": "timeslice"}, "spec.sharing"),
         ({**gpu(mig="1g.18gb"), "spec.sharing": "exclusive"}, "spec.sharing"),
+        ({**gpu(count=2, memory="1GiB"), "spec.sharing": "mps"}, "spec.sharing"),
+        ({**gpu(count=2, fraction=0.5), "spec.sharing": "mig"}, "spec.sharing"),
+        ({**gpu(memory_percent=50), "spec.sharing": "exclusive"}, "spec.sharing"),
     ],
 )
 def test_errors_name_their_field(changes: dict[str, Any], field: str) -> None:
@@ -701,7 +711,16 @@ MANIFEST_EXAMPLES = {
     "memory-timeslice.yaml": ["memory"],
     "memory-mps.yaml": ["memory"],
     "mig-profile.yaml": ["mig", "mig"],
-    "hami-kai-aliases.yaml": ["memory", "memory", "memory", "mig", "fraction", "memory"],
+    "hami-kai-aliases.yaml": [
+        "memory",
+        "memory",
+        "memory",
+        "mig",
+        "fraction",
+        "memory",
+        "memory",
+        "fraction",
+    ],
     "service-with-health.yaml": ["memory"],
     "quickstart.yaml": ["memory", "mig", "memory", "memory", "memory", "memory", "memory"],
 }

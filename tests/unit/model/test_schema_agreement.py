@@ -161,6 +161,22 @@ CASES: dict[str, list[str]] = {
     "compute with sharing timeslice": [
         workload("{memory: 1GiB, compute: 30}", spec="sharing: timeslice")
     ],
+    # a share of each of several GPUs: time-sliced, never MPS (a compute cap) or MIG
+    "count 2 beside memory": [workload("{count: 2, memory: 1GiB}")],
+    "nvidia.com/gpu 2 beside gpumem": [workload("{nvidia.com/gpu: 2, nvidia.com/gpumem: 3000}")],
+    "num-devices 2 beside gpu-fraction": [
+        workload("{gpu-fraction-num-devices: '2', gpu-fraction: '0.5'}")
+    ],
+    "count 2 beside memory, timeslice": [
+        workload("{count: 2, memory: 1GiB}", spec="sharing: timeslice")
+    ],
+    "count 2 beside compute": [workload("{count: 2, memory: 1GiB, compute: 30}")],
+    "nvidia.com/gpu 2 beside gpucores": [workload("{nvidia.com/gpu: '2', gpucores: 30}")],
+    "count 2 beside memory, mps": [workload("{count: 2, memory: 1GiB}", spec="sharing: mps")],
+    "count 2 beside fraction, mig": [workload("{count: 2, fraction: 0.5}", spec="sharing: mig")],
+    "count 1 beside memory, mig": [workload("{count: 1, memory: 1GiB}", spec="sharing: mig")],
+    "memory_percent, exclusive": [workload("{memory_percent: 50}", spec="sharing: exclusive")],
+    "compute alone, exclusive": [workload("{compute: 50}", spec="sharing: exclusive")],
     # choices as words
     "type Service": [workload(spec="type: Service")],
     "sharing ' mps '": [workload(spec="sharing: ' mps '")],

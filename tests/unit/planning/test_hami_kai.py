@@ -5,6 +5,7 @@ shared GPU; the scheduler and ``gpufrac mig plan --need`` taking the same profil
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,32 @@ SHAPES = [
     ),
     ('{gpu-memory: "2000"}', "a100-40gb:2", "timeslice", 2000, 48, None),
     ("{gpu-fraction: 0.5}", "a100-40gb:2", "timeslice", A100 // 2, 500, None),
+    # HAMi's basic form: N vGPUs, each on a different GPU of the node, each with gpumem
+    (
+        '{nvidia.com/gpu: "2", nvidia.com/gpumem: "3000"}',
+        "a100-40gb:2",
+        "timeslice",
+        3000,
+        73,
+        None,
+    ),
+    (
+        "{nvidia.com/gpu: 2, nvidia.com/gpumem-percentage: 50}",
+        "a100-40gb:3",
+        "timeslice",
+        A100 // 2,
+        500,
+        None,
+    ),
+    # KAI: a fraction of each of gpu-fraction-num-devices GPUs
+    (
+        '{gpu-fraction: "0.5", gpu-fraction-num-devices: "2"}',
+        "a100-40gb:2",
+        "timeslice",
+        A100 // 2,
+        500,
+        None,
+    ),
 ]
 
 
@@ -104,10 +131,44 @@ def test_hami_and_kai_shapes_are_placed_as_they_mean(
     assert decision.outcome == "placed", decision.reason
     assert decision.mode == mode
     allocs = sched.allocations("default/w")
-    want = 2 if 'gpu: "2"' in gpu else 1
+    want = 2 if re.search(r'(gpu|num-devices): "?2', gpu) else 1
     assert len({a.gpu for a in allocs}) == want
     for a in allocs:
         assert (a.memory_mib, a.milli, a.compute_pct) == (memory, share, compute)
+
+
+def test_hami_vgpus_on_several_gpus_through_the_cli(tmp_path: Path) -> None:
+    """Two pods of HAMi's basic form (nvidia.com/gpu: 2, nvidia.com/gpumem: 3000) on an H200
+    node with two GPUs: a share on each GPU for each, both on the same two GPUs."""
+    f = tmp_path / "vgpus.yaml"
+    gpu = '{nvidia.com/gpu: 2, nvidia.com/gpumem: "3000"}'
+    f.write_text(doc("a", gpu) + "---\n" + doc("b", gpu))
+    r = runner.invoke(app, ["schedule", str(f), "--gpus", "h200:2", "--json"])
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert [(d["outcome"], d["mode"], len(set(d["gpus"]))) for d in out["decisions"]] == [
+        ("placed", "timeslice", 2),
+        ("placed", "timeslice", 2),
+    ]
+    assert out["gpus_used"] == 2
+    # a third asks for more GPUs than the node has: refused at once, saying so
+    f.write_text(doc("c", '{nvidia.com/gpu: 3, nvidia.com/gpumem: "3000"}'))
+    r = runner.invoke(app, ["schedule", str(f), "--gpus", "h200:2", "--json"])
+    (d,) = json.loads(r.stdout)["decisions"]
+    assert d["outcome"] == "refused" and "a share of each of 3 GPUs" in d["reason"]
+
+
+def test_hami_vgpus_with_gpucores_on_several_gpus_are_refused_naming_the_fix(
+    tmp_path: Path,
+) -> None:
+    """HAMi's README example (2 vGPUs of 3000 MiB and 30% of the cores each): a compute cap needs
+    MPS, which reaches one GPU: refused at nvidia.com/gpu with the fix."""
+    f = tmp_path / "vgpus.yaml"
+    f.write_text(doc("w", "{nvidia.com/gpu: 2, nvidia.com/gpumem: 3000, nvidia.com/gpucores: 30}"))
+    r = runner.invoke(app, ["schedule", str(f), "--gpus", "h200:2"])
+    assert r.exit_code != 0
+    text = " ".join(r.stderr.split())
+    assert "nvidia.com/gpu" in text and "remove nvidia.com/gpucores" in text, text
 
 
 def test_hami_mig_resource_takes_its_profile(tmp_path: Path) -> None:

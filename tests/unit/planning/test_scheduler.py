@@ -191,6 +191,17 @@ REQUESTS = st.one_of(
         st.sampled_from([None, 10, 40, 60]),
     ),
     st.builds(lambda c: GpuRequest(compute_pct=c), st.sampled_from([10, 40, 60])),
+    # a share of each of several GPUs (HAMi's nvidia.com/gpu: N with gpumem, KAI's num-devices)
+    st.builds(
+        lambda m, n: GpuRequest(memory_mib=m * GIB, devices=n),
+        st.sampled_from([10, 40, 100]),
+        st.integers(2, 3),
+    ),
+    st.builds(
+        lambda f, n: GpuRequest(fraction_milli=f, devices=n),
+        st.sampled_from([250, 500]),
+        st.integers(2, 3),
+    ),
 )
 OPS = st.lists(
     st.one_of(
@@ -243,6 +254,14 @@ def test_no_oversubscription_and_preemption_only_of_lower_priority(
             s.delete(tenant, name)
         qs = {t: (q.gpu_memory_mib, q.gpus_milli) for t, q in quotas.items()}
         assert s.state.violations(share, qs) == []
+        # a GPU each, never two shares on one, all of one model on one node
+        for key, allocs in s.state.allocs.items():
+            gpus = [a.gpu for a in allocs]
+            assert len(gpus) == len(set(gpus)) == s.requests[key].spec.gpu.gpus
+            assert len({(s.state.gpus[g].node, s.state.gpus[g].model.key) for g in gpus}) == 1, (
+                key,
+                s.requests[key].spec.gpu,
+            )
         assert set(s.pending).isdisjoint(s.state.allocs)
         assert all(s.pending.values())
 
@@ -425,3 +444,122 @@ def test_a_priority_above_the_tenants_bound_is_refused() -> None:
     assert exc.value.field == "spec.priority" and "tenants.a.max_priority" in (exc.value.fix or "")
     with pytest.raises(InputError, match="maximum of 1000"):
         OperatorSettings().check_priority("b", 1001)
+
+
+# -- a share of each of several GPUs (issue 31: HAMi's nvidia.com/gpu: N with gpumem) --------------
+
+
+def nodes(*sizes: int) -> list[SchedGpu]:
+    """Nodes n0, n1, ... with ``sizes`` H200s each, GPUs numbered across them."""
+    out: list[SchedGpu] = []
+    for n, size in enumerate(sizes):
+        for _ in range(size):
+            i = len(out)
+            out.append(SchedGpu(f"GPU-{i}", i, H200, mig=False, node=f"n{n}"))
+    return out
+
+
+def test_a_share_of_several_gpus_takes_one_share_on_each_of_n_gpus_of_one_node() -> None:
+    s = Scheduler(nodes(1, 3))
+    d = one(s.submit(w("x", memory_mib=10 * GIB, devices=2)))
+    assert d.outcome == "placed" and d.mode == "timeslice"
+    assert d.gpus == ("GPU-1", "GPU-2")  # node n1: n0 has one GPU only
+    allocs = s.allocations("a/x")
+    assert [(a.gpu, a.memory_mib, a.mode) for a in allocs] == [
+        (1, 10 * GIB, "timeslice"),
+        (2, 10 * GIB, "timeslice"),
+    ]
+    # beside it, a second one packs onto the same two GPUs, one share on each
+    assert one(s.submit(w("y", memory_mib=10 * GIB, devices=2))).gpus == ("GPU-1", "GPU-2")
+    assert s.state.violations(False, {}) == []
+
+
+def test_a_share_of_several_gpus_never_takes_two_shares_of_one_gpu() -> None:
+    s = Scheduler(nodes(2))
+    s.submit(w("whole", count=1))  # GPU 0 taken: one GPU with room is left
+    d = one(s.submit(w("x", fraction_milli=250, devices=2)))
+    assert d.outcome == "pending"
+    assert d.reason == (
+        "timeslice: a share of each of 2 GPUs needs 2 timeslice or empty GPUs with 35942MiB and "
+        "the share asked for free on each; the most such now: 1"
+    )
+    assert not s.allocations("a/x")
+    placed = s.delete("a", "whole")
+    assert [(p.workload, p.gpus) for p in placed] == [("a/x", ("GPU-0", "GPU-1"))]
+
+
+def test_a_share_of_several_gpus_waits_rather_than_evicts() -> None:
+    s = Scheduler(nodes(2))
+    s.submit(w("low", priority=0, sharing="timeslice", memory_mib=100 * GIB))
+    d = one(s.submit(w("x", priority=100, memory_mib=100 * GIB, devices=2)))
+    assert d.outcome == "pending" and not d.evicted
+    assert "a share of each of 2 GPUs evicts no one: it waits for room on each" in d.reason
+    assert [p.workload for p in s.delete("a", "low")] == ["a/x"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        (w("many", memory_mib=GIB, devices=3), "at most 2 such GPU(s) without MIG"),
+        (w("mps", sharing="mps", memory_mib=GIB, devices=2), "sharing: mps gives a workload one"),
+        (w("mig", sharing="mig", memory_mib=GIB, devices=2), "sharing: mig gives a workload one"),
+    ],
+)
+def test_a_share_of_several_gpus_that_could_never_run_is_refused(
+    spec: WorkloadSpec, fragment: str
+) -> None:
+    d = one(Scheduler(nodes(1, 2, 1)).submit(spec))
+    assert d.outcome == "refused" and fragment in d.reason, d.reason
+
+
+def test_a_share_of_several_gpus_counts_every_share_against_the_quota() -> None:
+    cfg = OperatorSettings(tenants={"a": TenantQuota(gpu_memory_mib=200 * GIB, gpus_milli=1000)})
+    s = Scheduler(nodes(4), cfg)
+    d = one(s.submit(w("x", memory_mib=110 * GIB, devices=2)))  # 220 GiB in all
+    assert d.outcome == "refused" and "tenant a would use 220GiB" in d.reason
+    assert one(s.submit(w("y", fraction_milli=400, devices=2))).outcome == "placed"
+    d = one(s.submit(w("z", fraction_milli=200, devices=2)))  # 0.8 held + 0.4 asked
+    assert d.outcome == "pending" and "tenant a would use 1.2 GPUs" in d.reason
+
+
+def test_a_share_of_several_gpus_is_restored_on_each_of_its_gpus() -> None:
+    s = Scheduler(nodes(3))
+    spec = w("x", memory_mib=10 * GIB, devices=3)
+    d = one(s.submit(spec))
+    again = Scheduler(nodes(3))
+    again.restore(spec, d)
+    assert again.allocations("a/x") == s.allocations("a/x")
+    assert "a/x" not in again.pending
+
+
+def test_a_share_of_several_gpus_evicted_leaves_room_on_each_of_its_gpus() -> None:
+    """Evicted from one GPU, a share of two GPUs gives up the other's share too: what waits for
+    room there is placed at once."""
+    s = Scheduler(nodes(2))
+    s.submit(w("pair", priority=0, memory_mib=100 * GIB, devices=2))  # on GPUs 0 and 1
+    s.submit(w("left", priority=0, sharing="timeslice", memory_mib=40 * GIB))  # on one of them
+    assert (
+        one(s.submit(w("waits", priority=0, sharing="timeslice", memory_mib=60 * GIB))).outcome
+        == "pending"
+    )
+    decisions = s.submit(w("urgent", priority=100, sharing="timeslice", memory_mib=100 * GIB))
+    outcomes = {d.workload: d.outcome for d in decisions}
+    assert outcomes["a/urgent"] == "placed" and decisions[0].evicted == ("a/pair",)
+    assert outcomes["a/waits"] == "placed"  # on the GPU the evicted pair left
+    assert s.state.violations(False, {}) == []
+
+
+def test_preemption_for_whole_gpus_takes_them_of_one_model() -> None:
+    """Found by the property test: preemption took an H200 and an A100 for one request of two
+    whole GPUs (its GPUs were grouped by node only); placed without eviction, they are of one
+    model."""
+    gpus = [
+        SchedGpu("GPU-0", 0, H200, mig=False),
+        SchedGpu("GPU-1", 1, A100, mig=False),
+        SchedGpu("GPU-2", 2, H200, mig=False),
+    ]
+    s = Scheduler(gpus)
+    for i in range(3):
+        s.submit(w(f"low{i}", priority=0, count=1))
+    d = one(s.submit(w("pair", priority=100, count=2)))
+    assert d.outcome == "placed" and d.gpus == ("GPU-0", "GPU-2")
