@@ -913,6 +913,8 @@ class Scheduler:
         have nothing to say (not a MIG request, moves under way, nothing in the way)."""
         if self.recut == "none" or "mig" not in req.kinds or req.key in self._plans:
             return None
+        if any(self._replaces(req, plan) for plan in self._plans.values()):
+            return None  # a mover's replacement moves nothing in turn: no chains of moves
         options = self._move_options(req)
         if not options:
             given_up = sorted(gi for t, gi in self._gave_up if t == req.tenant)

@@ -467,3 +467,25 @@ def test_a_request_of_another_name_gets_no_new_moves_on_a_gpu_where_its_tenants_
     s.delete("a", "big1")
     again = s.submit(job("big2", "7g.80gb"))[0]
     assert again.moves == () and "none are begun there again for as long" in again.reason
+
+
+def test_a_replacement_that_finds_no_room_moves_nothing_in_turn() -> None:
+    def wide(name: str) -> WorkloadSpec:
+        return replace(replica(name), gpu=GpuRequest(mig_profile="2g.20gb"))
+
+    s = Scheduler(fleet(4), OperatorSettings(), clock=Clock())
+    at(s, wide("web-0"), 0, 0, "2g.20gb")
+    at(s, job("c1", "2g.20gb", tenant="c"), 1, 0, "2g.20gb")  # GPU 1: a 2g only where api-0 is
+    at(s, replica("api-0"), 1, 2)
+    at(s, job("c2", "2g.20gb", tenant="c"), 1, 4, "2g.20gb")
+    at(s, job("c3", tenant="c"), 1, 6)
+    at(s, job("train", tenant="c"), 2, 6)  # GPU 2: room for one 2g
+    at(s, job("fill", "4g.40gb", tenant="c"), 2, 0, "4g.40gb")
+    at(s, job("c4", "4g.40gb", tenant="c"), 3, 0, "4g.40gb")  # GPU 3: room for one 1g
+    at(s, job("c5", "2g.20gb", tenant="c"), 3, 4, "2g.20gb")
+    assert [m.workload for m in s.submit(job("big", "7g.80gb"))[0].moves] == ["a/web-0"]
+    # the room the trial found for web-0's replacement is taken before it is submitted
+    at(s, job("late", "2g.20gb", tenant="c"), 2, 4, "2g.20gb")
+    repl = s.submit(wide("web-1"))[0]
+    assert repl.outcome == "pending" and repl.moves == ()  # api-0 is not moved for it
+    assert list(s.moving) == ["a/web-0"] and s.move_budget.begun == 1
