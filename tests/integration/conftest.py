@@ -8,13 +8,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from gpufrac.cluster.node import NodeAgent
 from tests.conftest import kill_leftover_runs
 
 FLEET = "h200:2:mig,h200:2"
@@ -96,6 +97,17 @@ def running_agent(
     running.proc.kill()
     running.proc.wait(timeout=10)
     kill_leftover_runs(data_dir)  # leave nothing behind
+
+
+def close_nodes(nodes: Iterable[NodeAgent]) -> None:
+    """In-process cluster nodes gone with every run they started: each workload deleted, the
+    agent closed, what is left of its runs killed."""
+    for n in nodes:
+        with n.agent.lock:
+            for w in n.agent.store.workloads():
+                n.agent.delete(w.tenant, w.name)
+        n.agent.close()
+        kill_leftover_runs(n.agent.data_dir)
 
 
 @pytest.fixture

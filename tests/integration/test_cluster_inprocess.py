@@ -18,7 +18,7 @@ from gpufrac.devices import open_simulated
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.runtime.agent import Agent
-from tests.integration.conftest import kill_leftover_runs
+from tests.integration.conftest import close_nodes
 
 LEASE_S, FENCE_S = 2.0, 1.0
 PY = sys.executable
@@ -37,12 +37,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[ClusterCore, InProcessLink, dict[s
         nodes[name] = NodeAgent(agent, link, fence_s=FENCE_S)
         nodes[name].join()
     yield core, link, nodes
-    for n in nodes.values():
-        with n.agent.lock:
-            for w in n.agent.store.workloads():
-                n.agent.delete(w.tenant, w.name)
-        n.agent.close()
-        kill_leftover_runs(n.agent.data_dir)
+    close_nodes(nodes.values())
 
 
 SVC = WorkloadSpec(

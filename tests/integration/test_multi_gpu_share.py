@@ -20,7 +20,7 @@ from gpufrac.devices import open_simulated
 from gpufrac.model.settings import OperatorSettings
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.runtime.agent import Agent
-from tests.integration.conftest import RunningAgent, kill_leftover_runs, running_agent
+from tests.integration.conftest import RunningAgent, close_nodes, running_agent
 
 PY = sys.executable
 SRC = Path(gpufrac.__file__).parents[1]  # the gpufrac under test, its SDK too (spec.env)
@@ -119,9 +119,4 @@ def test_a_cluster_places_a_share_of_two_gpus_on_the_node_that_has_two(tmp_path:
         agent = nodes["n2"].agent
         assert [a.gpu for a in agent.scheduler.allocations("a/pair")] == [0, 1]
     finally:
-        for n in nodes.values():
-            with n.agent.lock:
-                for w in n.agent.store.workloads():
-                    n.agent.delete(w.tenant, w.name)
-            n.agent.close()
-            kill_leftover_runs(n.agent.data_dir)
+        close_nodes(nodes.values())
