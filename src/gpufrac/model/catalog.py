@@ -171,15 +171,18 @@ class PartialProfile:
 @dataclass(frozen=True, slots=True)
 class PartialGpuModel:
     """A MIG GPU whose geometry is only partly published: its profile names are known, its profile
-    ids and placements are not, so its layouts cannot be planned. ``profiles`` is None where
-    NVIDIA's MIG user guide lists the GPU but its profile table was not in the copy the data came
-    from (``profile_table_missing`` says what was checked): then no profile name can be checked."""
+    ids and placements are not, so its layouts cannot be planned. ``profiles`` is None where no
+    profile table of the GPU was in the copies of NVIDIA's MIG user guide the data came from
+    (``profile_table_missing`` says what was checked): then no profile name can be checked. The
+    size and instance count are None where no copy of the guide's Supported GPUs table lists it
+    (the B300 and GB300 are named only in its Deployment Considerations; the GH200 144G only in
+    NVIDIA mig-parted's default config)."""
 
     key: str
     product: str
     pci_device_ids: tuple[str, ...]
-    memory_gb: int  # the guide's "Memory Size" of the GPU
-    max_gpu_instances: int
+    memory_gb: int | None  # the guide's "Memory Size"; None where no copy of its table lists it
+    max_gpu_instances: int | None
     profiles: tuple[PartialProfile, ...] | None
     source: str
     profile_table_missing: str | None = None
@@ -192,14 +195,17 @@ class PartialGpuModel:
 
 @cache
 def partial_catalog() -> dict[str, PartialGpuModel]:
-    """The GPUs of the partial catalog, by key (``RTX-PRO-6000-96GB``, ``GB200-186GB``)."""
+    """The GPUs of the partial catalog, by key (``RTX-PRO-6000-96GB``, ``GB200-186GB``, ``B300``,
+    ...)."""
     return {
         key: PartialGpuModel(
             key=key,
             product=str(raw["product"]),
             pci_device_ids=tuple(str(i).upper().replace("0X", "0x") for i in raw["pci_device_ids"]),
-            memory_gb=int(raw["memory_gb"]),
-            max_gpu_instances=int(raw["max_gpu_instances"]),
+            memory_gb=None if raw["memory_gb"] is None else int(raw["memory_gb"]),
+            max_gpu_instances=(
+                None if raw["max_gpu_instances"] is None else int(raw["max_gpu_instances"])
+            ),
             profiles=None
             if raw["profiles"] is None
             else tuple(

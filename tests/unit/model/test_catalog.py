@@ -155,14 +155,32 @@ def test_a_gpu_the_guide_lists_without_its_profile_table_is_partial_with_no_prof
 
 
 def test_the_partial_catalog_and_the_catalog_share_no_device_id_or_key() -> None:
-    """A PCI device id names one model: a partial entry never shadows a plannable one. The GB300
-    (0x31C210DE), B300 (0x318210DE) and GH200 144G HBM3e (0x234810DE) of NVIDIA's mig-parted config
-    are in neither: the guide's 'Supported GPUs' table gpufrac's data was taken from lists none."""
-    from gpufrac.model.catalog import partial_catalog, partial_model_for_pci_id
+    """A PCI device id names one model: a partial entry never shadows a plannable one."""
+    from gpufrac.model.catalog import partial_catalog
 
     full = {i.upper() for m in catalog().values() for i in m.pci_device_ids}
     partial = [i.upper() for m in partial_catalog().values() for i in m.pci_device_ids]
     assert len(partial) == len(set(partial)) and not full & set(partial)
     assert not set(catalog()) & set(partial_catalog())
-    for absent in ("0x31C210DE", "0x318210DE", "0x234810DE"):
-        assert absent not in full and partial_model_for_pci_id(absent) is None
+
+
+def test_gpus_the_guide_names_without_their_numbers_are_partial_with_the_numbers_left_out() -> None:
+    """The B300 and GB300 (named by the MIG user guide's 620 edition among the GPUs with MIG, in
+    no copy of its tables) and the GH200 144G HBM3e (configured by NVIDIA mig-parted's default
+    config, absent from the guide): partial, with no size, instance count or profile given."""
+    from gpufrac.model.catalog import partial_model_for_pci_id
+
+    raw = json.loads(REFERENCE.read_text())["partial_gpus"]
+    for pci, key, product in (
+        ("0x318210de", "B300", "NVIDIA B300"),
+        ("0x31C210DE", "GB300", "NVIDIA GB300"),
+        ("0x234810DE", "GH200-144GB", "NVIDIA GH200 144G HBM3e"),
+    ):
+        model = partial_model_for_pci_id(pci)
+        assert model is not None and (model.key, model.product) == (key, product)
+        assert model.memory_gb is None and model.max_gpu_instances is None
+        assert model.profiles is None and not model.has_profile("1g.34gb")
+        assert model.profile_table_missing and "none guessed" in model.profile_table_missing
+        assert raw[key]["memory_gb"] is None and raw[key]["profiles"] is None
+    assert "620" in raw["B300"]["source"] and "R580" in raw["B300"]["source"]
+    assert "mig-parted" in raw["GH200-144GB"]["source"]

@@ -896,8 +896,9 @@ def blackwell_gpu(index: int, name: str, pci: str) -> GpuState:
 
 def test_a_partial_gpu_without_a_profile_table_is_skipped_with_what_is_missing() -> None:
     """A GB200 (partial catalog: the guide lists it, its profile table is not in gpufrac's data)
-    and a GB300 (in neither catalog) beside an H200: both entries are skipped, the GB200's note
-    saying its table is missing and that its profiles can be neither checked nor created."""
+    and a GB300 (partial, with no numbers at all) beside an H200: both entries are skipped, each
+    note saying the table is missing and that its profiles can be neither checked nor created;
+    a GPU in neither catalog gets the no-geometry note."""
     gb200 = blackwell_gpu(1, "NVIDIA GB200", "0x294110DE")
     gb300 = blackwell_gpu(2, "NVIDIA GB300", "0x31C210DE")
     node = [gpu(0), gb200, gb300]
@@ -909,8 +910,13 @@ def test_a_partial_gpu_without_a_profile_table_is_skipped_with_what_is_missing()
     assert gb200_note.startswith("mig-configs.all-balanced[0]") and "NVIDIA GB200" in gb200_note
     assert "partial (no profile table" in gb200_note
     assert "neither check nor create its 2x 1g.23gb, 1x 2g.47gb, 1x 3g.93gb; skipped" in gb200_note
-    assert gb300_note.startswith("mig-configs.all-balanced[1]")
-    assert "has no MIG geometry in gpufrac's catalog; skipped" in gb300_note
+    assert gb300_note.startswith("mig-configs.all-balanced[1]") and "NVIDIA GB300" in gb300_note
+    assert "neither check nor create its 2x 1g.35gb, 1x 2g.70gb, 1x 3g.139gb" in gb300_note
+    unknown = blackwell_gpu(3, "NVIDIA Future", "0x99AA10DE")
+    none = resolve_config(
+        parse_migparted(entry_yaml(OK + "      mig-devices: {1g.18gb: 1}\n")), "a", [unknown], {}
+    )
+    assert none.targets == () and "has no MIG geometry in gpufrac's catalog; skipped" in none.notes[0]
     # with no table there is nothing to check a name against: any name is skipped, not refused
     odd = resolve_config(
         parse_migparted(entry_yaml(OK + "      mig-devices: {1g.18gb: 1}\n")), "a", [gb200], {}
