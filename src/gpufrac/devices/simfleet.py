@@ -137,11 +137,12 @@ class SimulatedFleet:
         return d
 
     def reported(self) -> list[dict[str, Any]]:
-        """Each live process's report, as the driver would list it: the device is the one the
-        process was handed (its own environment says which; ``PID.N.json``: the N-th GPU of its
-        ``CUDA_VISIBLE_DEVICES``, for a share of several GPUs), the memory and SM use what it wrote.
-        A report whose file is not owned by the process's user is ignored; those of processes that
-        are gone are removed."""
+        """Each live process's report, as the driver would list it (an MPS client where a control
+        daemon answers at its pipe directory): the device is the one the process was handed (its
+        own environment says which; ``PID.N.json``: the N-th GPU of its ``CUDA_VISIBLE_DEVICES``,
+        for a share of several GPUs), the memory and SM use what it wrote. A report whose file is
+        not owned by the process's user is ignored; those of processes that are gone are
+        removed."""
         out: list[dict[str, Any]] = []
         try:
             entries = list(os.scandir(self.reports_dir))
@@ -186,7 +187,7 @@ class SimulatedFleet:
                     "used_mib": mib,
                     "gi_id": int(gi) if is_digits(gi) else None,
                     "ci_id": 0 if is_digits(gi) else None,
-                    "mps": False,
+                    "mps": _mps_client(env),
                     "sm_util": sm,
                     # its tensor pipes busy: a part of its SMs' busy time
                     "tensor_util": max(0, min(sm, tensor)),
@@ -338,6 +339,14 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
     except OSError:
         return True
+
+
+def _mps_client(env: dict[str, str]) -> bool:
+    """Whether a process with this environment is an MPS client: CUDA connects to the control
+    daemon at ``CUDA_MPS_PIPE_DIRECTORY`` (``/tmp/nvidia-mps`` unless set) when one answers there
+    (the daemon, or its stand-in, makes the directory's ``control``), else runs without MPS."""
+    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
+    return os.path.exists(os.path.join(pipe, "control"))
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -231,6 +231,58 @@ def test_process_utilization_not_supported_on_mig(nv: FakeNvml) -> None:
     assert code(exc) == fakenvml.NVML_ERROR_NOT_SUPPORTED
 
 
+def test_under_mps_the_server_is_listed_and_its_sample_holds_its_clients_sm_use(
+    nv: FakeNvml,
+) -> None:
+    """As an H200 answered (../shared/reference/h200/nvml-notes.md): under MPS the compute
+    processes are the MPS server (its own memory) and each client, the MPS list only the
+    clients, and the per-process SM samples name the server alone, its clients' use summed; a
+    process outside MPS keeps its own sample."""
+    import os
+    import subprocess
+    import sys
+
+    from gpufrac.devices.fakenvml.base import MPS_SERVER_MIB, MPS_SERVER_PID
+
+    h = nv.nvmlDeviceGetHandleByIndex(1)
+    uuid = nv.nvmlDeviceGetUUID(h)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        nv.fleet.attach_process(uuid, os.getpid(), 100, mps=True, sm_util=30)
+        nv.fleet.attach_process(uuid, other.pid, 200, mps=True, sm_util=25)
+        listed = {p.pid: p.usedGpuMemory >> 20 for p in nv.nvmlDeviceGetComputeRunningProcesses(h)}
+        servers = [pid for pid in listed if pid >= MPS_SERVER_PID]
+        assert len(servers) == 1 and listed[servers[0]] == MPS_SERVER_MIB
+        assert {os.getpid(), other.pid} < set(listed)
+        assert {p.pid for p in nv.nvmlDeviceGetMPSComputeRunningProcesses(h)} == {
+            os.getpid(),
+            other.pid,
+        }
+        samples = {s.pid: s.smUtil for s in nv.nvmlDeviceGetProcessUtilization(h, 0)}
+        assert samples == {servers[0]: 55}
+        assert nv.nvmlDeviceGetMemoryInfo(h).used >> 20 == 300 + MPS_SERVER_MIB
+        nv.fleet.attach_process(uuid, other.pid, 200, sm_util=25)  # now outside MPS
+        samples = {s.pid: s.smUtil for s in nv.nvmlDeviceGetProcessUtilization(h, 0)}
+        assert samples == {servers[0]: 30, other.pid: 25}
+        nv.fleet.detach_process(os.getpid())  # the last client gone: so is its server
+        assert [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(h)] == [other.pid]
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_reporting_process_is_an_mps_client_where_a_daemon_answers_at_its_pipe(
+    tmp_path: Path,
+) -> None:
+    from gpufrac.devices.simfleet import _mps_client
+
+    pipe = tmp_path / "pipe"
+    pipe.mkdir()
+    assert not _mps_client({"CUDA_MPS_PIPE_DIRECTORY": str(pipe)})
+    (pipe / "control").touch()
+    assert _mps_client({"CUDA_MPS_PIPE_DIRECTORY": str(pipe)})
+
+
 def test_lost_gpu_answers_gpu_is_lost(nv: FakeNvml) -> None:
     uuid = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(1))
     h = nv.nvmlDeviceGetHandleByIndex(1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import zlib
 from typing import Any
 
 from gpufrac.devices.fakenvml import api as nv
@@ -93,7 +94,8 @@ class FakeNvmlDevices:
             and p["pid"] not in seen
             and (p["gi_id"] is None or p["gi_id"] in instances)
         ]
-        return recorded + reported
+        clients = recorded + reported
+        return clients + _mps_servers(gpu, clients)
 
     def _mig_devices(self, gpu: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         pairs = []
@@ -394,6 +396,8 @@ class FakeNvmlDevices:
         return self._process_objects(gpu, gi, mps=True)
 
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[nv.Struct]:
+        """A sample per process; under MPS only the MPS server's, with its clients' SM use summed
+        (as an H200 answered: ../shared/reference/h200/nvml-notes.md), never one per client."""
         gpu, gi, _ = self._device(handle)
         if gi is not None or gpu["mig_current"]:
             raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
@@ -401,11 +405,13 @@ class FakeNvmlDevices:
         if not procs:
             raise nv.NVMLError(nv.NVML_ERROR_NOT_FOUND)
         now = int(time.time() * 1e6)
+        sm: dict[int, int] = {}
+        for p in procs:
+            pid = _mps_server_pid(gpu, p["gi_id"]) if p["mps"] else p["pid"]
+            sm[pid] = min(100, sm.get(pid, 0) + p["sm_util"])
         return [
-            nv.Struct(
-                pid=p["pid"], timeStamp=now, smUtil=p["sm_util"], memUtil=0, encUtil=0, decUtil=0
-            )
-            for p in procs
+            nv.Struct(pid=pid, timeStamp=now, smUtil=util, memUtil=0, encUtil=0, decUtil=0)
+            for pid, util in sm.items()
         ]
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
@@ -475,3 +481,36 @@ class FakeNvmlDevices:
     def nvmlEventSetFree(self, eventSet: Any) -> None:
         key, _, _ = nv.decode_handle(eventSet, nv.KIND_EVENTSET)
         self._event_sets.pop(key, None)
+
+
+# The MPS server a GPU (or a GPU instance) runs while it has MPS clients: NVML lists it among the
+# compute processes (not among the MPS clients) with its own memory, and gives the clients' SM use
+# under its pid alone. The control daemon's stand-in starts no process, so the server is listed
+# with a pid past Linux's largest (PID_MAX_LIMIT, 2**22): it never names a real process.
+MPS_SERVER_PID = 1 << 22
+MPS_SERVER_MIB = 66  # what the MPS server held on an H200 (../shared/reference/h200/nvml-notes.md)
+
+
+def _mps_server_pid(gpu: dict[str, Any], gi_id: int | None) -> int:
+    """One pid per GPU (from its UUID) and GPU instance, past PID_MAX_LIMIT."""
+    return (
+        MPS_SERVER_PID
+        + 64 * (zlib.crc32(gpu["uuid"].encode()) & 0xFFFFF)
+        + (0 if gi_id is None else 1 + gi_id)
+    )
+
+
+def _mps_servers(gpu: dict[str, Any], clients: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    where = sorted({p["gi_id"] for p in clients if p["mps"]}, key=lambda g: -1 if g is None else g)
+    return [
+        {
+            "pid": _mps_server_pid(gpu, gi_id),
+            "used_mib": MPS_SERVER_MIB,
+            "gi_id": gi_id,
+            "ci_id": None if gi_id is None else 0,
+            "mps": False,
+            "sm_util": 0,  # its clients' SM use is theirs (summed under its pid by NVML's sample)
+            "tensor_util": 0,
+        }
+        for gi_id in where
+    ]
