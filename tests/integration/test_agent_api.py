@@ -186,9 +186,14 @@ def test_metrics_use_dcgm_names_and_leave_out_what_nvml_does_not_give(agent: Run
         + manifest("mg", [PY, "-c", report.format(40)], gpu="{mig: 1g.18gb}").replace(
             "  sharing: timeslice\n", ""
         )
+        + "---\n"
+        # alone under MPS on its GPU: the MPS server's sample (its one client's use) is its own
+        + manifest("mp", [PY, "-c", report.format(35)], gpu="{memory: 4GiB, compute: 30%}").replace(
+            "sharing: timeslice", "sharing: mps"
+        )
     )
     assert httpx.post(agent.url + "/api/v1/workloads", content=docs, timeout=10).status_code == 200
-    wait_for(agent, lambda ws: len(ws) == 2 and all(w["phase"] == "running" for w in ws))
+    wait_for(agent, lambda ws: len(ws) == 3 and all(w["phase"] == "running" for w in ws))
     deadline = time.monotonic() + 20
     text = ""
     used = "gpufrac_workload_gpu_memory_used_bytes"
@@ -201,6 +206,7 @@ def test_metrics_use_dcgm_names_and_leave_out_what_nvml_does_not_give(agent: Run
                 for w in ("ts", "mg")
             )
             and (value(text, sm_name, workload="mg") or 0) > 39
+            and value(text, sm_name, workload="mp") == 35
         ):  # GPM: a rate, from 2 readings
             break
         time.sleep(0.2)
@@ -215,6 +221,7 @@ def test_metrics_use_dcgm_names_and_leave_out_what_nvml_does_not_give(agent: Run
     at = {"UUID": labels["UUID"], "GPU_I_ID": labels["GPU_I_ID"]}
     active = value(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", **at)
     assert active is not None and mig_sm == round(100 * active, 3) and 39 < mig_sm <= 40
+    assert value(text, sm_name, workload="mp") == 35  # under MPS: the server's, all its own
     # the two GPUs without MIG; the MIG-enabled ones report none, not zero
     assert len(samples(text, "DCGM_FI_DEV_GPU_UTIL")) == 2
     assert value(text, "gpufrac_workload_state", workload="ts", phase="running") == 1

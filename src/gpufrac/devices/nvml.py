@@ -357,18 +357,29 @@ class NvmlDevices:
         return f"0x{int(info.pciDeviceId):08X}", f"0x{int(info.pciSubSystemId):08X}"
 
     def _processes(self, handle: Any, gi_id: int | None) -> list[ProcessState]:
+        """The compute processes, each MPS client (NVML's MPS list) and MPS server (the process
+        NVML names ``nvidia-cuda-mps-server``, looked for only where there are clients) marked."""
         raw = self.optional(self.lib.nvmlDeviceGetComputeRunningProcesses, handle) or []
+        mps = self.reading("nvmlDeviceGetMPSComputeRunningProcesses", handle) or []
+        clients = {int(p.pid) for p in mps}
         out = []
         for p in raw:
             used = getattr(p, "usedGpuMemory", None)
             pgi = getattr(p, "gpuInstanceId", None)
             if pgi is None or int(pgi) >= _NOT_AVAILABLE:
                 pgi = gi_id
+            pid = int(p.pid)
+            role: Literal["client", "server"] | None = None
+            if pid in clients:
+                role = "client"
+            elif clients and _is_mps_server(self.reading("nvmlSystemGetProcessName", pid)):
+                role = "server"
             out.append(
                 ProcessState(
-                    pid=int(p.pid),
+                    pid=pid,
                     used_memory_mib=None if used is None else int(used) // _MIB,
                     gi_id=None if pgi is None else int(pgi),
+                    mps=role,
                 )
             )
         return out
@@ -669,3 +680,10 @@ def text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace").rstrip("\x00")
     return str(value)
+
+
+def _is_mps_server(name: Any) -> bool:
+    """Whether NVML's name of a process (a path, as bytes or text) is the MPS server's."""
+    if name is None:
+        return False
+    return text(name).rsplit("/", 1)[-1] == "nvidia-cuda-mps-server"

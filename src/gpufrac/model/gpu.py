@@ -20,14 +20,22 @@ MIG_UNSUPPORTED: MigMode = "unsupported"
 
 @dataclass(frozen=True, slots=True)
 class ProcessState:
-    """A process holding memory on a GPU (or on one MIG instance of it)."""
+    """A process holding memory on a GPU (or on one MIG instance of it). ``mps``: an MPS client
+    (NVML's MPS process list has it) or the MPS server that runs their work (NVML names its
+    process ``nvidia-cuda-mps-server``); None outside MPS."""
 
     pid: int
     used_memory_mib: int | None  # None where the driver does not say
     gi_id: int | None = None
+    mps: Literal["client", "server"] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "used_memory_mib": self.used_memory_mib, "gi_id": self.gi_id}
+        return {
+            "pid": self.pid,
+            "used_memory_mib": self.used_memory_mib,
+            "gi_id": self.gi_id,
+            "mps": self.mps,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +128,17 @@ class GpuState:
     readings: GpuReadings = field(default_factory=lambda: GpuReadings())
     # PCI subsystem device and vendor id, 0xSSSSVVVV (the board maker's); "unknown" where not read
     pci_subsystem_id: str = "unknown"
+
+    def mps_sm_of(self, pids: set[int], sm_by_pid: dict[int, int]) -> int | None:
+        """The SM use of the MPS clients ``pids`` on this GPU (outside MIG) where NVML's reading
+        is theirs alone: under MPS NVML gives one sample, the MPS server's, with all its clients'
+        use summed, so it is theirs only where every MPS client here is one of ``pids``. None
+        otherwise (other clients share the server: no one's own share can be read)."""
+        clients = {p.pid for p in self.processes if p.mps == "client" and p.gi_id is None}
+        servers = [p.pid for p in self.processes if p.mps == "server" and p.gi_id is None]
+        if not clients or not servers or not clients <= pids:
+            return None
+        return min(100, sum(sm_by_pid.get(pid, 0) for pid in servers))
 
     @classmethod
     def lost(cls, index: int, *, simulated: bool = False) -> GpuState:

@@ -122,10 +122,13 @@ def _allocation(
     used = None if mine is None else sum(p.used_memory_mib or 0 for p in procs)
     sm: int | None = None
     by_pid = sm_by_pid.get(g.uuid)
-    # MIG: NVML gives no per-process SM use; MPS: only the server's, not each client's
-    if procs and by_pid is not None and a.mode not in ("mig", "mps"):
+    # MIG: NVML gives no per-process SM use; MPS: only the server's, its clients' use summed
+    # (the workload's where every client on the GPU is its own)
+    if procs and by_pid is not None and a.mode == "mps" and a.mig is None:
+        sm = g.mps_sm_of({p.pid for p in procs}, dict(by_pid))
+    elif procs and by_pid is not None and a.mode not in ("mig", "mps"):
         sm = sum(by_pid.get(p.pid, 0) for p in procs)
-    elif holder is not None and holder.sdk_share is not None:
+    if sm is None and holder is not None and holder.sdk_share is not None:
         sm = round(holder.sdk_share * 100)
     mig = None
     if a.mig is not None:

@@ -296,7 +296,13 @@ def workload_families(
                 inst = g.instance_at(d.mig) if g is not None else None
                 if inst is not None and inst.gr_engine_active is not None:
                     f["sm"].add(first, round(100 * inst.gr_engine_active, 3))
-            # MPS: NVML's per-process SM use is the MPS server's, not each client's
-            elif by_pid is not None and d.mode != "mps" and d.mig is None:
+            elif by_pid is not None and d.mode == "mps" and d.mig is None:
+                # NVML's sample under MPS is the server's, all its clients' use summed: this
+                # workload's only where every client on the GPU is its own
+                g = gpus.get(d.gpus[0])
+                sm = None if g is None else g.mps_sm_of(set(use.pids), dict(by_pid))
+                if sm is not None:
+                    f["sm"].add(first, sm)
+            elif by_pid is not None and d.mig is None:
                 f["sm"].add(first, sum(by_pid.get(pid, 0) for pid in use.pids))
     yield from (family.metric for family in f.values())

@@ -168,6 +168,41 @@ def test_a_real_child_process_is_seen_with_its_memory(
     assert sim.gpu(plain).processes == ()
 
 
+def test_mps_clients_and_their_server_are_marked_and_the_servers_use_is_theirs_when_alone(
+    sim: NvmlDevices, fleet: SimulatedFleet
+) -> None:
+    """The adapter marks NVML's MPS clients and the process NVML names nvidia-cuda-mps-server;
+    the server's sample (its clients' use summed) is a workload's own only where every client on
+    the GPU is that workload's."""
+    plain = sim.gpus()[1].uuid
+    kids = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(3)
+    ]
+    a, b, outside = (k.pid for k in kids)
+    try:
+        fleet.attach_process(plain, a, 1000, mps=True, sm_util=30)
+        fleet.attach_process(plain, outside, 500, sm_util=20)  # not an MPS client
+        g = sim.gpu(plain)
+        roles = {p.pid: p.mps for p in g.processes}
+        server = next(pid for pid, role in roles.items() if role == "server")
+        assert roles == {a: "client", outside: None, server: "server"}
+        by_pid = DeviceHealth(sim).process_utilization(plain)
+        assert by_pid == {server: 30, outside: 20}
+        assert g.mps_sm_of({a}, by_pid) == 30
+        assert g.mps_sm_of({outside}, by_pid) is None  # not a client
+        fleet.attach_process(plain, b, 1000, mps=True, sm_util=25)
+        g, by_pid = sim.gpu(plain), DeviceHealth(sim).process_utilization(plain) or {}
+        assert by_pid[server] == 55
+        assert g.mps_sm_of({a}, by_pid) is None  # b shares the server: neither's own use
+        assert g.mps_sm_of({a, b}, by_pid) == 55  # one workload's two processes
+        assert g.to_json()["processes"][0]["mps"] in ("client", "server", None)
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
+    assert sim.gpu(plain).processes == ()
+
+
 def test_events_through_the_adapter(sim: NvmlDevices, fleet: SimulatedFleet) -> None:
     plain = sim.gpus()[1].uuid
     health = DeviceHealth(sim)

@@ -916,7 +916,8 @@ def test_a_partial_gpu_without_a_profile_table_is_skipped_with_what_is_missing()
     none = resolve_config(
         parse_migparted(entry_yaml(OK + "      mig-devices: {1g.18gb: 1}\n")), "a", [unknown], {}
     )
-    assert none.targets == () and "has no MIG geometry in gpufrac's catalog; skipped" in none.notes[0]
+    assert none.targets == ()
+    assert "has no MIG geometry in gpufrac's catalog; skipped" in none.notes[0]
     # with no table there is nothing to check a name against: any name is skipped, not refused
     odd = resolve_config(
         parse_migparted(entry_yaml(OK + "      mig-devices: {1g.18gb: 1}\n")), "a", [gb200], {}

@@ -395,6 +395,22 @@ class FakeNvmlDevices:
         gpu, gi, _ = self._device(handle)
         return self._process_objects(gpu, gi, mps=True)
 
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        """The process's name as NVML gives it (its executable's path); the MPS server of a
+        simulated GPU is named as the driver's is."""
+        if self._inits <= 0:
+            raise nv.NVMLError(nv.NVML_ERROR_UNINITIALIZED)
+        if pid >= MPS_SERVER_PID:
+            return "nvidia-cuda-mps-server"
+        try:
+            with open(f"/proc/{int(pid)}/cmdline", "rb") as f:
+                first = f.read().split(b"\0", 1)[0]
+        except OSError:
+            raise nv.NVMLError(nv.NVML_ERROR_NOT_FOUND) from None
+        if not first:
+            raise nv.NVMLError(nv.NVML_ERROR_NOT_FOUND)
+        return first.decode(errors="replace")
+
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[nv.Struct]:
         """A sample per process; under MPS only the MPS server's, with its clients' SM use summed
         (as an H200 answered: ../shared/reference/h200/nvml-notes.md), never one per client."""
