@@ -735,6 +735,7 @@ MANIFEST_EXAMPLES = {
         "memory",
         "memory",
         "fraction",
+        "memory",
     ],
     "service-with-health.yaml": ["memory"],
     "quickstart.yaml": ["memory", "mig", "memory", "memory", "memory", "memory", "memory"],
