@@ -12,6 +12,7 @@ import pytest
 from gpufrac.devices.nvml import NvmlDevices
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.runtime.agent import Agent, WorkloadState
+from gpufrac.runtime.mps import MpsDomain
 
 pytestmark = pytest.mark.gpu
 
@@ -73,12 +74,14 @@ def test_the_over_limit_workload_fails_alone(
         )
         assert states["default/ok"].phase in ("running", "succeeded")
         if sharing == "mps":
-            assert agent.mps.enabled and agent.mps.running(states["default/ok"].decision.gpus[0])  # type: ignore[union-attr]
+            placed = states["default/ok"].decision
+            assert placed is not None
+            assert agent.mps.enabled and agent.mps.running(MpsDomain((placed.gpus[0],)))
     finally:
         agent.delete("default", "ok")
         agent.delete("default", "hog")
         agent.reconcile()
     if sharing == "mps":
         assert not any(
-            agent.mps.running(g.uuid) for g in real.gpus()
+            agent.mps.running(MpsDomain((g.uuid,))) for g in real.gpus()
         )  # the daemon is stopped at the end

@@ -22,6 +22,7 @@ from gpufrac.model.settings import ContainerSettings, OperatorSettings
 from gpufrac.model.workload import GpuRequest, HealthCheck, VolumeMount, WorkloadSpec
 from gpufrac.runtime.agent import Agent
 from gpufrac.runtime.cdi import CdiSpecs
+from gpufrac.runtime.mps import MpsDomain
 from tests.conftest import kill_leftover_runs, settle
 from tests.integration.containers import PODMAN, ensure_image
 
@@ -141,7 +142,7 @@ def test_a_mig_and_an_mps_container_see_their_devices_and_a_delete_leaves_nothin
     gpu = dev.gpus()[1].uuid
     assert seen["device"] == gpu and seen["visible"] == gpu
     assert seen["pipe_seen"] is True  # the MPS pipe directory, mounted
-    assert seen["pipe"] == str(agent.mps.pipe_dir(gpu))
+    assert seen["pipe"] == str(agent.mps.pipe_dir(MpsDomain((gpu,))))
     assert seen["limit"] is not None
     assert seen["host_shm"] is True  # the host's IPC namespace: MPS's shared memory
     print(f"two container jobs through the agent, apply to succeeded: {took:.2f}s")

@@ -1,10 +1,12 @@
 """A share of each of several GPUs (HAMi's ``nvidia.com/gpu: 2`` with ``gpumem``; issue 31)
 through a real agent on simulated GPUs: the job sees both its GPUs, in its decision's order, with
 its limit on each, and the fleet view shows its share on each GPU; over its limit on its second
-GPU alone, it is stopped; on a cluster it goes to the node that has two GPUs."""
+GPU alone, it is stopped; with a compute cap (``gpucores``) it runs under MPS, one daemon serving
+both GPUs; on a cluster it goes to the node that has two GPUs."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Iterator
@@ -80,6 +82,65 @@ def test_a_job_with_a_share_of_two_gpus_sees_both_and_holds_a_share_of_each(
             break
         time.sleep(0.2)
     assert f"11000 MiB of GPU memory on {uuids[1]}, over its 10240 MiB limit" in hog["reason"]
+
+
+# writes the MPS part of its environment to a file, then waits to be deleted
+MPS_ENV = (
+    "import json,os,sys,time; json.dump({k: v for k, v in os.environ.items() if "
+    "k.startswith(('CUDA_', 'GPUFRAC_QOS_DOMAIN'))}, open(sys.argv[1] + '.tmp', 'w')); "
+    "os.rename(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(60)"
+)
+
+
+def test_a_compute_cap_on_two_gpus_runs_under_one_mps_daemon_serving_both(
+    two_gpus: RunningAgent, tmp_path: Path
+) -> None:
+    """HAMi's README example (two vGPUs, 10 GiB and 30% of the SMs of each): under MPS on both
+    GPUs, its environment names the one daemon's pipe directory, both GPUs, its limit on each of
+    its two devices and its thread percentage; the stand-in daemon was started once, with both
+    GPUs; when the workload ends, the daemon is stopped."""
+    url = two_gpus.url + "/api/v1"
+    out = tmp_path / "env.json"
+    manifest = (
+        "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: capped}\n"
+        f'spec:\n  command: ["{PY}", "-c", "{MPS_ENV}", "{out}"]\n  restart: never\n'
+        "  resources: {gpu: {nvidia.com/gpu: 2, nvidia.com/gpumem: 10240, "
+        "nvidia.com/gpucores: 30}}\n"
+    )
+    r = httpx.post(url + "/workloads", content=manifest, timeout=10)
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not out.exists():
+        time.sleep(0.05)
+    env = json.loads(out.read_text())
+    w = httpx.get(url + "/workloads/default/capped", timeout=5).json()
+    uuids = w["placement"]["gpus"]
+    assert w["placement"]["mode"] == "mps" and len(set(uuids)) == 2
+    pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+    assert pipe.endswith("/pipe") and Path(pipe).parent.name.startswith("domain-")
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M,1=10240M"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert env["GPUFRAC_QOS_DOMAIN"] == uuids[0]  # arbitrated in its first GPU's domain
+    log = two_gpus.data_dir / "simulated" / "bin" / "mps-control.log"
+    sent = [json.loads(x) for x in log.read_text().splitlines()]
+    daemons = [(e["visible"], e["pipe"]) for e in sent if e["command"] == "-d"]
+    assert daemons == [(",".join(uuids), pipe)]  # one daemon, serving both GPUs
+    ours = [e["command"] for e in sent if e["pipe"] == pipe]
+    assert {
+        "set_default_device_pinned_mem_limit 1 10240M",
+        "set_default_active_thread_percentage 30",
+    } <= set(ours)
+    assert not any("error" in e for e in sent)
+    for g in httpx.get(url + "/gpus", timeout=5).json()["gpus"]:  # its share on each GPU
+        (share,) = g["allocations"]
+        assert (share["name"], share["mode"], share["memory_mib"]) == ("capped", "mps", 10240)
+    assert httpx.delete(url + "/workloads/default/capped", timeout=10).status_code == 200
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (Path(pipe) / "control").exists():
+        time.sleep(0.05)
+    assert not (Path(pipe) / "control").exists()  # the daemon was told to quit
+    assert [json.loads(x)["command"] for x in log.read_text().splitlines()][-1] == "quit"
 
 
 def test_a_cluster_places_a_share_of_two_gpus_on_the_node_that_has_two(tmp_path: Path) -> None:

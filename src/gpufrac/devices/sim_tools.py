@@ -1,11 +1,16 @@
 """The driver's tools that simulated GPUs stand in for, on the simulation's PATH.
 
 ``nvidia-cuda-mps-control``: ``-d`` makes the pipe directory's ``control`` (as the real daemon's
-named pipe is there while it runs), commands read on stdin are answered as by a daemon with no
-server running (``get_server_list`` prints nothing; ``quit`` removes ``control``), and every call
-is recorded, one JSON line each (with the pipe directory and ``CUDA_VISIBLE_DEVICES``), in
+named pipe is there while it runs) and keeps there the devices it serves: those of its
+``CUDA_VISIBLE_DEVICES`` (one or several, comma-separated, as the real daemon serves them:
+remapped to its clients as device 0, 1, ...). Commands read on stdin are answered as by a daemon
+with no server running (``get_server_list`` prints nothing; ``quit`` removes ``control``); a
+device ordinal (``set_default_device_pinned_mem_limit DEV VALUE``, ``set_device_pinned_mem_limit
+PID DEV VALUE``) must be one of the daemon's devices, and a command malformed or naming a device
+it does not serve is answered with an error line and recorded with ``error``. Every call is
+recorded, one JSON line each (with the pipe directory and ``CUDA_VISIBLE_DEVICES``), in
 ``mps-control.log`` beside the program, so CPU tests see the commands the agent sends the real
-daemon and the device each daemon was started for.
+daemon and the devices each daemon was started for.
 """
 
 from __future__ import annotations
@@ -25,23 +30,67 @@ here = os.path.dirname(os.path.abspath(__file__))
 pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
 
 
-def record(command):
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # the device a daemon (-d) serves
-    line = json.dumps({{"command": command, "pipe": pipe, "visible": visible, "at": time.time()}})
+def record(command, error=None):
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # the devices a daemon (-d) serves
+    entry = {{"command": command, "pipe": pipe, "visible": visible, "at": time.time()}}
+    if error is not None:
+        entry["error"] = error
     with open(os.path.join(here, "{log}"), "a") as f:
-        f.write(line + "\\n")
+        f.write(json.dumps(entry) + "\\n")
+
+
+def served():
+    """How many devices the daemon of this pipe directory serves (0: none runs; None: every
+    device of the machine, started without CUDA_VISIBLE_DEVICES: not checked here)."""
+    try:
+        with open(os.path.join(pipe, "control")) as f:
+            return len([d for d in f.read().strip().split(",") if d]) or None
+    except FileNotFoundError:
+        return 0
+
+
+def check(words):
+    """Why a command is refused (None: accepted), as to a daemon serving served() devices."""
+    name, args = words[0], words[1:]
+    shapes = {{
+        "get_server_list": 0,
+        "quit": 0,
+        "set_default_active_thread_percentage": 1,
+        "set_active_thread_percentage": 2,
+        "set_default_device_pinned_mem_limit": 2,
+        "set_device_pinned_mem_limit": 3,
+    }}
+    if name not in shapes:
+        return None  # others are taken as they come
+    if len(args) != shapes[name]:
+        return f"{{name}} takes {{shapes[name]}} argument(s)"
+    if name.endswith("pinned_mem_limit"):
+        dev, count = args[-2], served()
+        if not dev.isdigit() or (count is not None and int(dev) >= count):
+            return f"no device {{dev}}: the daemon serves {{count}}"
+        value = args[-1]
+        if not (value[:-1].isdigit() and value[-1] in "MG"):
+            return f"bad limit {{value}}"
+    if name.endswith("thread_percentage") and not args[-1].isdigit():
+        return f"bad percentage {{args[-1]}}"
+    return None
 
 
 if sys.argv[1:] == ["-d"]:
     os.makedirs(pipe, exist_ok=True)
-    open(os.path.join(pipe, "control"), "w").close()
+    with open(os.path.join(pipe, "control"), "w") as f:
+        f.write(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
     record("-d")
     sys.exit(0)
 for line in sys.stdin:
     command = line.strip()
     if not command:
         continue
-    record(command)
+    error = check(command.split())
+    record(command, error)
+    if error is not None:
+        print("error: " + error)
+        continue
     if command == "quit":
         try:
             os.unlink(os.path.join(pipe, "control"))

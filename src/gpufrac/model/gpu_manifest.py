@@ -329,8 +329,8 @@ def _gpu_json_schema(schema: dict[str, Any]) -> None:
     """The reader's rules of a request (``_combination``) under every name a field goes by, in one
     ``not: {anyOf: [...]}`` (what generated clients and schemathesis read best): a request of
     some kind; mig alone; memory or memory_percent, not both; fraction without memory,
-    memory_percent or compute; more than one GPU not beside compute. A field and its alias both
-    given must agree, and one HAMi MIG resource key at most: beyond a schema."""
+    memory_percent or compute. A field and its alias both given must agree, and one HAMi MIG
+    resource key at most: beyond a schema."""
     names = {
         k: [k, *(a for a, c in GPU_ALIASES.items() if c == k)]
         for k in (*REQUEST_KINDS, "memory_percent", "compute")
@@ -350,11 +350,6 @@ def _gpu_json_schema(schema: dict[str, Any]) -> None:
         *pairs(names["mig"], others),
         *({"required": [o], **mig_key} for o in others),
         *pairs(names["fraction"], [*names["memory"], *names["memory_percent"], *names["compute"]]),
-        *(
-            {"required": [c, s], "properties": {c: {"not": {"enum": [1, "1"]}}}}
-            for c in names["count"]
-            for s in names["compute"]
-        ),
     ]
     schema["not"] = {"anyOf": broken}
     schema["patternProperties"] = {MIG_KEY: {"enum": [1, "1"]}}
@@ -370,8 +365,9 @@ class Gpu(Strict):
 
     count: Annotated[int, Field(ge=1)] | None = Field(
         None,
-        description="Whole GPUs; beside fraction, memory or memory_percent, that many GPUs of "
-        "one node each with the share (time-sliced; beside compute only 1).",
+        description="Whole GPUs; beside fraction, memory, memory_percent or compute, that many "
+        "GPUs of one node each with the share (with compute: under MPS, one daemon serving "
+        "them all).",
     )
     fraction: FractionMilli | None = Field(
         None,
@@ -396,7 +392,8 @@ class Gpu(Strict):
     compute: Percent | None = Field(
         None,
         description="A cap on the share of the GPU's SMs (30% or 30, 1..100), enforced by MPS; "
-        "beside memory or memory_percent, or alone (then with the GPU's whole memory).",
+        "beside memory or memory_percent, or alone (then with the GPU's whole memory); beside "
+        "count, on each of its GPUs.",
     )
     nvidia_gpu: AliasCount | None = Field(
         None, alias="nvidia.com/gpu", description="HAMi's (and Kubernetes') name for count."
@@ -554,17 +551,6 @@ def _combination(values: dict[str, int | Mig], written: dict[str, str]) -> Broke
                 f"give either {written['fraction']} or {written[other]}",
             )
         )
-    count = values.get("count")
-    if isinstance(count, int) and count > 1 and "compute" in values:
-        broken.append(
-            (
-                (written["count"],),
-                f"asks for {count} GPUs each with {written['compute']}: a compute cap is "
-                "enforced by MPS, and a workload reaches the MPS server of one GPU only",
-                f"remove {written['compute']} (a share of each of its {count} GPUs is "
-                f"time-sliced), or ask for one GPU ({written['count']}: 1)",
-            )
-        )
     return broken
 
 
@@ -652,7 +638,7 @@ SHARING_BROKEN = [
     _never(("mig",), "count", gpu={"not": _SHARES}),  # whole GPUs (count beside no share)
     _never(("exclusive",), *PER_GPU),
     _never(("timeslice", "mig"), "compute"),
-    _never(("mps", "mig"), "count", gpu=_SEVERAL),
+    _never(("mig",), "count", gpu=_SEVERAL),
 ]
 
 
@@ -681,16 +667,12 @@ def check_sharing(gpu: Gpu, sharing: Sharing) -> Broken:
             f"a compute cap ({compute_key}) cannot be enforced with sharing: {sharing}",
             f"a compute cap needs MPS: set sharing: mps or auto, or remove {compute_key}",
         )
-    elif gpu.request().devices > 1 and sharing in ("mps", "mig"):
+    elif gpu.request().devices > 1 and sharing == "mig":
         n = gpu.request().devices
-        why = (
-            "a workload reaches the MPS server of one GPU only"
-            if sharing == "mps"
-            else "a MIG instance is a whole instance of one GPU"
-        )
         broken = (
-            f"a share of each of {n} GPUs cannot use sharing: {sharing}: {why}",
-            f"set sharing: timeslice or auto (a share of each of {n} GPUs is time-sliced), "
-            "or ask for one GPU (count: 1)",
+            f"a share of each of {n} GPUs cannot use sharing: mig: a MIG instance is a whole "
+            "instance of one GPU",
+            f"set sharing: timeslice, mps or auto (a share of each of {n} GPUs is time-sliced, "
+            "or under MPS with a compute cap), or ask for one GPU (count: 1)",
         )
     return [(("sharing",), *broken)] if broken else []

@@ -80,7 +80,8 @@ class GpuRequest:
 
     ``devices``: the number of GPUs a share is on, one share on each of that many different GPUs
     of one node (a manifest's ``count`` beside a share: HAMi's ``nvidia.com/gpu: N`` with
-    ``gpumem``, KAI's ``gpu-fraction-num-devices``); 1 for every other request."""
+    ``gpumem``, and with ``gpucores`` under MPS, one daemon serving them all; KAI's
+    ``gpu-fraction-num-devices``); 1 for every other request."""
 
     count: int | None = None
     fraction_milli: int | None = None

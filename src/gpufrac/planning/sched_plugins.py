@@ -31,7 +31,7 @@ from gpufrac.planning.sched_state import Allocation, Nest
 Policy = Literal["binpack", "spread", "first-fit"]  # first-fit: the benchmark's baseline
 StatusCode = Literal["unschedulable", "unresolvable"]
 PluginName = Literal[
-    "quota", "node_selector", "tenant_nodes", "schedulable", "capacity", "mps_tenants"
+    "quota", "node_selector", "tenant_nodes", "schedulable", "capacity", "mps_tenants", "mps_domain"
 ]
 
 
@@ -50,6 +50,9 @@ class Candidate:
     mig: MigPlacement | None = None
     create: bool = False  # the MIG instance must be created first
     destroy: tuple[MigPlacement, ...] = ()  # MIG instances to destroy before (a re-cut)
+    # a share of each of several GPUs: all its GPUs (this one among them), where they are known
+    # (a placement restored); () while they are being chosen
+    together: tuple[int, ...] = ()
 
 
 class GpuInfo(Protocol):
@@ -65,6 +68,8 @@ class GpuInfo(Protocol):
     def schedulable(self) -> bool: ...
     @property
     def mode(self) -> Mode | None: ...
+    @property
+    def mps_domain(self) -> tuple[int, ...]: ...
     @property
     def total_mib(self) -> int: ...
     @property
@@ -244,6 +249,31 @@ def mps_tenants(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status |
     return None
 
 
+def mps_domain(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:
+    """One MPS control daemon serves a GPU, and a workload's MPS client reaches one daemon, which
+    serves all its GPUs: so every MPS workload on a GPU asks for the same GPUs (its MPS domain).
+    A GPU whose daemon serves it alone takes one-GPU MPS workloads only; one whose daemon serves
+    it with others (a share of each of several GPUs) takes only a share of each of those same
+    GPUs (checked on each GPU by their number, and against all of them where they are known:
+    the scheduler takes a domain's GPUs together)."""
+    g = ctx.gpus[c.gpu]
+    if c.mode != "mps" or c.mig is not None or g.mode != "mps" or not g.mps_domain:
+        return None
+    n = req.spec.gpu.devices
+    served = g.mps_domain
+    if len(served) == n and (not c.together or sorted(c.together) == list(served)):
+        return None
+    if len(served) == 1:
+        has = f"GPU {g.index} is an MPS domain of its own"
+    else:
+        has = f"GPU {g.index} is in the MPS domain of GPUs {', '.join(str(i) for i in served)}"
+    wants = "a one-GPU MPS workload" if n == 1 else f"a share of each of {n} GPUs under MPS"
+    if c.together and len(served) == n:
+        wants = f"an MPS workload on GPUs {', '.join(str(i) for i in sorted(c.together))}"
+    why = f"{has}: {wants} cannot join it (one MPS daemon serves each GPU)"
+    return Status("unschedulable", why, "mps_domain")
+
+
 def node_selector(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:
     """The GPU's node has every label of the request's ``spec.node_selector``."""
     g = ctx.gpus[c.gpu]
@@ -273,7 +303,14 @@ def kept_to_reason(req: SchedRequest) -> str:
     )
 
 
-FILTERS: tuple[Filter, ...] = (node_selector, tenant_nodes, schedulable, capacity, mps_tenants)
+FILTERS: tuple[Filter, ...] = (
+    node_selector,
+    tenant_nodes,
+    schedulable,
+    capacity,
+    mps_tenants,
+    mps_domain,
+)
 
 
 def first_refusal(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | None:

@@ -107,7 +107,7 @@ def _options(
             if a is not None:
                 victims.append(a.workload)
                 remaining = [r for r in remaining if r.workload != a.workload]
-            if _room(g, remaining, need, mode, req.tenant, settings.mps_share_tenants):
+            if _room(st, g, remaining, need, mode, req.tenant, settings.mps_share_tenants):
                 if victims and _quota_after(st, req, settings, victims, need):
                     yield list(victims), [Candidate(g.index, mode, need)]
                 break
@@ -172,6 +172,7 @@ def _mig(
 
 
 def _room(
+    st: ClusterState,
     g: SchedGpu,
     remaining: list[Allocation],
     need: Need,
@@ -189,5 +190,9 @@ def _room(
         if sum(a.compute_pct or 0 for a in remaining) + (need.compute_pct or 0) > 100:
             return False
         if not mps_share and any(a.tenant != tenant for a in remaining):
+            return False
+        # the request is on one GPU (a share of several evicts no one): what stays under MPS
+        # must be too, its daemon serving this GPU alone (the mps_domain filter's rule)
+        if any(len(st.allocs.get(a.workload, ())) > 1 for a in remaining):
             return False
     return True

@@ -70,9 +70,10 @@ def sharing_modes(spec: WorkloadSpec) -> tuple[Mode, ...]:
     if req.mig_profile is not None:
         return ("mig",)
     if req.devices > 1 and spec.sharing == "auto":
-        # a share of each of several GPUs: time-sliced (a MIG instance is one GPU's, and a
-        # workload reaches one GPU's MPS server); sharing: mps or mig is refused (_never_fits)
-        return ("timeslice",)
+        # a share of each of several GPUs: under MPS for a compute cap (one daemon serving its
+        # GPUs together), else time-sliced; never MIG (an instance is one GPU's: sharing: mig is
+        # refused, _never_fits)
+        return ("mps",) if req.compute_pct is not None else ("timeslice",)
     match spec.sharing:
         case "auto":
             return ("mig", "mps" if req.compute_pct is not None else "timeslice")

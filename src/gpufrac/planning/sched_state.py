@@ -106,6 +106,9 @@ class SchedGpu:
     mig: bool
     closed: Closed | None = None  # None: it takes new work
     mode: Mode | None = None  # for non-MIG GPUs: None while empty
+    # under MPS, the GPUs its MPS daemon serves (its MPS domain): those of each of its MPS
+    # workloads, the same for all of them (the ``mps_domain`` filter); () when not under MPS
+    mps_domain: tuple[int, ...] = ()
     mem_used: int = 0
     milli_used: int = 0
     compute_used: int = 0
@@ -350,6 +353,8 @@ class ClusterState:
                 g.instances[a.mig] = a.workload
             else:
                 g.mode = a.mode
+                if a.mode == "mps":  # one daemon serves the workload's GPUs together
+                    g.mps_domain = tuple(sorted(x.gpu for x in allocs))
                 g.mem_used += a.memory_mib
                 g.milli_used += a.milli
                 g.compute_used += a.compute_pct or 0
@@ -409,6 +414,7 @@ class ClusterState:
                 g.compute_used -= a.compute_pct or 0
                 if not g.allocs:
                     g.mode = None
+                    g.mps_domain = ()
             self.tenant_mem[a.tenant] -= a.memory_mib
             self.tenant_milli[a.tenant] -= a.milli
             self._index(g)
@@ -483,6 +489,17 @@ class ClusterState:
                         out.append(f"GPU {g.index}: MPS compute over 100%")
                     if not mps_share_tenants and len({a.tenant for a in plain}) > 1:
                         out.append(f"GPU {g.index}: tenants share an MPS GPU")
+                    # one daemon per GPU: every MPS workload on it is on the same GPUs
+                    domains = {
+                        tuple(sorted(x.gpu for x in self.allocs.get(a.workload, []))) for a in plain
+                    }
+                    if domains != {g.mps_domain}:
+                        out.append(
+                            f"GPU {g.index}: MPS workloads on different sets of GPUs "
+                            f"{sorted(domains)} (its MPS domain: {g.mps_domain})"
+                        )
+                elif g.mps_domain:
+                    out.append(f"GPU {g.index}: an MPS domain without MPS workloads")
             for a in g.allocs.values():
                 mem[a.tenant] += a.memory_mib
                 milli[a.tenant] += a.milli

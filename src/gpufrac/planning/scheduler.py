@@ -442,6 +442,9 @@ class Scheduler:
                     return f"its MIG instance {decision.mig} no longer fits on GPU {g.index}"
                 trial.claim_external(g, decision.mig)
             chosen.append(Candidate(g.index, decision.mode, need, decision.mig, create, destroy))
+        if len(chosen) > 1:  # its GPUs together: an MPS domain is checked whole
+            together = tuple(sorted(c.gpu for c in chosen))
+            chosen = [replace(c, together=together) for c in chosen]
         if any(first_refusal(self.ctx, req, c) is not None for c in chosen):
             return "its recorded placement no longer fits"
         self._commit(trial, req, chosen, ())
@@ -1371,7 +1374,7 @@ class Scheduler:
         match status.plugin:
             case "quota":
                 reasons.add("quota", status.reason)
-            case "capacity" | "mps_tenants":
+            case "capacity" | "mps_tenants" | "mps_domain":
                 note(refused, status.reason)
             case "tenant_nodes":
                 reasons.add("tenant_nodes", status.reason)
@@ -1472,13 +1475,20 @@ class Scheduler:
         ``nvidia.com/gpu: N`` with ``gpumem``): of each node's GPUs of a model that pass the
         pre-filters (its quota counts N shares) and the filters (each GPU's memory and shares
         checked on its own), the N best scored; the node and model whose N score best in all.
-        In GPU index order (the order its ``CUDA_VISIBLE_DEVICES`` lists them)."""
+        In GPU index order (the order its ``CUDA_VISIBLE_DEVICES`` lists them).
+
+        Under MPS one daemon serves its N GPUs together (an MPS domain): GPUs under MPS already
+        are taken only as the whole domain their daemon serves (the ``mps_domain`` filter passes
+        those of N GPUs; here they are grouped by domain, so a domain is taken whole or not at
+        all), empty GPUs as a new one; never the two mixed."""
         n = req.spec.gpu.devices
         st = self.state
         kept = self._kept_from(req)
         barred: dict[str, Status | None] = {}
         refused: list[str] = []
-        groups: dict[tuple[str, str], list[tuple[int, Candidate]]] = {}
+        domains: list[str] = []  # GPUs passed over for their MPS domain, named
+        # per node, model and MPS domain (() for GPUs that would start a new one, and outside MPS)
+        groups: dict[tuple[str, str, tuple[int, ...]], list[tuple[int, Candidate]]] = {}
         open_gpus: Counter[tuple[str, str]] = Counter()  # open to it, room or not
         closed = 0
         for g in st.plain_gpus:
@@ -1490,7 +1500,8 @@ class Scheduler:
             cand = Candidate(g.index, mode, need)
             status = barred[g.model.key] or first_refusal(self.ctx, req, cand)
             if status is None:
-                group = groups.setdefault((g.node, g.model.key), [])
+                domain = g.mps_domain if mode == "mps" else ()
+                group = groups.setdefault((g.node, g.model.key, domain), [])
                 group.append((score(self.ctx, req, cand), cand))
                 open_gpus[g.node, g.model.key] += 1
                 continue
@@ -1499,9 +1510,14 @@ class Scheduler:
             elif status.plugin in ("capacity", "mps_tenants"):
                 open_gpus[g.node, g.model.key] += 1
                 continue  # full GPUs: counted in the clause below, not named one by one
+            elif status.plugin == "mps_domain":
+                open_gpus[g.node, g.model.key] += 1
+                note(domains, status.reason)
+                continue
             self._heed(status, reasons, refused)
         best: tuple[int, list[Candidate]] | None = None
         for group in groups.values():
+            # a domain's group holds at most its own N GPUs: taken when all of them have room
             if len(group) < n:
                 continue
             group.sort(key=lambda x: (-x[0], x[1].gpu))
@@ -1509,7 +1525,8 @@ class Scheduler:
             if best is None or value > best[0]:
                 best = (value, [c for _, c in group[:n]])
         if best is not None:
-            return sorted(best[1], key=lambda c: c.gpu)
+            together = tuple(sorted(c.gpu for c in best[1]))
+            return [replace(c, together=together) for c in sorted(best[1], key=lambda c: c.gpu)]
         if not open_gpus:
             return None  # its quota, labels or closed GPUs say why, in their own clauses
         most = max((len(v) for v in groups.values()), default=0)
@@ -1518,11 +1535,16 @@ class Scheduler:
         where = " of one node" if nodes else ""
         kinds = " of one model" if len(st.plain_models) > 1 else ""
         on = " on one node" if nodes else ""
-        clause = (
-            f"{mode}: a share of each of {n} GPUs needs {n} {mode} or empty GPUs{kinds}{where} "
-            f"with {mem} and the share asked for free on each; the most such{on} now: {most}"
-            f"{not_counting(closed)}"
+        gpus = (
+            f"{n} empty GPUs{kinds}{where}, or the {n} GPUs of one MPS domain,"
+            if mode == "mps"
+            else f"{n} {mode} or empty GPUs{kinds}{where}"
         )
+        clause = (
+            f"{mode}: a share of each of {n} GPUs needs {gpus} with {mem} and the share asked "
+            f"for free on each; the most such{on} now: {most}{not_counting(closed)}"
+        )
+        clause += "".join(f"; {d}" for d in domains)
         reasons.set_capacity(mode, lambda: clause)
         return None
 
@@ -1609,11 +1631,11 @@ class Scheduler:
     def _never_fits(self, req: SchedRequest) -> str | None:
         st = self.state
         gpu = req.spec.gpu
-        one_gpu = [m for m in req.modes if m in ("mps", "mig")] if gpu.devices > 1 else []
-        if one_gpu:  # a workload reaches one GPU's MPS server; a MIG instance is one GPU's
+        if gpu.devices > 1 and "mig" in req.modes:  # a MIG instance is one GPU's
             return (
-                f"a share of each of {gpu.devices} GPUs is time-sliced: sharing: {one_gpu[0]} "
-                "gives a workload one GPU (set sharing: timeslice or auto, or ask for count: 1)"
+                f"a share of each of {gpu.devices} GPUs is time-sliced or under MPS: sharing: "
+                "mig gives a workload one GPU (set sharing: timeslice, mps or auto, or ask for "
+                "count: 1)"
             )
         if gpu.count is not None:
             if gpu.count > st.plain_count:

@@ -50,9 +50,9 @@ from gpufrac.planning.scheduler import Scheduler
 from gpufrac.runtime.cdi import machine_spec
 from gpufrac.runtime.cgroups import HostLimits
 from gpufrac.runtime.failures import Failures
-from gpufrac.runtime.handover import Handover, base_env
+from gpufrac.runtime.handover import Handover, base_env, mps_domain
 from gpufrac.runtime.mig_worker import MigWorker
-from gpufrac.runtime.mps import MpsDaemons
+from gpufrac.runtime.mps import MpsDaemons, MpsDomain
 from gpufrac.runtime.runner import BindMount, ContainerLaunch
 from gpufrac.runtime.runs import Runs, read_note, write_note
 from gpufrac.runtime.sandbox import Sandbox
@@ -97,10 +97,13 @@ class Executor:
 
     # -- decisions ------------------------------------------------------------------------------
 
-    def _bound_mps(self, gpu_uuid: str, mig: MigPlacement | None, daemon: str) -> None:
-        """The MPS servers of ``daemon`` (the GPU's, or the MIG instance ``mig`` shared inside)
-        bounded to the largest limits among its MPS workloads, so none lifts its limits (handed in
-        its environment) past them (runtime/mps.py)."""
+    def _bound_mps(self, domain: MpsDomain, gpu_uuid: str, mig: MigPlacement | None) -> None:
+        """The MPS servers of ``domain``'s daemon bounded to the largest limits among its MPS
+        workloads, so none lifts its limits (handed in its environment) past them
+        (runtime/mps.py). Its workloads are those under MPS on its first GPU ``gpu_uuid`` (in the
+        MIG instance ``mig`` shared inside, if any): every MPS workload of a GPU is on the same
+        GPUs (the scheduler's ``mps_domain`` rule), so on a domain of several GPUs they are all
+        of them."""
         g = self.scheduler.state.by_uuid.get(gpu_uuid)
         allocs = (
             [a for a in g.allocs.values() if a.mode == "mps" and a.mig == mig]
@@ -114,7 +117,35 @@ class Executor:
             if any(a.compute_pct is None for a in allocs)
             else max(a.compute_pct or 0 for a in allocs)
         )
-        self.mps.bound(daemon, max(a.memory_mib for a in allocs), pct)
+        self.mps.bound(domain, max(a.memory_mib for a in allocs), pct)
+
+    def _mps_users(self, domain: MpsDomain) -> list[str]:
+        """The workloads placed under MPS on exactly ``domain``'s GPUs (none for a MIG device's
+        domain, whose workloads are in an instance: its GPU is never under MPS outside MIG)."""
+        st = self.scheduler.state
+        g = st.by_uuid.get(domain.devices[0])
+        if g is None or {st.gpus[i].uuid for i in g.mps_domain} != set(domain.devices):
+            return []
+        return sorted(a.workload for a in g.allocs.values() if a.mode == "mps" and a.mig is None)
+
+    def _clear_mps(self, domain: MpsDomain) -> None:
+        """Stop our other daemons that serve one of ``domain``'s devices (a device is served by
+        one daemon at most): idle ones, which the idle pass has not stopped yet. One still in use
+        is a conflict the scheduler's rule rules out: refused, naming it."""
+        for other in self.mps.serving(domain):
+            users = self._mps_users(other)
+            if users:
+                raise ActionRefused(
+                    f"the MPS daemon of {other.describe()} serves a device of "
+                    f"{domain.describe()} and is in use by {', '.join(users)}"
+                )
+            self.mps.stop(other)
+            self.store.record_event(
+                "mps_stopped",
+                other.devices[0],
+                f"MPS control daemon of {other.describe()} stopped: its devices go to the "
+                f"daemon of {domain.describe()}",
+            )
 
     def record(self, decisions: Sequence[Decision]) -> list[Displacement]:
         """Store each decision with its workload's generation, carry out its evictions now and
@@ -228,19 +259,25 @@ class Executor:
         attempts = self.runs.attempts(tenant, name, stored.generation)
         if attempts and self.runs.live(attempts[-1]):
             return  # one runs already (or is on its way): never twice
-        daemon = decision.gpus[0] if decision.gpus else None  # whose MPS daemon, under MPS
+        devices = list(decision.gpus)
         if decision.mig is not None:
             inst = self.dev.gpu(decision.gpus[0]).instance_at(decision.mig)
             # a GPU instance gets its device (and UUID) with its compute instance, a step later:
             # started before that, the workload would be handed no device at all
             if inst is None or not inst.uuid:
                 raise ActionRefused(f"its MIG instance {decision.mig} is not there (yet)")
-            daemon = inst.uuid  # MPS inside a MIG instance: the instance's own daemon
+            devices = [inst.uuid]  # MPS inside a MIG instance: the instance's own daemon
+        domain = mps_domain(decision, devices)  # whose MPS daemon, under MPS
         spec = spec_from_json(stored.spec)
-        if decision.mode == "mps" and daemon is not None:
-            if self.mps.ensure(daemon):
-                self.store.record_event("mps_started", daemon, "MPS control daemon started")
-            self._bound_mps(decision.gpus[0], decision.mig, daemon)
+        if decision.mode == "mps" and domain is not None:
+            if self.mps.enabled:
+                self._clear_mps(domain)
+            if self.mps.ensure(domain):
+                serving = "" if len(domain.devices) == 1 else f", serving {domain.describe()}"
+                self.store.record_event(
+                    "mps_started", domain.devices[0], f"MPS control daemon started{serving}"
+                )
+            self._bound_mps(domain, decision.gpus[0], decision.mig)
         attempt = len(attempts) + 1
         allocs = self.scheduler.allocations(a.workload)
         handed = self.handover.grant(spec, decision, allocs)

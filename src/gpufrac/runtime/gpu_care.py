@@ -13,7 +13,7 @@ from gpufrac.planning.sched_state import CORDONED, SchedGpu
 from gpufrac.planning.scheduler import Scheduler
 from gpufrac.runtime.executor import Executor
 from gpufrac.runtime.mig_apply import ApplyRefused, GpuTarget, apply_targets, diff_actions
-from gpufrac.runtime.mps import MpsDaemons
+from gpufrac.runtime.mps import MpsDaemons, MpsDomain
 from gpufrac.runtime.store import Store
 
 
@@ -43,13 +43,18 @@ class GpuCare:
         return g
 
     def stop_idle_mps(self) -> None:
-        """An MPS daemon whose GPU (or MIG instance shared inside) has no MPS workload left is
-        stopped."""
+        """An MPS daemon whose domain has no MPS workload left is stopped: a GPU's, where no MPS
+        workload is on that GPU alone; a MIG instance's shared inside, where none shares it
+        under MPS; one serving several GPUs together, where no MPS workload is on exactly those
+        (runtime/mps.py, MPS domains)."""
         if not self.mps.enabled:
             return
-        for g in self.scheduler.state.gpus:
-            if self.mps.running(g.uuid) and g.mode != "mps":
-                self.mps.stop(g.uuid)
+        st = self.scheduler.state
+        busy = {frozenset(st.gpus[i].uuid for i in g.mps_domain) for g in st.gpus if g.mps_domain}
+        for g in st.gpus:
+            alone = MpsDomain((g.uuid,))
+            if self.mps.running(alone) and frozenset(alone.devices) not in busy:
+                self.mps.stop(alone)
                 self.store.record_event("mps_stopped", g.uuid, "no MPS workload left")
             if not g.mig:
                 continue
@@ -57,13 +62,21 @@ class GpuCare:
                 nest = g.nests.get(inst.placement)
                 if (
                     inst.uuid
-                    and self.mps.running(inst.uuid)
+                    and self.mps.running(MpsDomain((inst.uuid,)))
                     and (nest is None or nest.mode != "mps")
                 ):
-                    self.mps.stop(inst.uuid)
+                    self.mps.stop(MpsDomain((inst.uuid,)))
                     self.store.record_event(
                         "mps_stopped", inst.uuid, f"no MPS workload left on MIG {inst.placement}"
                     )
+        for domain in self.mps.domains():
+            if frozenset(domain.devices) not in busy:
+                self.mps.stop(domain)
+                self.store.record_event(
+                    "mps_stopped",
+                    domain.devices[0],
+                    f"no MPS workload left on {domain.describe()}",
+                )
 
     # -- cordon, drain, health ------------------------------------------------------------------
 

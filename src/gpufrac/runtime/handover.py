@@ -6,16 +6,19 @@
   once its instance exists); ``GPUFRAC_*`` variables carry the memory limit and the QoS arbiter's
   address and class for the SDK; on MPS the ``CUDA_MPS_*`` variables carry the pipe directory, the
   pinned memory limit, the active-thread percentage and the client priority. docs/design.md lists
-  them. A workload sharing a MIG instance under MPS gets that instance's own daemon (its pipe
-  directory is keyed by the MIG device UUID, the daemon started with ``CUDA_VISIBLE_DEVICES`` set
-  to it: ``mps_device``).
+  them. The daemon it reaches is its MPS domain's (``mps_domain``; runtime/mps.py): its GPU's; a
+  workload sharing a MIG instance under MPS gets that instance's own daemon (its pipe directory
+  is keyed by the MIG device UUID, the daemon started with ``CUDA_VISIBLE_DEVICES`` set to it); a
+  share of each of several GPUs under MPS gets one daemon serving all its GPUs, with its pinned
+  memory limit on each (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=XM,1=XM``) and its thread percentage
+  (which MPS applies to each).
 * a share of each of several GPUs (HAMi's ``nvidia.com/gpu: N`` with ``gpumem``):
   ``CUDA_VISIBLE_DEVICES`` lists its GPUs in the decision's order (GPU index order);
   ``GPUFRAC_GPU_MEMORY_LIMIT_MIB`` is its limit on each of them (as for one GPU's share; the
   memory watch holds it to that limit on each); ``GPUFRAC_GPU_UUID`` and the QoS domain are its
   first GPU's: the arbiter holds a member in one domain (``runtime/arbiter.py``: one ``Member``
-  per workload, with one ``domain``), so it is arbitrated on its first GPU only, and only
-  time-sliced by the driver on the others;
+  per workload, with one ``domain``), so it is arbitrated on its first GPU only, and on the others
+  only time-sliced by the driver (or, under MPS, run beside their MPS clients), without turns;
 * ``devices``: the same GPU or MIG device UUIDs, for a runner that must make them visible itself
   (a container's CDI names or ``--device``);
 * ``mounts``: on MPS, the pipe directory (a container must see it to reach the MPS server).
@@ -37,7 +40,7 @@ from gpufrac.model.qos import mps_client_priority, qos_params
 from gpufrac.model.workload import WorkloadSpec
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.planning.sched_state import Allocation
-from gpufrac.runtime.mps import MpsDaemons
+from gpufrac.runtime.mps import MpsDaemons, MpsDomain
 from gpufrac.runtime.runner import BindMount, Grant
 
 
@@ -49,12 +52,13 @@ def qos_domain(d: Decision, env: dict[str, str]) -> str:
     return d.gpus[0] if d.gpus else ""
 
 
-def mps_device(d: Decision, devices: list[str]) -> str | None:
-    """The device whose MPS daemon an MPS workload uses: the MIG instance it shares (its MIG device
-    UUID, once the instance exists), else its GPU. None where there is none yet."""
+def mps_domain(d: Decision, devices: list[str]) -> MpsDomain | None:
+    """The MPS domain whose daemon an MPS workload uses: the MIG instance it shares (its MIG
+    device UUID, once the instance exists), else its GPUs (one, or each of several, served
+    together). None where there is none yet."""
     if d.mig is not None:
-        return devices[0] if devices else None
-    return d.gpus[0] if d.gpus else None
+        return MpsDomain((devices[0],)) if devices else None
+    return MpsDomain(d.gpus) if d.gpus else None
 
 
 # the agent's own variables a workload gets (where programs are, language and time zone); nothing
@@ -118,11 +122,11 @@ class Handover:
         # by their host pids, which the kernel reports across PID namespaces)
         arbiter = os.path.dirname(self.arbiter_address)
         mounts: tuple[BindMount, ...] = (BindMount(Path(arbiter), arbiter, read_only=True),)
-        daemon = mps_device(decision, devices)
-        if decision.mode == "mps" and daemon is not None and allocs:
-            env.update(self.mps.client_env(daemon, allocs[0].memory_mib, allocs[0].compute_pct))
+        domain = mps_domain(decision, devices)
+        if decision.mode == "mps" and domain is not None and allocs:
+            env.update(self.mps.client_env(domain, allocs[0].memory_mib, allocs[0].compute_pct))
             env["CUDA_MPS_CLIENT_PRIORITY"] = str(mps_client_priority(spec.qos))
-            pipe = self.mps.pipe_dir(daemon)
+            pipe = self.mps.pipe_dir(domain)
             mounts += (BindMount(pipe, str(pipe)),)
             # a container reaches the MPS daemon through its pipe directory, and shares memory
             # with its server in the host's IPC namespace (as MPS clients in containers must:

@@ -22,7 +22,7 @@ def test_validate_accepts_the_examples_and_names_the_field_of_a_bad_one(tmp_path
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "apiVersion: gpufrac/v1\nkind: Workload\nmetadata: {name: x}\nspec:\n  command: "
-        "[run]\n  resources: {gpu: {memory: 12GiB, compute: 30%, count: 2}}\n"
+        "[run]\n  resources: {gpu: {memory: 12GiB, fraction: 0.5, count: 2}}\n"
     )
     r = runner.invoke(app, ["validate", str(bad)])
     assert r.exit_code == 2 and "spec.resources.gpu" in r.stderr
@@ -38,8 +38,9 @@ def test_schedule_places_the_examples_on_a_paper_fleet() -> None:
             "schedule",
             *files,
             "--gpus",
-            # a MIG GPU more for HAMi's and KAI's shapes, two GPUs more for their shares of two
-            "h200:5,h200:3:mig,a100-80gb:1:mig",
+            # a MIG GPU more for HAMi's and KAI's shapes, four GPUs more for their shares of two
+            # (time-sliced, and an MPS domain of two)
+            "h200:7,h200:3:mig,a100-80gb:1:mig",
             "--settings",
             str(EXAMPLES / "operator" / "gpufrac.yaml"),
             "--json",

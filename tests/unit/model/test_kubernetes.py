@@ -117,6 +117,17 @@ HAMI_POD = {
             "Pod",
             GpuRequest(memory_mib=3000, devices=2),
         ),
+        # HAMi's README example: two vGPUs of 3000 MiB and 30% of the cores each (MPS)
+        (
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "p"},
+                **pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}),
+            },
+            "Pod",
+            GpuRequest(memory_mib=3000, compute_pct=30, devices=2),
+        ),
         (
             obj(
                 "Deployment",

@@ -157,6 +157,9 @@ def test_defaults(changes: dict[str, Any], attribute: str, expected: Any) -> Non
         ({**gpu(memory="1GiB"), "spec.sharing": "mig"}, "sharing", "mig"),
         ({**gpu(fraction=0.5), "spec.sharing": "mig"}, "sharing", "mig"),
         ({**gpu(memory="1GiB", compute=10), "spec.sharing": "mps"}, "sharing", "mps"),
+        # a share of each of several GPUs under MPS: one daemon serves them together
+        ({**gpu(count=2, memory="1GiB"), "spec.sharing": "mps"}, "sharing", "mps"),
+        ({**gpu(count=2, memory_percent=50, compute=10), "spec.sharing": "mps"}, "sharing", "mps"),
         ({**gpu(memory="1GiB"), "spec.sharing": "timeslice"}, "sharing", "timeslice"),
         (
             {**SERVICE, "spec.health": {"tcp": {"port": 1}}},
@@ -207,6 +210,23 @@ def test_values(changes: dict[str, Any], attribute: str, expected: Any) -> None:
         (
             {"gpu-fraction-num-devices": "2", "gpu-fraction": "0.5"},
             GpuRequest(fraction_milli=500, devices=2),
+        ),
+        # a compute cap on each of several GPUs (HAMi's nvidia.com/gpu: 2 with gpucores: MPS)
+        (
+            {"nvidia.com/gpu": "2", "nvidia.com/gpucores": "30"},
+            GpuRequest(compute_pct=30, devices=2),
+        ),
+        (
+            {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30},
+            GpuRequest(memory_mib=3000, compute_pct=30, devices=2),
+        ),
+        (
+            {"count": 2, "memory": "10GiB", "compute": "30%"},
+            GpuRequest(memory_mib=10240, compute_pct=30, devices=2),
+        ),
+        (
+            {"count": 2, "memory_percent": 50, "gpucores": 40},
+            GpuRequest(memory_pct=50, compute_pct=40, devices=2),
         ),
         (
             {"memory": "1GiB", "compute": "30%", "gpucores": 30},
@@ -364,13 +384,7 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         ({"spec.resources.gpu": 1}, "spec.resources.gpu"),
         ({"spec.resources.gpu": None}, "spec.resources.gpu"),
         (gpu(), "spec.resources.gpu"),
-        # a share of several GPUs: time-sliced, so no compute cap (MPS) beside it
-        (gpu(count=2, memory="1GiB", compute=30), "spec.resources.gpu.count"),
         (gpu(fraction=0.5, mig="1g.18gb"), "spec.resources.gpu.fraction"),
-        (
-            gpu(gpumem=1024, gpucores=30, **{"nvidia.com/gpu": "2"}),
-            "spec.resources.gpu['nvidia.com/gpu']",
-        ),
         (gpu(memory=1024, memory_percent=50), "spec.resources.gpu.memory_percent"),
         (gpu(fraction=0.5, memory=1024), "spec.resources.gpu.memory"),
         (gpu(count=1, vram="1GiB"), "spec.resources.gpu.vram"),
@@ -457,8 +471,9 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
         ({**gpu(mig="1g.18gb"), "spec.sharing": "mps"}, "spec.sharing"),
         ({**gpu(mig="1g.18gb"), "spec.sharing": "timeslice"}, "spec.sharing"),
         ({**gpu(mig="1g.18gb"), "spec.sharing": "exclusive"}, "spec.sharing"),
-        ({**gpu(count=2, memory="1GiB"), "spec.sharing": "mps"}, "spec.sharing"),
         ({**gpu(count=2, fraction=0.5), "spec.sharing": "mig"}, "spec.sharing"),
+        ({**gpu(count=2, memory="1GiB", compute=30), "spec.sharing": "mig"}, "spec.sharing"),
+        ({**gpu(count=2, memory="1GiB", compute=30), "spec.sharing": "timeslice"}, "spec.sharing"),
         ({**gpu(memory_percent=50), "spec.sharing": "exclusive"}, "spec.sharing"),
     ],
 )
@@ -720,6 +735,7 @@ MANIFEST_EXAMPLES = {
         "memory",
         "memory",
         "fraction",
+        "memory",
     ],
     "service-with-health.yaml": ["memory"],
     "quickstart.yaml": ["memory", "mig", "memory", "memory", "memory", "memory", "memory"],

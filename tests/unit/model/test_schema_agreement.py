@@ -161,7 +161,8 @@ CASES: dict[str, list[str]] = {
     "compute with sharing timeslice": [
         workload("{memory: 1GiB, compute: 30}", spec="sharing: timeslice")
     ],
-    # a share of each of several GPUs: time-sliced, never MPS (a compute cap) or MIG
+    # a share of each of several GPUs: time-sliced, or under MPS (a compute cap, or sharing: mps:
+    # one daemon serves its GPUs together), never MIG
     "count 2 beside memory": [workload("{count: 2, memory: 1GiB}")],
     "nvidia.com/gpu 2 beside gpumem": [workload("{nvidia.com/gpu: 2, nvidia.com/gpumem: 3000}")],
     "num-devices 2 beside gpu-fraction": [
@@ -174,6 +175,25 @@ CASES: dict[str, list[str]] = {
     "nvidia.com/gpu 2 beside gpucores": [workload("{nvidia.com/gpu: '2', gpucores: 30}")],
     "count 2 beside memory, mps": [workload("{count: 2, memory: 1GiB}", spec="sharing: mps")],
     "count 2 beside fraction, mig": [workload("{count: 2, fraction: 0.5}", spec="sharing: mig")],
+    "nvidia.com/gpu 2 beside gpumem and gpucores": [
+        workload("{nvidia.com/gpu: 2, nvidia.com/gpumem: '3000', nvidia.com/gpucores: '30'}")
+    ],
+    "count 2 beside compute alone": [workload("{count: 2, compute: 30%}")],
+    "count 2 beside memory_percent and compute, mps": [
+        workload("{count: 2, memory_percent: 50, compute: 30}", spec="sharing: mps")
+    ],
+    "num-devices 2 beside gpu-fraction, mps": [
+        workload("{gpu-fraction-num-devices: '2', gpu-fraction: '0.5'}", spec="sharing: mps")
+    ],
+    "count 2 beside compute, timeslice": [
+        workload("{count: 2, memory: 1GiB, compute: 30}", spec="sharing: timeslice")
+    ],
+    "count 2 beside compute, mig": [
+        workload("{count: 2, memory: 1GiB, compute: 30}", spec="sharing: mig")
+    ],
+    "count 2 beside compute, exclusive": [
+        workload("{count: 2, compute: 30}", spec="sharing: exclusive")
+    ],
     "count 1 beside memory, mig": [workload("{count: 1, memory: 1GiB}", spec="sharing: mig")],
     "memory_percent, exclusive": [workload("{memory_percent: 50}", spec="sharing: exclusive")],
     "compute alone, exclusive": [workload("{compute: 50}", spec="sharing: exclusive")],

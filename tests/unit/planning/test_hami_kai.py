@@ -110,6 +110,16 @@ SHAPES = [
         500,
         None,
     ),
+    # HAMi: N vGPUs with cores: under MPS, one daemon serving the N GPUs (an MPS domain)
+    (
+        '{nvidia.com/gpu: "2", nvidia.com/gpumem: "3000", nvidia.com/gpucores: "30"}',
+        "a100-40gb:2",
+        "mps",
+        3000,
+        300,
+        30,
+    ),
+    ('{nvidia.com/gpu: "2", nvidia.com/gpucores: "30"}', "a100-40gb:2", "mps", A100, 300, 30),
     # KAI: a fraction of each of gpu-fraction-num-devices GPUs
     (
         '{gpu-fraction: "0.5", gpu-fraction-num-devices: "2"}',
@@ -158,17 +168,28 @@ def test_hami_vgpus_on_several_gpus_through_the_cli(tmp_path: Path) -> None:
     assert d["outcome"] == "refused" and "a share of each of 3 GPUs" in d["reason"]
 
 
-def test_hami_vgpus_with_gpucores_on_several_gpus_are_refused_naming_the_fix(
-    tmp_path: Path,
-) -> None:
-    """HAMi's README example (2 vGPUs of 3000 MiB and 30% of the cores each): a compute cap needs
-    MPS, which reaches one GPU: refused at nvidia.com/gpu with the fix."""
+def test_hami_vgpus_with_gpucores_on_several_gpus_through_the_cli(tmp_path: Path) -> None:
+    """HAMi's README example (2 vGPUs of 3000 MiB and 30% of the cores each) on an H200 node with
+    two GPUs: under MPS on both, one MPS domain; a second such pod joins the same domain, and a
+    one-GPU MPS pod is refused its GPUs, the domain named."""
     f = tmp_path / "vgpus.yaml"
-    f.write_text(doc("w", "{nvidia.com/gpu: 2, nvidia.com/gpumem: 3000, nvidia.com/gpucores: 30}"))
-    r = runner.invoke(app, ["schedule", str(f), "--gpus", "h200:2"])
-    assert r.exit_code != 0
-    text = " ".join(r.stderr.split())
-    assert "nvidia.com/gpu" in text and "remove nvidia.com/gpucores" in text, text
+    gpu = "{nvidia.com/gpu: 2, nvidia.com/gpumem: 3000, nvidia.com/gpucores: 30}"
+    one = '{nvidia.com/gpu: 1, nvidia.com/gpumem: 3000, nvidia.com/gpucores: "30"}'
+    f.write_text(doc("a", gpu) + "---\n" + doc("b", gpu) + "---\n" + doc("c", one))
+    r = runner.invoke(app, ["schedule", str(f), "--gpus", "h200:2", "--json"])
+    assert r.exit_code == 1, r.stderr  # one waits
+    out = json.loads(r.stdout)
+    a, b, c = out["decisions"]
+    assert [(d["outcome"], d["mode"]) for d in (a, b)] == [("placed", "mps")] * 2
+    assert len(set(a["gpus"])) == 2 and a["gpus"] == b["gpus"]
+    assert c["outcome"] == "pending"
+    assert "GPU 0 is in the MPS domain of GPUs 0, 1: a one-GPU MPS workload" in c["reason"]
+    sched, _ = schedule(tmp_path, "h200:2", doc("a", gpu), doc("b", gpu))
+    for key in ("default/a", "default/b"):
+        assert [(x.mode, x.memory_mib, x.compute_pct) for x in sched.allocations(key)] == [
+            ("mps", 3000, 30)
+        ] * 2
+    assert [g.compute_used for g in sched.state.gpus] == [60, 60]
 
 
 def test_hami_mig_resource_takes_its_profile(tmp_path: Path) -> None:

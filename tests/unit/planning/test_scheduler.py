@@ -157,9 +157,11 @@ def test_delete_places_pending_work_and_bad_names_are_errors() -> None:
 def test_example_manifests_schedule() -> None:
     s = Scheduler(
         [
-            *fleet(plain=6, mig=3),  # the third MIG GPU for HAMi's and KAI's examples
-            SchedGpu("GPU-A", 9, A100, mig=True),
-            SchedGpu("GPU-B", 10, A100, mig=True),
+            # the third MIG GPU for HAMi's and KAI's examples, the last two plain GPUs for
+            # HAMi's vGPUs with cores (an MPS domain of two)
+            *fleet(plain=8, mig=3),
+            SchedGpu("GPU-A", 11, A100, mig=True),
+            SchedGpu("GPU-B", 12, A100, mig=True),
         ]
     )
     for path in sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "quickstart.yaml"):
@@ -200,6 +202,13 @@ REQUESTS = st.one_of(
     st.builds(
         lambda f, n: GpuRequest(fraction_milli=f, devices=n),
         st.sampled_from([250, 500]),
+        st.integers(2, 3),
+    ),
+    # with a compute cap on each (HAMi's nvidia.com/gpu: N with gpucores): one MPS domain
+    st.builds(
+        lambda m, c, n: GpuRequest(memory_mib=m, compute_pct=c, devices=n),
+        st.sampled_from([None, 10 * GIB, 60 * GIB]),
+        st.sampled_from([10, 30, 60]),
         st.integers(2, 3),
     ),
 )
@@ -262,8 +271,69 @@ def test_no_oversubscription_and_preemption_only_of_lower_priority(
                 key,
                 s.requests[key].spec.gpu,
             )
+        # the MPS domain rule: every MPS workload on a GPU (outside MIG) is on the same GPUs
+        assert all(len(sets) <= 1 for sets in mps_domain_sets(s).values())
         assert set(s.pending).isdisjoint(s.state.allocs)
         assert all(s.pending.values())
+
+
+def mps_domain_sets(s: Scheduler) -> dict[int, set[tuple[int, ...]]]:
+    """Per GPU, the sets of GPUs its MPS workloads (outside MIG) are on."""
+    return {
+        g.index: {
+            tuple(sorted(a.gpu for a in s.state.allocs[x.workload]))
+            for x in g.allocs.values()
+            if x.mode == "mps" and x.mig is None
+        }
+        for g in s.state.gpus
+    }
+
+
+MPS_OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("submit"),
+            st.builds(
+                lambda m, c, n: GpuRequest(memory_mib=m, compute_pct=c, devices=n),
+                st.sampled_from([None, 5 * GIB, 40 * GIB]),
+                st.sampled_from([None, 10, 30, 60]),
+                st.integers(1, 3),
+            ),
+            st.sampled_from(["a", "b"]),
+            st.sampled_from([0, 50, 100]),
+        ),
+        st.tuples(st.just("delete"), st.integers(0, 30)),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=100)
+@given(ops=MPS_OPS, share=st.booleans(), policy=st.sampled_from(["binpack", "spread"]))
+def test_every_gpu_under_mps_serves_one_set_of_gpus(
+    ops: list[tuple], share: bool, policy: str
+) -> None:  # type: ignore[type-arg]
+    """MPS workloads on one and on several GPUs, placed, evicted and deleted in any order: every
+    MPS workload on a GPU is on the same GPUs (one daemon per GPU), the GPU's ``mps_domain``."""
+    cfg = OperatorSettings(mps_share_tenants=share, placement_policy=policy)
+    s = Scheduler(nodes(2, 3), cfg)
+    names: list[tuple[str, str]] = []
+    for k, op in enumerate(ops):
+        if op[0] == "submit":
+            _, req, tenant, prio = op
+            if req.memory_mib is None and req.compute_pct is None:
+                req = dataclasses.replace(req, compute_pct=20)
+            spec = WorkloadSpec(
+                name=f"w{k}", gpu=req, command=("x",), tenant=tenant, priority=prio, sharing="mps"
+            )
+            if s.submit(spec)[0].outcome != "refused":
+                names.append((tenant, f"w{k}"))
+        elif names:
+            s.delete(*names.pop(op[1] % len(names)))
+        assert s.state.violations(share, {}) == []
+        for g, sets in mps_domain_sets(s).items():
+            assert sets == ({s.state.gpus[g].mps_domain} if sets else set()), (g, sets)
+            assert all(len({s.state.gpus[i].node for i in d}) == 1 for d in sets)
 
 
 # -- found in review -------------------------------------------------------------------------------
@@ -501,7 +571,7 @@ def test_a_share_of_several_gpus_waits_rather_than_evicts() -> None:
     ("spec", "fragment"),
     [
         (w("many", memory_mib=GIB, devices=3), "at most 2 such GPU(s) without MIG"),
-        (w("mps", sharing="mps", memory_mib=GIB, devices=2), "sharing: mps gives a workload one"),
+        (w("mps", compute_pct=30, devices=3), "at most 2 such GPU(s) without MIG"),
         (w("mig", sharing="mig", memory_mib=GIB, devices=2), "sharing: mig gives a workload one"),
     ],
 )
@@ -547,6 +617,123 @@ def test_a_share_of_several_gpus_evicted_leaves_room_on_each_of_its_gpus() -> No
     assert outcomes["a/urgent"] == "placed" and decisions[0].evicted == ("a/pair",)
     assert outcomes["a/waits"] == "placed"  # on the GPU the evicted pair left
     assert s.state.violations(False, {}) == []
+
+
+# -- a compute cap on each of several GPUs: one MPS daemon serving them (an MPS domain) ------------
+
+
+def test_a_compute_cap_on_several_gpus_is_placed_under_mps_on_one_nodes_gpus() -> None:
+    s = Scheduler(nodes(1, 3))
+    d = one(s.submit(w("x", memory_mib=10 * GIB, compute_pct=30, devices=2)))  # auto: MPS
+    assert (d.outcome, d.mode, d.gpus) == ("placed", "mps", ("GPU-1", "GPU-2"))
+    assert [(a.gpu, a.mode, a.memory_mib, a.compute_pct) for a in s.allocations("a/x")] == [
+        (1, "mps", 10 * GIB, 30),
+        (2, "mps", 10 * GIB, 30),
+    ]
+    # a second one packs onto the same two GPUs: the same MPS domain, one daemon for both
+    assert one(s.submit(w("y", memory_mib=10 * GIB, compute_pct=30, devices=2))).gpus == (
+        "GPU-1",
+        "GPU-2",
+    )
+    assert [g.mps_domain for g in s.state.gpus] == [(), (1, 2), (1, 2), ()]
+    assert [g.compute_used for g in s.state.gpus] == [0, 60, 60, 0]
+    # sharing: mps without a cap: MPS all the same, with all the threads
+    d = one(s.submit(w("z", sharing="mps", memory_mib=10 * GIB, devices=2)))
+    assert (d.outcome, d.mode, d.gpus) == ("placed", "mps", ("GPU-1", "GPU-2"))
+    assert s.state.violations(False, {}) == []
+    for name in ("x", "y", "z"):
+        s.delete("a", name)
+    assert [g.mps_domain for g in s.state.gpus] == [()] * 4
+
+
+def test_a_gpu_of_a_two_gpu_mps_domain_takes_no_one_gpu_mps_workload() -> None:
+    s = Scheduler(nodes(2))
+    s.submit(w("pair", memory_mib=10 * GIB, compute_pct=30, devices=2))
+    d = one(s.submit(w("single", memory_mib=10 * GIB, compute_pct=30)))
+    assert d.outcome == "pending"
+    assert d.reason.startswith(
+        "mps: GPU 0 is in the MPS domain of GPUs 0, 1: a one-GPU MPS workload cannot join it "
+        "(one MPS daemon serves each GPU)"
+    ), d.reason
+    # time-sliced work is refused for the GPU's mode, as ever; the pair gone, it is placed
+    placed = s.delete("a", "pair")
+    assert [(p.workload, p.mode, p.gpus) for p in placed] == [("a/single", "mps", ("GPU-0",))]
+    assert s.state.violations(False, {}) == []
+
+
+def test_a_two_gpu_mps_workload_takes_no_gpu_of_a_one_gpu_mps_domain() -> None:
+    s = Scheduler(nodes(2))
+    s.submit(w("single", memory_mib=10 * GIB, compute_pct=30))  # GPU 0, its own domain
+    d = one(s.submit(w("pair", memory_mib=10 * GIB, compute_pct=30, devices=2)))
+    assert d.outcome == "pending"
+    assert d.reason.startswith(
+        "mps: a share of each of 2 GPUs needs 2 empty GPUs, or the 2 GPUs of one MPS domain, "
+        "with 10GiB and the share asked for free on each; the most such now: 1; GPU 0 is an "
+        "MPS domain of its own: a share of each of 2 GPUs under MPS cannot join it"
+    ), d.reason
+    # with a third GPU, it takes the two empty ones, never GPU 0 with an empty one
+    s3 = Scheduler(nodes(3))
+    s3.submit(w("single", memory_mib=10 * GIB, compute_pct=30))
+    d = one(s3.submit(w("pair", memory_mib=10 * GIB, compute_pct=30, devices=2)))
+    assert (d.outcome, d.gpus) == ("placed", ("GPU-1", "GPU-2"))
+    # nor does a share of three GPUs join the domain of two
+    d = one(s3.submit(w("three", memory_mib=GIB, compute_pct=5, devices=3)))
+    assert d.outcome == "pending" and "GPU 1 is in the MPS domain of GPUs 1, 2" in d.reason
+    assert s3.state.violations(False, {}) == []
+
+
+def test_memory_and_compute_are_two_capacities_on_each_gpu_of_an_mps_domain() -> None:
+    s = Scheduler(nodes(2))
+    assert one(s.submit(w("x", memory_mib=100 * GIB, compute_pct=30, devices=2))).mode == "mps"
+    # 130 GiB and 90 % on each GPU: fits both capacities
+    assert one(s.submit(w("y", memory_mib=30 * GIB, compute_pct=60, devices=2))).outcome == (
+        "placed"
+    )
+    compute_over = one(s.submit(w("c", memory_mib=GIB, compute_pct=20, devices=2)))
+    memory_over = one(s.submit(w("m", memory_mib=12 * GIB, compute_pct=5, devices=2)))
+    for d in (compute_over, memory_over):
+        assert d.outcome == "pending" and d.reason.startswith("mps: a share of each of 2 GPUs")
+    assert one(s.submit(w("fits", memory_mib=10 * GIB, compute_pct=10, devices=2))).outcome == (
+        "placed"
+    )
+    assert [(g.compute_used, g.mem_used) for g in s.state.gpus] == [(100, 140 * GIB)] * 2
+    assert s.state.violations(False, {}) == []
+
+
+def test_tenants_share_an_mps_domain_only_where_allowed() -> None:
+    for allowed in (False, True):
+        s = Scheduler(nodes(2), OperatorSettings(mps_share_tenants=allowed))
+        s.submit(w("x", tenant="a", memory_mib=10 * GIB, compute_pct=30, devices=2))
+        d = one(s.submit(w("y", tenant="b", memory_mib=10 * GIB, compute_pct=30, devices=2)))
+        assert d.outcome == ("placed" if allowed else "pending"), d.reason
+        assert s.state.violations(allowed, {}) == []
+
+
+def test_an_mps_domain_is_restored_whole_or_not_at_all() -> None:
+    s = Scheduler(nodes(3))
+    spec = w("x", memory_mib=10 * GIB, compute_pct=30, devices=2)
+    d = one(s.submit(spec))
+    again = Scheduler(nodes(3))
+    again.restore(spec, d)
+    again.restore(w("y", memory_mib=10 * GIB, compute_pct=30, devices=2), d)  # the same GPUs
+    assert [g.mps_domain for g in again.state.gpus] == [(0, 1), (0, 1), ()]
+    # recorded on GPUs 1 and 2, across the domain of GPUs 0 and 1: it waits instead
+    other = Decision("a/z", "placed", mode="mps", gpus=("GPU-1", "GPU-2"))
+    again.restore(w("z", memory_mib=GIB, compute_pct=5, devices=2), other)
+    assert not again.allocations("a/z") and "a/z" in again.pending
+    assert again.state.violations(False, {}) == []
+
+
+def test_preemption_for_one_gpu_under_mps_leaves_no_domain_of_several_beside_it() -> None:
+    """Evicting the low-priority member of a two-GPU MPS domain leaves its other member there:
+    a one-GPU MPS workload still cannot join that GPU's daemon (found writing the domain rule:
+    preemption's own room check must know it)."""
+    s = Scheduler(nodes(2))
+    s.submit(w("keep", priority=100, memory_mib=10 * GIB, compute_pct=50, devices=2))
+    s.submit(w("low", priority=0, memory_mib=10 * GIB, compute_pct=50, devices=2))
+    d = one(s.submit(w("one", priority=50, memory_mib=10 * GIB, compute_pct=30)))
+    assert d.outcome == "pending" and not d.evicted
+    assert s.allocations("a/low") and s.state.violations(False, {}) == []
 
 
 def test_preemption_for_whole_gpus_takes_them_of_one_model() -> None:

@@ -399,11 +399,12 @@ def test_mps_pipe_directories_are_reachable_by_every_uid_and_logs_by_none(
     )
     started: list[dict[str, str]] = []  # the daemon's start recorded instead of run
     monkeypatch.setattr(mps.subprocess, "run", lambda *a, **k: started.append(k["env"]))
-    assert daemons.ensure("GPU-x")
-    pipe = daemons.pipe_dir("GPU-x")
+    gpu = mps.MpsDomain(("GPU-x",))
+    assert daemons.ensure(gpu)
+    pipe = daemons.pipe_dir(gpu)
     for d in (pipe, pipe.parent, daemons.root):
         assert d.stat().st_mode & 0o777 == 0o755, d
-    assert daemons.log_dir("GPU-x").stat().st_mode & 0o777 == 0o700
+    assert daemons.log_dir(gpu).stat().st_mode & 0o777 == 0o700
     assert started[0]["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
     assert started[0]["CUDA_MPS_LOG_DIRECTORY"] == str(tmp_path / "data/mps/GPU-x/log")
 

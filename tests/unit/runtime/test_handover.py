@@ -13,7 +13,7 @@ from gpufrac.model.workload import GpuRequest, WorkloadSpec, handed_env
 from gpufrac.planning.sched_decision import Decision
 from gpufrac.planning.sched_state import Allocation
 from gpufrac.runtime.handover import Handover
-from gpufrac.runtime.mps import MpsDaemons
+from gpufrac.runtime.mps import MpsDaemons, MpsDomain
 from gpufrac.runtime.runner import BindMount
 
 SPEC = WorkloadSpec(name="w", gpu=GpuRequest(memory_mib=4096), command=("true",))
@@ -67,6 +67,25 @@ def test_an_mps_workload_is_handed_the_pipe_directory_to_mount(
     assert grant.env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
     assert grant.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert grant.devices == (uuid,)
+
+
+def test_a_share_of_two_gpus_under_mps_is_handed_its_domains_daemon(tmp_path: Path) -> None:
+    """HAMi's nvidia.com/gpu: 2 with gpucores: both GPUs, the pipe of the one daemon serving them
+    together, its memory limit on each of its two devices, its thread percentage; its QoS domain
+    its first GPU's."""
+    two = open_simulated("h200:2", tmp_path / "data")
+    uuids = tuple(g.uuid for g in two.gpus())
+    allocs = [Allocation("default/w", "default", 0, i, "mps", 4096, 300, 30) for i in range(2)]
+    grant = _handover(two, tmp_path).grant(
+        SPEC, Decision("default/w", "placed", mode="mps", gpus=uuids), allocs
+    )
+    pipe = tmp_path / "mps" / MpsDomain(uuids).key / "pipe"
+    assert grant.devices == uuids and grant.env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+    assert grant.env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+    assert grant.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M,1=4096M"
+    assert grant.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert grant.env["GPUFRAC_QOS_DOMAIN"] == uuids[0]  # the arbiter: its first GPU's domain
+    assert grant.mounts[-1] == BindMount(pipe, str(pipe)) and grant.host_ipc
 
 
 def test_a_mig_workload_is_handed_its_instance_once_it_exists(
