@@ -24,6 +24,7 @@ from gpufrac.errors import InputError
 from gpufrac.model.catalog import ALIASES, catalog, lookup_model
 from gpufrac.model.manifest_fields import kind_of
 from gpufrac.model.manifest_types import (
+    LEAST_MILLI,
     CpusMilli,
     FractionMilli,
     Hint,
@@ -226,8 +227,14 @@ def _written_number(value: object, *, low: int, high: int | None, unit: str) -> 
     return value
 
 
+# The largest MiB an alias may name: twelve digits (about 0.9 EiB, far beyond any GPU), so that its
+# string form's pattern states the same range as the number's bounds.
+MAX_ALIAS_MIB = 10**12 - 1
+assert MAX_ALIAS_MIB <= MAX_SIZE_MIB
+
+
 def _alias_mib(value: object) -> int:
-    return _written_number(value, low=1, high=MAX_SIZE_MIB, unit=' of MiB (2000 or "2000")')
+    return _written_number(value, low=1, high=MAX_ALIAS_MIB, unit=' of MiB (2000 or "2000")')
 
 
 def _alias_percent(value: object) -> int:
@@ -252,25 +259,33 @@ def _digits_or(schema: dict[str, Any], pattern: str = r"^[0-9]+$") -> WithJsonSc
     return WithJsonSchema({"anyOf": [schema, {"type": "string", "pattern": pattern}]})
 
 
+# Each string form's pattern states the number's range, as the reader reads the digits (leading
+# zeros allowed): 1..999999999999 MiB, 1..100 percent, 1 GPU or more, and a fraction that rounds
+# to 1..999 milli-GPU (not below 0.0005, not from 0.9995 up; a digit before the point, as YAML and
+# JSON write numbers).
 AliasMiB = Annotated[
     int,
     PlainValidator(_alias_mib),
-    _digits_or({"type": "integer", "minimum": 1, "maximum": MAX_SIZE_MIB}),
+    _digits_or(
+        {"type": "integer", "minimum": 1, "maximum": MAX_ALIAS_MIB}, r"^0*[1-9][0-9]{0,11}$"
+    ),
 ]
 AliasPercent = Annotated[
     int,
     PlainValidator(_alias_percent),
-    _digits_or({"type": "integer", "minimum": 1, "maximum": 100}),
+    _digits_or({"type": "integer", "minimum": 1, "maximum": 100}, r"^0*([1-9][0-9]?|100)$"),
 ]
 AliasCount = Annotated[
-    int, PlainValidator(_alias_count), _digits_or({"type": "integer", "minimum": 1})
+    int,
+    PlainValidator(_alias_count),
+    _digits_or({"type": "integer", "minimum": 1}, r"^0*[1-9][0-9]*$"),
 ]
 AliasFraction = Annotated[
     int,
     PlainValidator(_alias_fraction),
     _digits_or(
-        {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
-        r"^(0?\.[0-9]+|0)$",
+        {"type": "number", "minimum": LEAST_MILLI, "exclusiveMaximum": 0.9995},
+        r"^0+\.(?!(0{1,3}|000[0-4][0-9]*)$)(?!999[5-9])[0-9]+$",
     ),
 ]
 

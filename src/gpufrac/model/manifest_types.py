@@ -271,6 +271,7 @@ LabelKey = Annotated[
     WithJsonSchema(
         {
             "type": "string",
+            "minLength": 1,
             "not": {"pattern": f"^({'|'.join(_any_case(k) for k in RESERVED_LABELS)})$"},
         }
     ),
