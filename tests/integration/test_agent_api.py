@@ -80,6 +80,11 @@ def test_bad_input_is_a_422_with_the_field_path_and_stores_nothing(agent: Runnin
     assert r.status_code == 422
     detail = r.json()["detail"][0]
     assert detail["loc"][:4] == ["doc", "2", "spec", "resources"] and detail["fix"]
+    # a key with dots (HAMi's nvidia.com/mig-1g.10gb) is one part of the location, not three
+    dotted = manifest("dots", [PY, "-c", "pass"], gpu="{nvidia.com/mig-1g.10gb: two}")
+    r = httpx.post(agent.url + "/api/v1/workloads", content=dotted, timeout=10)
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["spec", "resources", "gpu", "nvidia.com/mig-1g.10gb"]
     assert (
         httpx.get(agent.url + "/api/v1/workloads").json()["workloads"] == []
     )  # the good one neither

@@ -76,6 +76,7 @@ from gpufrac.errors import (
 from gpufrac.model.caller import ADMIN
 from gpufrac.model.deployment import DeploymentSpec, shown_spec
 from gpufrac.model.manifest import read_objects
+from gpufrac.model.manifest_errors import field_parts
 from gpufrac.model.mig import layout_from_json
 from gpufrac.model.workload import WorkloadSpec, spec_diff, spec_to_json
 from gpufrac.planning.sched_decision import Decision, Displacement, decision_to_json
@@ -135,10 +136,9 @@ def problem_answer(e: InputError) -> JSONResponse:
     """A 422 with one entry per problem (a manifest's are reported all at once)."""
     detail = []
     for err in e.errors:
-        loc = (err.field or "body").replace("]", "").replace("[", ".").split(".")
         detail.append(
             {
-                "loc": [p for p in loc if p],
+                "loc": field_parts(err.field or "body"),
                 "msg": err.message,
                 "fix": err.fix,
                 "type": "value_error",

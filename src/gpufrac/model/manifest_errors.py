@@ -11,6 +11,7 @@ location (the fields allowed there, with a "did you mean" for an unknown one).
 
 from __future__ import annotations
 
+import ast
 import difflib
 import inspect
 import types
@@ -62,6 +63,38 @@ def field_path(loc: Loc) -> str:
     for part in loc:
         where = f"{where}[{part}]" if isinstance(part, int) else join(where, part)
     return where
+
+
+def field_parts(path: str) -> list[str]:
+    """A field path's parts, the inverse of ``field_path`` (indexes as their digits):
+    ``spec.resources.gpu['nvidia.com/mig-1g.10gb']`` -> ``spec``, ``resources``, ``gpu``,
+    ``nvidia.com/mig-1g.10gb`` (a quoted key whole, its dots kept)."""
+    out: list[str] = []
+    i, n = 0, len(path)
+    while i < n:
+        if path[i] == ".":
+            i += 1
+        elif path.startswith(("['", '["'), i):
+            quote, j = path[i + 1], i + 2
+            while j < n and path[j] != quote:
+                j += 2 if path[j] == "\\" else 1
+            try:
+                out.append(str(ast.literal_eval(path[i + 1 : j + 1])))
+            except (ValueError, SyntaxError):
+                out.append(path[i + 2 : j])
+            i = j + 2  # past the quote and its ]
+        elif path[i] == "[":
+            j = path.find("]", i)
+            j = n if j < 0 else j
+            out.append(path[i + 1 : j])
+            i = j + 1
+        else:
+            j = i
+            while j < n and path[j] not in ".[":
+                j += 1
+            out.append(path[i:j])
+            i = j
+    return out
 
 
 def _one(e: ErrorDetails, root: Any) -> InputError:

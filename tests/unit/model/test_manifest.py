@@ -930,3 +930,22 @@ def test_a_manifest_at_its_bound_of_values_is_read() -> None:
     assert len(load_documents(many, source="body", max_values=900)) == 300
     with pytest.raises(InputError, match="more than 899 values"):
         load_documents(many, source="body", max_values=899)
+
+
+@pytest.mark.parametrize(
+    "loc",
+    [
+        ("spec", "resources", "gpu", "nvidia.com/mig-1g.10gb"),
+        ("spec", "command", 1),
+        ("metadata", "labels", "a'b.c]"),
+        ("metadata", "labels", ""),
+        ("spec", "node_selector", "zone!"),
+        ("doc", 2, "spec", 'q"[x]'),
+    ],
+)
+def test_a_field_path_reads_back_into_its_parts(loc: tuple[str | int, ...]) -> None:
+    """What a 422's ``loc`` lists: each key whole (dots, quotes and brackets in it kept), an
+    index as its digits."""
+    from gpufrac.model.manifest_errors import field_parts, field_path
+
+    assert field_parts(field_path(loc)) == [str(p) for p in loc]
