@@ -12,7 +12,7 @@ import httpx
 from tests.integration.conftest import TOKENS, RunningAgent
 
 PY = sys.executable
-REPORT = "from gpufrac import sdk; import time; sdk.report_gpu_memory(1500); time.sleep(60)"
+REPORT = "from gpufrac import sdk; import time; sdk.report_gpu_use(1500, 20); time.sleep(60)"
 
 
 def h(who: str) -> dict[str, str]:
@@ -54,6 +54,7 @@ def test_gpus_show_each_workload_where_it_runs_and_anonymise_other_tenants(
         if all(
             seen.get(n, ({}, {}))[1].get("used_memory_mib") == 1500
             and seen[n][1]["phase"] == "running"
+            and (n != "embed" or seen[n][1]["sm_percent"] == 20)
             for n in ("embed", "train")
         ):
             break
@@ -70,7 +71,8 @@ def test_gpus_show_each_workload_where_it_runs_and_anonymise_other_tenants(
         "memory_mib": 8192,
         "compute_pct": 30,
         "used_memory_mib": 1500,
-        "sm_percent": None,  # NVML gives only the MPS server's, and no SDK timings were sent
+        # NVML's sample under MPS is the server's; its one client here is embed's: it is embed's
+        "sm_percent": 20,
     }
     assert gpu["reserved_memory_mib"] == 8192 and gpu["reserved_compute_pct"] == 30
     assert gpu["node"] and gpu["cordoned"] is None
