@@ -22,7 +22,20 @@ def request_warnings(spec: WorkloadSpec, mig: MigProfile | None = None) -> list[
     asked = spec.gpu.memory_mib
     if asked is None:
         return out
-    if mig is not None and mig.memory_mib is not None and mig.memory_mib >= OVERSIZE * asked:
+    if mig is None or mig.memory_mib is None or mig.memory_mib < OVERSIZE * asked:
+        return out
+    pct = spec.gpu.compute_pct
+    if pct is not None and spec.sharing == "auto":
+        # a MIG instance has whole compute slices: a 30% cap takes 3 of an H200's 7, and their
+        # memory with them
+        out.append(
+            f"{FIELD}: {asked:,} MiB with a {pct}% compute cap takes a MIG {mig.name} "
+            f"({format_mib(mig.memory_mib)}, {mig.memory_mib / asked:.1f}x the memory asked): "
+            f"sharing: auto takes a MIG instance first, and {mig.name} is the smallest with "
+            f"that memory and {pct}% of the compute; for a {pct}% cap on a shared GPU (MPS, as "
+            "HAMi's gpucores is) set sharing: mps"
+        )
+    else:
         out.append(
             f"{FIELD}: {asked:,} MiB takes a MIG {mig.name} ({format_mib(mig.memory_mib)}), "
             f"{mig.memory_mib / asked:.1f}x what was asked; a profile's size (like the 18gb of "

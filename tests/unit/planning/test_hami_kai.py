@@ -282,3 +282,25 @@ def test_scheduler_and_planner_agree_on_every_model_and_need() -> None:
 def _slices(model: GpuModel, pct: int) -> int:
     """A compute cap as compute slices, as docs/scheduler.md says: rounded up."""
     return -(-pct * model.compute_slices // 100)
+
+
+def test_a_hami_compute_cap_that_auto_puts_on_mig_is_warned_of_with_sharing_mps(
+    tmp_path: Path,
+) -> None:
+    """HAMi's 3000 MiB with gpucores 30 on a fleet with a MIG GPU: auto takes a MIG instance
+    first, the smallest with 30% of the compute (3g.71gb on an H200); apply's warning says so and
+    names sharing: mps, under which it is an MPS share of the other GPU, and no warning."""
+    hami = "{nvidia.com/gpu: 1, nvidia.com/gpumem: 3000, nvidia.com/gpucores: 30}"
+    sched, decisions = schedule(tmp_path, "h200:1:mig,h200:1", doc("auto", hami))
+    d = decisions["default/auto"]
+    assert d.mode == "mig" and d.mig is not None and d.mig.profile == "3g.71gb"
+    spec = next(s for s in _workloads(_load([tmp_path / "m.yaml"])))
+    (warning,) = sched.warnings(spec, d)
+    assert "3,000 MiB with a 30% compute cap takes a MIG 3g.71gb" in warning
+    assert warning.endswith("set sharing: mps")
+    mps = doc("mps", hami).replace("  resources:", "  sharing: mps\n  resources:")
+    sched, decisions = schedule(tmp_path, "h200:1:mig,h200:1", mps)
+    d = decisions["default/mps"]
+    assert d.mode == "mps" and d.mig is None
+    spec = next(s for s in _workloads(_load([tmp_path / "m.yaml"])))
+    assert sched.warnings(spec, d) == []
