@@ -97,7 +97,7 @@ class Executor:
 
     # -- decisions ------------------------------------------------------------------------------
 
-    def _bound_mps(self, domain: MpsDomain, gpu_uuid: str, mig: MigPlacement | None) -> None:
+    def bound_mps(self, domain: MpsDomain, gpu_uuid: str, mig: MigPlacement | None) -> None:
         """The MPS servers of ``domain``'s daemon bounded to the largest limits among its MPS
         workloads, so none lifts its limits (handed in its environment) past them
         (runtime/mps.py). Its workloads are those under MPS on its first GPU ``gpu_uuid`` (in the
@@ -272,12 +272,12 @@ class Executor:
         if decision.mode == "mps" and domain is not None:
             if self.mps.enabled:
                 self._clear_mps(domain)
-            if self.mps.ensure(domain):
+            if self.mps.ensure(domain) == "started":  # not for each workload that joins it
                 serving = "" if len(domain.devices) == 1 else f", serving {domain.describe()}"
                 self.store.record_event(
                     "mps_started", domain.devices[0], f"MPS control daemon started{serving}"
                 )
-            self._bound_mps(domain, decision.gpus[0], decision.mig)
+            self.bound_mps(domain, decision.gpus[0], decision.mig)
         attempt = len(attempts) + 1
         allocs = self.scheduler.allocations(a.workload)
         handed = self.handover.grant(spec, decision, allocs)

@@ -46,7 +46,10 @@ class GpuCare:
         """An MPS daemon whose domain has no MPS workload left is stopped: a GPU's, where no MPS
         workload is on that GPU alone; a MIG instance's shared inside, where none shares it
         under MPS; one serving several GPUs together, where no MPS workload is on exactly those
-        (runtime/mps.py, MPS domains)."""
+        (runtime/mps.py, MPS domains). One that still has workloads gets its server-side limits
+        set again to the largest of those left (lowered once a larger workload has gone: the
+        next client of a server the daemon runs can then raise its own no further; the bounds
+        are only sent where they change)."""
         if not self.mps.enabled:
             return
         st = self.scheduler.state
@@ -56,19 +59,21 @@ class GpuCare:
             if self.mps.running(alone) and frozenset(alone.devices) not in busy:
                 self.mps.stop(alone)
                 self.store.record_event("mps_stopped", g.uuid, "no MPS workload left")
+            elif self.mps.running(alone):
+                self.executor.bound_mps(alone, g.uuid, None)
             if not g.mig:
                 continue
             for inst in self.dev.gpu(g.uuid).instances:
                 nest = g.nests.get(inst.placement)
-                if (
-                    inst.uuid
-                    and self.mps.running(MpsDomain((inst.uuid,)))
-                    and (nest is None or nest.mode != "mps")
-                ):
+                if not inst.uuid or not self.mps.running(MpsDomain((inst.uuid,))):
+                    continue
+                if nest is None or nest.mode != "mps":
                     self.mps.stop(MpsDomain((inst.uuid,)))
                     self.store.record_event(
                         "mps_stopped", inst.uuid, f"no MPS workload left on MIG {inst.placement}"
                     )
+                else:
+                    self.executor.bound_mps(MpsDomain((inst.uuid,)), g.uuid, inst.placement)
         for domain in self.mps.domains():
             if frozenset(domain.devices) not in busy:
                 self.mps.stop(domain)
@@ -77,6 +82,8 @@ class GpuCare:
                     domain.devices[0],
                     f"no MPS workload left on {domain.describe()}",
                 )
+            else:
+                self.executor.bound_mps(domain, domain.devices[0], None)
 
     # -- cordon, drain, health ------------------------------------------------------------------
 

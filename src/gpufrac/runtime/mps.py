@@ -59,6 +59,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 CONTROL = "nvidia-cuda-mps-control"
 ALL_THREADS = 100
@@ -167,12 +168,14 @@ class MpsDaemons:
         found += [o for o in self.domains() if o.key != domain.key and mine & set(o.devices)]
         return found
 
-    def ensure(self, domain: MpsDomain) -> bool:
-        """Start the domain's daemon if it is not running; False where no daemon can be started."""
+    def ensure(self, domain: MpsDomain) -> Literal["started", "running", "off"]:
+        """Start the domain's daemon if it is not running: ``started`` (it was started now),
+        ``running`` (it ran already), ``off`` (no daemon can be started: MPS off or its control
+        program missing)."""
         if not self.enabled:
-            return False
+            return "off"
         if self.running(domain):
-            return True
+            return "running"
         for d in (self.root, self.root / domain.key, self.pipe_dir(domain)):
             d.mkdir(parents=True, exist_ok=True)
             d.chmod(0o755)  # clients of any uid connect; only the agent's user writes here
@@ -190,7 +193,7 @@ class MpsDaemons:
         assert self.control is not None
         subprocess.run([self.control, "-d"], env=env, check=True, timeout=30)
         self._limits.pop(domain.key, None)  # a new daemon: its defaults are set anew
-        return True
+        return "started"
 
     def bound(self, domain: MpsDomain, memory_mib: int, compute_pct: int | None) -> list[str]:
         """Set the server-side limits of the domain's daemon: the defaults for the next server it

@@ -359,6 +359,23 @@ def test_mps_workloads_get_the_mps_environment(data_dir: Path, dev: NvmlDevices)
     assert "CUDA_MPS_LOG_DIRECTORY" not in state_env(agent, "default/m")
     # simulated GPUs: the stand-in control daemon on the simulation's PATH was started
     assert agent.mps.enabled and "mps_started" in [e.kind for e in agent.store.events()]
+    # two more on the daemon's GPU at once: it is started once for them, not once each
+    before = [e.kind for e in agent.store.events()].count("mps_started")
+    for name in ("m2", "m3"):
+        agent.apply_workload(
+            job(
+                name,
+                "import time; time.sleep(30)",
+                gpu=GpuRequest(memory_mib=4096, compute_pct=25),
+                sharing="mps",
+            )
+        )
+    placed = [settle(agent, f"default/{n}", {"running"}).decision for n in ("m2", "m3")]
+    assert len({tuple(d.gpus) for d in placed if d is not None}) == 1  # one GPU, one daemon
+    assert [e.kind for e in agent.store.events()].count("mps_started") == before + 1
+    for name in ("m2", "m3"):
+        agent.delete("default", name)
+    agent.close()
 
 
 def test_mps_servers_are_bounded_to_the_largest_limits_of_their_gpu(
@@ -382,7 +399,19 @@ def test_mps_servers_are_bounded_to_the_largest_limits_of_their_gpu(
     ]
     assert "set_default_device_pinned_mem_limit 0 4096M" in sent  # when only a ran
     assert state_env(agent, "default/a")["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
-    assert agent.delete("default", "a") and agent.delete("default", "b")
+    # the larger one gone, the daemon's bounds come down to a's at the next upkeep: a client a
+    # server starts for it later could otherwise raise its own limits to b's
+    assert agent.delete("default", "b")
+    agent.gpu_care.stop_idle_mps()
+    sent = [json.loads(line)["command"] for line in log.read_text().splitlines()]
+    assert sent[-3:] == [
+        "get_server_list",
+        "set_default_active_thread_percentage 20",
+        "set_default_device_pinned_mem_limit 0 4096M",
+    ]
+    agent.gpu_care.stop_idle_mps()  # nothing changed: nothing sent
+    assert len(log.read_text().splitlines()) == len(sent)
+    assert agent.delete("default", "a")
 
 
 def test_mps_pipe_directories_are_reachable_by_every_uid_and_logs_by_none(
@@ -400,7 +429,7 @@ def test_mps_pipe_directories_are_reachable_by_every_uid_and_logs_by_none(
     started: list[dict[str, str]] = []  # the daemon's start recorded instead of run
     monkeypatch.setattr(mps.subprocess, "run", lambda *a, **k: started.append(k["env"]))
     gpu = mps.MpsDomain(("GPU-x",))
-    assert daemons.ensure(gpu)
+    assert daemons.ensure(gpu) == "started"
     pipe = daemons.pipe_dir(gpu)
     for d in (pipe, pipe.parent, daemons.root):
         assert d.stat().st_mode & 0o777 == 0o755, d

@@ -54,9 +54,10 @@ def test_a_domain_of_one_device_keeps_its_uuid_and_one_of_several_a_stable_diges
 
 def test_one_daemon_serves_a_domain_of_two_gpus(tmp_path: Path, daemons: MpsDaemons) -> None:
     pair = MpsDomain(("GPU-a", "GPU-b"))
-    assert daemons.ensure(pair)
+    assert daemons.ensure(pair) == "started"
     pipe = daemons.pipe_dir(pair)
     assert pipe == tmp_path / "shared/mps" / pair.key / "pipe"
+    assert daemons.ensure(pair) == "running"  # a second client: no second start
     (started,) = log_of(tmp_path / "bin")
     assert (started["command"], started["visible"], started["pipe"]) == (
         "-d",
