@@ -314,11 +314,15 @@ def _mig_resources(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]
                         )
                     ),
                 )
-            if _alias_count(value) != 1:
-                raise problem(
-                    f"asks for {value} MIG instances",
-                    f"a workload gets one MIG instance: write {key}: 1",
+            if isinstance(value, bool) or value not in (1, "1"):
+                asked = (
+                    f"asks for {value} MIG instances"
+                    if isinstance(value, int | str)
+                    and not isinstance(value, bool)
+                    and is_digits(str(value))
+                    else f"is {kind_of(value)}, not a count of 1"
                 )
+                raise problem(asked, f"a workload gets one MIG instance: write {key}: 1")
         except PydanticCustomError as exc:
             broken.append(((key,), str(exc), str((exc.context or {}).get("fix", ""))))
     if len(found) > 1 and not broken:
@@ -367,7 +371,10 @@ def _gpu_json_schema(schema: dict[str, Any]) -> None:
         *pairs(names["fraction"], [*names["memory"], *names["memory_percent"], *names["compute"]]),
     ]
     schema["not"] = {"anyOf": broken}
-    schema["patternProperties"] = {MIG_KEY: {"enum": [1, "1"]}}
+    # a key naming a profile some model has (any other nvidia.com/mig-... key is refused, as
+    # an unknown field, by additionalProperties), asking for 1
+    key = r"^nvidia\.com/mig-" + PROFILE_PATTERN.removeprefix("^")
+    schema["patternProperties"] = {key: {"enum": [1, "1"]}}
 
 
 class Gpu(Strict):

@@ -117,7 +117,8 @@ def _schema(adapter: TypeAdapter[Any], title: str, description: str) -> dict[str
 BEYOND = (
     "the reader also refuses: a name used twice (one name per tenant, across every document and "
     "file given together); a field and its alias that ask for different amounts (memory: 1Gi "
-    "with gpumem: 2048)"
+    "with gpumem: 2048); one HAMi MIG resource key at most (nvidia.com/mig-1g.18gb: 1 with "
+    "nvidia.com/mig-2g.35gb: 1: JSON Schema cannot count the keys a pattern matches)"
 )
 
 

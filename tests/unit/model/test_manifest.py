@@ -282,6 +282,24 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
     assert all(name in err.message for name in names)
 
 
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("two", "is a string ('two'), not a count of 1"),
+        (True, "is a boolean (true), not a count of 1"),
+        (2, "asks for 2 MIG instances"),
+        ("0", "asks for 0 MIG instances"),
+    ],
+)
+def test_a_hami_mig_resource_other_than_1_is_told_to_write_1(value: object, message: str) -> None:
+    """Its fix is the one value it takes, not a count of GPUs (2 would be refused in turn)."""
+    key = "nvidia.com/mig-1g.10gb"
+    err = error_of(dump(doc(gpu(**{key: value}))))
+    assert err.field == f"spec.resources.gpu['{key}']"
+    assert err.message == message
+    assert err.fix == f"a workload gets one MIG instance: write {key}: 1"
+
+
 # --- errors: each at its exact field -------------------------------------------------------------
 
 

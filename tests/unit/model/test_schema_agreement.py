@@ -216,6 +216,16 @@ CASES: dict[str, list[str]] = {
     "gpu-fraction '.5'": [workload("{gpu-fraction: '.5'}")],
     "gpu-fraction '1'": [workload("{gpu-fraction: '1'}")],
     "label key ''": [workload(meta="labels: {'': x}")],
+    # HAMi's MIG resource keys
+    "nvidia.com/mig-1g.18gb 1": [workload("{nvidia.com/mig-1g.18gb: 1}")],
+    "nvidia.com/mig-1g.18gb '1'": [workload("{nvidia.com/mig-1g.18gb: '1'}")],
+    "nvidia.com/mig-1G.18GB 1": [workload("{nvidia.com/mig-1G.18GB: 1}")],
+    "nvidia.com/mig-1g.18gb 2": [workload("{nvidia.com/mig-1g.18gb: 2}")],
+    "nvidia.com/mig-9g.999gb 1": [workload("{nvidia.com/mig-9g.999gb: 1}")],
+    "nvidia.com/mig-1g.18gb+gfx 1": [workload("{nvidia.com/mig-1g.18gb+gfx: 1}")],
+    "nvidia.com/mig-1g.18gb+me 1": [workload("{nvidia.com/mig-1g.18gb+me: 1}")],
+    "nvidia.com/mig-1c.3g.71gb 1": [workload("{nvidia.com/mig-1c.3g.71gb: 1}")],
+    "two nvidia.com/mig keys": [workload("{nvidia.com/mig-1g.18gb: 1, nvidia.com/mig-2g.35gb: 1}")],
     # choices as words
     "type Service": [workload(spec="type: Service")],
     "sharing ' mps '": [workload(spec="sharing: ' mps '")],
@@ -228,6 +238,7 @@ BEYOND_THE_SCHEMA = {
     "same name in two files": "one name per tenant, across every document and file",
     "same deployment in two files": "one name per tenant, across every document and file",
     "a field and its alias, disagreeing": "a field and its alias that ask for different amounts",
+    "two nvidia.com/mig keys": "one HAMi MIG resource key at most",
 }
 
 
