@@ -452,6 +452,18 @@ def milli(value: object, *, maximum: int | None, fix: str) -> int:
         out = int((Decimal(str(value)) * 1000).to_integral_value(rounding=ROUND_HALF_UP))
     except (InvalidOperation, ValueError, OverflowError):
         raise problem(f"{value} is not a finite number", fix) from None
+    # within the range as written, outside it once rounded to thousandths: say so
+    if 0 < value and out < 1:
+        raise problem(
+            f"{value} comes to nothing: amounts are counted in thousandths, rounded",
+            "write 0.0005 or more (a thousandth, once rounded)",
+        )
+    if maximum is not None and out > maximum and value <= maximum / 1000 + 0.001:
+        raise problem(
+            f"{value} comes to {out / 1000:g} once rounded to thousandths, above "
+            f"{maximum / 1000:g}",
+            f"write less than {(maximum + 0.5) / 1000:g}",
+        )
     if out < 1 or (maximum is not None and out > maximum):
         raise problem(f"{value} is out of range", fix)
     return out

@@ -283,6 +283,22 @@ def test_field_and_alias_disagreeing_is_an_error_naming_both(
 
 
 @pytest.mark.parametrize(
+    ("field", "value", "message", "fix"),
+    [
+        ("fraction", 0.0004, "0.0004 comes to nothing", "write 0.0005 or more"),
+        ("gpu-fraction", "0.0004", "0.0004 comes to nothing", "write 0.0005 or more"),
+        ("fraction", 0.9995, "0.9995 comes to 1 once rounded", "write less than 0.9995"),
+        ("fraction", 1.5, "1.5 is out of range", "write a number between 0 and 1"),
+    ],
+)
+def test_a_fraction_between_0_and_1_that_rounds_out_of_range_says_so(
+    field: str, value: object, message: str, fix: str
+) -> None:
+    err = error_of(dump(doc(gpu(**{field: value}))))
+    assert err.message.startswith(message) and err.fix is not None and err.fix.startswith(fix)
+
+
+@pytest.mark.parametrize(
     ("value", "message"),
     [
         ("two", "is a string ('two'), not a count of 1"),
