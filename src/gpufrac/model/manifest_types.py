@@ -453,7 +453,7 @@ def milli(value: object, *, maximum: int | None, fix: str) -> int:
     except (InvalidOperation, ValueError, OverflowError):
         raise problem(f"{value} is not a finite number", fix) from None
     # within the range as written, outside it once rounded to thousandths: say so
-    if 0 < value and out < 1:
+    if value > 0 and out < 1:
         raise problem(
             f"{value} comes to nothing: amounts are counted in thousandths, rounded",
             "write 0.0005 or more (a thousandth, once rounded)",
