@@ -21,6 +21,21 @@ from prometheus_client.metrics_core import Metric
 from gpufrac.cluster.control import ControlPlane
 from gpufrac.runtime.metrics_family import Family
 
+STATE_HELP = "1 for the workload's current phase."  # as a node's agent gives it (runtime.metrics)
+
+
+def waiting_here(control: ControlPlane) -> list[tuple[str, str]]:
+    """(tenant, name) of each workload the control plane holds waiting: placed on no node and not
+    ended. Its ``gpufrac_workload_state`` is the control plane's to give (no node has it), beside
+    the nodes' relayed series of that name (``cluster.metrics_relay``)."""
+    with control.lock:
+        core = control.core
+        return [
+            (w.tenant, w.name)
+            for w in control.store.workloads()
+            if w.key not in core.assigned and w.key not in core.ended
+        ]
+
 
 class ControlCollector:
     def __init__(self, control: ControlPlane) -> None:

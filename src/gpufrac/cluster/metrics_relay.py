@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from gpufrac.cluster.control import ControlPlane
+from gpufrac.cluster.metrics import STATE_HELP, waiting_here
 from gpufrac.runtime.metrics_family import Family
 
 NODE_TIMEOUT_S = 3.0
@@ -83,6 +84,21 @@ class NodeMetricsRelay:
                         Sample(s.name, {**s.labels, "node": node}, s.value, s.timestamp)
                         for s in family.samples
                     )
+        # what waits at the control plane is on no node: its phase is the control plane's to say,
+        # in the same family as the nodes' (no Hostname, no node label)
+        waiting = waiting_here(self.control)
+        if waiting:
+            state = merged.setdefault(
+                "gpufrac_workload_state", Metric("gpufrac_workload_state", STATE_HELP, "gauge")
+            )
+            state.samples.extend(
+                Sample(
+                    "gpufrac_workload_state",
+                    {"tenant": tenant, "workload": name, "phase": "pending"},
+                    1.0,
+                )
+                for tenant, name in waiting
+            )
         yield up.metric
         yield from merged.values()
 
