@@ -85,6 +85,23 @@ def test_bad_input_is_a_422_with_the_field_path_and_stores_nothing(agent: Runnin
     r = httpx.post(agent.url + "/api/v1/workloads", content=dotted, timeout=10)
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == ["spec", "resources", "gpu", "nvidia.com/mig-1g.10gb"]
+    # a lone surrogate (no character) is refused, named: stored, every list naming it was a 500
+    lone = (
+        '{"apiVersion": "gpufrac/v1", "kind": "Workload", "metadata": {"name": "s", "labels": '
+        '{"\\ud800": "v"}}, "spec": {"command": ["a"], "resources": {"gpu": {"memory": "1Gi"}}}}'
+    )
+    r = httpx.post(
+        agent.url + "/api/v1/workloads",
+        content=lone,
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == [
+        "metadata",
+        "labels",
+        "\\ud800",
+    ]
+    assert httpx.get(agent.url + "/api/v1/workloads").status_code == 200
     assert (
         httpx.get(agent.url + "/api/v1/workloads").json()["workloads"] == []
     )  # the good one neither

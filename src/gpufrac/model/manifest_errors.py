@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+import re
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -65,6 +66,9 @@ def field_path(loc: Loc) -> str:
     return where
 
 
+_NO_CHARACTER = re.compile("[\ud800-\udfff]")
+
+
 def field_parts(path: str) -> list[str]:
     """A field path's parts, the inverse of ``field_path`` (indexes as their digits):
     ``spec.resources.gpu['nvidia.com/mig-1g.10gb']`` -> ``spec``, ``resources``, ``gpu``,
@@ -79,9 +83,13 @@ def field_parts(path: str) -> list[str]:
             while j < n and path[j] != quote:
                 j += 2 if path[j] == "\\" else 1
             try:
-                out.append(str(ast.literal_eval(path[i + 1 : j + 1])))
+                key = str(ast.literal_eval(path[i + 1 : j + 1]))
             except (ValueError, SyntaxError):
-                out.append(path[i + 2 : j])
+                key = path[i + 2 : j]
+            # a key that is no text (a lone surrogate) stays as its escape: JSON holds no such
+            out.append(
+                key if key.isprintable() or not _NO_CHARACTER.search(key) else path[i + 2 : j]
+            )
             i = j + 2  # past the quote and its ]
         elif path[i] == "[":
             j = path.find("]", i)

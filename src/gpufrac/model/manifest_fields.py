@@ -190,6 +190,24 @@ def _nul(where: str) -> InputError:
     )
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _bad_text(text: str, where: str) -> InputError | None:
+    """A NUL character, or a lone UTF-16 surrogate (a JSON or YAML ``\\ud800`` escape without its
+    pair: no character, so no UTF-8 can hold it and nothing could show the value), in ``text``."""
+    if "\x00" in text:
+        return _nul(where)
+    if _SURROGATE.search(text):
+        return InputError(
+            "holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair), which is"
+            " no character",
+            field=where or None,
+            fix="write the character itself, or both halves of its surrogate pair",
+        )
+    return None
+
+
 def _check_document(node: yaml.Node, max_chars: int, notes: list[str] | None = None) -> None:
     """Refuse a document whose value, with every alias expanded, has more than ``MAX_NODES`` nodes
     or ``max_chars`` characters of scalars, or is nested more than ``MAX_DEPTH`` deep (the walk
@@ -222,8 +240,8 @@ def _check_document(node: yaml.Node, max_chars: int, notes: list[str] | None = N
                 raise _too_large(where)
             if n.tag == _FLOAT_TAG and not math.isfinite(_yaml_float(n.value)):
                 raise _not_finite(where)
-            if "\x00" in n.value:
-                raise _nul(where)
+            if bad := _bad_text(n.value, join(where, n.value) if is_key else where):
+                raise bad
             if notes is not None and (differs := _yaml11_differs(n)):
                 at = f"{join(where, n.value)} (the key)" if is_key else where
                 found.add((n.start_mark.line, n.start_mark.column, f"{at}: {differs}"))
@@ -265,12 +283,12 @@ def _check_json(value: Any) -> None:
             raise _not_finite(where)
         if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**MAX_INT_DIGITS:
             raise _too_large(where)
-        if isinstance(v, str) and "\x00" in v:
-            raise _nul(where)
+        if isinstance(v, str) and (bad := _bad_text(v, where)):
+            raise bad
         if isinstance(v, dict):
             for k in v:
-                if "\x00" in k:
-                    raise _nul(where)
+                if bad := _bad_text(k, join(where, k)):
+                    raise bad
             stack.extend((x, join(where, k)) for k, x in v.items())
         elif isinstance(v, list):
             stack.extend((x, f"{where}[{i}]") for i, x in enumerate(v))

@@ -895,13 +895,36 @@ def test_aliases_within_the_bounds_still_work() -> None:
     [
         ('spec: {command: [python, "-c\\0"]}', "spec.command[1]"),
         ('spec: {env: {A: "x\\0y"}}', "spec.env.A"),
-        ('{"spec": {"env": {"A\\u0000": "x"}}}', "spec.env"),
+        ('{"spec": {"env": {"A\\u0000": "x"}}}', "spec.env['A\\x00']"),
     ],
 )
 def test_a_nul_character_is_refused_where_it_is(text: str, field: str) -> None:
     with pytest.raises(InputError) as exc:
         load_documents(text, source="f")
     assert exc.value.field == field and "NUL" in exc.value.message
+
+
+@pytest.mark.parametrize(
+    ("where", "field"),
+    [
+        ('"labels": {"\\ud800": "v"}', "metadata.labels['\\ud800']"),
+        ('"labels": {"k": "\\udfff"}', "metadata.labels.k"),
+        ('"labels": {"\\u0000": "v"}', "metadata.labels['\\x00']"),
+    ],
+)
+def test_a_lone_surrogate_in_json_is_refused_where_it_is(where: str, field: str) -> None:
+    """A JSON \\ud800 escape without its pair is no character: stored, no answer naming the
+    workload could be written as UTF-8 (each was a 500). Refused, named by its path."""
+    body = (
+        '{"apiVersion": "gpufrac/v1", "kind": "Workload", "metadata": {"name": "x", '
+        + where
+        + '}, "spec": {"command": ["a"], "resources": {"gpu": {"memory": "1Gi"}}}}'
+    )
+    with pytest.raises(InputError) as exc:
+        read_objects(body)
+    assert exc.value.field == field
+    assert ("surrogate" if "ud" in where else "NUL") in exc.value.message
+    assert all(not 0xD800 <= ord(c) <= 0xDFFF for c in str(exc.value.field))
 
 
 @pytest.mark.parametrize(
