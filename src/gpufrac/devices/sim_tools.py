@@ -4,7 +4,10 @@
 named pipe is there while it runs) and keeps there the devices it serves: those of its
 ``CUDA_VISIBLE_DEVICES`` (one or several, comma-separated, as the real daemon serves them:
 remapped to its clients as device 0, 1, ...). Commands read on stdin are answered as by a daemon
-with no server running (``get_server_list`` prints nothing; ``quit`` removes ``control``); a
+with one server running, whose pid (``mps_server_pid`` of the pipe directory, past Linux's
+largest: no process has it) the simulated NVML lists while the daemon has clients
+(``get_server_list`` prints it: a real daemon starts its server for its first client; ``quit``
+removes ``control``); a
 device ordinal (``set_default_device_pinned_mem_limit DEV VALUE``, ``set_device_pinned_mem_limit
 PID DEV VALUE``) must be one of the daemon's devices, and a command malformed or naming a device
 it does not serve is answered with an error line and recorded with ``error``. Every call is
@@ -17,14 +20,23 @@ from __future__ import annotations
 
 import os
 import sys
+import zlib
 from pathlib import Path
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 MPS_LOG = "mps-control.log"
+MPS_SERVER_PID = 1 << 22  # Linux's PID_MAX_LIMIT: no process has this pid or one above it
+
+
+def mps_server_pid(pipe: str) -> int:
+    """The pid the simulation gives the MPS server of the daemon at pipe directory ``pipe`` (the
+    stand-in's ``get_server_list`` and the simulated NVML's process list agree on it)."""
+    return MPS_SERVER_PID + 64 * (zlib.crc32(pipe.encode()) & 0xFFFFF)
+
 
 _MPS_STANDIN = '''#!{python} -S
 """A stand-in for nvidia-cuda-mps-control on simulated GPUs (gpufrac.devices.sim_tools)."""
-import json, os, sys, time
+import json, os, sys, time, zlib
 
 here = os.path.dirname(os.path.abspath(__file__))
 pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
@@ -91,6 +103,8 @@ for line in sys.stdin:
     if error is not None:
         print("error: " + error)
         continue
+    if command == "get_server_list" and served() != 0:
+        print({server_pid} + 64 * (zlib.crc32(pipe.encode()) & 0xFFFFF))
     if command == "quit":
         try:
             os.unlink(os.path.join(pipe, "control"))
@@ -103,7 +117,7 @@ def write_sim_tools(directory: Path) -> Path:
     """Write the stand-ins into ``directory`` (once; kept as they are after) and return it."""
     directory.mkdir(parents=True, exist_ok=True)
     program = directory / MPS_CONTROL
-    text = _MPS_STANDIN.format(python=sys.executable, log=MPS_LOG)
+    text = _MPS_STANDIN.format(python=sys.executable, log=MPS_LOG, server_pid=MPS_SERVER_PID)
     if not program.exists() or program.read_text() != text:
         tmp = directory / f".{MPS_CONTROL}.{os.getpid()}"
         tmp.write_text(text)

@@ -188,6 +188,7 @@ class SimulatedFleet:
                     "gi_id": int(gi) if is_digits(gi) else None,
                     "ci_id": 0 if is_digits(gi) else None,
                     "mps": _mps_client(env),
+                    "mps_pipe": env.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps",
                     "sm_util": sm,
                     # its tensor pipes busy: a part of its SMs' busy time
                     "tensor_util": max(0, min(sm, tensor)),

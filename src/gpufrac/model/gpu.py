@@ -129,16 +129,23 @@ class GpuState:
     # PCI subsystem device and vendor id, 0xSSSSVVVV (the board maker's); "unknown" where not read
     pci_subsystem_id: str = "unknown"
 
-    def mps_sm_of(self, pids: set[int], sm_by_pid: dict[int, int]) -> int | None:
+    def mps_sm_of(
+        self, pids: set[int], sm_by_pid: dict[int, int], servers: frozenset[int]
+    ) -> int | None:
         """The SM use of the MPS clients ``pids`` on this GPU (outside MIG) where NVML's reading
         is theirs alone: under MPS NVML gives one sample, the MPS server's, with all its clients'
         use summed, so it is theirs only where every MPS client here is one of ``pids``. None
-        otherwise (other clients share the server: no one's own share can be read)."""
+        otherwise (other clients share the server: no one's own share can be read). Only the
+        ``servers`` their control daemon lists count: a process named like one proves nothing."""
         clients = {p.pid for p in self.processes if p.mps == "client" and p.gi_id is None}
-        servers = [p.pid for p in self.processes if p.mps == "server" and p.gi_id is None]
-        if not clients or not servers or not clients <= pids:
+        servers_here = [
+            p.pid
+            for p in self.processes
+            if p.mps == "server" and p.gi_id is None and p.pid in servers
+        ]
+        if not clients or not servers_here or not clients <= pids:
             return None
-        return min(100, sum(sm_by_pid.get(pid, 0) for pid in servers))
+        return min(100, sum(sm_by_pid.get(pid, 0) for pid in servers_here))
 
     @classmethod
     def lost(cls, index: int, *, simulated: bool = False) -> GpuState:

@@ -119,6 +119,22 @@ class Executor:
         )
         self.mps.bound(domain, max(a.memory_mib for a in allocs), pct)
 
+    def mps_domains(self) -> dict[str, MpsDomain]:
+        """Per GPU UUID, the MPS domain its MPS workloads (outside MIG) are in (read with the
+        agent's lock held; their servers, ``MpsDaemons.server_pids``, may be asked after)."""
+        st = self.scheduler.state
+        return {
+            g.uuid: MpsDomain(tuple(st.gpus[i].uuid for i in g.mps_domain))
+            for g in st.gpus
+            if g.mps_domain
+        }
+
+    def mps_servers(self, gpu_uuid: str) -> frozenset[int]:
+        """The MPS servers the daemon of the GPU's MPS domain lists (outside MIG): the only ones
+        whose NVML reading is taken as their clients' (``GpuState.mps_sm_of``)."""
+        domain = self.mps_domains().get(gpu_uuid)
+        return frozenset() if domain is None else self.mps.server_pids(domain)
+
     def _mps_users(self, domain: MpsDomain) -> list[str]:
         """The workloads placed under MPS on exactly ``domain``'s GPUs (none for a MIG device's
         domain, whose workloads are in an instance: its GPU is never under MPS outside MIG)."""

@@ -66,17 +66,21 @@ def fleet_view(
     pins: Iterable[str],
     node: str,
     viewer: Caller,
+    mps_servers: Mapping[str, frozenset[int]] | None = None,
 ) -> list[dict[str, Any]]:
     """``allocations``: per GPU UUID, the scheduler's allocations there; ``holders``: per workload
     (tenant/name); ``sm_by_pid``: per GPU UUID, NVML's SM utilization per pid (None where the
-    driver gives none: MIG)."""
+    driver gives none: MIG); ``mps_servers``: per GPU UUID, the MPS servers its daemon lists."""
+    servers = mps_servers or {}
     pinned = set(pins)
     out = []
     for g in gpus:
         own: set[int] = set()
         entries = []
         for a in sorted(allocations.get(g.uuid, ()), key=_order):
-            entry, pids = _allocation(g, a, holders.get(a.workload), sm_by_pid)
+            entry, pids = _allocation(
+                g, a, holders.get(a.workload), sm_by_pid, servers.get(g.uuid, frozenset())
+            )
             if viewer.may_see(a.tenant):
                 own |= pids
             else:
@@ -114,6 +118,7 @@ def _allocation(
     a: Allocation,
     holder: Holder | None,
     sm_by_pid: Mapping[str, Mapping[int, int] | None],
+    mps_servers: frozenset[int],
 ) -> tuple[dict[str, Any], set[int]]:
     """One allocation's entry, and the pids of its processes on this GPU."""
     tenant, name = a.workload.split("/", 1)
@@ -125,7 +130,7 @@ def _allocation(
     # MIG: NVML gives no per-process SM use; MPS: only the server's, its clients' use summed
     # (the workload's where every client on the GPU is its own)
     if procs and by_pid is not None and a.mode == "mps" and a.mig is None:
-        sm = g.mps_sm_of({p.pid for p in procs}, dict(by_pid))
+        sm = g.mps_sm_of({p.pid for p in procs}, dict(by_pid), mps_servers)
     elif procs and by_pid is not None and a.mode not in ("mig", "mps"):
         sm = sum(by_pid.get(p.pid, 0) for p in procs)
     if sm is None and holder is not None and holder.sdk_share is not None:
@@ -178,6 +183,12 @@ def read_fleet(
         for g in gpus
         if g.health == "ok" and not g.mig_enabled and g.processes
     }
+    clients = {g.uuid for g in gpus if any(p.mps == "client" for p in g.processes)}
+    mps_servers = {
+        uuid: agent.mps.server_pids(domain)
+        for uuid, domain in agent.executor.mps_domains().items()
+        if uuid in clients
+    }
     return fleet_view(
         gpus,
         allocations,
@@ -187,4 +198,5 @@ def read_fleet(
         pins=agent.store.mig_pins(),
         node=agent.node,
         viewer=viewer,
+        mps_servers=mps_servers,
     )

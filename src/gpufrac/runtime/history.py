@@ -31,6 +31,7 @@ from gpufrac.model.caller import ADMIN, Caller
 from gpufrac.model.catalog import GpuModel
 from gpufrac.planning.sched_state import Allocation
 from gpufrac.runtime.fleet_view import Holder, fleet_view, holder_pids
+from gpufrac.runtime.mps import MpsDomain
 
 if TYPE_CHECKING:
     from gpufrac.runtime.agent import Agent, WorkloadState
@@ -215,6 +216,7 @@ class _Copied:
     pins: list[str]
     qos: dict[str, Any]
     more: list[Reading]  # what follows the agent's passes (its deployments)
+    mps_domains: dict[str, MpsDomain]  # per GPU UUID, its MPS workloads' domain
 
 
 Sampler = Callable[[], tuple[list[Reading], dict[str, dict[str, Any]]]]
@@ -319,6 +321,7 @@ class AgentSampler:
                 pins=list(agent.store.mig_pins()),
                 qos=dict(agent.arbiter.latest),
                 more=self.more(states),
+                mps_domains=agent.executor.mps_domains(),
             )
 
     def read(self) -> tuple[list[Reading], dict[str, dict[str, Any]]]:
@@ -339,6 +342,12 @@ class AgentSampler:
             for g in gpus
             if g.health == "ok" and not g.mig_enabled and g.processes
         }
+        clients = {g.uuid for g in gpus if any(p.mps == "client" for p in g.processes)}
+        mps_servers = {  # the daemons asked outside the agent's lock
+            uuid: agent.mps.server_pids(domain)
+            for uuid, domain in copied.mps_domains.items()
+            if uuid in clients
+        }
         fleet = fleet_view(
             gpus,
             copied.allocations,
@@ -348,6 +357,7 @@ class AgentSampler:
             pins=copied.pins,
             node="",
             viewer=ADMIN,
+            mps_servers=mps_servers,
         )
         readings = gpu_readings(fleet, copied.qos)
         readings += copied.more

@@ -300,7 +300,8 @@ def workload_families(
                 # NVML's sample under MPS is the server's, all its clients' use summed: this
                 # workload's only where every client on the GPU is its own
                 g = gpus.get(d.gpus[0])
-                sm = None if g is None else g.mps_sm_of(set(use.pids), dict(by_pid))
+                servers = agent.executor.mps_servers(d.gpus[0])
+                sm = None if g is None else g.mps_sm_of(set(use.pids), dict(by_pid), servers)
                 if sm is not None:
                     f["sm"].add(first, sm)
             elif by_pid is not None and d.mig is None:

@@ -57,12 +57,14 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 CONTROL = "nvidia-cuda-mps-control"
 ALL_THREADS = 100
+SERVERS_TTL_S = 5.0  # how long a daemon's list of servers is taken as current
 DOMAIN_PREFIX = "domain-"  # the key of a domain of several devices
 DEVICES_FILE = "devices"  # beside a domain's log directory: the UUIDs it serves, one a line
 
@@ -117,6 +119,8 @@ class MpsDaemons:
         self.control = shutil.which(CONTROL, path=search or None)
         self.enabled = enabled and self.control is not None
         self._limits: dict[str, tuple[int, int]] = {}  # per domain key: server limits last set
+        # per domain key: when its servers were last listed, and their pids
+        self._servers: dict[str, tuple[float, frozenset[int]]] = {}
 
     def pipe_dir(self, domain: MpsDomain) -> Path:
         return self.root / domain.key / "pipe"
@@ -194,6 +198,26 @@ class MpsDaemons:
         subprocess.run([self.control, "-d"], env=env, check=True, timeout=30)
         self._limits.pop(domain.key, None)  # a new daemon: its defaults are set anew
         return "started"
+
+    def server_pids(self, domain: MpsDomain) -> frozenset[int]:
+        """The pids of the MPS servers the domain's daemon runs, as it lists them
+        (``get_server_list``), read at most every ``SERVERS_TTL_S``: the only servers whose NVML
+        reading is taken as its clients' (a process that merely calls itself
+        nvidia-cuda-mps-server is none of them). Empty where no daemon of ours runs."""
+        if not self.enabled or not self.running(domain):
+            self._servers.pop(domain.key, None)
+            return frozenset()
+        now = time.monotonic()
+        cached = self._servers.get(domain.key)
+        if cached is not None and now - cached[0] < SERVERS_TTL_S:
+            return cached[1]
+        try:
+            listed = self._send(domain, ["get_server_list"]).split()
+        except (OSError, subprocess.SubprocessError):
+            return frozenset()
+        pids = frozenset(int(p) for p in listed if p.isdigit())
+        self._servers[domain.key] = (now, pids)
+        return pids
 
     def bound(self, domain: MpsDomain, memory_mib: int, compute_pct: int | None) -> list[str]:
         """Set the server-side limits of the domain's daemon: the defaults for the next server it

@@ -188,13 +188,15 @@ def test_mps_clients_and_their_server_are_marked_and_the_servers_use_is_theirs_w
         assert roles == {a: "client", outside: None, server: "server"}
         by_pid = DeviceHealth(sim).process_utilization(plain)
         assert by_pid == {server: 30, outside: 20}
-        assert g.mps_sm_of({a}, by_pid) == 30
-        assert g.mps_sm_of({outside}, by_pid) is None  # not a client
+        trusted = frozenset({server})  # as the control daemon lists it
+        assert g.mps_sm_of({a}, by_pid, trusted) == 30
+        assert g.mps_sm_of({a}, by_pid, frozenset()) is None  # a server no daemon of ours lists
+        assert g.mps_sm_of({outside}, by_pid, trusted) is None  # not a client
         fleet.attach_process(plain, b, 1000, mps=True, sm_util=25)
         g, by_pid = sim.gpu(plain), DeviceHealth(sim).process_utilization(plain) or {}
         assert by_pid[server] == 55
-        assert g.mps_sm_of({a}, by_pid) is None  # b shares the server: neither's own use
-        assert g.mps_sm_of({a, b}, by_pid) == 55  # one workload's two processes
+        assert g.mps_sm_of({a}, by_pid, trusted) is None  # b shares it: neither's own use
+        assert g.mps_sm_of({a, b}, by_pid, trusted) == 55  # one workload's two processes
         assert g.to_json()["processes"][0]["mps"] in ("client", "server", None)
     finally:
         for k in kids:

@@ -14,6 +14,7 @@ import pytest
 
 from gpufrac.config import shared_path
 from gpufrac.devices import NvmlDevices, open_simulated
+from gpufrac.devices.sim_tools import mps_server_pid
 from gpufrac.errors import InputError
 from gpufrac.model.settings import OperatorSettings, TenantQuota
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
@@ -392,10 +393,14 @@ def test_mps_servers_are_bounded_to_the_largest_limits_of_their_gpu(
     log = Path(dev.tool_path or "") / "mps-control.log"
     sent = [json.loads(line)["command"] for line in log.read_text().splitlines()]
     assert sent[0] == "-d"
-    assert sent[-3:] == [
+    # the stand-in lists one server (as a daemon with clients does): it is bounded too
+    pid = str(mps_server_pid(json.loads(log.read_text().splitlines()[0])["pipe"]))
+    assert sent[-5:] == [
         "get_server_list",
         "set_default_active_thread_percentage 40",
         "set_default_device_pinned_mem_limit 0 8192M",
+        f"set_active_thread_percentage {pid} 40",
+        f"set_device_pinned_mem_limit {pid} 0 8192M",
     ]
     assert "set_default_device_pinned_mem_limit 0 4096M" in sent  # when only a ran
     assert state_env(agent, "default/a")["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
@@ -404,10 +409,12 @@ def test_mps_servers_are_bounded_to_the_largest_limits_of_their_gpu(
     assert agent.delete("default", "b")
     agent.gpu_care.stop_idle_mps()
     sent = [json.loads(line)["command"] for line in log.read_text().splitlines()]
-    assert sent[-3:] == [
+    assert sent[-5:] == [
         "get_server_list",
         "set_default_active_thread_percentage 20",
         "set_default_device_pinned_mem_limit 0 4096M",
+        f"set_active_thread_percentage {pid} 20",
+        f"set_device_pinned_mem_limit {pid} 0 4096M",
     ]
     agent.gpu_care.stop_idle_mps()  # nothing changed: nothing sent
     assert len(log.read_text().splitlines()) == len(sent)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpufrac.devices import NvmlDevices, open_simulated
-from gpufrac.devices.sim_tools import MPS_LOG, write_sim_tools
+from gpufrac.devices.sim_tools import MPS_LOG, mps_server_pid, write_sim_tools
 from gpufrac.model.workload import GpuRequest, WorkloadSpec
 from gpufrac.runtime.agent import Agent
 from gpufrac.runtime.executor import ActionRefused
@@ -70,19 +70,21 @@ def test_one_daemon_serves_a_domain_of_two_gpus(tmp_path: Path, daemons: MpsDaem
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M,1=4096M",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
     }
-    # server side: the default memory limit of each of the daemon's devices
-    assert daemons.bound(pair, 8192, 40) == [
+    # server side: the default memory limit of each of the daemon's devices, and the limits of
+    # the server it runs (the stand-in lists one) on each
+    server = mps_server_pid(str(pipe))
+    assert daemons.server_pids(pair) == {server}
+    bounds = [
         "set_default_active_thread_percentage 40",
         "set_default_device_pinned_mem_limit 0 8192M",
         "set_default_device_pinned_mem_limit 1 8192M",
+        f"set_active_thread_percentage {server} 40",
+        f"set_device_pinned_mem_limit {server} 0 8192M",
+        f"set_device_pinned_mem_limit {server} 1 8192M",
     ]
+    assert daemons.bound(pair, 8192, 40) == bounds
     sent = log_of(tmp_path / "bin")
-    assert [e["command"] for e in sent[1:]] == [
-        "get_server_list",
-        "set_default_active_thread_percentage 40",
-        "set_default_device_pinned_mem_limit 0 8192M",
-        "set_default_device_pinned_mem_limit 1 8192M",
-    ]
+    assert [e["command"] for e in sent[1:]] == ["get_server_list", "get_server_list", *bounds]
     assert not any("error" in e for e in sent)  # the stand-in took device 1: it serves two
     # found again from its devices file (after an agent restart too), and as serving each GPU
     again = MpsDaemons(
@@ -104,7 +106,7 @@ def test_the_stand_in_refuses_a_device_its_daemon_does_not_serve(
     commands are checked against the devices each daemon serves)."""
     one = MpsDomain(("GPU-a",))
     daemons.ensure(one)
-    assert daemons.bound(one, 1024, None)[-1] == "set_default_device_pinned_mem_limit 0 1024M"
+    assert daemons.bound(one, 1024, None)[1] == "set_default_device_pinned_mem_limit 0 1024M"
     done = subprocess.run(
         [str(tmp_path / "bin/nvidia-cuda-mps-control")],
         input=b"set_default_device_pinned_mem_limit 1 1024M\nset_device_pinned_mem_limit 7 0 2G\n",

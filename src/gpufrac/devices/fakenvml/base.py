@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-import zlib
 from typing import Any
 
 from gpufrac.devices.fakenvml import api as nv
+from gpufrac.devices.sim_tools import MPS_SERVER_PID, mps_server_pid
 from gpufrac.devices.simfleet import SimulatedFleet, pid_alive
 from gpufrac.model.catalog import GpuModel, MigProfile, catalog
 
@@ -423,7 +423,7 @@ class FakeNvmlDevices:
         now = int(time.time() * 1e6)
         sm: dict[int, int] = {}
         for p in procs:
-            pid = _mps_server_pid(gpu, p["gi_id"]) if p["mps"] else p["pid"]
+            pid = _mps_server_pid(gpu, p) if p["mps"] else p["pid"]
             sm[pid] = min(100, sm.get(pid, 0) + p["sm_util"])
         return [
             nv.Struct(pid=pid, timeStamp=now, smUtil=util, memUtil=0, encUtil=0, decUtil=0)
@@ -499,28 +499,31 @@ class FakeNvmlDevices:
         self._event_sets.pop(key, None)
 
 
-# The MPS server a GPU (or a GPU instance) runs while it has MPS clients: NVML lists it among the
-# compute processes (not among the MPS clients) with its own memory, and gives the clients' SM use
-# under its pid alone. The control daemon's stand-in starts no process, so the server is listed
-# with a pid past Linux's largest (PID_MAX_LIMIT, 2**22): it never names a real process.
-MPS_SERVER_PID = 1 << 22
+# The MPS server a daemon runs while it has MPS clients: NVML lists it among the compute processes
+# (not among the MPS clients) with its own memory, and gives the clients' SM use under its pid
+# alone. The control daemon's stand-in starts no process: the server is listed with the pid the
+# stand-in's get_server_list names (sim_tools.mps_server_pid of its pipe directory), past Linux's
+# largest, so it never names a real process. A client attached by hand (no pipe directory) is
+# served by one per GPU (or GPU instance).
 MPS_SERVER_MIB = 66  # what the MPS server held on an H200 (../shared/reference/h200/nvml-notes.md)
 
 
-def _mps_server_pid(gpu: dict[str, Any], gi_id: int | None) -> int:
-    """One pid per GPU (from its UUID) and GPU instance, past PID_MAX_LIMIT."""
-    return (
-        MPS_SERVER_PID
-        + 64 * (zlib.crc32(gpu["uuid"].encode()) & 0xFFFFF)
-        + (0 if gi_id is None else 1 + gi_id)
-    )
+def _mps_server_pid(gpu: dict[str, Any], client: dict[str, Any]) -> int:
+    pipe = client.get("mps_pipe")
+    if pipe:
+        return mps_server_pid(str(pipe))
+    gi_id = client["gi_id"]
+    return mps_server_pid(f"{gpu['uuid']}/{'' if gi_id is None else gi_id}")
 
 
 def _mps_servers(gpu: dict[str, Any], clients: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    where = sorted({p["gi_id"] for p in clients if p["mps"]}, key=lambda g: -1 if g is None else g)
+    servers: dict[int, int | None] = {}  # pid -> its GPU instance
+    for p in clients:
+        if p["mps"]:
+            servers.setdefault(_mps_server_pid(gpu, p), p["gi_id"])
     return [
         {
-            "pid": _mps_server_pid(gpu, gi_id),
+            "pid": pid,
             "used_mib": MPS_SERVER_MIB,
             "gi_id": gi_id,
             "ci_id": None if gi_id is None else 0,
@@ -528,5 +531,5 @@ def _mps_servers(gpu: dict[str, Any], clients: list[dict[str, Any]]) -> list[dic
             "sm_util": 0,  # its clients' SM use is theirs (summed under its pid by NVML's sample)
             "tensor_util": 0,
         }
-        for gi_id in where
+        for pid, gi_id in servers.items()
     ]
