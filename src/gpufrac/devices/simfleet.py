@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import threading
 import uuid as uuidlib
@@ -161,18 +162,19 @@ class SimulatedFleet:
                     os.unlink(entry.path)
                 continue
             try:
-                st = entry.stat()
-                env = _environ(pid)
                 uid = _uid(pid)
-                with open(entry.path, encoding="utf-8") as f:
-                    raw = json.load(f)
+                text = _own_report(entry.path, uid)
+                if text is None:
+                    continue
+                env = _environ(pid)
+                raw = json.loads(text)
             except (OSError, ValueError):
                 continue
             gpu, gi = env.get("GPUFRAC_GPU_UUID"), env.get("GPUFRAC_GI_ID", "")
             if device:  # the device-th GPU of a share of several (never a MIG device)
                 visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",")
                 gpu, gi = (visible[device] if device < len(visible) else None), ""
-            if st.st_uid != uid or not gpu or not isinstance(raw, dict):
+            if not gpu or not isinstance(raw, dict):
                 continue
             mib, sm, tensor = raw.get("mib"), raw.get("sm", 0), raw.get("tensor", 0)
             if not isinstance(mib, int) or mib < 0:
@@ -340,6 +342,24 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
     except OSError:
         return True
+
+
+MAX_REPORT_BYTES = 4096  # a report is a small JSON object
+
+
+def _own_report(path: str, uid: int) -> str | None:
+    """A report's text where it is a small regular file owned by ``uid`` (the process it names):
+    opened without following a link or waiting on a FIFO, its owner and type checked on what was
+    opened, at most ``MAX_REPORT_BYTES`` read. None otherwise (the drop box is writable by every
+    user: what another user put there is not a report)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_size > MAX_REPORT_BYTES:
+            return None
+        return os.read(fd, MAX_REPORT_BYTES + 1).decode("utf-8")
+    finally:
+        os.close(fd)
 
 
 def _mps_client(env: dict[str, str]) -> bool:

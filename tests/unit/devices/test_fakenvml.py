@@ -315,3 +315,40 @@ def test_xid_and_ecc_events(nv: FakeNvml) -> None:
     assert second.eventType == fakenvml.nvmlEventTypeDoubleBitEccError
     assert nv.nvmlDeviceGetTotalEccErrors(h, 1, 0) == 2
     nv.nvmlEventSetFree(es)
+
+
+def test_what_is_not_a_small_file_of_its_process_owner_in_the_drop_box_is_no_report(
+    nv: FakeNvml,
+) -> None:
+    """The drop box is writable by every user: a FIFO or a link named after a live pid is
+    neither waited on nor followed (either hung or exhausted the agent), nor is a huge file read;
+    the process's own small report is read."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    fleet = nv.fleet
+    box = fleet.open_reports()
+    env = {**os.environ, "GPUFRAC_GPU_UUID": "GPU-x"}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    report = box / f"{child.pid}.json"
+    try:
+        os.mkfifo(report)
+        assert fleet.reported() == []  # at once: a FIFO is not waited on
+        report.unlink()
+        os.symlink("/dev/zero", report)
+        started = time.monotonic()
+        assert fleet.reported() == [] and time.monotonic() - started < 2
+        report.unlink()
+        report.write_text(json.dumps({"mib": 1}) + " " * 10_000)
+        assert fleet.reported() == []  # larger than any report
+        report.write_text(json.dumps({"mib": 5}))
+        assert [(r["pid"], r["gpu"], r["used_mib"]) for r in fleet.reported()] == [
+            (child.pid, "GPU-x", 5)
+        ]
+    finally:
+        child.kill()
+        child.wait()
+        report.unlink(missing_ok=True)
