@@ -6,6 +6,7 @@ schedulers use; and the rules between a request and a sharing mode.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from decimal import Decimal
 from typing import Annotated, Any, Self
 
 from pydantic import (
@@ -22,7 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from gpufrac.errors import InputError
 from gpufrac.model.catalog import ALIASES, catalog, lookup_model
-from gpufrac.model.manifest_fields import kind_of
+from gpufrac.model.manifest_fields import MAX_INT_DIGITS, kind_of
 from gpufrac.model.manifest_types import (
     LEAST_MILLI,
     CpusMilli,
@@ -42,6 +43,7 @@ from gpufrac.model.units import MAX_SIZE_MIB
 from gpufrac.model.workload import MILLI, GpuRequest, Sharing
 
 REQUEST_KINDS = ("count", "fraction", "memory", "mig")
+MAX_COUNT = 10**MAX_INT_DIGITS - 1  # as large a count as a manifest can write (18 digits)
 # Names other schedulers use, each meaning exactly one gpufrac field: HAMi's resource names, bare
 # or under nvidia.com/ as a pod's limits write them, then KAI-Scheduler's pod annotations.
 GPU_ALIASES = {
@@ -219,7 +221,10 @@ def _written_number(value: object, *, low: int, high: int | None, unit: str) -> 
     if isinstance(value, str):
         if not is_digits(value):
             raise problem(f"{kind_of(value)} is not a whole number{digits_note(value)}", fix)
-        value = int(value)
+        digits = value.lstrip("0") or "0"
+        if len(digits) > MAX_INT_DIGITS:  # as a number of so many digits is refused
+            raise problem(f"is a whole number of more than {MAX_INT_DIGITS} digits", fix)
+        value = int(digits)
     if not isinstance(value, int) or isinstance(value, bool):
         raise problem(f"must be a whole number, not {kind_of(value)}", fix)
     if value < low or (high is not None and value > high):
@@ -251,7 +256,8 @@ def _alias_fraction(value: object) -> int:
     if isinstance(value, str):
         if not is_decimal(value):
             raise problem(f"{kind_of(value)} is not a number{digits_note(value)}", fix)
-        value = float(value) if "." in value else int(value)
+        # exactly as written (a float would round 0.00049999999999999999 up to 0.0005)
+        value = Decimal(value) if "." in value else int(value)
     return milli(value, maximum=MILLI - 1, fix=fix)
 
 
@@ -278,7 +284,7 @@ AliasPercent = Annotated[
 AliasCount = Annotated[
     int,
     PlainValidator(_alias_count),
-    _digits_or({"type": "integer", "minimum": 1}, r"^0*[1-9][0-9]*$"),
+    _digits_or({"type": "integer", "minimum": 1, "maximum": MAX_COUNT}, r"^0*[1-9][0-9]{0,17}$"),
 ]
 AliasFraction = Annotated[
     int,
@@ -385,7 +391,7 @@ class Gpu(Strict):
 
     model_config = ConfigDict(json_schema_extra=_gpu_json_schema)
 
-    count: Annotated[int, Field(ge=1)] | None = Field(
+    count: Annotated[int, Field(ge=1, le=MAX_COUNT)] | None = Field(
         None,
         description="Whole GPUs; beside fraction, memory, memory_percent or compute, that many "
         "GPUs of one node each with the share (with compute: under MPS, one daemon serving "

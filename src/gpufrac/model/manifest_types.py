@@ -410,7 +410,7 @@ BodyLimitMiB = Annotated[
 ]
 
 _PERCENT = re.compile(rf"{SPACE}*({WHOLE}){SPACE}*%{SPACE}*")  # ASCII digits only (not \d)
-PERCENT_PATTERN = rf"^{SPACE}*(100|[1-9][0-9]?){SPACE}*%{SPACE}*$"
+PERCENT_PATTERN = rf"^{SPACE}*0*(100|[1-9][0-9]?){SPACE}*%{SPACE}*$"  # leading zeros read
 
 
 def _percent(value: object) -> int:
@@ -445,8 +445,8 @@ Percent = Annotated[
 
 def milli(value: object, *, maximum: int | None, fix: str) -> int:
     """A positive number of GPUs to milli-GPU (``0.25`` -> 250), rounded to the nearest (half
-    up)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
+    up); a ``Decimal`` is a number read from a string, exactly as written."""
+    if not isinstance(value, int | float | Decimal) or isinstance(value, bool):
         raise problem(f"must be a number, not {kind_of(value)}", fix)
     try:
         out = int((Decimal(str(value)) * 1000).to_integral_value(rounding=ROUND_HALF_UP))

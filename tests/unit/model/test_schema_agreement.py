@@ -216,6 +216,17 @@ CASES: dict[str, list[str]] = {
     "gpu-fraction '.5'": [workload("{gpu-fraction: '.5'}")],
     "gpu-fraction '1'": [workload("{gpu-fraction: '1'}")],
     "label key ''": [workload(meta="labels: {'': x}")],
+    "count 10**18": [workload("{count: 1000000000000000000}")],
+    "count 10**18-1": [workload("{count: 999999999999999999}")],
+    "nvidia.com/gpu '1000000000000000000'": [workload("{nvidia.com/gpu: '1000000000000000000'}")],
+    "nvidia.com/gpu 5000 digits": [workload("{nvidia.com/gpu: '" + "9" * 5000 + "'}")],
+    "nvidia.com/gpu zeros then 1": [workload("{nvidia.com/gpu: '" + "0" * 5000 + "1'}")],
+    "gpu-fraction '0.00049999999999999999999'": [
+        workload("{gpu-fraction: '0.00049999999999999999999'}")
+    ],
+    "gpu-fraction '0.99949999999999999999'": [workload("{gpu-fraction: '0.99949999999999999999'}")],
+    "compute '030%'": [workload("{memory: 1GiB, compute: '030%'}")],
+    "nvidia.com/mig-1g.18gb '01'": [workload("{nvidia.com/mig-1g.18gb: '01'}")],
     # HAMi's MIG resource keys
     "nvidia.com/mig-1g.18gb 1": [workload("{nvidia.com/mig-1g.18gb: 1}")],
     "nvidia.com/mig-1g.18gb '1'": [workload("{nvidia.com/mig-1g.18gb: '1'}")],
