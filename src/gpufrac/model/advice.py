@@ -1,9 +1,9 @@
 """Warnings about what a request probably meant: a memory request that lands on a MIG slice far
-larger than it asked for. (How a size is written, in an old unit spelling or one whose meaning
-changed, is said where it is read: ``model.units``, ``model.manifest.read_objects``.)
-
-A warning changes nothing: the request is placed as written, and `apply` prints why it may not be
-what the user wanted and what to write instead.
+larger than it asked for; a sharing mode that whole GPUs (count) do not use. (How a size is
+written, in an old unit spelling or one whose meaning changed, is said where it is read:
+``model.units``, ``model.manifest.read_objects``.) A warning changes nothing: the request is
+placed as written, and `apply` prints why it may not be what the user wanted and what to write
+instead.
 """
 
 from __future__ import annotations
@@ -19,6 +19,13 @@ OVERSIZE = 1.5  # a MIG slice this many times the memory asked for is worth a wo
 def request_warnings(spec: WorkloadSpec, mig: MigProfile | None = None) -> list[str]:
     """What ``apply`` says about ``spec`` (placed on a MIG instance of profile ``mig``, if so)."""
     out: list[str] = []
+    if spec.gpu.count is not None and spec.sharing in ("mps", "timeslice"):
+        out.append(
+            f"spec.sharing: count asks for {spec.gpu.count} whole GPU(s), which are not shared: "
+            f"they are placed exclusive (sharing: {spec.sharing} does nothing here); write "
+            "sharing: exclusive or leave it out, or ask for a share beside count (memory, "
+            "fraction) to share them"
+        )
     asked = spec.gpu.memory_mib
     if asked is None:
         return out

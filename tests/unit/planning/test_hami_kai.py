@@ -304,3 +304,19 @@ def test_a_hami_compute_cap_that_auto_puts_on_mig_is_warned_of_with_sharing_mps(
     assert d.mode == "mps" and d.mig is None
     spec = next(s for s in _workloads(_load([tmp_path / "m.yaml"])))
     assert sched.warnings(spec, d) == []
+
+
+def test_whole_gpus_with_a_sharing_mode_are_placed_exclusive_and_told_so(tmp_path: Path) -> None:
+    """count alone asks for whole GPUs: sharing: timeslice (or mps) changes nothing, and apply
+    says so rather than drop it silently."""
+    text = doc("whole", "{count: 1}").replace("  resources:", "  sharing: timeslice\n  resources:")
+    sched, decisions = schedule(tmp_path, "h200:2", text)
+    d = decisions["default/whole"]
+    assert d.mode == "exclusive"
+    spec = next(s for s in _workloads(_load([tmp_path / "m.yaml"])))
+    (warning,) = sched.warnings(spec, d)
+    assert "placed exclusive (sharing: timeslice does nothing here)" in warning
+    plain = doc("plain", "{count: 1}")
+    sched, decisions = schedule(tmp_path, "h200:2", plain)
+    spec = next(s for s in _workloads(_load([tmp_path / "m.yaml"])))
+    assert sched.warnings(spec, decisions["default/plain"]) == []
