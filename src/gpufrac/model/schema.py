@@ -88,6 +88,36 @@ _NAN = {"type": "number", "minimum": 0, "maximum": -1}
 _MAX_DOUBLE = 1.7976931348623157e308
 
 
+# The end of the text, in both regex dialects a validator may use: ECMA-262's ``$`` (editors)
+# matches only there, Python's ``$`` (jsonschema, check-jsonschema) also before a final newline,
+# which the reader refuses ("w\n" is no name). ``\Z`` is Python's alone; a lookahead is both's.
+END = r"(?![\s\S])"
+
+
+def _anchored(node: Any) -> Any:
+    """Every pattern (``pattern``, ``patternProperties``' keys) ending in ``$`` ends at the end of
+    the text in any validator: its ``$`` written as ``END``."""
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if key == "pattern" and isinstance(value, str):
+                out[key] = _at_end(value)
+            elif key == "patternProperties" and isinstance(value, dict):
+                out[key] = {_at_end(k): _anchored(v) for k, v in value.items()}
+            else:
+                out[key] = _anchored(value)
+        return out
+    if isinstance(node, list):
+        return [_anchored(v) for v in node]
+    return node
+
+
+def _at_end(pattern: str) -> str:
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        return pattern[:-1] + END
+    return pattern
+
+
 def _finite(node: Any) -> None:
     """Every ``number`` in a schema refuses NaN and infinities, as the reader does (a YAML file
     can hold ``.nan`` and ``.inf``; JSON cannot, so only YAML tools meet them)."""
@@ -108,6 +138,7 @@ def _finite(node: Any) -> None:
 def _schema(adapter: TypeAdapter[Any], title: str, description: str) -> dict[str, Any]:
     body = adapter.json_schema(schema_generator=_Generator, ref_template="#/$defs/{model}")
     _finite(body)
+    body = _anchored(body)
     rest = {k: v for k, v in body.items() if k not in ("title", "description")}
     return {"$schema": DIALECT, "title": title, "description": description, **rest}
 

@@ -216,6 +216,11 @@ CASES: dict[str, list[str]] = {
     "gpu-fraction '.5'": [workload("{gpu-fraction: '.5'}")],
     "gpu-fraction '1'": [workload("{gpu-fraction: '1'}")],
     "label key ''": [workload(meta="labels: {'': x}")],
+    # a final newline: Python's $ matches before it, the reader refuses it
+    "name 'w\\n'": [workload(name='"w\\n"')],
+    "tenant 't\\n'": [workload(meta='tenant: "t\\n"')],
+    "gpucores '30\\n'": [workload('{gpucores: "30\\n"}')],
+    "env name 'A\\n'": [workload(spec='env: {"A\\n": x}')],
     "count 10**18": [workload("{count: 1000000000000000000}")],
     "count 10**18-1": [workload("{count: 999999999999999999}")],
     "nvidia.com/gpu '1000000000000000000'": [workload("{nvidia.com/gpu: '1000000000000000000'}")],
