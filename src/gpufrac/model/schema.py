@@ -149,7 +149,9 @@ BEYOND = (
     "the reader also refuses: a name used twice (one name per tenant, across every document and "
     "file given together); a field and its alias that ask for different amounts (memory: 1Gi "
     "with gpumem: 2048); one HAMi MIG resource key at most (nvidia.com/mig-1g.18gb: 1 with "
-    "nvidia.com/mig-2g.35gb: 1: JSON Schema cannot count the keys a pattern matches)"
+    "nvidia.com/mig-2g.35gb: 1: JSON Schema cannot count the keys a pattern matches); a NUL "
+    "character or a lone UTF-16 surrogate in any text (no rule of JSON Schema reaches every "
+    "string and key)"
 )
 
 

@@ -216,6 +216,7 @@ CASES: dict[str, list[str]] = {
     "gpu-fraction '.5'": [workload("{gpu-fraction: '.5'}")],
     "gpu-fraction '1'": [workload("{gpu-fraction: '1'}")],
     "label key ''": [workload(meta="labels: {'': x}")],
+    "a NUL in a label": [workload(meta='labels: {k: "a\\0b"}')],
     # a final newline: Python's $ matches before it, the reader refuses it
     "name 'w\\n'": [workload(name='"w\\n"')],
     "tenant 't\\n'": [workload(meta='tenant: "t\\n"')],
@@ -255,6 +256,7 @@ BEYOND_THE_SCHEMA = {
     "same deployment in two files": "one name per tenant, across every document and file",
     "a field and its alias, disagreeing": "a field and its alias that ask for different amounts",
     "two nvidia.com/mig keys": "one HAMi MIG resource key at most",
+    "a NUL in a label": "a NUL character or a lone UTF-16 surrogate in any text",
 }
 
 
