@@ -222,10 +222,13 @@ def test_process_utilization_not_supported_on_mig(nv: FakeNvml) -> None:
     with pytest.raises(NVMLError) as exc:
         nv.nvmlDeviceGetProcessUtilization(h1, 0)
     assert code(exc) == fakenvml.NVML_ERROR_NOT_FOUND  # no samples yet
+    assert nv.nvmlDeviceGetUtilizationRates(h1).gpu == 0
     nv.fleet.attach_process(nv.nvmlDeviceGetUUID(h1), os.getpid(), 100, sm_util=42)
     assert [(s.pid, s.smUtil) for s in nv.nvmlDeviceGetProcessUtilization(h1, 0)] == [
         (os.getpid(), 42)
     ]
+    # the GPU is as busy as its processes keep it (or as set, if more)
+    assert nv.nvmlDeviceGetUtilizationRates(h1).gpu == 42
     with pytest.raises(NVMLError) as exc:
         nv.nvmlDeviceGetUtilizationRates(h0)  # MIG-enabled GPU
     assert code(exc) == fakenvml.NVML_ERROR_NOT_SUPPORTED

@@ -192,16 +192,19 @@ class FakeNvmlDevices:
         gpu, gi, _ = self._device(handle)
         if gi is not None or gpu["mig_current"]:
             raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
-        return nv.Struct(gpu=gpu["utilization"], memory=gpu["utilization"] // 2)
+        busy = round(self._busy_percent(gpu, None))
+        return nv.Struct(gpu=busy, memory=busy // 2)
 
     # -- readings of the whole GPU (not of a MIG device: NOT_SUPPORTED there, as on a driver) ---
 
     def _busy_percent(self, gpu: dict[str, Any], gi: dict[str, Any] | None) -> float:
-        """How busy the engine is now (0-100): the GPU's utilization outside MIG; in a GPU
+        """How busy the engine is now (0-100): outside MIG, the GPU's utilization as set or as its
+        processes report their SM use (summed, at most 100), whichever is more; in a GPU
         instance, the SM use its processes report (summed, at most 100); a GPU in MIG mode, its
         instances' by their share of the compute slices."""
         if gi is None and not gpu["mig_current"]:
-            return float(gpu["utilization"])
+            # what was set (set_utilization), or what its processes report they keep busy
+            return float(max(gpu["utilization"], self._reported_percent(gpu, None, "sm_util")))
         return self._reported_percent(gpu, gi, "sm_util")
 
     def _tensor_percent(self, gpu: dict[str, Any], gi: dict[str, Any] | None) -> float:
