@@ -20,7 +20,7 @@ os.environ.pop("COLUMNS", None)
 import gpufrac.cli.common  # noqa: F401
 from gpufrac.config import shared_path
 from gpufrac.devices import NvmlDevices, open_simulated
-from gpufrac.devices.simfleet import SimulatedFleet
+from gpufrac.devices.simfleet import SimulatedFleet, reports_path
 from gpufrac.runtime.agent import Agent, WorkloadState
 from gpufrac.runtime.shim import cgroup_of, read_status
 
@@ -105,3 +105,27 @@ def settle(agent: Agent, key: str, phases: set[str], timeout: float = 20.0) -> W
             return states[key]
         time.sleep(0.05)
     raise AssertionError(f"{key} never reached {phases}: {states[key]}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove what the session's data directories made outside them: each one's shared directory
+    (``gpufrac.config.shared_path``) and each simulated fleet's report drop box, both under the
+    system's temporary directory, where thousands of test agents would otherwise leave one each.
+    Run once, by the process that started the session (with pytest-xdist, after every worker)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    try:
+        base = factory.getbasetemp()
+    except (OSError, ValueError):
+        return
+    for root, dirs, files in os.walk(base):
+        here = Path(root)
+        made = [shared_path(here)]
+        made += [reports_path(here / f) for f in files if f.startswith("fleet-")]
+        for path in made:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+        dirs[:] = [d for d in dirs if not (here / d).is_symlink()]

@@ -128,8 +128,7 @@ class SimulatedFleet:
         """Where workloads on this fleet report their GPU use (``gpufrac.sdk.report_gpu_use``):
         outside the data directory, writable by any process and listable by none but its owner
         (mode 1733, as a drop box), one file per process."""
-        digest = hashlib.sha1(str(self.path.resolve()).encode()).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / f"gpufrac-sim-{digest}"
+        return reports_path(self.path)
 
     def open_reports(self) -> Path:
         d = self.reports_dir
@@ -342,6 +341,12 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
     except OSError:
         return True
+
+
+def reports_path(fleet_path: Path) -> Path:
+    """The report drop box of the simulated fleet whose state is ``fleet_path``."""
+    digest = hashlib.sha1(str(fleet_path.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"gpufrac-sim-{digest}"
 
 
 MAX_REPORT_BYTES = 4096  # a report is a small JSON object

@@ -98,7 +98,7 @@ def _anchored(node: Any) -> Any:
     """Every pattern (``pattern``, ``patternProperties``' keys) ending in ``$`` ends at the end of
     the text in any validator: its ``$`` written as ``END``."""
     if isinstance(node, dict):
-        out = {}
+        out: dict[str, Any] = {}
         for key, value in node.items():
             if key == "pattern" and isinstance(value, str):
                 out[key] = _at_end(value)
