@@ -38,9 +38,9 @@ def test_schedule_places_the_examples_on_a_paper_fleet() -> None:
             "schedule",
             *files,
             "--gpus",
-            # a MIG GPU more for HAMi's and KAI's shapes, four GPUs more for their shares of two
-            # (time-sliced, and an MPS domain of two)
-            "h200:7,h200:3:mig,a100-80gb:1:mig",
+            # a MIG GPU more for HAMi's and KAI's shapes, five GPUs more for their MPS shares and
+            # shares of two (time-sliced, and an MPS domain of two)
+            "h200:8,h200:3:mig,a100-80gb:1:mig",
             "--settings",
             str(EXAMPLES / "operator" / "gpufrac.yaml"),
             "--json",
