@@ -265,8 +265,8 @@ def mps_domain(ctx: PluginContext, req: SchedRequest, c: Candidate) -> Status | 
         return None
     if len(served) == 1:
         has = f"GPU {g.index} is an MPS domain of its own"
-    else:
-        has = f"GPU {g.index} is in the MPS domain of GPUs {', '.join(str(i) for i in served)}"
+    else:  # said alike for each of its GPUs: one clause for the domain
+        has = f"GPUs {', '.join(str(i) for i in served)} are one MPS domain"
     wants = "a one-GPU MPS workload" if n == 1 else f"a share of each of {n} GPUs under MPS"
     if c.together and len(served) == n:
         wants = f"an MPS workload on GPUs {', '.join(str(i) for i in sorted(c.together))}"

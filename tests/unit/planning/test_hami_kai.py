@@ -183,7 +183,7 @@ def test_hami_vgpus_with_gpucores_on_several_gpus_through_the_cli(tmp_path: Path
     assert [(d["outcome"], d["mode"]) for d in (a, b)] == [("placed", "mps")] * 2
     assert len(set(a["gpus"])) == 2 and a["gpus"] == b["gpus"]
     assert c["outcome"] == "pending"
-    assert "GPU 0 is in the MPS domain of GPUs 0, 1: a one-GPU MPS workload" in c["reason"]
+    assert "GPUs 0, 1 are one MPS domain: a one-GPU MPS workload" in c["reason"]
     sched, _ = schedule(tmp_path, "h200:2", doc("a", gpu), doc("b", gpu))
     for key in ("default/a", "default/b"):
         assert [(x.mode, x.memory_mib, x.compute_pct) for x in sched.allocations(key)] == [

@@ -652,9 +652,10 @@ def test_a_gpu_of_a_two_gpu_mps_domain_takes_no_one_gpu_mps_workload() -> None:
     d = one(s.submit(w("single", memory_mib=10 * GIB, compute_pct=30)))
     assert d.outcome == "pending"
     assert d.reason.startswith(
-        "mps: GPU 0 is in the MPS domain of GPUs 0, 1: a one-GPU MPS workload cannot join it "
+        "mps: GPUs 0, 1 are one MPS domain: a one-GPU MPS workload cannot join it "
         "(one MPS daemon serves each GPU)"
     ), d.reason
+    assert d.reason.count("are one MPS domain") == 1  # said once for the domain, not per GPU
     # time-sliced work is refused for the GPU's mode, as ever; the pair gone, it is placed
     placed = s.delete("a", "pair")
     assert [(p.workload, p.mode, p.gpus) for p in placed] == [("a/single", "mps", ("GPU-0",))]
@@ -678,7 +679,7 @@ def test_a_two_gpu_mps_workload_takes_no_gpu_of_a_one_gpu_mps_domain() -> None:
     assert (d.outcome, d.gpus) == ("placed", ("GPU-1", "GPU-2"))
     # nor does a share of three GPUs join the domain of two
     d = one(s3.submit(w("three", memory_mib=GIB, compute_pct=5, devices=3)))
-    assert d.outcome == "pending" and "GPU 1 is in the MPS domain of GPUs 1, 2" in d.reason
+    assert d.outcome == "pending" and "GPUs 1, 2 are one MPS domain" in d.reason
     assert s3.state.violations(False, {}) == []
 
 
