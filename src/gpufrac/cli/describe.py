@@ -54,7 +54,8 @@ def describe_lines(w: dict[str, Any], gpus: list[dict[str, Any]]) -> list[str]:
     lines += ["", *placement_lines(w, gpus)]
     q = w.get("qos") or {}
     if q:
-        lines += ["", *_section("QoS", qos_fields(q))]
+        placed = w.get("phase") != "pending"
+        lines += ["", *_section("QoS", qos_fields(q, placed=placed))]
     env = w.get("env") or {}
     if env:
         lines += ["", "Environment:"] + [f"  {k}={v}" for k, v in sorted(env.items())]
@@ -128,12 +129,13 @@ def placement_lines(w: dict[str, Any], gpus: list[dict[str, Any]]) -> list[str]:
     return _section(title, [*fields, *moved])
 
 
-def qos_fields(q: dict[str, Any]) -> list[tuple[str, str]]:
+def qos_fields(q: dict[str, Any], *, placed: bool = True) -> list[tuple[str, str]]:
+    idle = "not arbitrated (alone on its GPU)" if placed else "not arbitrated (it waits)"
     fields = [
         ("Class", f"{q['class']} (priority {q['priority']}, {q['qos']})"),
         ("Weight", str(q["weight"])),
         ("Min share", f"{q['min_share']:.0%}"),
-        ("Arbiter", str(q.get("mode") or "not arbitrated (alone on its GPU)")),
+        ("Arbiter", str(q.get("mode") or idle)),
     ]
     if q.get("paused"):
         fields.append(("Paused", f"now, by {q.get('paused_by') or 'another workload'}"))

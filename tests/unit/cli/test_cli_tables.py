@@ -197,3 +197,14 @@ def test_describe_says_a_workload_is_a_container_of_which_image_and_what_it_moun
     assert "Mount:       /srv/models -> /models (ro)" in lines
     process = describe_lines(workload(placement=None), [MIG_GPU, MPS_GPU])
     assert not any(line.startswith(("Image:", "Mount:")) for line in process)
+
+
+def test_describe_says_a_waiting_workload_is_not_arbitrated_because_it_waits() -> None:
+    qos = {"class": 1, "priority": 50, "qos": "normal", "weight": 1, "min_share": 0.0}
+    waiting = workload(phase="pending", placement=None, qos=qos)
+    assert any(
+        line.strip().startswith("Arbiter") and line.endswith("not arbitrated (it waits)")
+        for line in describe_lines(waiting, [MIG_GPU, MPS_GPU])
+    )
+    running = describe_lines(workload(qos=qos), [MIG_GPU, MPS_GPU])
+    assert any(line.endswith("not arbitrated (alone on its GPU)") for line in running)
