@@ -206,5 +206,5 @@ def test_describe_says_a_waiting_workload_is_not_arbitrated_because_it_waits() -
         line.strip().startswith("Arbiter") and line.endswith("not arbitrated (it waits)")
         for line in describe_lines(waiting, [MIG_GPU, MPS_GPU])
     )
-    running = describe_lines(workload(qos=qos), [MIG_GPU, MPS_GPU])
+    running = describe_lines(workload(placement=None, qos=qos), [MIG_GPU, MPS_GPU])
     assert any(line.endswith("not arbitrated (alone on its GPU)") for line in running)
