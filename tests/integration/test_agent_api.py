@@ -247,6 +247,11 @@ def test_metrics_use_dcgm_names_and_leave_out_what_nvml_does_not_give(agent: Run
     # the two GPUs without MIG; the MIG-enabled ones report none, not zero
     assert len(samples(text, "DCGM_FI_DEV_GPU_UTIL")) == 2
     assert value(text, "gpufrac_workload_state", workload="ts", phase="running") == 1
+    # an Accept header prometheus_client cannot read gets the text format, not a 500
+    odd = httpx.get(
+        agent.url + "/metrics", headers={"accept": "application/openmetrics-text; version=abc"}
+    )
+    assert odd.status_code == 200 and "gpufrac_workload_state" in odd.text
 
 
 def test_cordon_and_drain_through_the_cli(agent: RunningAgent) -> None:

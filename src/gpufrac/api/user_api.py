@@ -352,7 +352,10 @@ def user_api(
     def metrics(request: Request) -> Response:
         if not caller(request).admin:
             raise HTTPException(403, "only the admin token may read the metrics")
-        encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        try:
+            encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        except (TypeError, ValueError):  # an Accept header prometheus_client cannot read
+            encode, content_type = choose_encoder("")  # Prometheus's text format
         return Response(encode(registry), media_type=content_type)
 
     @api.get("/api/v1/whoami", response_model=WhoAmI, responses=errors(401))

@@ -104,7 +104,7 @@ def node_view(raw: Mapping[str, Any]) -> dict[str, Any]:
     env = raw.get("env")
     if isinstance(env, dict):
         out["env"] = {
-            str(k)[:256]: printable(str(v)[:MAX_VIEW_TEXT])
+            printable(str(k)[:256]): printable(str(v)[:MAX_VIEW_TEXT])
             for k, v in list(env.items())[:256]
             if isinstance(k, str) and isinstance(v, str)
         }
@@ -113,6 +113,20 @@ def node_view(raw: Mapping[str, Any]) -> dict[str, Any]:
         with contextlib.suppress(ValidationError):
             out["qos"] = QosJson.model_validate(qos).model_dump(by_alias=True)
     return out
+
+
+def printable_tree(value: Any, depth: int = 0) -> Any:
+    """A node's JSON value (its view of a GPU) with every text in it, keys too, ``printable``;
+    nested at most 16 deep (deeper is dropped: no GPU view is)."""
+    if depth > 16:
+        return None
+    if isinstance(value, str):
+        return printable(value[:MAX_VIEW_TEXT])
+    if isinstance(value, dict):
+        return {printable(str(k)[:256]): printable_tree(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable_tree(v, depth + 1) for v in value]
+    return value
 
 
 def printable(text: str) -> str:
@@ -513,7 +527,9 @@ class ControlPlane:
             if gpus is not None and name in self.core.nodes:
                 joined = self.core.scheduler.state.by_uuid
                 # only the GPUs it joined with: a view of others is not taken
-                self.gpu_views[name] = [g for g in gpus if f"{name}/{g.get('uuid')}" in joined]
+                self.gpu_views[name] = [
+                    printable_tree(g) for g in gpus if f"{name}/{g.get('uuid')}" in joined
+                ]
             before = dict(self.core.assigned)
             ended = dict(self.core.ended)
             answer = self.core.heartbeat(name, report, self.clock())

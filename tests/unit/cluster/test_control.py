@@ -4,6 +4,7 @@ and the work waiting for them, with its store on disk and a clock of the test's.
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -135,6 +136,38 @@ def test_a_nodes_view_of_a_workload_is_kept_only_as_the_control_plane_reads_it()
     assert kept["attempts"] == 2 and "restarts" not in kept and "evictions" not in kept
     assert "\x1b" not in kept["reason"] and "\x07" not in kept["reason"]
     assert kept["env"] == {"A": "1"} and "qos" not in kept and "extra" not in kept
+    env = node_view({"env": {"\x1b[2J": "x"}})["env"]
+    assert env == {"\\x1b[2J": "x"}  # a key is text too
+
+
+def test_a_nodes_view_of_its_gpus_is_kept_as_printable_text() -> None:
+    """From the second hostile review: a GPU name with escape codes in a node's heartbeat set
+    the terminal's title and cleared the screen of whoever ran gpufrac get gpus -o wide."""
+    from gpufrac.cluster.control import printable_tree
+
+    gpu = {
+        "uuid": "GPU-1",
+        "name": "\x1b]0;owned\x07NVIDIA H200\x1b[2J",
+        "warnings": ["\x9b31m red"],
+        "memory_total_mib": 143771,
+        "instances": [{"profile": "1g.18gb\r", "busy": True}],
+        "\x1b": 1,
+    }
+    kept = printable_tree(gpu)
+    text = json.dumps(kept)
+    assert not any(c in "".join(map(str, _strings(kept))) for c in "\x1b\x07\x9b\r")
+    assert kept["memory_total_mib"] == 143771 and kept["instances"][0]["busy"] is True
+    assert kept["name"] == "\\x1b]0;owned\\x07NVIDIA H200\\x1b[2J" and "owned" in text
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [*value.keys(), *(s for v in value.values() for s in _strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
 
 
 def test_the_control_plane_checks_the_operators_bounds_at_apply(tmp_path: Path) -> None:
