@@ -501,22 +501,29 @@ CpusMilli = Annotated[
 ]
 
 _PERCENT_DECIMAL = re.compile(rf"{SPACE}*({DECIMAL}){SPACE}*%{SPACE}*")
-SHARE_PATTERN = rf"^{SPACE}*(90(\.0+)?|[0-8]?[0-9](\.[0-9]+)?){SPACE}*%{SPACE}*$"
+SHARE_PATTERN = rf"^{SPACE}*0*(90(\.0+)?|[1-8]?[0-9](\.[0-9]+)?){SPACE}*%{SPACE}*$"
 
 
 def _share(value: object) -> int:
-    """``10%`` or ``0.1`` to thousandths of a GPU's busy time (at most 90%)."""
+    """``10%`` or ``0.1`` to thousandths of a GPU's busy time, rounded (half up): from 0 to 90%
+    as written (``90.04%`` is above it, as the JSON Schema says; a share that rounds to less than
+    a thousandth is none)."""
     fix = "write a percentage like 10%, or a number between 0 and 0.9"
     match = _PERCENT_DECIMAL.fullmatch(value) if isinstance(value, str) else None
     if match:
-        value = float(match.group(1)) / 100
+        exact = Decimal(match.group(1)) / 100
     elif isinstance(value, str):
         raise problem(f"{kind_of(value)} is not a share{digits_note(value)}", fix)
-    elif isinstance(value, bool):
+    elif isinstance(value, bool) or not isinstance(value, int | float):
         raise problem(f"{kind_of(value)} is not a share", fix)
-    if isinstance(value, int | float) and value == 0:
-        return 0
-    return milli(value, maximum=MAX_SHARE_MILLI, fix=fix)
+    else:
+        try:
+            exact = Decimal(str(value))
+        except InvalidOperation:
+            raise problem(f"{value} is not a finite number", fix) from None
+    if not exact.is_finite() or not 0 <= exact <= Decimal(MAX_SHARE_MILLI) / 1000:
+        raise problem(f"{value} is out of range", fix)
+    return int((exact * 1000).to_integral_value(rounding=ROUND_HALF_UP))
 
 
 ShareMilli = Annotated[

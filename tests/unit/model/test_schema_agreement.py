@@ -232,6 +232,12 @@ CASES: dict[str, list[str]] = {
     ],
     "gpu-fraction '0.99949999999999999999'": [workload("{gpu-fraction: '0.99949999999999999999'}")],
     "compute '030%'": [workload("{memory: 1GiB, compute: '030%'}")],
+    "min_share '90.04%'": [workload(spec="min_share: '90.04%'")],
+    "min_share 0.9004": [workload(spec="min_share: 0.9004")],
+    "min_share '090%'": [workload(spec="min_share: '090%'")],
+    "min_share '0.04%'": [workload(spec="min_share: '0.04%'")],
+    "min_share 0.0004": [workload(spec="min_share: 0.0004")],
+    "min_share 0.9": [workload(spec="min_share: 0.9")],
     "nvidia.com/mig-1g.18gb '01'": [workload("{nvidia.com/mig-1g.18gb: '01'}")],
     # HAMi's MIG resource keys
     "nvidia.com/mig-1g.18gb 1": [workload("{nvidia.com/mig-1g.18gb: 1}")],
